@@ -1,0 +1,43 @@
+# mirrorworker — see README.md. Needs only Go (the version in go.mod).
+GO        ?= go
+DATA_DIR  ?= ./data
+RUN_ARGS  ?=
+# Packages with goroutines of their own run under the race detector in `make test`.
+RACE_PKGS := ./clock/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/...
+PKGS      := ./...
+
+.PHONY: all build run test test-race test-plain lint fmt-check vet bench clean
+
+all: build
+
+build:
+	$(GO) build -o bin/mirrorworker ./cmd/mirrorworker
+
+## run: the worker on the embedded JetStream default (store and mirror under $(DATA_DIR)).
+run:
+	$(GO) run ./cmd/mirrorworker run --data-dir $(DATA_DIR) $(RUN_ARGS)
+
+## test: vet, formatting, every test, and the race detector over the concurrent packages.
+test: vet fmt-check test-plain test-race
+
+test-plain:
+	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+test-race:
+	$(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+lint: vet fmt-check
+
+## bench: benchmarks of every package (end-to-end jobs/s, pacer ns/op, stub origin req/s).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s $(PKGS)
+
+clean:
+	rm -rf bin
