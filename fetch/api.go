@@ -1,0 +1,82 @@
+package fetch
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+)
+
+// This file holds the types other packages program against. Fields may be
+// added; existing ones keep their meaning.
+
+// Request is one object to fetch.
+type Request struct {
+	URL string
+	// Header holds extra request headers (the job's allow-listed ones).
+	Header http.Header
+	// ETag and LastModified come from the stored metadata and make the
+	// request conditional; a 304 answers it.
+	ETag         string
+	LastModified string
+}
+
+// Result is what one hop's request produced, reported to the Gate's done func.
+type Result struct {
+	Status    int
+	Header    http.Header
+	Err       error
+	Cancelled bool
+}
+
+// Gate admits each hop's request before it starts (the first hop and every
+// redirect hop, each by its own authority). It may block until the request
+// may start. It returns a done func that the client calls exactly once with
+// the hop's result, or an error that aborts the fetch (for example a pacer
+// refusal, which the caller turns into a deferral).
+type Gate func(ctx context.Context, hop int, a authority.Authority) (done func(Result), err error)
+
+// Response is the final hop's answer. Body is non-nil only for a 2xx status
+// and must be closed; other bodies are drained (bounded) and closed by Do so
+// the connection is reused.
+type Response struct {
+	Status   int
+	Header   http.Header
+	Body     io.ReadCloser
+	FinalURL string
+	Hops     int // requests made, including the first
+}
+
+// Class is how a final status affects the job.
+type Class int
+
+const (
+	ClassSuccess     Class = iota // 2xx: store the body
+	ClassNotModified              // 304: success without a rewrite
+	ClassThrottled                // 429 (the pacer may also call 503/403 throttles: check its Verdict first)
+	ClassTransient                // 408, 5xx: retry with backoff
+	ClassPermanent                // other 4xx, unexpected 1xx/3xx: dead-letter
+)
+
+var (
+	// ErrTooManyRedirects: more than MaxRedirects hops. Permanent.
+	ErrTooManyRedirects = errors.New("fetch: too many redirects")
+	// ErrBodyTooLarge: the body exceeds MaxBodySize. Permanent.
+	ErrBodyTooLarge = errors.New("fetch: body exceeds the maximum size")
+	// ErrTruncated: the body ended before its Content-Length. Transient.
+	ErrTruncated = errors.New("fetch: truncated body")
+)
+
+// RefusedError is a destination refused before dialling (link-local, cloud
+// metadata, or loopback/private without AllowPrivate). Permanent.
+type RefusedError struct {
+	Host   string
+	Addr   string // the address refused (literal or resolved)
+	Reason string // "link_local", "metadata", "loopback", "private", "unspecified", "multicast"
+}
+
+func (e *RefusedError) Error() string {
+	return "fetch: destination " + e.Host + " (" + e.Addr + ") refused: " + e.Reason
+}

@@ -1,0 +1,42 @@
+// Package mirror stores fetched objects durably in a mirror target.
+package mirror
+
+import (
+	"errors"
+	"time"
+)
+
+// This file holds the types other packages program against. Fields may be
+// added; existing ones keep their meaning.
+
+// Meta is what the target remembers about a stored object. It makes the next
+// fetch conditional and lets an operator trace an object to its job.
+type Meta struct {
+	Key          string    `json:"key"`
+	URL          string    `json:"url"` // without userinfo
+	ETag         string    `json:"etag,omitempty"`
+	LastModified string    `json:"last_modified,omitempty"`
+	ContentType  string    `json:"content_type,omitempty"`
+	SHA256       string    `json:"sha256"`
+	Size         int64     `json:"size"`
+	FetchedAt    time.Time `json:"fetched_at"`
+	JobID        string    `json:"job_id"`
+}
+
+// Expect is what the job says the bytes must be; zero fields are not checked.
+type Expect struct {
+	SHA256  string // 64 lowercase hex
+	Size    int64  // -1 or 0 with HasSize false: unchecked
+	HasSize bool
+}
+
+var (
+	// ErrNotFound: no object (or no metadata) under the key.
+	ErrNotFound = errors.New("mirror: not found")
+	// ErrDigestMismatch: the bytes do not match Expect.SHA256; nothing was stored.
+	ErrDigestMismatch = errors.New("mirror: sha256 mismatch")
+	// ErrSizeMismatch: the byte count does not match Expect.Size; nothing was stored.
+	ErrSizeMismatch = errors.New("mirror: size mismatch")
+	// ErrInvalidKey: the key is not a safe relative path.
+	ErrInvalidKey = errors.New("mirror: invalid key")
+)

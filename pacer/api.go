@@ -1,0 +1,108 @@
+package pacer
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// This file holds the types other packages program against (the worker, the
+// admin endpoint, replay). Fields may be added; existing ones keep their meaning.
+
+// Reason says why Acquire refused a request.
+type Reason string
+
+const (
+	ReasonCooling  Reason = "cooling"  // a cooldown is in force
+	ReasonProbing  Reason = "probing"  // the cooldown is over and a probe is in flight
+	ReasonInFlight Reason = "inflight" // the authority's in-flight cap is reached
+	ReasonSpacing  Reason = "spacing"  // the next slot is further away than maxWait
+)
+
+// Permit is a granted request start. The caller must not start the request
+// before Start, and must call Done exactly once with the same Permit.
+type Permit struct {
+	Authority string        // "host:port"
+	Start     time.Time     // when the request may start (a reserved slot may be in the future)
+	Probe     bool          // this request is the probe after a cooldown
+	Interval  time.Duration // the spacing in force when granted
+	seq       uint64        // identifies the grant; zero for a Permit not made by Acquire
+}
+
+// RefusedError is Acquire's refusal. The job that asked is deferred, never
+// failed.
+type RefusedError struct {
+	Authority string
+	Reason    Reason
+	// Wait is how long until the authority could plausibly take a request:
+	// the rest of a cooldown, 1 s while a probe runs, the gap to the next slot.
+	Wait time.Duration
+	// Interval is the spacing in force, so a caller deferring many jobs can
+	// spread them over the slots the authority can actually serve.
+	Interval time.Duration
+	// Until is the cooldown deadline when Reason is ReasonCooling.
+	Until time.Time
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("pacer: %s %s, retry in %s", e.Authority, e.Reason, e.Wait)
+}
+
+// Response is what the caller observed for a granted request.
+type Response struct {
+	Status    int         // HTTP status; 0 when no response arrived
+	Header    http.Header // response headers (may be nil)
+	Err       error       // network or protocol error; Status is then 0
+	Cancelled bool        // the request never started or was abandoned by the caller
+}
+
+// Verdict is the pacer's reading of a Response.
+type Verdict struct {
+	// Throttled: the response is the origin refusing for rate reasons (429,
+	// 503 with a valid positive Retry-After, 403 with an exhausted rate-limit
+	// family). The job is deferred, not failed.
+	Throttled bool
+	// Reason is a stable code for metrics and logs, e.g. "429", "503",
+	// "ratelimit" (an exhausted family), "403"; empty when nothing was learned.
+	Reason string
+	// Until is the cooldown deadline in force after this response; zero if none.
+	Until time.Time
+}
+
+// EventType names a pacer fact published to MIRROR_EVENTS.
+type EventType string
+
+const (
+	EventThrottle  EventType = "throttle"  // a throttling signal was received
+	EventCooldown  EventType = "cooldown"  // a cooldown was entered or extended
+	EventRecovered EventType = "recovered" // a probe succeeded; the cooldown is cleared
+	EventInterval  EventType = "interval"  // the interval changed (escalation or decay)
+)
+
+// Event is a pacer fact. Replaying events (Apply) rebuilds the state that
+// matters for politeness after a cold start.
+type Event struct {
+	Type      EventType     `json:"type"`
+	Authority string        `json:"authority"`
+	At        time.Time     `json:"at"`
+	Status    int           `json:"status,omitempty"`
+	Reason    string        `json:"reason,omitempty"`
+	Interval  time.Duration `json:"interval,omitempty"`
+	Until     time.Time     `json:"until,omitempty"`
+	Ceiling   time.Duration `json:"ceiling,omitempty"` // fallback ceiling after this fact
+}
+
+// State is one tracked authority as /debug/pacer shows it.
+type State struct {
+	Authority     string        `json:"authority"`
+	State         string        `json:"state"` // "idle", "active", "escalated", "cooling", "probing"
+	Floor         time.Duration `json:"floor_ns"`
+	Interval      time.Duration `json:"interval_ns"`
+	NextSlot      time.Time     `json:"next_slot"`
+	CooldownUntil time.Time     `json:"cooldown_until,omitempty"`
+	Ceiling       time.Duration `json:"fallback_ceiling_ns"`
+	Probing       bool          `json:"probing"`
+	InFlight      int           `json:"in_flight"`
+	MaxInFlight   int           `json:"max_in_flight"`
+	LastThrottle  time.Time     `json:"last_throttle,omitempty"`
+}
