@@ -80,3 +80,12 @@ type RefusedError struct {
 func (e *RefusedError) Error() string {
 	return "fetch: destination " + e.Host + " (" + e.Addr + ") refused: " + e.Reason
 }
+
+var (
+	// ErrInvalidURL: the URL, or a redirect's Location, is not an absolute
+	// http or https URL with a valid authority. Permanent.
+	ErrInvalidURL = errors.New("fetch: invalid url")
+	// ErrIdleTimeout: a body read made no progress within the idle timeout.
+	// Transient.
+	ErrIdleTimeout = errors.New("fetch: body idle timeout")
+)

@@ -1,0 +1,291 @@
+// Package fetch makes the worker's upstream HTTP requests: a GET with
+// per-hop admission (each redirect hop is admitted by its own authority
+// through a Gate), manual redirects, a destination check on every resolved
+// address, connect/TLS/header/body-idle timeouts, a maximum body size, and
+// classification of the final status.
+//
+// It stores bodies as sent (no transparent decompression), follows no proxy
+// from the environment, and knows nothing of the pacer's rules, of NATS or
+// of where bodies end up.
+package fetch
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+)
+
+// DefaultUserAgent is sent when Options.UserAgent is empty.
+const DefaultUserAgent = "mirrorworker (+https://github.com/mirrorworker/mirrorworker)"
+
+// UserAgent returns the User-Agent for a build version, e.g.
+// "mirrorworker/1.2.0 (+https://github.com/mirrorworker/mirrorworker)".
+func UserAgent(version string) string {
+	return "mirrorworker/" + version + " (+https://github.com/mirrorworker/mirrorworker)"
+}
+
+// drainLimit bounds how much of a redirect or non-2xx body is read so its
+// connection can be reused; a longer body costs its connection instead.
+const drainLimit = 64 << 10
+
+// Options configure a Client. A nil *Options, and any zero field, means the
+// default given on the field.
+type Options struct {
+	ConnectTimeout        time.Duration // 10s
+	TLSHandshakeTimeout   time.Duration // 10s
+	ResponseHeaderTimeout time.Duration // 30s, from the request written to the headers read
+	// IdleTimeout bounds the wait for each read of a body to make progress
+	// (a slow but moving transfer is never cut). 60s.
+	IdleTimeout time.Duration
+	MaxBodySize int64 // 16 GiB
+	// MaxRedirects is the number of redirects followed (10). Negative: none.
+	MaxRedirects int
+	UserAgent    string // DefaultUserAgent
+	// AllowPrivate admits loopback, private, shared (CGNAT), unspecified,
+	// multicast and reserved destinations. Link-local and cloud metadata
+	// addresses are refused regardless.
+	AllowPrivate        bool
+	MaxIdleConnsPerHost int         // 8
+	TLSConfig           *tls.Config // nil: system roots
+}
+
+func (o *Options) withDefaults() Options {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&r.ConnectTimeout, 10*time.Second)
+	def(&r.TLSHandshakeTimeout, 10*time.Second)
+	def(&r.ResponseHeaderTimeout, 30*time.Second)
+	def(&r.IdleTimeout, 60*time.Second)
+	if r.MaxBodySize <= 0 {
+		r.MaxBodySize = 16 << 30
+	}
+	switch {
+	case r.MaxRedirects == 0:
+		r.MaxRedirects = 10
+	case r.MaxRedirects < 0:
+		r.MaxRedirects = 0
+	}
+	if r.UserAgent == "" {
+		r.UserAgent = DefaultUserAgent
+	}
+	if r.MaxIdleConnsPerHost <= 0 {
+		r.MaxIdleConnsPerHost = 8
+	}
+	return r
+}
+
+// Client fetches objects. It owns its transport and connection pool. A
+// Client is safe for concurrent use; its configuration is fixed at New.
+type Client struct {
+	opt       Options
+	check     func(netip.Addr) (reason string) // CheckAddr with opt.AllowPrivate; tests widen it
+	transport *http.Transport
+	hc        *http.Client
+}
+
+// New returns a Client; nil Options means the defaults.
+func New(o *Options) *Client {
+	c := &Client{opt: o.withDefaults()}
+	c.check = func(a netip.Addr) string { return CheckAddr(a, c.opt.AllowPrivate) }
+	var tlsConf *tls.Config
+	if c.opt.TLSConfig != nil {
+		tlsConf = c.opt.TLSConfig.Clone()
+	}
+	c.transport = &http.Transport{
+		Proxy:                 nil, // a proxy would dial on our behalf, past the destination check
+		DialContext:           c.dialContext,
+		TLSClientConfig:       tlsConf,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   c.opt.TLSHandshakeTimeout,
+		ResponseHeaderTimeout: c.opt.ResponseHeaderTimeout,
+		DisableCompression:    true, // bodies are stored as sent
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   c.opt.MaxIdleConnsPerHost,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+	c.hc = &http.Client{
+		Transport: c.transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse // Do follows redirects itself, hop by hop
+		},
+	}
+	return c
+}
+
+// CloseIdleConnections closes pooled connections not in use.
+func (c *Client) CloseIdleConnections() { c.transport.CloseIdleConnections() }
+
+// Do fetches r.URL with a GET, following redirects itself. Before every hop
+// (hop 0 is the first request) it checks a literal IP destination, then
+// calls gate with the hop's authority; a gate error aborts Do before that
+// request starts and is returned wrapped. The gate's done func is called
+// exactly once per admitted hop: for a redirect or non-2xx answer once its
+// body is drained, on a transport error with Result.Err, and for a 2xx final
+// answer when Response.Body is closed, so the request counts as in flight
+// while its body streams. A nil gate admits everything.
+//
+// On success the Response holds the final status and headers; Body is set
+// only for a 2xx status and must be closed. Its reads fail with
+// ErrBodyTooLarge, ErrTruncated or ErrIdleTimeout. Errors from Do: a
+// *RefusedError, ErrTooManyRedirects, ErrInvalidURL, ErrBodyTooLarge (from
+// Content-Length), the gate's error, or a transport error (see ReasonCode).
+func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error) {
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		return nil, fmt.Errorf("url: %v: %w", err, ErrInvalidURL)
+	}
+	first := u
+	for hop := 0; ; hop++ {
+		a, err := authority.FromURL(u)
+		if err != nil {
+			return nil, fmt.Errorf("hop %d: %v: %w", hop, err, ErrInvalidURL)
+		}
+		if err := c.checkLiteral(a.Host); err != nil {
+			return nil, fmt.Errorf("hop %d: %w", hop, err)
+		}
+		done := func(Result) {}
+		if gate != nil {
+			d, err := gate(ctx, hop, a)
+			if err != nil {
+				return nil, fmt.Errorf("admit hop %d to %s: %w", hop, a, err)
+			}
+			if d != nil {
+				done = d
+			}
+		}
+		resp, err := c.send(ctx, u, r, sameAuthority(first, u), done)
+		if err != nil {
+			return nil, fmt.Errorf("hop %d: %w", hop, err)
+		}
+		if resp.Body != nil || !isRedirect(resp.Status) {
+			resp.FinalURL = u.String()
+			resp.Hops = hop + 1
+			return resp, nil
+		}
+		loc := resp.Header.Get("Location")
+		if loc == "" {
+			// A redirect that does not say where is the origin's mistake:
+			// returned as the final answer, which Classify calls permanent.
+			resp.FinalURL = u.String()
+			resp.Hops = hop + 1
+			return resp, nil
+		}
+		if hop >= c.opt.MaxRedirects {
+			return nil, fmt.Errorf("%d redirects, last from %s: %w", hop+1, redact(u), ErrTooManyRedirects)
+		}
+		next, err := u.Parse(loc)
+		if err != nil {
+			return nil, fmt.Errorf("hop %d: redirect location %q: %v: %w", hop, loc, err, ErrInvalidURL)
+		}
+		next.User = nil // credentials are never sent along a redirect
+		next.Fragment, next.RawFragment = "", ""
+		u = next
+	}
+}
+
+// send makes one request and reports it to done as specified by Do.
+// Bodies of redirects and non-2xx answers are drained and closed here.
+func (c *Client) send(ctx context.Context, u *url.URL, r Request, firstAuthority bool, done func(Result)) (*Response, error) {
+	hctx, cancel := context.WithCancelCause(ctx)
+	req, err := http.NewRequestWithContext(hctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		cancel(nil)
+		done(Result{Err: err})
+		return nil, fmt.Errorf("request: %v: %w", err, ErrInvalidURL)
+	}
+	for k, vs := range r.Header {
+		if !firstAuthority && isCredential(k) {
+			continue
+		}
+		req.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
+	}
+	req.Header.Set("User-Agent", c.opt.UserAgent)
+	if r.ETag != "" {
+		req.Header.Set("If-None-Match", r.ETag)
+	}
+	if r.LastModified != "" {
+		req.Header.Set("If-Modified-Since", r.LastModified)
+	}
+
+	hr, err := c.hc.Do(req)
+	if err != nil {
+		cancel(nil)
+		done(Result{Err: err, Cancelled: ctx.Err() != nil})
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its message carries the full URL, query string included
+		}
+		return nil, fmt.Errorf("get %s: %w", redact(u), err)
+	}
+	resp := &Response{Status: hr.StatusCode, Header: hr.Header}
+	b := &body{
+		rc:     hr.Body,
+		max:    c.opt.MaxBodySize,
+		want:   hr.ContentLength,
+		idle:   c.opt.IdleTimeout,
+		ctx:    ctx,
+		hctx:   hctx,
+		cancel: cancel,
+		done:   done,
+		res:    Result{Status: hr.StatusCode, Header: hr.Header},
+	}
+	b.timer = time.AfterFunc(b.idle, func() { cancel(ErrIdleTimeout) })
+	b.timer.Stop()
+	if hr.StatusCode < 200 || hr.StatusCode > 299 {
+		b.drain()
+		return resp, nil
+	}
+	if hr.ContentLength > c.opt.MaxBodySize {
+		b.Close()
+		return nil, fmt.Errorf("content-length %d > %d: %w", hr.ContentLength, c.opt.MaxBodySize, ErrBodyTooLarge)
+	}
+	resp.Body = b
+	return resp, nil
+}
+
+func isRedirect(status int) bool {
+	switch status {
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
+		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		return true
+	}
+	return false
+}
+
+func sameAuthority(a, b *url.URL) bool {
+	x, err1 := authority.FromURL(a)
+	y, err2 := authority.FromURL(b)
+	return err1 == nil && err2 == nil && x == y && a.Scheme == b.Scheme
+}
+
+// isCredential reports headers that must not follow a redirect to another
+// origin (as net/http's own redirect policy does).
+func isCredential(k string) bool {
+	switch http.CanonicalHeaderKey(k) {
+	case "Authorization", "Cookie", "Proxy-Authorization", "Www-Authenticate":
+		return true
+	}
+	return false
+}
+
+// redact returns u without userinfo, query or fragment, fit for logs.
+func redact(u *url.URL) string {
+	v := *u
+	v.User, v.RawQuery, v.ForceQuery, v.Fragment, v.RawFragment = nil, "", false, "", ""
+	return v.String()
+}
