@@ -1,12 +1,288 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"strconv"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
-// cmdEnqueue is not built yet: see issue 2. The file that implements it replaces this one.
-func cmdEnqueue(_ context.Context, _ []string, _ func(string) string, _ io.Reader, _, _ io.Writer) error {
-	return errors.New("enqueue: not implemented yet (issue 2)")
+// defaultEnqueueURL is the embedded server of a running `mirrorworker run`.
+const defaultEnqueueURL = "nats://127.0.0.1:4222"
+
+// enqueueWindow bounds the asynchronous publishes awaiting their ack.
+const enqueueWindow = 256
+
+// jobFlags describe the job of a URL argument. They are read from the
+// command line only: MIRRORWORKER_TARGET, for one, configures the worker's
+// mirror target and must not become every enqueued job's target key.
+var jobFlags = []string{"tenant", "kind", "target"}
+
+// cmdEnqueue publishes jobs: `mirrorworker enqueue [flags] [URL...]`, or JSON
+// lines on stdin when no URL is given (or "-" is). Every job is validated;
+// valid ones are published, and each rejected one is named on stderr
+// ("line 3: url: ..."), which makes the command fail.
+func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("enqueue", stderr)
+	nf := natsFlags{defaultTo: defaultEnqueueURL}
+	nf.register(fs, "NATS server URL (default "+defaultEnqueueURL+", the embedded server of a running 'mirrorworker run')")
+	tenant := fs.String("tenant", "", "tenant of the URL arguments (default \"default\"); command line only")
+	kind := fs.String("kind", "", "kind of the URL arguments: artifact (default), metadata or companion; command line only")
+	target := fs.String("target", "", "mirror target key of the single URL argument (default <host>/<path>); command line only")
+	dryRun := fs.Bool("dry-run", false, "validate only; connect to nothing and publish nothing")
+	connectTimeout := fs.Duration("connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mirrorworker enqueue [flags] [URL...]")
+		fmt.Fprintln(stderr, "       mirrorworker enqueue [flags] < jobs.jsonl   (one JSON job per line, or '-' as an argument)")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	for _, name := range jobFlags {
+		if !onCommandLine[name] {
+			_ = fs.Lookup(name).Value.Set("") // undo a value taken from the environment
+		}
+	}
+
+	inputs := fs.Args()
+	if len(inputs) == 0 {
+		inputs = []string{"-"}
+	}
+	urls, stdinCount := 0, 0
+	for _, in := range inputs {
+		if in == "-" {
+			stdinCount++
+		} else {
+			urls++
+		}
+	}
+	switch {
+	case stdinCount > 1:
+		return usageError{"enqueue: '-' (standard input) may be given once"}
+	case stdinCount > 0 && (*tenant != "" || *kind != "" || *target != ""):
+		return usageError{"enqueue: --tenant, --kind and --target apply to URL arguments, not to JSON lines (put the fields in the JSON)"}
+	case *target != "" && urls != 1:
+		return usageError{"enqueue: --target needs exactly one URL argument"}
+	}
+
+	e := &enqueuer{stderr: stderr, dryRun: *dryRun}
+	if !*dryRun {
+		cctx, cancel := context.WithTimeout(ctx, *connectTimeout)
+		js, closeConn, err := connectJobs(cctx, &nf)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		defer closeConn()
+		e.js = js
+	}
+
+	argN := 0
+	for _, in := range inputs {
+		if in == "-" {
+			if err := readLines(stdin, jobs.MaxJobLen, func(n int, line []byte, tooLong bool) error {
+				label := "line " + strconv.Itoa(n)
+				if tooLong {
+					e.reject(label, fmt.Errorf("longer than %d bytes", jobs.MaxJobLen))
+					return nil
+				}
+				if len(bytes.TrimSpace(line)) == 0 {
+					return nil
+				}
+				return e.add(ctx, label, line)
+			}); err != nil {
+				return fmt.Errorf("enqueue: read standard input: %w", err)
+			}
+			continue
+		}
+		argN++
+		fields := map[string]string{"url": in}
+		for k, v := range map[string]string{"tenant": *tenant, "kind": *kind, "target": *target} {
+			if v != "" {
+				fields[k] = v
+			}
+		}
+		data, err := json.Marshal(fields)
+		if err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		if err := e.add(ctx, "argument "+strconv.Itoa(argN), data); err != nil {
+			return err
+		}
+	}
+	if err := e.flush(ctx); err != nil {
+		return err
+	}
+	return e.report(stdout)
+}
+
+// connectJobs connects to NATS and makes sure the job streams exist, without
+// changing the limits of streams that already do (the worker owns those).
+func connectJobs(ctx context.Context, nf *natsFlags) (jetstream.JetStream, func(), error) {
+	nc, err := nf.connect(ctx, "mirrorworker-enqueue")
+	if err != nil {
+		if nf.url == "" {
+			err = fmt.Errorf("%w (is 'mirrorworker run' running? otherwise pass --nats-url)", err)
+		}
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(2*enqueueWindow),
+		jetstream.WithPublishAsyncTimeout(30*time.Second))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	// Drain so that nothing published is left in the client's buffers.
+	return js, func() { _ = nc.Drain() }, nil
+}
+
+// enqueuer validates jobs and publishes the valid ones asynchronously, at
+// most enqueueWindow awaiting their ack. It is not safe for concurrent use.
+type enqueuer struct {
+	js     jetstream.JetStream // nil in a dry run
+	dryRun bool
+	stderr io.Writer
+
+	pending []pendingPub
+
+	accepted, duplicates, rejected, failed int
+}
+
+type pendingPub struct {
+	label string
+	fut   jetstream.PubAckFuture
+}
+
+func (e *enqueuer) reject(label string, err error) {
+	e.rejected++
+	fmt.Fprintf(e.stderr, "%s: %v\n", label, err)
+}
+
+// add validates one job and, unless this is a dry run, starts publishing it.
+// Only a cancelled context is returned as an error; a bad job is counted.
+func (e *enqueuer) add(ctx context.Context, label string, data []byte) error {
+	j, err := jobs.Parse(data)
+	if err != nil {
+		e.reject(label, err)
+		return nil
+	}
+	if e.dryRun {
+		e.accepted++
+		return nil
+	}
+	m, _, err := jobs.NewMsg(j)
+	if err != nil {
+		e.reject(label, err)
+		return nil
+	}
+	if len(e.pending) >= enqueueWindow {
+		if err := e.flush(ctx); err != nil {
+			return err
+		}
+	}
+	fut, err := e.js.PublishMsgAsync(m)
+	if err != nil {
+		e.failed++
+		fmt.Fprintf(e.stderr, "%s: publish: %v\n", label, err)
+		return nil
+	}
+	e.pending = append(e.pending, pendingPub{label, fut})
+	return nil
+}
+
+// flush waits for the ack of every pending publish.
+func (e *enqueuer) flush(ctx context.Context) error {
+	for _, p := range e.pending {
+		select {
+		case ack := <-p.fut.Ok():
+			e.accepted++
+			if ack.Duplicate {
+				e.duplicates++
+			}
+		case err := <-p.fut.Err():
+			e.failed++
+			fmt.Fprintf(e.stderr, "%s: publish: %v\n", p.label, err)
+		case <-ctx.Done():
+			return fmt.Errorf("enqueue: %w (%d publishes unconfirmed)", ctx.Err(), len(e.pending))
+		}
+	}
+	e.pending = e.pending[:0]
+	return nil
+}
+
+func (e *enqueuer) report(stdout io.Writer) error {
+	switch {
+	case e.dryRun:
+		fmt.Fprintf(stdout, "valid %d (dry run: nothing published)\n", e.accepted)
+	case e.duplicates > 0:
+		fmt.Fprintf(stdout, "accepted %d (%d duplicates)\n", e.accepted, e.duplicates)
+	default:
+		fmt.Fprintf(stdout, "accepted %d\n", e.accepted)
+	}
+	switch {
+	case e.rejected > 0 && e.failed > 0:
+		return fmt.Errorf("enqueue: %d rejected, %d failed to publish", e.rejected, e.failed)
+	case e.rejected > 0:
+		return fmt.Errorf("enqueue: %d rejected", e.rejected)
+	case e.failed > 0:
+		return fmt.Errorf("enqueue: %d failed to publish", e.failed)
+	}
+	return nil
+}
+
+// readLines calls fn with each line of r (numbered from 1, without its line
+// ending). A line longer than max is not kept in memory: fn gets tooLong.
+func readLines(r io.Reader, max int, fn func(n int, line []byte, tooLong bool) error) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var buf []byte
+	for n := 1; ; n++ {
+		buf = buf[:0]
+		tooLong := false
+		var err error
+		for {
+			var chunk []byte
+			chunk, err = br.ReadSlice('\n')
+			if !tooLong {
+				if len(buf)+len(chunk) > max+2 { // +2: the line ending
+					tooLong, buf = true, buf[:0]
+				} else {
+					buf = append(buf, chunk...)
+				}
+			}
+			if !errors.Is(err, bufio.ErrBufferFull) {
+				break
+			}
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if errors.Is(err, io.EOF) && len(buf) == 0 && !tooLong {
+			return nil
+		}
+		line := bytes.TrimSuffix(bytes.TrimSuffix(buf, []byte("\n")), []byte("\r"))
+		if ferr := fn(n, line, tooLong); ferr != nil {
+			return ferr
+		}
+		if err != nil { // io.EOF after a last line without a newline
+			return nil
+		}
+	}
 }

@@ -1,0 +1,315 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// enqueueServer starts an embedded JetStream server listening on a random
+// loopback port, as `mirrorworker run` does on 127.0.0.1:4222, and returns
+// its URL and a JetStream context to inspect the streams.
+func enqueueServer(t *testing.T) (string, jetstream.JetStream) {
+	t.Helper()
+	e, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: t.TempDir(), Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Shutdown)
+	nc, err := e.Connect("enqueue-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.ClientURL(), js
+}
+
+type enqueueResult struct {
+	err            error
+	stdout, stderr string
+}
+
+func runEnqueue(t *testing.T, env map[string]string, stdin string, args ...string) enqueueResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	getenv := func(k string) string { return env[k] }
+	err := run(ctx, append([]string{"enqueue"}, args...), getenv, strings.NewReader(stdin), &stdout, &stderr)
+	return enqueueResult{err, stdout.String(), stderr.String()}
+}
+
+// streamJobs returns the jobs in MIRROR_JOBS by subject, checking each body.
+func streamJobs(t *testing.T, js jetstream.JetStream) map[string][]jobs.Job {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]jobs.Job{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("get %d: %v", seq, err)
+		}
+		j, err := jobs.Parse(m.Data)
+		if err != nil {
+			t.Fatalf("message %d on the stream is invalid: %v", seq, err)
+		}
+		if err := jobs.CheckSubject(j, m.Subject); err != nil {
+			t.Fatalf("message %d: %v", seq, err)
+		}
+		if got := m.Header.Get(jetstream.MsgIDHeader); got != j.ID {
+			t.Fatalf("message %d: Nats-Msg-Id %q, want %q", seq, got, j.ID)
+		}
+		out[m.Subject] = append(out[m.Subject], j)
+	}
+	return out
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ec exitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	return 1
+}
+
+func TestEnqueueURLArguments(t *testing.T) {
+	url, js := enqueueServer(t)
+
+	r := runEnqueue(t, nil, "", "--nats-url", url, "https://files.example.org/a.tar.gz", "http://h.example:8080/dir/")
+	if r.err != nil || r.stdout != "accepted 2\n" {
+		t.Fatalf("enqueue: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+	got := streamJobs(t, js)
+	if len(got["mirror.jobs.default.files_example_org_443"]) != 1 || len(got["mirror.jobs.default.h_example_8080"]) != 1 {
+		t.Fatalf("stream holds %v", got)
+	}
+	if j := got["mirror.jobs.default.h_example_8080"][0]; j.Target != "h.example_8080/dir/index" {
+		t.Errorf("target %q", j.Target)
+	}
+
+	// The same URLs again are duplicates of the same job ids: nothing new is stored.
+	r = runEnqueue(t, nil, "", "--nats-url", url, "https://files.example.org/a.tar.gz", "http://h.example:8080/dir/")
+	if r.err != nil || r.stdout != "accepted 2 (2 duplicates)\n" {
+		t.Fatalf("second enqueue: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+	if got := streamJobs(t, js); len(got) != 2 {
+		t.Errorf("after duplicates the stream holds %v", got)
+	}
+}
+
+func TestEnqueueJobFlags(t *testing.T) {
+	url, js := enqueueServer(t)
+	// MIRRORWORKER_TARGET configures the worker's mirror target; enqueue must
+	// not take it as the job's target key. The NATS URL does come from the environment.
+	env := map[string]string{"MIRRORWORKER_NATS_URL": url, "MIRRORWORKER_TARGET": "file:///srv/mirror", "MIRRORWORKER_TENANT": "envtenant"}
+
+	r := runEnqueue(t, env, "", "--tenant", "acme", "--kind", "metadata", "--target", "pub/a.json", "https://h.example/a.json?x=1")
+	if r.err != nil || r.stdout != "accepted 1\n" {
+		t.Fatalf("enqueue: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+	r = runEnqueue(t, env, "", "https://h.example/b", "https://h.example/c")
+	if r.err != nil || r.stdout != "accepted 2\n" {
+		t.Fatalf("enqueue with environment: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+	got := streamJobs(t, js)
+	acme := got["mirror.jobs.acme.h_example_443"]
+	if len(acme) != 1 || acme[0].Target != "pub/a.json" || acme[0].Kind != "metadata" || acme[0].Tenant != "acme" {
+		t.Errorf("acme jobs %+v", acme)
+	}
+	if def := got["mirror.jobs.default.h_example_443"]; len(def) != 2 || def[0].Target != "h.example/b" {
+		t.Errorf("default jobs %+v", def)
+	}
+}
+
+func TestEnqueueUsageErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		stdin string
+		args  []string
+		want  string
+	}{
+		{"target with two URLs", "", []string{"--target", "x", "http://a.example/", "http://b.example/"}, "exactly one URL"},
+		{"target with stdin", `{"url":"http://a.example/"}`, []string{"--target", "x"}, "JSON lines"},
+		{"tenant with dash", `{"url":"http://a.example/"}`, []string{"--tenant", "acme", "-"}, "JSON lines"},
+		{"stdin twice", "", []string{"-", "-"}, "once"},
+		{"unknown flag", "", []string{"--bogus"}, "bogus"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// No server: a usage error is reported before connecting.
+			r := runEnqueue(t, nil, tt.stdin, append([]string{"--nats-url", "nats://127.0.0.1:1"}, tt.args...)...)
+			if exitCode(r.err) != 2 || !strings.Contains(r.err.Error(), tt.want) {
+				t.Fatalf("got %v (exit %d), want a usage error about %q", r.err, exitCode(r.err), tt.want)
+			}
+		})
+	}
+}
+
+func TestEnqueueStdinLines(t *testing.T) {
+	url, js := enqueueServer(t)
+	stdin := strings.Join([]string{
+		`{"url":"https://h.example/one","tenant":"acme"}`,
+		``,
+		`{"url":"ftp://h.example/two"}`,
+		`   `,
+		`{"url":"https://h.example/three",`,
+		"{\"url\":\"https://h.example/four\",\"sha256\":\"" + strings.Repeat("AB", 32) + "\"}\r",
+		`{"v":2,"url":"https://h.example/five"}`,
+		`{"url":"https://h.example/a/%2e%2e/%2e%2e/etc/passwd"}`,
+		`{"url":"https://h.example/one","tenant":"acme"}`, // a duplicate of line 1 in the same run
+		`{"url":"http://h.example/six"}`,                  // no final newline
+	}, "\n")
+	r := runEnqueue(t, nil, stdin, "--nats-url", url)
+	if exitCode(r.err) != 1 {
+		t.Fatalf("exit %d (%v), want 1", exitCode(r.err), r.err)
+	}
+	if r.stdout != "accepted 4 (1 duplicates)\n" {
+		t.Errorf("stdout %q", r.stdout)
+	}
+	wantStderr := []string{
+		"line 3: url: must be an absolute http or https URL",
+		"line 5: malformed JSON",
+		"line 7: v: version 2 is newer",
+		`line 8: target: the default "h.example/a/../../etc/passwd"`,
+	}
+	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+	if len(lines) != len(wantStderr) {
+		t.Fatalf("stderr has %d lines, want %d:\n%s", len(lines), len(wantStderr), r.stderr)
+	}
+	for i, w := range wantStderr {
+		if !strings.HasPrefix(lines[i], w) {
+			t.Errorf("stderr line %d = %q, want prefix %q", i+1, lines[i], w)
+		}
+	}
+	got := streamJobs(t, js)
+	if len(got["mirror.jobs.acme.h_example_443"]) != 1 || len(got["mirror.jobs.default.h_example_443"]) != 1 || len(got["mirror.jobs.default.h_example_80"]) != 1 {
+		t.Errorf("stream holds %v", got)
+	}
+	if j := got["mirror.jobs.default.h_example_443"][0]; j.SHA256 != strings.Repeat("ab", 32) {
+		t.Errorf("sha256 %q not normalised", j.SHA256)
+	}
+
+	// "-" reads standard input too, mixed with URL arguments.
+	r = runEnqueue(t, nil, `{"url":"https://h.example/seven"}`+"\n", "--nats-url", url, "https://h.example/eight", "-")
+	if r.err != nil || r.stdout != "accepted 2\n" {
+		t.Fatalf("URL and '-': %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+}
+
+func TestEnqueueLongLine(t *testing.T) {
+	url, js := enqueueServer(t)
+	long := `{"url":"https://h.example/x","pad":"` + strings.Repeat("p", 3*jobs.MaxJobLen) + `"}`
+	stdin := long + "\n" + `{"url":"https://h.example/after"}` + "\n"
+	r := runEnqueue(t, nil, stdin, "--nats-url", url)
+	if exitCode(r.err) != 1 || !strings.HasPrefix(r.stderr, "line 1: longer than") || r.stdout != "accepted 1\n" {
+		t.Fatalf("exit %d (%v)\nstdout %q\nstderr %q", exitCode(r.err), r.err, r.stdout, r.stderr)
+	}
+	if got := streamJobs(t, js); len(got["mirror.jobs.default.h_example_443"]) != 1 {
+		t.Errorf("stream holds %v", got)
+	}
+}
+
+func TestEnqueueDryRun(t *testing.T) {
+	url, js := enqueueServer(t)
+	stdin := `{"url":"https://h.example/one"}` + "\n" + `{"url":"nope"}` + "\n"
+	r := runEnqueue(t, nil, stdin, "--nats-url", url, "--dry-run")
+	if exitCode(r.err) != 1 || r.stdout != "valid 1 (dry run: nothing published)\n" || !strings.HasPrefix(r.stderr, "line 2: url: ") {
+		t.Fatalf("exit %d (%v)\nstdout %q\nstderr %q", exitCode(r.err), r.err, r.stdout, r.stderr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := js.Stream(ctx, jobs.JobsStream); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("a dry run touched the server: stream lookup gave %v", err)
+	}
+}
+
+func TestEnqueueKeepsOperatorStreamLimits(t *testing.T) {
+	url, js := enqueueServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{JobsMaxAge: 36 * time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	r := runEnqueue(t, nil, "", "--nats-url", url, "https://h.example/x")
+	if r.err != nil {
+		t.Fatalf("enqueue: %v %s", r.err, r.stderr)
+	}
+	s, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.MaxAge != 36*time.Hour {
+		t.Errorf("enqueue reset the jobs stream MaxAge to %s", info.Config.MaxAge)
+	}
+}
+
+func TestEnqueueNoServer(t *testing.T) {
+	r := runEnqueue(t, nil, "", "--nats-url", "nats://127.0.0.1:1", "--connect-timeout", "200ms", "https://h.example/x")
+	if exitCode(r.err) != 1 || r.stdout != "" {
+		t.Fatalf("exit %d (%v), stdout %q", exitCode(r.err), r.err, r.stdout)
+	}
+}
+
+func TestReadLines(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []string // "!" marks a line reported too long
+	}{
+		{"empty", "", nil},
+		{"one without newline", "a", []string{"a"}},
+		{"crlf and blank", "a\r\n\nb\n", []string{"a", "", "b"}},
+		{"long then short", strings.Repeat("x", 20) + "\nshort\n", []string{"!", "short"}},
+		{"long last line", "ok\n" + strings.Repeat("x", 20), []string{"ok", "!"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []string
+			err := readLines(io.MultiReader(strings.NewReader(tt.in)), 10, func(n int, line []byte, tooLong bool) error {
+				if n != len(got)+1 {
+					t.Errorf("line number %d after %d lines", n, len(got))
+				}
+				if tooLong {
+					got = append(got, "!")
+				} else {
+					got = append(got, string(line))
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if strings.Join(got, "|") != strings.Join(tt.want, "|") || len(got) != len(tt.want) {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
