@@ -1,0 +1,24 @@
+// Package pacer is the HostPacer: per-authority politeness for requests to
+// origins. It decides when the next request to an authority ("host:port") may
+// start, and it learns from every response.
+//
+// It provides:
+//
+//   - the decision before a request start (Pacer.Acquire): cooling, a single
+//     probe after a cooldown, the authority's in-flight cap, and floor spacing
+//     with short-wait slot reservation;
+//   - learning from the response (Pacer.Done): ×2 interval escalation on
+//     throttling, quiet-window decay back toward the floor, cooldowns from
+//     Retry-After, provider rate-limit headers or a jittered fallback, capped
+//     at 600 s and never shortened;
+//   - header parsing usable on its own (ParseRetryAfter, ParseFeedback);
+//   - the policy file (ParsePolicy, LoadPolicy): floors and in-flight caps;
+//   - state inspection (Snapshot, Counts), facts for publication
+//     (Options.OnEvent) and their replay after a cold start (Apply).
+//
+// It does not: derive authorities from URLs (package authority does), sleep,
+// read a clock, talk to NATS or make HTTP requests. Every method takes the
+// current instant as a parameter, as golang.org/x/time/rate does, so every
+// rule is testable on a virtual clock. State is per process; coordination
+// across a cluster (SPEC section 8) is not part of this package.
+package pacer

@@ -1,0 +1,59 @@
+package pacer_test
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// The worker's loop around one request: ask, wait for Start, fetch, report.
+// Time is a parameter, so this example runs on fixed instants.
+func Example() {
+	p := pacer.New(nil) // floor 1 s, 2 in flight, quiet window 30 min
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	auth := "files.example.org:443" // authority.Authority.String()
+
+	pm, err := p.Acquire(now, auth, 0)
+	fmt.Println("first:", err == nil, pm.Start.Equal(now))
+
+	// A second request within the floor: refused, or reserved if the caller
+	// can wait that long.
+	_, err = p.Acquire(now.Add(200*time.Millisecond), auth, 0)
+	fmt.Println("second:", err)
+	pm2, _ := p.Acquire(now.Add(200*time.Millisecond), auth, time.Second)
+	fmt.Println("reserved for:", pm2.Start.Sub(now))
+
+	// The origin throttles the first request.
+	v := p.Done(now.Add(500*time.Millisecond), pm, pacer.Response{
+		Status: http.StatusTooManyRequests,
+		Header: http.Header{"Retry-After": {"30"}},
+	})
+	fmt.Println("verdict:", v.Throttled, v.Reason, v.Until.Sub(now))
+	p.Done(now.Add(1500*time.Millisecond), pm2, pacer.Response{Status: http.StatusOK})
+
+	// Until the deadline every caller is deferred with the remaining time.
+	_, err = p.Acquire(now.Add(10*time.Second), auth, time.Minute)
+	var re *pacer.RefusedError
+	if errors.As(err, &re) {
+		fmt.Println("deferred:", re.Reason, re.Wait, "interval", re.Interval)
+	}
+
+	// After it, one probe; its success restores ordinary traffic.
+	probe, _ := p.Acquire(now.Add(31*time.Second), auth, 0)
+	_, err = p.Acquire(now.Add(31*time.Second), auth, 0)
+	fmt.Println("probe:", probe.Probe, "other:", err)
+	p.Done(now.Add(32*time.Second), probe, pacer.Response{Status: http.StatusOK})
+	fmt.Println(p.Counts(now.Add(33 * time.Second))["escalated"], "escalated authority")
+
+	// Output:
+	// first: true true
+	// second: pacer: files.example.org:443 spacing, retry in 800ms
+	// reserved for: 1s
+	// verdict: true 429 30.5s
+	// deferred: cooling 20.5s interval 2s
+	// probe: true other: pacer: files.example.org:443 probing, retry in 1s
+	// 1 escalated authority
+}

@@ -1,0 +1,177 @@
+package pacer_test
+
+import (
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+func TestParseRetryAfter(t *testing.T) {
+	now := time.Date(1994, 11, 6, 8, 49, 7, 0, time.UTC) // the RFC's example day
+	tests := []struct {
+		value, date string
+		want        time.Duration
+		ok          bool
+	}{
+		{"120", "", 120 * time.Second, true},
+		{" 120 ", "", 120 * time.Second, true},
+		{"0", "", 0, true},
+		{"1.2", "", 2 * time.Second, true},
+		{"1.0", "", time.Second, true},
+		{"0.001", "", time.Second, true},
+		{"0.0000000001", "", time.Second, true},
+		{".5", "", time.Second, true},
+		{"5.", "", 5 * time.Second, true},
+		{"99999999999999999999999", "", (1 << 32) * time.Second, true}, // saturates; the pacer caps it
+		{"", "", 0, false},
+		{"-1", "", 0, false},
+		{"+1", "", 0, false},
+		{"1e3", "", 0, false},
+		{"1.2.3", "", 0, false},
+		{"soon", "", 0, false},
+		{".", "", 0, false},
+		// the three RFC 9110 forms, measured against now
+		{"Sun, 06 Nov 1994 08:49:37 GMT", "", 30 * time.Second, true},
+		{"Sunday, 06-Nov-94 08:49:37 GMT", "", 30 * time.Second, true},
+		{"Sun Nov  6 08:49:37 1994", "", 30 * time.Second, true},
+		// measured against the response Date when present and valid
+		{"Sun, 06 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 08:48:37 GMT", 60 * time.Second, true},
+		{"Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:27 GMT", 10 * time.Second, true},
+		{"Sun, 06 Nov 1994 08:49:37 GMT", "garbage", 30 * time.Second, true},
+		// expired is valid but zero
+		{"Sun, 06 Nov 1994 08:00:00 GMT", "", 0, true},
+		{"Sun, 06 Nov 1994 08:49:37", "", 0, false},
+		{"06 Nov 1994 08:49:37 GMT", "", 0, false},
+	}
+	for _, tt := range tests {
+		got, ok := pacer.ParseRetryAfter(tt.value, tt.date, now)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("ParseRetryAfter(%q, %q) = %s, %v; want %s, %v", tt.value, tt.date, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestParseReset(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	sec := strconv.FormatInt(now.Unix(), 10)
+	ms := strconv.FormatInt(now.UnixMilli(), 10)
+	tests := []struct {
+		value string
+		want  time.Duration
+		ok    bool
+	}{
+		{"30", 30 * time.Second, true},
+		{"2.5", 3 * time.Second, true},
+		{"0", 0, true},
+		{strconv.FormatInt(now.Unix()+42, 10), 42 * time.Second, true},
+		{sec + ".5", 500 * time.Millisecond, true},
+		{strconv.FormatInt(now.UnixMilli()+1500, 10), 1500 * time.Millisecond, true},
+		{strconv.FormatInt(now.Unix()-42, 10), 0, true},
+		{ms, 0, true},
+		{"1m30s", 90 * time.Second, true},
+		{"1.5s", 1500 * time.Millisecond, true},
+		{"250ms", 250 * time.Millisecond, true},
+		{"-1m", 0, false},
+		{"-5", 0, false},
+		{"", 0, false},
+		{"tomorrow", 0, false},
+		{"99999999999999999999999999", (1 << 32) * time.Second, true},
+	}
+	for _, tt := range tests {
+		got, ok := pacer.ParseReset(tt.value, now)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("ParseReset(%q) = %s, %v; want %s, %v", tt.value, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+func TestParseFeedbackFamilies(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	epoch := func(d time.Duration) string { return strconv.FormatInt(now.Add(d).Unix(), 10) }
+	tests := []struct {
+		name   string
+		h      http.Header
+		reset  time.Duration
+		family string
+	}{
+		{"none", nil, 0, ""},
+		{"IETF exhausted", hdr("RateLimit", `"default";r=0;t=30`), 30 * time.Second, pacer.FamilyIETF},
+		{"IETF with policy field", hdr("RateLimit-Policy", `"default";q=100;w=60`, "RateLimit", `"default";r=0;t=45`), 45 * time.Second, pacer.FamilyIETF},
+		{"IETF token name", hdr("RateLimit", `default;r=0;t=5`), 5 * time.Second, pacer.FamilyIETF},
+		{"IETF longest exhausted item", hdr("RateLimit", `"a";r=0;t=5, "b";r=0;t=50, "c";r=3;t=500`), 50 * time.Second, pacer.FamilyIETF},
+		{"IETF list over two lines", hdr("RateLimit", `"a";r=5;t=5`, "RateLimit", `"b";r=0;t=8`), 8 * time.Second, pacer.FamilyIETF},
+		{"IETF remaining left", hdr("RateLimit", `"default";r=1;t=30`), 0, ""},
+		{"IETF zero reset", hdr("RateLimit", `"default";r=0;t=0`), 0, ""},
+		{"IETF no t", hdr("RateLimit", `"default";r=0`), 0, ""},
+		{"IETF decimal r ignored", hdr("RateLimit", `"default";r=0.0;t=30`), 0, ""},
+		{"IETF string t ignored", hdr("RateLimit", `"default";r=0;t="30"`), 0, ""},
+		{"IETF malformed field ignored", hdr("RateLimit", `"default";r=0;t=30,`), 0, ""},
+		{"IETF uppercase key is malformed", hdr("RateLimit", `"default";R=0;T=30`), 0, ""},
+		{"IETF old dictionary draft is not this family", hdr("RateLimit", `limit=100, remaining=0, reset=30`), 0, ""},
+		{"IETF inner list and other params", hdr("RateLimit", `(1 2);x, "q";pk=:YWJj:;r=0;t=9;ok=?1`), 9 * time.Second, pacer.FamilyIETF},
+		{"RateLimit-Remaining/Reset", hdr("RateLimit-Remaining", "0", "RateLimit-Reset", "12"), 12 * time.Second, pacer.FamilyRateLimit},
+		{"RateLimit-Reset alone", hdr("RateLimit-Reset", "12"), 0, ""},
+		{"X-RateLimit relative", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "20"), 20 * time.Second, pacer.FamilyXRateLimit},
+		{"X-RateLimit epoch seconds", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(75*time.Second)), 75 * time.Second, pacer.FamilyXRateLimit},
+		{"X-RateLimit epoch against Date", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(75*time.Second), "Date", now.Add(-25*time.Second).Format(http.TimeFormat)), 100 * time.Second, pacer.FamilyXRateLimit},
+		{"X-RateLimit epoch ms", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", strconv.FormatInt(now.Add(2*time.Second).UnixMilli(), 10)), 2 * time.Second, pacer.FamilyXRateLimit},
+		{"X-RateLimit Go duration", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "1m30s"), 90 * time.Second, pacer.FamilyXRateLimit},
+		{"X-RateLimit remaining 2", hdr("X-RateLimit-Remaining", "2", "X-RateLimit-Reset", "20"), 0, ""},
+		{"X-RateLimit remaining malformed", hdr("X-RateLimit-Remaining", "none", "X-RateLimit-Reset", "20"), 0, ""},
+		{"X-RateLimit past epoch", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset", epoch(-time.Minute)), 0, ""},
+		{"X-Rate-Limit", hdr("X-Rate-Limit-Remaining", "0", "X-Rate-Limit-Reset", "33"), 33 * time.Second, pacer.FamilyXRateDash},
+		{"X-RateLimit-Reset-After decimal", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset-After", "2.25"), 3 * time.Second, pacer.FamilyXResetAfter},
+		{"X-RateLimit-Reset-After is relative only", hdr("X-RateLimit-Remaining", "0", "X-RateLimit-Reset-After", "1m"), 0, ""},
+		{"families pair their own fields", hdr("X-Rate-Limit-Remaining", "0", "X-RateLimit-Reset", "50", "RateLimit-Remaining", "0", "X-Rate-Limit-Reset", "5"), 5 * time.Second, pacer.FamilyXRateDash},
+		{"longest exhausted family wins", hdr("RateLimit", `"d";r=0;t=40`, "X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "10"), 40 * time.Second, pacer.FamilyIETF},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := pacer.ParseFeedback(200, tt.h, now)
+			if f.Reset != tt.reset || f.Family != tt.family || f.Exhausted() != (tt.reset > 0) {
+				t.Fatalf("reset %s family %q, want %s %q", f.Reset, f.Family, tt.reset, tt.family)
+			}
+		})
+	}
+}
+
+func TestFeedbackVerdict(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	ex := []string{"X-RateLimit-Remaining", "0", "X-RateLimit-Reset", "20"}
+	tests := []struct {
+		status    int
+		h         http.Header
+		throttled bool
+		reason    string
+		hint      time.Duration
+	}{
+		{429, nil, true, "429", 0},
+		{429, hdr("Retry-After", "5"), true, "429", 5 * time.Second},
+		{503, nil, false, "", 0},
+		{503, hdr("Retry-After", "0"), false, "", 0},
+		{503, hdr("Retry-After", "5"), true, "503", 5 * time.Second},
+		{403, nil, false, "", 0},
+		{403, hdr(ex...), true, "403", 20 * time.Second},
+		{200, hdr(ex...), false, "ratelimit", 20 * time.Second},
+		{200, hdr(append(ex, "Retry-After", "3")...), false, "ratelimit", 3 * time.Second},
+		{200, hdr("Retry-After", "3"), false, "", 3 * time.Second},
+		{500, hdr("Retry-After", "3"), false, "", 3 * time.Second},
+	}
+	for _, tt := range tests {
+		f := pacer.ParseFeedback(tt.status, tt.h, now)
+		if f.Throttled() != tt.throttled || f.Reason() != tt.reason || f.Hint() != tt.hint {
+			t.Errorf("%d %v: throttled %v reason %q hint %s; want %v %q %s", tt.status, tt.h, f.Throttled(), f.Reason(), f.Hint(), tt.throttled, tt.reason, tt.hint)
+		}
+	}
+}
+
+func TestParseFeedbackNoAllocs(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	h := hdr("Content-Type", "text/plain", "X-RateLimit-Remaining", "7", "X-RateLimit-Reset", "20", "RateLimit", `"d";r=5;t=3`)
+	if n := testing.AllocsPerRun(100, func() { pacer.ParseFeedback(200, h, now) }); n != 0 {
+		t.Fatalf("%v allocs per ParseFeedback, want 0", n)
+	}
+}

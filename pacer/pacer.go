@@ -1,0 +1,675 @@
+package pacer
+
+import (
+	"hash/maphash"
+	"math/rand/v2"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Fixed numbers of SPEC section 3 (not configurable: they are the contract).
+const (
+	FirstStep       = 2 * time.Second   // the first escalation step above a small interval
+	MaxInterval     = 60 * time.Second  // escalation stops here (or at the floor, if higher)
+	FallbackMin     = 60 * time.Second  // the fallback cooldown is drawn from [FallbackMin, ceiling]
+	MaxPause        = 600 * time.Second // cap of any header-derived pause and of the fallback ceiling
+	ProbeWait       = time.Second       // Wait told to callers while a probe is in flight
+	InFlightMinWait = time.Second       // least Wait told to callers refused by the in-flight cap
+)
+
+// Defaults of Options.
+const (
+	DefaultQuietWindow = 30 * time.Minute
+	DefaultMaxEntries  = 1 << 20
+)
+
+// State names of State.State and the keys of Counts.
+const (
+	StateIdle      = "idle"      // at the floor, nothing in flight, next slot passed
+	StateActive    = "active"    // requests in flight or a slot reserved
+	StateEscalated = "escalated" // interval above the floor
+	StateCooling   = "cooling"   // a cooldown is in force
+	StateProbing   = "probing"   // the cooldown is over and awaits (or runs) its probe
+)
+
+// Options configure a Pacer. The zero value of every field is its default.
+type Options struct {
+	// Policy gives floors and in-flight caps; nil is the default policy.
+	Policy *Policy
+	// QuietWindow is how long without a throttling signal before an escalated
+	// interval halves; 0 means 30 min, negative disables decay.
+	QuietWindow time.Duration
+	// MaxEntries bounds the tracked authorities; 0 means 1<<20. Idle entries
+	// at their floor are evicted to stay under it. Entries that must not be
+	// forgotten (escalated, cooling, awaiting a probe, in flight, slot not yet
+	// passed) are never evicted, so the bound is exceeded rather than forget
+	// one of them.
+	MaxEntries int
+	// Rand returns a number in [0, 1) for the fallback jitter; nil uses
+	// math/rand/v2. It is called with a lock held, possibly from several
+	// goroutines at once: it must be safe for concurrent use and must not
+	// call the Pacer.
+	Rand func() float64
+	// Logger receives cooldown entry, capped-pause and recovery lines. The zero
+	// Logger discards.
+	Logger zerolog.Logger
+	// OnEvent, if set, receives every fact worth publishing, never under a
+	// lock, in the order they happened for one authority. It must not block
+	// for long: it runs on the caller's goroutine of Acquire or Done.
+	OnEvent func(Event)
+}
+
+// Pacer is the HostPacer. Create it with New; the zero value is not usable.
+// A Pacer is safe for concurrent use.
+type Pacer struct {
+	shards    []shard
+	mask      uint64
+	seed      maphash.Seed
+	policy    *Policy
+	quiet     int64
+	rnd       func() float64
+	log       zerolog.Logger
+	onEvent   func(Event)
+	shardMax  int
+	sweepStep int
+}
+
+// shard is one lock and the entries it guards; the padding keeps two shards'
+// locks off one cache line.
+type shard struct {
+	mu      sync.Mutex
+	m       map[string]*entry
+	seq     uint64 // last Permit.seq granted in this shard
+	sweepAt int    // do not sweep again before len(m) reaches this
+	_       [24]byte
+}
+
+// entry is one authority. Instants are Unix nanoseconds, 0 meaning none,
+// which keeps an entry at 72 bytes.
+type entry struct {
+	floor     int64
+	interval  int64
+	lastStart int64  // the latest granted Start (possibly reserved in the future)
+	decayRef  int64  // start of the current quiet window
+	until     int64  // cooldown deadline; set and passed = awaiting a probe
+	ceiling   int64  // fallback ceiling
+	lastThrot int64  // last throttling signal, for State
+	probeSeq  uint64 // seq of the probe in flight, 0 if none
+	inFlight  int32
+	maxFlight int32
+}
+
+// New returns a Pacer. A nil o means the defaults: default policy (floor 1 s,
+// in-flight cap 2), quiet window 30 min.
+func New(o *Options) *Pacer {
+	if o == nil {
+		o = &Options{}
+	}
+	p := &Pacer{
+		seed:    maphash.MakeSeed(),
+		policy:  o.Policy,
+		quiet:   int64(o.QuietWindow),
+		rnd:     o.Rand,
+		log:     o.Logger,
+		onEvent: o.OnEvent,
+	}
+	if p.policy == nil {
+		p.policy = DefaultPolicy()
+	}
+	if p.quiet == 0 {
+		p.quiet = int64(DefaultQuietWindow)
+	}
+	if p.rnd == nil {
+		p.rnd = rand.Float64
+	}
+	maxEntries := o.MaxEntries
+	if maxEntries <= 0 {
+		maxEntries = DefaultMaxEntries
+	}
+	// Shard only when each shard still holds many entries, so that a small
+	// MaxEntries is enforced exactly.
+	n := 1
+	for n < 64 && maxEntries/(n*2) >= 4096 {
+		n *= 2
+	}
+	p.shards = make([]shard, n)
+	p.mask = uint64(n - 1)
+	p.shardMax = (maxEntries + n - 1) / n
+	p.sweepStep = max(1, p.shardMax/8)
+	for i := range p.shards {
+		p.shards[i].m = make(map[string]*entry)
+		p.shards[i].sweepAt = p.shardMax
+	}
+	return p
+}
+
+func (p *Pacer) shardFor(auth string) *shard {
+	if p.mask == 0 {
+		return &p.shards[0]
+	}
+	return &p.shards[maphash.String(p.seed, auth)&p.mask]
+}
+
+// entryLocked returns the authority's entry, creating it (and evicting idle
+// entries if the shard is full). s.mu must be held.
+func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
+	if e := s.m[auth]; e != nil {
+		return e
+	}
+	if len(s.m) >= s.sweepAt {
+		p.sweepLocked(s, now)
+		s.sweepAt = max(p.shardMax, len(s.m)+p.sweepStep)
+	}
+	l := p.policy.Limits(auth)
+	e := &entry{
+		floor:     int64(l.Floor),
+		interval:  int64(l.Floor),
+		ceiling:   int64(FallbackMin),
+		maxFlight: int32(max(1, min(l.MaxInFlight, maxPolicyInFlight))),
+	}
+	s.m[strings.Clone(auth)] = e
+	return e
+}
+
+// sweepLocked evicts every entry that can be forgotten without making the
+// pacer ruder. s.mu must be held.
+func (p *Pacer) sweepLocked(s *shard, now int64) {
+	for k, e := range s.m {
+		if p.evictable(e, now) {
+			delete(s.m, k)
+		}
+	}
+}
+
+func (p *Pacer) evictable(e *entry, now int64) bool {
+	return e.until == 0 && e.inFlight == 0 && e.probeSeq == 0 &&
+		e.ceiling == int64(FallbackMin) &&
+		p.decayedInterval(e, now) <= e.floor &&
+		(e.lastStart == 0 || e.lastStart+e.floor <= now)
+}
+
+// decayedInterval is e.interval after the quiet windows elapsed by now,
+// without changing e.
+func (p *Pacer) decayedInterval(e *entry, now int64) int64 {
+	iv, _ := p.decay(e, now)
+	return iv
+}
+
+func (p *Pacer) decay(e *entry, now int64) (interval, ref int64) {
+	if e.interval <= e.floor || p.quiet <= 0 || now-e.decayRef < p.quiet {
+		return e.interval, e.decayRef
+	}
+	k := (now - e.decayRef) / p.quiet
+	iv := e.interval
+	for i := int64(0); i < k && iv > e.floor; i++ {
+		iv /= 2
+	}
+	return max(iv, e.floor), e.decayRef + k*p.quiet
+}
+
+// decayLocked applies lazy decay and records the change. The entry's lock
+// must be held.
+func (p *Pacer) decayLocked(e *entry, auth string, now int64, fx *facts) {
+	iv, ref := p.decay(e, now)
+	if iv == e.interval {
+		return
+	}
+	e.interval, e.decayRef = iv, ref
+	fx.add(fact{ev: Event{Type: EventInterval, Authority: auth, At: time.Unix(0, ref), Interval: time.Duration(iv), Reason: "decay"}})
+}
+
+// Acquire decides whether a request to auth ("host:port", as
+// authority.Authority.String gives it) may start. It grants a Permit whose
+// Start is now, or a reserved slot at most maxWait ahead; otherwise it
+// refuses with a *RefusedError. Every Permit must be given back to Done
+// exactly once.
+//
+// The order of the checks is SPEC section 3's: cooling, probe, in-flight cap,
+// spacing. The probe itself also respects the cap and the spacing. A granted
+// Permit, even one reserved for a future Start, holds an in-flight place
+// from the grant; call Confirm just before a reserved request starts, so that
+// a cooldown learned in the meantime revokes it. auth must already be normalised: the pacer compares it
+// byte for byte.
+func (p *Pacer) Acquire(now time.Time, auth string, maxWait time.Duration) (Permit, error) {
+	n := now.UnixNano()
+	s := p.shardFor(auth)
+	s.mu.Lock()
+	e := p.entryLocked(s, auth, n)
+	if p.decayDue(e, n) {
+		s.mu.Unlock()
+		return p.acquireSlow(now, auth, maxWait)
+	}
+	pm, re := p.acquireLocked(s, e, auth, now, n, maxWait)
+	s.mu.Unlock()
+	if re != nil {
+		return Permit{}, re
+	}
+	return pm, nil
+}
+
+// acquireSlow is Acquire when a decay is due and produces a fact; it keeps
+// the facts buffer off the hot path.
+func (p *Pacer) acquireSlow(now time.Time, auth string, maxWait time.Duration) (Permit, error) {
+	n := now.UnixNano()
+	var fx facts
+	s := p.shardFor(auth)
+	s.mu.Lock()
+	e := p.entryLocked(s, auth, n)
+	p.decayLocked(e, auth, n, &fx)
+	pm, re := p.acquireLocked(s, e, auth, now, n, maxWait)
+	s.mu.Unlock()
+	p.publish(&fx)
+	if re != nil {
+		return Permit{}, re
+	}
+	return pm, nil
+}
+
+func (p *Pacer) decayDue(e *entry, n int64) bool {
+	return e.interval > e.floor && p.quiet > 0 && n-e.decayRef >= p.quiet
+}
+
+func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n int64, maxWait time.Duration) (Permit, *RefusedError) {
+	probe := false
+	if e.until != 0 {
+		if n < e.until {
+			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonCooling, Wait: time.Duration(e.until - n),
+				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until)}
+		}
+		if e.probeSeq != 0 {
+			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonProbing, Wait: ProbeWait, Interval: time.Duration(e.interval)}
+		}
+		probe = true
+	}
+	var gap int64
+	if e.lastStart != 0 {
+		gap = e.lastStart + e.interval - n
+	}
+	if e.inFlight >= e.maxFlight {
+		w := max(gap, e.interval, int64(InFlightMinWait))
+		return Permit{}, &RefusedError{Authority: auth, Reason: ReasonInFlight, Wait: time.Duration(w), Interval: time.Duration(e.interval)}
+	}
+	start := n
+	if gap > 0 {
+		if gap > int64(maxWait) {
+			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonSpacing, Wait: time.Duration(gap), Interval: time.Duration(e.interval)}
+		}
+		start += gap
+	}
+	s.seq++
+	e.lastStart = start
+	e.inFlight++
+	if probe {
+		e.probeSeq = s.seq
+	}
+	return Permit{Authority: auth, Start: now.Add(time.Duration(start - n)), Probe: probe, Interval: time.Duration(e.interval), seq: s.seq}, nil
+}
+
+// Confirm re-checks a granted Permit just before its request starts. A Permit
+// reserved for a future Start can be overtaken by a cooldown learned from
+// another response in the meantime; Confirm then refuses with a
+// *RefusedError (ReasonCooling, or ReasonProbing once the deadline has passed
+// and another request is the probe), and the caller gives the Permit back with
+// Done(now, pm, Response{Cancelled: true}) and defers its job. If the cooldown
+// is over and no probe is out, the Permit becomes the probe: Confirm returns
+// it with Probe set, and that copy is the one to pass to Done. Done is owed
+// exactly once either way.
+func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
+	n := now.UnixNano()
+	s := p.shardFor(pm.Authority)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[pm.Authority]
+	if e == nil || e.until == 0 || pm.seq == 0 || pm.seq == e.probeSeq {
+		return pm, nil
+	}
+	if n < e.until {
+		return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonCooling, Wait: time.Duration(e.until - n),
+			Interval: time.Duration(e.interval), Until: time.Unix(0, e.until)}
+	}
+	if e.probeSeq != 0 {
+		return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonProbing, Wait: ProbeWait, Interval: time.Duration(e.interval)}
+	}
+	e.probeSeq = pm.seq
+	pm.Probe = true
+	return pm, nil
+}
+
+// Done reports what became of a granted request and returns the pacer's
+// reading of it. It must be called exactly once per Permit. A cancelled
+// request or a network error (Response.Cancelled, Response.Err, or Status 0)
+// teaches nothing but frees the Permit's in-flight place and, for a probe,
+// the probe slot.
+func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
+	learn := !r.Cancelled && r.Err == nil && r.Status != 0
+	var fb Feedback
+	if learn {
+		fb = ParseFeedback(r.Status, r.Header, now)
+	}
+	if pm.Probe || fb.Throttled() || fb.Exhausted() {
+		return p.doneSlow(now, pm, learn, fb)
+	}
+	// Nothing to learn: release the place, unless a decay is due.
+	n := now.UnixNano()
+	s := p.shardFor(pm.Authority)
+	s.mu.Lock()
+	e := s.m[pm.Authority]
+	if e == nil {
+		s.mu.Unlock()
+		return Verdict{}
+	}
+	if p.decayDue(e, n) {
+		s.mu.Unlock()
+		return p.doneSlow(now, pm, learn, fb)
+	}
+	if pm.seq != 0 && e.inFlight > 0 {
+		e.inFlight--
+	}
+	var v Verdict
+	if e.until > n {
+		v.Until = time.Unix(0, e.until)
+	}
+	s.mu.Unlock()
+	return v
+}
+
+func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb Feedback) Verdict {
+	n := now.UnixNano()
+	throttled, exhausted := fb.Throttled(), fb.Exhausted()
+	var fx facts
+	s := p.shardFor(pm.Authority)
+	s.mu.Lock()
+	e := s.m[pm.Authority]
+	if e == nil {
+		if !throttled && !exhausted {
+			s.mu.Unlock()
+			return Verdict{}
+		}
+		e = p.entryLocked(s, pm.Authority, n)
+	}
+	if pm.seq != 0 && e.inFlight > 0 {
+		e.inFlight--
+	}
+	probe := pm.seq != 0 && pm.seq == e.probeSeq
+	if probe {
+		e.probeSeq = 0
+	}
+	p.decayLocked(e, pm.Authority, n, &fx)
+	if learn {
+		p.learnLocked(e, pm.Authority, n, probe, fb, &fx)
+	}
+	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
+	if e.until > n {
+		v.Until = time.Unix(0, e.until)
+	}
+	s.mu.Unlock()
+	p.publish(&fx)
+	return v
+}
+
+func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedback, fx *facts) {
+	throttled, exhausted := fb.Throttled(), fb.Exhausted()
+	if probe && !throttled {
+		e.until, e.ceiling = 0, int64(FallbackMin)
+		fx.add(fact{ev: Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+			Interval: time.Duration(e.interval), Ceiling: FallbackMin}})
+	}
+	if !throttled && !exhausted {
+		return
+	}
+	e.lastThrot, e.decayRef = n, n
+	if throttled {
+		if probe {
+			e.ceiling = min(2*e.ceiling, int64(MaxPause))
+		}
+		iv := min(max(2*e.interval, int64(FirstStep), e.floor), max(int64(MaxInterval), e.floor))
+		if iv != e.interval {
+			e.interval = iv
+			fx.add(fact{ev: Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+				Reason: fb.Reason(), Interval: time.Duration(iv)}})
+		}
+	}
+	// The pause: a positive Retry-After wins, else the longest exhausted
+	// reset; a 429 without a positive Retry-After waits at least the fallback.
+	pause := int64(fb.Hint())
+	fallback := false
+	if fb.Status == 429 && !(fb.RetryAfterValid && fb.RetryAfter > 0) {
+		if f := p.fallbackLocked(e); f >= pause {
+			pause, fallback = f, true
+		}
+	}
+	var asked int64
+	if pause > int64(MaxPause) {
+		asked, pause = pause, int64(MaxPause)
+	}
+	prev := e.until
+	if until := n + pause; pause > 0 && until > e.until {
+		e.until = until
+	}
+	if throttled {
+		fx.add(fact{ev: Event{Type: EventThrottle, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+			Reason: fb.Reason(), Interval: time.Duration(e.interval), Until: unixOrZero(e.until), Ceiling: time.Duration(e.ceiling)}})
+	}
+	if e.until != prev {
+		fx.add(fact{
+			ev: Event{Type: EventCooldown, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
+				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until), Ceiling: time.Duration(e.ceiling)},
+			extended: prev > n, asked: time.Duration(asked), pause: time.Duration(pause), fallback: fallback, family: fb.Family,
+		})
+	} else if asked > 0 {
+		// capped, but a longer pause was already in force: still worth a warning
+		fx.add(fact{ev: Event{Authority: auth}, asked: time.Duration(asked), pause: time.Duration(pause), family: fb.Family})
+	}
+}
+
+// fallbackLocked draws the fallback cooldown uniformly from [FallbackMin,
+// ceiling].
+func (p *Pacer) fallbackLocked(e *entry) int64 {
+	span := e.ceiling - int64(FallbackMin)
+	if span <= 0 {
+		return int64(FallbackMin)
+	}
+	r := p.rnd()
+	if !(r >= 0) { // also NaN
+		r = 0
+	}
+	if r > 1 {
+		r = 1
+	}
+	return int64(FallbackMin) + int64(r*float64(span))
+}
+
+func unixOrZero(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
+// fact is an Event plus what the log line needs.
+type fact struct {
+	ev       Event
+	extended bool          // the cooldown was already in force
+	asked    time.Duration // the pause before the cap, when capped
+	pause    time.Duration
+	fallback bool
+	family   string
+}
+
+// facts collects what to publish once the lock is released; a fixed array
+// keeps it off the heap.
+type facts struct {
+	n int
+	f [5]fact
+}
+
+func (fx *facts) add(f fact) {
+	if fx.n < len(fx.f) {
+		fx.f[fx.n] = f
+		fx.n++
+	}
+}
+
+// publish logs and hands out the facts. No lock may be held.
+func (p *Pacer) publish(fx *facts) {
+	for i := 0; i < fx.n; i++ {
+		f := &fx.f[i]
+		p.logFact(f)
+		if p.onEvent != nil && f.ev.Type != "" {
+			p.onEvent(f.ev)
+		}
+	}
+}
+
+func (p *Pacer) logFact(f *fact) {
+	if f.asked > 0 {
+		host, port := splitAuthority(f.ev.Authority)
+		p.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
+			Dur("asked", f.asked).Dur("capped_to", f.pause).Str("family", f.family).
+			Msg("pacer: upstream pause capped")
+	}
+	switch f.ev.Type {
+	case EventCooldown:
+		host, port := splitAuthority(f.ev.Authority)
+		msg := "pacer: cooldown entered"
+		if f.extended {
+			msg = "pacer: cooldown extended"
+		}
+		p.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", f.ev.Status).Str("reason", f.ev.Reason).Time("until", f.ev.Until).
+			Dur("pause", f.pause).Bool("fallback", f.fallback).Str("family", f.family).
+			Dur("interval", f.ev.Interval).Dur("fallback_ceiling", f.ev.Ceiling).Msg(msg)
+	case EventRecovered:
+		host, port := splitAuthority(f.ev.Authority)
+		p.log.Info().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", f.ev.Status).Dur("interval", f.ev.Interval).Msg("pacer: cooldown recovered")
+	}
+}
+
+func splitAuthority(auth string) (host, port string) {
+	h, pt, err := net.SplitHostPort(auth)
+	if err != nil {
+		return auth, ""
+	}
+	return h, pt
+}
+
+// Apply rebuilds state from a replayed fact (MIRROR_EVENTS after a cold
+// start). It only ever makes the pacer as polite as the fact says or more:
+// cooldowns are extended, never shortened (an expired one still wants its
+// probe), intervals and ceilings are restored, and a recovery clears only a
+// cooldown whose deadline it follows. Apply publishes nothing.
+func (p *Pacer) Apply(now time.Time, ev Event) {
+	if ev.Authority == "" {
+		return
+	}
+	n := now.UnixNano()
+	at := ev.At.UnixNano()
+	if ev.At.IsZero() || at > n {
+		at = n
+	}
+	s := p.shardFor(ev.Authority)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := p.entryLocked(s, ev.Authority, n)
+	// A response arrived at ev.At: keep the spacing from there.
+	if ev.Type == EventThrottle || ev.Type == EventCooldown {
+		e.lastStart = max(e.lastStart, at)
+		e.lastThrot = max(e.lastThrot, at)
+	}
+	switch ev.Type {
+	case EventThrottle, EventCooldown, EventInterval:
+		if ev.Interval > 0 {
+			e.interval = min(max(int64(ev.Interval), e.floor), max(int64(MaxInterval), e.floor))
+			e.decayRef = at
+		}
+		if ev.Type != EventInterval {
+			if u := ev.Until.UnixNano(); !ev.Until.IsZero() && u > e.until {
+				e.until = min(u, n+int64(MaxPause))
+			}
+			if ev.Ceiling > 0 {
+				e.ceiling = min(max(int64(ev.Ceiling), int64(FallbackMin)), int64(MaxPause))
+			}
+		}
+	case EventRecovered:
+		if e.until != 0 && e.until <= at {
+			e.until = 0
+			e.ceiling = int64(FallbackMin)
+		}
+	}
+}
+
+// Snapshot returns every tracked authority, sorted by authority, as
+// /debug/pacer shows it. Lazy decay is reflected but not applied.
+func (p *Pacer) Snapshot(now time.Time) []State {
+	n := now.UnixNano()
+	var out []State
+	for i := range p.shards {
+		s := &p.shards[i]
+		s.mu.Lock()
+		for k, e := range s.m {
+			out = append(out, p.stateLocked(k, e, n))
+		}
+		s.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Authority < out[j].Authority })
+	return out
+}
+
+// Counts returns how many authorities are in each state (every state is
+// present, zero included), for the pacer_authorities gauge.
+func (p *Pacer) Counts(now time.Time) map[string]int {
+	n := now.UnixNano()
+	c := map[string]int{StateIdle: 0, StateActive: 0, StateEscalated: 0, StateCooling: 0, StateProbing: 0}
+	for i := range p.shards {
+		s := &p.shards[i]
+		s.mu.Lock()
+		for _, e := range s.m {
+			c[p.stateName(e, n)]++
+		}
+		s.mu.Unlock()
+	}
+	return c
+}
+
+func (p *Pacer) stateName(e *entry, n int64) string {
+	iv := p.decayedInterval(e, n)
+	switch {
+	case e.until != 0 && n < e.until:
+		return StateCooling
+	case e.until != 0:
+		return StateProbing
+	case iv > e.floor:
+		return StateEscalated
+	case e.inFlight > 0 || e.lastStart+iv > n:
+		return StateActive
+	}
+	return StateIdle
+}
+
+func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
+	iv := p.decayedInterval(e, n)
+	st := State{
+		Authority:    auth,
+		State:        p.stateName(e, n),
+		Floor:        time.Duration(e.floor),
+		Interval:     time.Duration(iv),
+		Ceiling:      time.Duration(e.ceiling),
+		Probing:      e.probeSeq != 0,
+		InFlight:     int(e.inFlight),
+		MaxInFlight:  int(e.maxFlight),
+		LastThrottle: unixOrZero(e.lastThrot),
+	}
+	if e.lastStart != 0 {
+		st.NextSlot = time.Unix(0, max(e.lastStart+iv, n))
+	} else {
+		st.NextSlot = time.Unix(0, n)
+	}
+	st.CooldownUntil = unixOrZero(e.until)
+	return st
+}

@@ -1,0 +1,170 @@
+package pacer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+)
+
+// Policy defaults (SPEC section 3).
+const (
+	DefaultFloor       = time.Second
+	DefaultMaxInFlight = 2
+	maxPolicyFloor     = 24 * time.Hour // a larger floor is far more likely a typo than a wish
+	maxPolicyInFlight  = 1 << 16
+)
+
+// Limits is the issuer's politeness for one authority.
+type Limits struct {
+	Floor       time.Duration // minimum spacing between request starts; may be 0
+	MaxInFlight int           // concurrent requests; at least 1
+}
+
+// Policy holds the floors and in-flight caps: a default and per-authority
+// overrides keyed by normalised "host:port". A nil *Policy is the default
+// policy (floor 1 s, cap 2). A Policy is read-only once built and safe for
+// concurrent use.
+type Policy struct {
+	Default     Limits
+	Authorities map[string]Limits
+}
+
+// DefaultPolicy returns the policy with the defaults and no overrides.
+func DefaultPolicy() *Policy {
+	return &Policy{Default: Limits{Floor: DefaultFloor, MaxInFlight: DefaultMaxInFlight}}
+}
+
+// Limits returns the limits for the authority "host:port".
+func (p *Policy) Limits(auth string) Limits {
+	if p == nil {
+		return Limits{Floor: DefaultFloor, MaxInFlight: DefaultMaxInFlight}
+	}
+	if l, ok := p.Authorities[auth]; ok {
+		return l
+	}
+	return p.Default
+}
+
+// WithDefaultFloor returns a copy of p whose default floor is d (the --floor
+// flag); per-authority floors are kept. A nil p is the default policy.
+func (p *Policy) WithDefaultFloor(d time.Duration) *Policy {
+	if p == nil {
+		p = DefaultPolicy()
+	}
+	q := &Policy{Default: p.Default, Authorities: p.Authorities}
+	q.Default.Floor = d
+	return q
+}
+
+// LoadPolicy reads and validates a policy file (see ParsePolicy).
+func LoadPolicy(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	p, err := ParsePolicy(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
+}
+
+type rawLimits struct {
+	Floor       *string `json:"floor"`
+	MaxInFlight *int    `json:"max_in_flight"`
+}
+
+type rawPolicy struct {
+	Default     *rawLimits            `json:"default"`
+	Authorities map[string]*rawLimits `json:"authorities"`
+}
+
+// ParsePolicy parses a JSON policy:
+//
+//	{"default": {"floor": "1s", "max_in_flight": 2},
+//	 "authorities": {"files.example.org:443": {"floor": "250ms", "max_in_flight": 4}}}
+//
+// Floors are Go durations ("0", "250ms", "2s"), from 0 to 24h; max_in_flight is
+// at least 1. Omitted fields take the default's value (the default's own
+// omitted fields take 1s and 2). Authority keys are "host:port" and are
+// normalised (lowercase, IDNA, IPv6 in brackets). Unknown fields are
+// rejected. Errors name the offending field.
+func ParsePolicy(data []byte) (*Policy, error) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var raw rawPolicy
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("policy: trailing data after the JSON object")
+	}
+	p := DefaultPolicy()
+	var err error
+	if p.Default, err = raw.Default.limits(p.Default, "default"); err != nil {
+		return nil, err
+	}
+	if len(raw.Authorities) > 0 {
+		p.Authorities = make(map[string]Limits, len(raw.Authorities))
+	}
+	for key, rl := range raw.Authorities {
+		field := fmt.Sprintf("authorities[%q]", key)
+		norm, err := normalizeAuthority(key)
+		if err != nil {
+			return nil, fmt.Errorf("policy: %s: %w", field, err)
+		}
+		if _, dup := p.Authorities[norm]; dup {
+			return nil, fmt.Errorf("policy: %s: duplicate of authority %q", field, norm)
+		}
+		l, err := rl.limits(p.Default, field)
+		if err != nil {
+			return nil, err
+		}
+		p.Authorities[norm] = l
+	}
+	return p, nil
+}
+
+func (r *rawLimits) limits(def Limits, field string) (Limits, error) {
+	l := def
+	if r == nil {
+		return l, nil
+	}
+	if r.Floor != nil {
+		d, err := time.ParseDuration(*r.Floor)
+		if err != nil {
+			return l, fmt.Errorf("policy: %s.floor: %q is not a duration such as \"1s\" or \"250ms\"", field, *r.Floor)
+		}
+		if d < 0 || d > maxPolicyFloor {
+			return l, fmt.Errorf("policy: %s.floor: %s is outside 0 to %s", field, d, maxPolicyFloor)
+		}
+		l.Floor = d
+	}
+	if r.MaxInFlight != nil {
+		n := *r.MaxInFlight
+		if n < 1 || n > maxPolicyInFlight {
+			return l, fmt.Errorf("policy: %s.max_in_flight: %d is outside 1 to %d", field, n, maxPolicyInFlight)
+		}
+		l.MaxInFlight = n
+	}
+	return l, nil
+}
+
+// normalizeAuthority turns a policy key into the form Acquire receives
+// (authority.Authority.String()).
+func normalizeAuthority(key string) (string, error) {
+	if _, _, err := net.SplitHostPort(key); err != nil {
+		return "", fmt.Errorf("want \"host:port\": %w", err)
+	}
+	a, err := authority.Parse("http://" + key)
+	if err != nil {
+		return "", err
+	}
+	return a.String(), nil
+}
