@@ -20,7 +20,9 @@ const (
 )
 
 // Permit is a granted request start. The caller must not start the request
-// before Start, and must call Done exactly once with the same Permit.
+// before Start, must call Pacer.Confirm immediately before starting it (which
+// may move Start later), and must call Done exactly once with the Permit
+// Confirm last returned.
 type Permit struct {
 	Authority string        // "host:port"
 	Start     time.Time     // when the request may start (a reserved slot may be in the future)
@@ -88,7 +90,7 @@ type Event struct {
 	Status    int           `json:"status,omitempty"`
 	Reason    string        `json:"reason,omitempty"`
 	Interval  time.Duration `json:"interval,omitempty"`
-	Until     time.Time     `json:"until,omitempty"`
+	Until     time.Time     `json:"until,omitzero"`
 	Ceiling   time.Duration `json:"ceiling,omitempty"` // fallback ceiling after this fact
 }
 
@@ -99,10 +101,10 @@ type State struct {
 	Floor         time.Duration `json:"floor_ns"`
 	Interval      time.Duration `json:"interval_ns"`
 	NextSlot      time.Time     `json:"next_slot"`
-	CooldownUntil time.Time     `json:"cooldown_until,omitempty"`
+	CooldownUntil time.Time     `json:"cooldown_until,omitzero"`
 	Ceiling       time.Duration `json:"fallback_ceiling_ns"`
 	Probing       bool          `json:"probing"`
 	InFlight      int           `json:"in_flight"`
 	MaxInFlight   int           `json:"max_in_flight"`
-	LastThrottle  time.Time     `json:"last_throttle,omitempty"`
+	LastThrottle  time.Time     `json:"last_throttle,omitzero"`
 }

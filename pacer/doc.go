@@ -7,6 +7,9 @@
 //   - the decision before a request start (Pacer.Acquire): cooling, a single
 //     probe after a cooldown, the authority's in-flight cap, and floor spacing
 //     with short-wait slot reservation;
+//   - the check at the actual start (Pacer.Confirm): revocation by a cooldown
+//     learned since the grant, and spacing from the other requests' actual
+//     starts, so a late wake cannot bring two starts closer than the floor;
 //   - learning from the response (Pacer.Done): ×2 interval escalation on
 //     throttling, quiet-window decay back toward the floor, cooldowns from
 //     Retry-After, provider rate-limit headers or a jittered fallback, capped
@@ -14,7 +17,8 @@
 //   - header parsing usable on its own (ParseRetryAfter, ParseFeedback);
 //   - the policy file (ParsePolicy, LoadPolicy): floors and in-flight caps;
 //   - state inspection (Snapshot, Counts), facts for publication
-//     (Options.OnEvent) and their replay after a cold start (Apply).
+//     (Options.OnEvent) and their replay after a cold start (Apply);
+//   - compressed time for load tests (Options.Scale).
 //
 // It does not: derive authorities from URLs (package authority does), sleep,
 // read a clock, talk to NATS or make HTTP requests. Every method takes the

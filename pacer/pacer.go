@@ -1,7 +1,9 @@
 package pacer
 
 import (
+	"fmt"
 	"hash/maphash"
+	"math"
 	"math/rand/v2"
 	"net"
 	"sort"
@@ -13,6 +15,7 @@ import (
 )
 
 // Fixed numbers of SPEC section 3 (not configurable: they are the contract).
+// Options.Scale multiplies all of them, for time-compressed load tests only.
 const (
 	FirstStep       = 2 * time.Second   // the first escalation step above a small interval
 	MaxInterval     = 60 * time.Second  // escalation stops here (or at the floor, if higher)
@@ -26,6 +29,10 @@ const (
 const (
 	DefaultQuietWindow = 30 * time.Minute
 	DefaultMaxEntries  = 1 << 20
+	// MaxStartGuard caps the default StartGuard, a tenth of the floor
+	// (startGuardDiv).
+	MaxStartGuard = 25 * time.Millisecond
+	startGuardDiv = 10
 )
 
 // State names of State.State and the keys of Counts.
@@ -62,6 +69,30 @@ type Options struct {
 	// lock, in the order they happened for one authority. It must not block
 	// for long: it runs on the caller's goroutine of Acquire or Done.
 	OnEvent func(Event)
+	// Scale compresses time for load tests: it multiplies every fixed
+	// duration of SPEC section 3 (FirstStep, MaxInterval, FallbackMin,
+	// MaxPause both as the fallback ceiling's cap and as every pause's cap,
+	// ProbeWait, InFlightMinWait) and the default QuietWindow. 0 or 1 is real
+	// time; New panics unless 0 <= Scale <= 1, because a Scale outside that
+	// range is a programming error and clamping it would let a load test
+	// report on rules it did not run. Delays the origin sends (Retry-After,
+	// rate-limit resets) are not scaled, since the origin already runs on
+	// the compressed clock, but they are capped at the scaled MaxPause: the
+	// cap protects against hostile headers, and in a compressed run the
+	// scaled cap is the one that means 600 s. Floors (policy), an explicit
+	// QuietWindow and StartGuard are not scaled.
+	Scale float64
+	// StartGuard is extra spacing added to the interval wherever the pacer
+	// spaces request starts: grants, reservations and Confirm's check of
+	// actual starts. A request still travels from Confirm to the origin's
+	// socket with scheduling jitter, so two requests confirmed exactly one
+	// interval apart reach the origin closer than that whenever the first is
+	// delayed more on its way; the guard absorbs that. It never enters the
+	// reported Interval nor the escalation arithmetic. 0 means
+	// min(floor/10, MaxStartGuard) for each authority (0 when the floor is
+	// 0); negative means none. It is not scaled: the jitter it covers is the
+	// machine's, not the origin's.
+	StartGuard time.Duration
 }
 
 // Pacer is the HostPacer. Create it with New; the zero value is not usable.
@@ -77,6 +108,14 @@ type Pacer struct {
 	onEvent   func(Event)
 	shardMax  int
 	sweepStep int
+
+	// SPEC section 3's constants times Options.Scale, in nanoseconds, so the
+	// scale costs nothing per call.
+	firstStep, maxInterval, fallbackMin, maxPause, probeWait, inFlightMinWait int64
+	// guard is Options.StartGuard (0 for none) unless guardAuto, when it is
+	// derived from each authority's floor.
+	guard     int64
+	guardAuto bool
 }
 
 // shard is one lock and the entries it guards; the padding keeps two shards'
@@ -90,39 +129,66 @@ type shard struct {
 }
 
 // entry is one authority. Instants are Unix nanoseconds, 0 meaning none,
-// which keeps an entry at 72 bytes.
+// which keeps an entry at 96 bytes.
 type entry struct {
-	floor     int64
-	interval  int64
-	lastStart int64  // the latest granted Start (possibly reserved in the future)
-	decayRef  int64  // start of the current quiet window
-	until     int64  // cooldown deadline; set and passed = awaiting a probe
-	ceiling   int64  // fallback ceiling
-	lastThrot int64  // last throttling signal, for State
-	probeSeq  uint64 // seq of the probe in flight, 0 if none
-	inFlight  int32
-	maxFlight int32
+	floor    int64
+	interval int64
+	// lastStart is the latest start granted, reserved, moved by Confirm or
+	// confirmed; the next slot is lastStart + interval + guard.
+	lastStart int64
+	// started is the latest actual start (Confirm, or Acquire granting a
+	// start at now) and startedSeq the permit that made it; startedOther is
+	// the latest actual start of any other permit, so that a permit confirmed
+	// again is never spaced from itself.
+	started      int64
+	startedOther int64
+	startedSeq   uint64
+	decayRef     int64  // start of the current quiet window
+	until        int64  // cooldown deadline; set and passed = awaiting a probe
+	ceiling      int64  // fallback ceiling
+	lastThrot    int64  // last throttling signal, for State
+	probeSeq     uint64 // seq of the probe in flight, 0 if none
+	inFlight     int32
+	maxFlight    int32
 }
 
 // New returns a Pacer. A nil o means the defaults: default policy (floor 1 s,
-// in-flight cap 2), quiet window 30 min.
+// in-flight cap 2), quiet window 30 min, real time, default start guard. New
+// panics if o.Scale is outside [0, 1] or NaN.
 func New(o *Options) *Pacer {
 	if o == nil {
 		o = &Options{}
 	}
+	scale := o.Scale
+	if !(scale >= 0 && scale <= 1) {
+		panic(fmt.Sprintf("pacer: Options.Scale %v outside [0, 1]", scale))
+	}
+	if scale == 0 {
+		scale = 1
+	}
+	// Rounded, and never below 1 ns: a zero quiet window would divide by zero.
+	scaled := func(d time.Duration) int64 { return max(1, int64(math.Round(float64(d)*scale))) }
 	p := &Pacer{
-		seed:    maphash.MakeSeed(),
-		policy:  o.Policy,
-		quiet:   int64(o.QuietWindow),
-		rnd:     o.Rand,
-		log:     o.Logger,
-		onEvent: o.OnEvent,
+		firstStep:       scaled(FirstStep),
+		maxInterval:     scaled(MaxInterval),
+		fallbackMin:     scaled(FallbackMin),
+		maxPause:        scaled(MaxPause),
+		probeWait:       scaled(ProbeWait),
+		inFlightMinWait: scaled(InFlightMinWait),
+		guard:           max(0, int64(o.StartGuard)),
+		guardAuto:       o.StartGuard == 0,
+		seed:            maphash.MakeSeed(),
+		policy:          o.Policy,
+		quiet:           int64(o.QuietWindow),
+		rnd:             o.Rand,
+		log:             o.Logger,
+		onEvent:         o.OnEvent,
 	}
 	if p.policy == nil {
 		p.policy = DefaultPolicy()
 	}
 	if p.quiet == 0 {
-		p.quiet = int64(DefaultQuietWindow)
+		p.quiet = scaled(DefaultQuietWindow)
 	}
 	if p.rnd == nil {
 		p.rnd = rand.Float64
@@ -169,7 +235,7 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 	e := &entry{
 		floor:     int64(l.Floor),
 		interval:  int64(l.Floor),
-		ceiling:   int64(FallbackMin),
+		ceiling:   p.fallbackMin,
 		maxFlight: int32(max(1, min(l.MaxInFlight, maxPolicyInFlight))),
 	}
 	s.m[strings.Clone(auth)] = e
@@ -188,9 +254,17 @@ func (p *Pacer) sweepLocked(s *shard, now int64) {
 
 func (p *Pacer) evictable(e *entry, now int64) bool {
 	return e.until == 0 && e.inFlight == 0 && e.probeSeq == 0 &&
-		e.ceiling == int64(FallbackMin) &&
+		e.ceiling == p.fallbackMin &&
 		p.decayedInterval(e, now) <= e.floor &&
-		(e.lastStart == 0 || e.lastStart+e.floor <= now)
+		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now)
+}
+
+// guardFor is the start guard of e's authority (Options.StartGuard).
+func (p *Pacer) guardFor(e *entry) int64 {
+	if p.guardAuto {
+		return min(e.floor/startGuardDiv, int64(MaxStartGuard))
+	}
+	return p.guard
 }
 
 // decayedInterval is e.interval after the quiet windows elapsed by now,
@@ -230,11 +304,14 @@ func (p *Pacer) decayLocked(e *entry, auth string, now int64, fx *facts) {
 // exactly once.
 //
 // The order of the checks is SPEC section 3's: cooling, probe, in-flight cap,
-// spacing. The probe itself also respects the cap and the spacing. A granted
-// Permit, even one reserved for a future Start, holds an in-flight place
-// from the grant; call Confirm just before a reserved request starts, so that
-// a cooldown learned in the meantime revokes it. auth must already be normalised: the pacer compares it
-// byte for byte.
+// spacing. The probe itself also respects the cap and the spacing. Spacing
+// is the interval plus the start guard (Options.StartGuard) from the latest
+// start granted or confirmed. A granted Permit, even one reserved for a
+// future Start, holds an in-flight place from the grant. A Permit whose
+// Start is now counts as started now; call Confirm immediately before every
+// request start all the same (see Confirm), so that a cooldown learned in
+// the meantime revokes a reservation and a late start moves the next ones.
+// auth must already be normalised: the pacer compares it byte for byte.
 func (p *Pacer) Acquire(now time.Time, auth string, maxWait time.Duration) (Permit, error) {
 	n := now.UnixNano()
 	s := p.shardFor(auth)
@@ -282,16 +359,16 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until)}
 		}
 		if e.probeSeq != 0 {
-			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonProbing, Wait: ProbeWait, Interval: time.Duration(e.interval)}
+			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonProbing, Wait: time.Duration(p.probeWait), Interval: time.Duration(e.interval)}
 		}
 		probe = true
 	}
 	var gap int64
 	if e.lastStart != 0 {
-		gap = e.lastStart + e.interval - n
+		gap = e.lastStart + e.interval + p.guardFor(e) - n
 	}
 	if e.inFlight >= e.maxFlight {
-		w := max(gap, e.interval, int64(InFlightMinWait))
+		w := max(gap, e.interval, p.inFlightMinWait)
 		return Permit{}, &RefusedError{Authority: auth, Reason: ReasonInFlight, Wait: time.Duration(w), Interval: time.Duration(e.interval)}
 	}
 	start := n
@@ -303,6 +380,11 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 	}
 	s.seq++
 	e.lastStart = start
+	if start == n {
+		// A start at now is an actual start; start >= e.started here, since
+		// e.lastStart >= e.started always.
+		e.startedOther, e.started, e.startedSeq = e.started, n, s.seq
+	}
 	e.inFlight++
 	if probe {
 		e.probeSeq = s.seq
@@ -310,34 +392,96 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 	return Permit{Authority: auth, Start: now.Add(time.Duration(start - n)), Probe: probe, Interval: time.Duration(e.interval), seq: s.seq}, nil
 }
 
-// Confirm re-checks a granted Permit just before its request starts. A Permit
-// reserved for a future Start can be overtaken by a cooldown learned from
-// another response in the meantime; Confirm then refuses with a
-// *RefusedError (ReasonCooling, or ReasonProbing once the deadline has passed
-// and another request is the probe), and the caller gives the Permit back with
-// Done(now, pm, Response{Cancelled: true}) and defers its job. If the cooldown
-// is over and no probe is out, the Permit becomes the probe: Confirm returns
-// it with Probe set, and that copy is the one to pass to Done. Done is owed
-// exactly once either way.
+// Confirm re-checks a granted Permit immediately before its request starts,
+// and records the start. Call it before every request start, reserved or not,
+// in this loop:
+//
+//	for {
+//		pm, err = p.Confirm(now, pm)
+//		if err != nil { // revoked: give it back, defer the job
+//			p.Done(now, pm, Response{Cancelled: true})
+//			break
+//		}
+//		if !pm.Start.After(now) {
+//			break // start the request now
+//		}
+//		wait until pm.Start; now = the clock
+//	}
+//
+// Always continue with the Permit Confirm returns; Done is owed exactly once
+// per grant, however many times it was confirmed.
+//
+// Revocation: a Permit reserved for a future Start can be overtaken by a
+// cooldown learned from another response in the meantime. While that
+// cooldown is in force, Confirm refuses with a *RefusedError
+// (ReasonCooling); once the deadline has passed and another request is the
+// probe, with ReasonProbing. A probe confirmed during a cooldown learned
+// after it was granted is refused too (ReasonCooling). If the deadline has
+// passed and no probe is out, the Permit becomes the probe: Confirm returns
+// it with Probe set.
+//
+// Spacing from actual starts: a request may wake after its Start (a late
+// timer, a busy CPU) while the next one leaves on time. Confirm therefore
+// spaces each request from the latest actual start of any other request to
+// the authority, by the interval plus the start guard (Options.StartGuard).
+// If now is closer than that, or before pm.Start, Confirm returns the
+// Permit with a later Start and a nil error, and the caller waits and
+// confirms again; the entry's next slot moves with it, so later grants keep
+// their spacing. Otherwise the request may start now: Confirm returns the
+// Permit unchanged (a Permit Acquire granted for now, confirmed at that
+// instant, always is) and records now as its actual start, from which later
+// grants and confirms are spaced. A Permit is never spaced from its own
+// earlier Confirm.
 func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	n := now.UnixNano()
 	s := p.shardFor(pm.Authority)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[pm.Authority]
-	if e == nil || e.until == 0 || pm.seq == 0 || pm.seq == e.probeSeq {
+	if e == nil || pm.seq == 0 {
 		return pm, nil
 	}
-	if n < e.until {
-		return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonCooling, Wait: time.Duration(e.until - n),
-			Interval: time.Duration(e.interval), Until: time.Unix(0, e.until)}
+	if e.until != 0 && (pm.seq != e.probeSeq || n < e.until) {
+		if n < e.until {
+			return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonCooling, Wait: time.Duration(e.until - n),
+				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until)}
+		}
+		if e.probeSeq != 0 {
+			return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonProbing, Wait: time.Duration(p.probeWait), Interval: time.Duration(e.interval)}
+		}
+		e.probeSeq = pm.seq
+		pm.Probe = true
 	}
-	if e.probeSeq != 0 {
-		return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonProbing, Wait: ProbeWait, Interval: time.Duration(e.interval)}
+	start := max(n, pm.Start.UnixNano())
+	other := e.started
+	if pm.seq == e.startedSeq {
+		other = e.startedOther
 	}
-	e.probeSeq = pm.seq
-	pm.Probe = true
+	if sp := p.decayedInterval(e, n) + p.guardFor(e); other != 0 && sp > 0 {
+		start = max(start, other+sp)
+	}
+	if start > n {
+		pm.Start = now.Add(time.Duration(start - n))
+		e.lastStart = max(e.lastStart, start)
+		return pm, nil
+	}
+	p.startedLocked(e, pm.seq, n)
 	return pm, nil
+}
+
+// startedLocked records an actual start of permit seq at n. The entry's lock
+// must be held.
+func (p *Pacer) startedLocked(e *entry, seq uint64, n int64) {
+	switch {
+	case n >= e.started:
+		if seq != e.startedSeq {
+			e.startedOther = e.started
+		}
+		e.started, e.startedSeq = n, seq
+	case seq != e.startedSeq:
+		e.startedOther = max(e.startedOther, n)
+	}
+	e.lastStart = max(e.lastStart, n)
 }
 
 // Done reports what became of a granted request and returns the pacer's
@@ -363,7 +507,8 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		s.mu.Unlock()
 		return Verdict{}
 	}
-	if p.decayDue(e, n) {
+	// A copy made before Confirm promoted it is still the probe.
+	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) {
 		s.mu.Unlock()
 		return p.doneSlow(now, pm, learn, fb)
 	}
@@ -415,9 +560,9 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb Feedback) Verd
 func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedback, fx *facts) {
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	if probe && !throttled {
-		e.until, e.ceiling = 0, int64(FallbackMin)
+		e.until, e.ceiling = 0, p.fallbackMin
 		fx.add(fact{ev: Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-			Interval: time.Duration(e.interval), Ceiling: FallbackMin}})
+			Interval: time.Duration(e.interval), Ceiling: time.Duration(p.fallbackMin)}})
 	}
 	if !throttled && !exhausted {
 		return
@@ -425,9 +570,9 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 	e.lastThrot, e.decayRef = n, n
 	if throttled {
 		if probe {
-			e.ceiling = min(2*e.ceiling, int64(MaxPause))
+			e.ceiling = min(2*e.ceiling, p.maxPause)
 		}
-		iv := min(max(2*e.interval, int64(FirstStep), e.floor), max(int64(MaxInterval), e.floor))
+		iv := min(max(2*e.interval, p.firstStep, e.floor), max(p.maxInterval, e.floor))
 		if iv != e.interval {
 			e.interval = iv
 			fx.add(fact{ev: Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
@@ -444,8 +589,8 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 		}
 	}
 	var asked int64
-	if pause > int64(MaxPause) {
-		asked, pause = pause, int64(MaxPause)
+	if pause > p.maxPause {
+		asked, pause = pause, p.maxPause
 	}
 	prev := e.until
 	if until := n + pause; pause > 0 && until > e.until {
@@ -468,11 +613,11 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 }
 
 // fallbackLocked draws the fallback cooldown uniformly from [FallbackMin,
-// ceiling].
+// ceiling] (both scaled).
 func (p *Pacer) fallbackLocked(e *entry) int64 {
-	span := e.ceiling - int64(FallbackMin)
+	span := e.ceiling - p.fallbackMin
 	if span <= 0 {
-		return int64(FallbackMin)
+		return p.fallbackMin
 	}
 	r := p.rnd()
 	if !(r >= 0) { // also NaN
@@ -481,7 +626,7 @@ func (p *Pacer) fallbackLocked(e *entry) int64 {
 	if r > 1 {
 		r = 1
 	}
-	return int64(FallbackMin) + int64(r*float64(span))
+	return p.fallbackMin + int64(r*float64(span))
 }
 
 func unixOrZero(ns int64) time.Time {
@@ -585,21 +730,21 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 	switch ev.Type {
 	case EventThrottle, EventCooldown, EventInterval:
 		if ev.Interval > 0 {
-			e.interval = min(max(int64(ev.Interval), e.floor), max(int64(MaxInterval), e.floor))
+			e.interval = min(max(int64(ev.Interval), e.floor), max(p.maxInterval, e.floor))
 			e.decayRef = at
 		}
 		if ev.Type != EventInterval {
 			if u := ev.Until.UnixNano(); !ev.Until.IsZero() && u > e.until {
-				e.until = min(u, n+int64(MaxPause))
+				e.until = min(u, n+p.maxPause)
 			}
 			if ev.Ceiling > 0 {
-				e.ceiling = min(max(int64(ev.Ceiling), int64(FallbackMin)), int64(MaxPause))
+				e.ceiling = min(max(int64(ev.Ceiling), p.fallbackMin), p.maxPause)
 			}
 		}
 	case EventRecovered:
 		if e.until != 0 && e.until <= at {
 			e.until = 0
-			e.ceiling = int64(FallbackMin)
+			e.ceiling = p.fallbackMin
 		}
 	}
 }
@@ -646,7 +791,7 @@ func (p *Pacer) stateName(e *entry, n int64) string {
 		return StateProbing
 	case iv > e.floor:
 		return StateEscalated
-	case e.inFlight > 0 || e.lastStart+iv > n:
+	case e.inFlight > 0 || e.lastStart+iv+p.guardFor(e) > n:
 		return StateActive
 	}
 	return StateIdle
@@ -666,7 +811,7 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		LastThrottle: unixOrZero(e.lastThrot),
 	}
 	if e.lastStart != 0 {
-		st.NextSlot = time.Unix(0, max(e.lastStart+iv, n))
+		st.NextSlot = time.Unix(0, max(e.lastStart+iv+p.guardFor(e), n))
 	} else {
 		st.NextSlot = time.Unix(0, n)
 	}

@@ -36,10 +36,16 @@ func resp(status int, kv ...string) pacer.Response {
 // fixedRand returns a Rand that always yields r.
 func fixedRand(r float64) func() float64 { return func() float64 { return r } }
 
+// newPacer builds a Pacer with the given default floor and Rand 0. Unless o
+// sets StartGuard, it has none: the SPEC tables speak of the interval alone,
+// and the guard has its own tests.
 func newPacer(t testing.TB, floor time.Duration, o *pacer.Options) *pacer.Pacer {
 	t.Helper()
 	if o == nil {
 		o = &pacer.Options{}
+	}
+	if o.StartGuard == 0 {
+		o.StartGuard = -1
 	}
 	if o.Policy == nil {
 		o.Policy = pacer.DefaultPolicy().WithDefaultFloor(floor)
@@ -730,7 +736,7 @@ func TestPolicyPerAuthority(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := pacer.New(&pacer.Options{Policy: pol})
+	p := pacer.New(&pacer.Options{Policy: pol, StartGuard: -1})
 	pm := mustGrant(t, p, t0, 0)
 	if re := mustRefuse(t, p, at(300*time.Millisecond), 0); re.Reason != pacer.ReasonInFlight {
 		t.Fatalf("cap 1: %+v", re)
@@ -760,12 +766,15 @@ func TestDoneWithoutAcquire(t *testing.T) {
 }
 
 func TestNilOptionsDefaults(t *testing.T) {
+	// Floor 1 s, start guard 25 ms (spacing 1.025 s, reported interval 1 s).
 	p := pacer.New(nil)
 	mustGrant(t, p, t0, 0)
-	if re := mustRefuse(t, p, at(999*time.Millisecond), 0); re.Wait != time.Millisecond || re.Interval != time.Second {
+	if re := mustRefuse(t, p, at(999*time.Millisecond), 0); re.Wait != 26*time.Millisecond || re.Interval != time.Second {
 		t.Fatalf("%+v", re)
 	}
-	mustGrant(t, p, at(time.Second), 0)
+	if pm := mustGrant(t, p, at(1025*time.Millisecond), 0); pm.Interval != time.Second {
+		t.Fatalf("%+v", pm)
+	}
 	if re := mustRefuse(t, p, at(2*time.Second), 0); re.Reason != pacer.ReasonInFlight {
 		t.Fatalf("%+v", re)
 	}
@@ -812,7 +821,12 @@ func TestConfirmAfterTheDeadlineMakesTheReservationTheProbe(t *testing.T) {
 	if v := p.Done(at(7*time.Second), pr, resp(200)); !v.Until.IsZero() {
 		t.Fatalf("probe success left a cooldown: %+v", v)
 	}
-	mustGrant(t, p, at(7*time.Second), 0)
+	// The probe actually started at 6 s: the next start keeps the escalated
+	// 2 s interval from there, not from its reservation at 0.
+	if re := mustRefuse(t, p, at(7*time.Second), 0); re.Reason != pacer.ReasonSpacing || re.Wait != time.Second {
+		t.Fatalf("Acquire 1 s after the probe started: %+v, want spacing 1s", re)
+	}
+	mustGrant(t, p, at(8*time.Second), 0)
 
 	// A stale reservation confirmed while another request is the probe is refused.
 	p = newPacer(t, 0, nil)
