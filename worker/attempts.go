@@ -1,0 +1,95 @@
+package worker
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// maxKeptAttempts bounds the attempt reasons kept per job; the count goes on.
+const maxKeptAttempts = 64
+
+// attemptRecord is the value of a job's key in MIRROR_ATTEMPTS.
+type attemptRecord struct {
+	Count    int            `json:"count"`
+	Attempts []jobs.Attempt `json:"attempts"`
+}
+
+// KV is the subset of jetstream.KeyValue the failure budget needs.
+type KV interface {
+	Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error)
+	Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error)
+	Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error)
+	Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error
+}
+
+var _ KV = (jetstream.KeyValue)(nil)
+
+// attemptsKey maps a job id to a KV key. Job ids may hold ':' which KV keys
+// may not; base64url keeps the mapping one-to-one.
+func attemptsKey(id string) string {
+	return "j." + base64.RawURLEncoding.EncodeToString([]byte(id))
+}
+
+// addAttempt records one failed attempt of job id with compare-and-set,
+// retrying on a concurrent update, and returns the record after it.
+func addAttempt(ctx context.Context, kv KV, id string, a jobs.Attempt) (attemptRecord, error) {
+	key := attemptsKey(id)
+	var lastErr error
+	for range 16 {
+		var rec attemptRecord
+		var rev uint64
+		e, err := kv.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return attemptRecord{}, fmt.Errorf("get attempts %s: %w", id, err)
+		default:
+			rev = e.Revision()
+			if json.Unmarshal(e.Value(), &rec) != nil {
+				rec = attemptRecord{} // a damaged record restarts the count rather than wedging the job
+			}
+		}
+		rec.Count++
+		rec.Attempts = append(rec.Attempts, a)
+		if len(rec.Attempts) > maxKeptAttempts {
+			rec.Attempts = rec.Attempts[len(rec.Attempts)-maxKeptAttempts:]
+		}
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return attemptRecord{}, fmt.Errorf("encode attempts %s: %w", id, err)
+		}
+		if rev == 0 {
+			_, err = kv.Create(ctx, key, b)
+		} else {
+			_, err = kv.Update(ctx, key, b, rev)
+		}
+		if err == nil {
+			return rec, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return attemptRecord{}, fmt.Errorf("store attempts %s: %w", id, err)
+		}
+		lastErr = err // another worker updated it: read again
+	}
+	return attemptRecord{}, fmt.Errorf("store attempts %s: %w", id, lastErr)
+}
+
+// getAttempts returns the record of job id (empty when none).
+func getAttempts(ctx context.Context, kv KV, id string) (attemptRecord, error) {
+	var rec attemptRecord
+	e, err := kv.Get(ctx, attemptsKey(id))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return rec, nil
+	}
+	if err != nil {
+		return rec, fmt.Errorf("get attempts %s: %w", id, err)
+	}
+	_ = json.Unmarshal(e.Value(), &rec)
+	return rec, nil
+}

@@ -1,0 +1,426 @@
+package worker_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/worker"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// env is a real embedded JetStream with the mirrorworker streams, the
+// durable consumer and a file mirror target, all under one temp dir.
+type env struct {
+	t      testing.TB
+	js     jetstream.JetStream
+	cons   jetstream.Consumer
+	target *mirror.FileTarget
+	root   string
+}
+
+func newEnv(t testing.TB, ackWait time.Duration) *env {
+	t.Helper()
+	dir := t.TempDir()
+	srv, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "js")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect("worker-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := jobs.EnsureConsumer(ctx, js, &jobs.ConsumerOptions{AckWait: ackWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "mirror")
+	target, err := mirror.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, js: js, cons: cons, target: target, root: root}
+}
+
+// publish puts jobs on the stream and waits for every ack.
+func (e *env) publish(js ...jobs.Job) {
+	e.t.Helper()
+	for i, j := range js {
+		m, _, err := jobs.NewMsg(j)
+		if err != nil {
+			e.t.Fatalf("job %d: %v", i, err)
+		}
+		if _, err := e.js.PublishMsgAsync(m); err != nil {
+			e.t.Fatalf("publish job %d: %v", i, err)
+		}
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		e.t.Fatal("publish acks did not arrive")
+	}
+}
+
+// publishRaw puts arbitrary bytes on a subject.
+func (e *env) publishRaw(subject string, data []byte) {
+	e.t.Helper()
+	if _, err := e.js.Publish(context.Background(), subject, data); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// waitDrained waits until the consumer has nothing pending or unacked.
+func (e *env) waitDrained(timeout time.Duration) {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var info *jetstream.ConsumerInfo
+	for time.Now().Before(deadline) {
+		var err error
+		info, err = e.cons.Info(context.Background())
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("consumer not drained: pending %d, ack pending %d", info.NumPending, info.NumAckPending)
+}
+
+// deadLetters returns every record on MIRROR_DLQ.
+func (e *env) deadLetters() []jobs.DeadLetter {
+	e.t.Helper()
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, jobs.DLQStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []jobs.DeadLetter
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var d jobs.DeadLetter
+		if err := json.Unmarshal(m.Data, &d); err != nil {
+			e.t.Fatalf("dead letter %d: %v", seq, err)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+// finals collects the worker's final outcomes.
+type finals struct {
+	mu  sync.Mutex
+	all []worker.Final
+}
+
+func (f *finals) add(x worker.Final) {
+	f.mu.Lock()
+	f.all = append(f.all, x)
+	f.mu.Unlock()
+}
+
+func (f *finals) snapshot() []worker.Final {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]worker.Final(nil), f.all...)
+}
+
+func (f *finals) count(match func(worker.Final) bool) int {
+	n := 0
+	for _, x := range f.snapshot() {
+		if match == nil || match(x) {
+			n++
+		}
+	}
+	return n
+}
+
+// waitFor waits until n finals match, and returns when that happened.
+func (f *finals) waitFor(t testing.TB, n int, match func(worker.Final) bool, timeout time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		now := time.Now()
+		got := f.count(match)
+		if got >= n {
+			return now
+		}
+		if now.After(deadline) {
+			t.Fatalf("%d of %d jobs reached their outcome in %v", got, n, timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// running is a worker started by start.
+type running struct {
+	w      *worker.Worker
+	f      *finals
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan struct{} // closed when Run returned
+	err    error         // Run's result, once done
+}
+
+func (r *running) stop(t testing.TB) {
+	t.Helper()
+	r.cancel()
+	select {
+	case <-r.done:
+		if r.err != nil {
+			t.Errorf("Run: %v", r.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func testLogger(t testing.TB) zerolog.Logger {
+	if testing.Verbose() {
+		return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
+	}
+	return zerolog.Nop()
+}
+
+// start runs a worker on e with p and the given options.
+func (e *env) start(p worker.Pacer, o worker.Options) *running {
+	e.t.Helper()
+	reg, _ := o.Registerer.(*prometheus.Registry)
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		o.Registerer = reg
+	}
+	o.Logger = testLogger(e.t)
+	f := fetch.New(&fetch.Options{AllowPrivate: true})
+	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.cons, Fetcher: f, Target: e.target, Pacer: p}, &o)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &running{w: w, f: &finals{}, reg: reg, done: make(chan struct{})}
+	worker.SetFinalHook(w, r.f.add)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.err = w.Run(ctx); close(r.done) }()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+		}
+		f.CloseIdleConnections()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Ready() != nil {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("worker not ready: %v", w.Ready())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return r
+}
+
+// counter reads a counter or the sum of a counter vector's series matching labels.
+func counter(t testing.TB, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue next
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+// origin is a loopback HTTP origin that serves a deterministic body per
+// path with an ETag, answers conditional requests with 304, and records
+// every arrival. behave, if set, may answer instead.
+type origin struct {
+	srv  *httptest.Server
+	auth string // "127.0.0.1:port"
+
+	mu       sync.Mutex
+	arrivals []arrival
+	behave   func(w http.ResponseWriter, r *http.Request, n int) bool // n: requests so far for this path
+	perPath  map[string]int
+	served   atomic.Int64
+}
+
+type arrival struct {
+	at     time.Time
+	path   string
+	status int
+	cond   bool // a conditional request
+}
+
+func body(path string) []byte {
+	return []byte(strings.Repeat("object "+path+"\n", 3))
+}
+
+func etag(b []byte) string {
+	s := sha256.Sum256(b)
+	return `"` + hex.EncodeToString(s[:8]) + `"`
+}
+
+func newOrigin(t testing.TB) *origin {
+	o := &origin{perPath: map[string]int{}}
+	o.srv = httptest.NewUnstartedServer(http.HandlerFunc(o.serve))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.srv.Listener = ln
+	o.srv.Start()
+	t.Cleanup(o.srv.Close)
+	o.auth = ln.Addr().String()
+	return o
+}
+
+func (o *origin) url(path string) string { return "http://" + o.auth + path }
+
+func (o *origin) serve(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	o.mu.Lock()
+	o.perPath[r.URL.Path]++
+	n := o.perPath[r.URL.Path]
+	behave := o.behave
+	o.mu.Unlock()
+	rec := &statusRecorder{ResponseWriter: w}
+	defer func() {
+		o.mu.Lock()
+		o.arrivals = append(o.arrivals, arrival{at: now, path: r.URL.Path, status: rec.status, cond: r.Header.Get("If-None-Match") != ""})
+		o.mu.Unlock()
+		o.served.Add(1)
+	}()
+	if behave != nil && behave(rec, r, n) {
+		return
+	}
+	b := body(r.URL.Path)
+	tag := etag(b)
+	if r.Header.Get("If-None-Match") == tag {
+		rec.WriteHeader(http.StatusNotModified)
+		return
+	}
+	rec.Header().Set("ETag", tag)
+	rec.Header().Set("Content-Length", fmt.Sprint(len(b)))
+	rec.WriteHeader(http.StatusOK)
+	rec.Write(b)
+}
+
+func (o *origin) setBehave(f func(w http.ResponseWriter, r *http.Request, n int) bool) {
+	o.mu.Lock()
+	o.behave = f
+	o.mu.Unlock()
+}
+
+func (o *origin) log() []arrival {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]arrival(nil), o.arrivals...)
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// testPacer returns a pacer whose default floor and cap are floor and cap.
+func testPacer(floor time.Duration, cap int, per map[string]pacer.Limits, quiet time.Duration, onEvent func(pacer.Event)) *pacer.Pacer {
+	return pacer.New(&pacer.Options{
+		Policy:      &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: cap}, Authorities: per},
+		QuietWindow: quiet,
+		OnEvent:     onEvent,
+	})
+}
+
+// checkStored asserts that key holds exactly want.
+func (e *env) checkStored(key string, want []byte) {
+	e.t.Helper()
+	got, err := os.ReadFile(filepath.Join(e.root, filepath.FromSlash(key)))
+	if err != nil {
+		e.t.Fatalf("read %s: %v", key, err)
+	}
+	if string(got) != string(want) {
+		e.t.Fatalf("%s: stored %q, want %q", key, got, want)
+	}
+}
+
+func isOutcome(outcome string) func(worker.Final) bool {
+	return func(f worker.Final) bool { return f.Outcome == outcome }
+}

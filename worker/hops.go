@@ -1,0 +1,192 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// hopSet admits the hops of one fetch: the first with the permit the
+// scheduler acquired, each redirect hop with a permit of its own authority.
+// It makes sure every permit gets exactly one Done. Safe for concurrent use.
+type hopSet struct {
+	w     *Worker
+	first pacer.Permit
+	kind  string
+
+	mu        sync.Mutex
+	firstUsed bool
+	hops      []*hop
+}
+
+type hop struct {
+	pm      pacer.Permit
+	once    sync.Once
+	status  int
+	verdict pacer.Verdict
+}
+
+// gate is the fetch.Gate of the job.
+func (h *hopSet) gate(ctx context.Context, _ int, a authority.Authority) (func(fetch.Result), error) {
+	auth := a.String()
+	h.mu.Lock()
+	useFirst := !h.firstUsed && auth == h.first.Authority
+	if useFirst {
+		h.firstUsed = true
+	}
+	h.mu.Unlock()
+	pm := h.first
+	if !useFirst {
+		var err error
+		if pm, err = h.w.acquireHop(ctx, auth); err != nil {
+			return nil, err
+		}
+	}
+	p := &hop{pm: pm}
+	h.mu.Lock()
+	h.hops = append(h.hops, p)
+	h.mu.Unlock()
+	return func(r fetch.Result) { h.done(p, r) }, nil
+}
+
+func (h *hopSet) done(p *hop, r fetch.Result) {
+	p.once.Do(func() {
+		w := h.w
+		now := w.clk.Now()
+		v := w.d.Pacer.Done(now, p.pm, pacer.Response{Status: r.Status, Header: r.Header, Err: r.Err, Cancelled: r.Cancelled})
+		h.mu.Lock()
+		p.status, p.verdict = r.Status, v
+		h.mu.Unlock()
+		if r.Status != 0 || (r.Err != nil && !r.Cancelled) {
+			host, port := splitAuth(p.pm.Authority)
+			w.m.UpstreamRequests.WithLabelValues(w.m.host(host), port, h.kind, upstreamOutcome(r, v)).Inc()
+		}
+		w.sched.released(now, p.pm.Authority)
+		w.poke()
+	})
+}
+
+// close gives every permit that was never reported (a fetch that failed
+// before a hop's request, or the first permit never used) its Done.
+func (h *hopSet) close() {
+	h.mu.Lock()
+	hops := append([]*hop(nil), h.hops...)
+	firstUnused := !h.firstUsed
+	h.firstUsed = true
+	h.mu.Unlock()
+	for _, p := range hops {
+		h.done(p, fetch.Result{Cancelled: true})
+	}
+	if firstUnused {
+		h.done(&hop{pm: h.first}, fetch.Result{Cancelled: true})
+	}
+}
+
+// lastVerdict is the pacer's reading of the last reported hop.
+func (h *hopSet) lastVerdict() pacer.Verdict {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.hops) == 0 {
+		return pacer.Verdict{}
+	}
+	return h.hops[len(h.hops)-1].verdict
+}
+
+func (h *hopSet) lastStatus() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for i := len(h.hops) - 1; i >= 0; i-- {
+		if h.hops[i].status != 0 {
+			return h.hops[i].status
+		}
+	}
+	return 0
+}
+
+// acquireHop admits a redirect hop: it waits in the slot for up to HoldMax
+// (spacing, in-flight cap) and returns the pacer's refusal when the wait
+// would be longer, so that the job is deferred.
+func (w *Worker) acquireHop(ctx context.Context, auth string) (pacer.Permit, error) {
+	deadline := w.clk.Now().Add(w.o.HoldMax)
+	for {
+		now := w.clk.Now()
+		pm, err := w.d.Pacer.Acquire(now, auth, w.o.HoldMax)
+		if err == nil {
+			return w.confirm(ctx, pm)
+		}
+		var re *pacer.RefusedError
+		if !errors.As(err, &re) {
+			return pacer.Permit{}, err
+		}
+		wait := max(re.Wait, time.Millisecond)
+		if now.Add(wait).After(deadline) {
+			return pacer.Permit{}, re
+		}
+		if !clock.Sleep(w.clk, wait, ctx.Done()) {
+			return pacer.Permit{}, ctx.Err()
+		}
+	}
+}
+
+func upstreamOutcome(r fetch.Result, v pacer.Verdict) string {
+	switch {
+	case v.Throttled:
+		return "throttled"
+	case r.Err != nil:
+		return "error"
+	case r.Status == 304:
+		return "not_modified"
+	case r.Status >= 200 && r.Status < 300:
+		return "ok"
+	case r.Status >= 300 && r.Status < 400:
+		return "redirect"
+	case r.Status >= 400 && r.Status < 500:
+		return "client_error"
+	case r.Status >= 500:
+		return "server_error"
+	}
+	return "error"
+}
+
+// backoff returns the retry delay after the n-th failed attempt:
+// exponential from BackoffInitial, capped at BackoffMax, ±50% jitter.
+func (w *Worker) backoff(n int) time.Duration {
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(w.o.BackoffInitial),
+		backoff.WithMaxInterval(w.o.BackoffMax),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0),
+	)
+	d := b.NextBackOff()
+	for i := 1; i < n; i++ {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+func splitAuth(auth string) (host, port string) {
+	a, err := authority.Parse("http://" + auth)
+	if err != nil {
+		return auth, ""
+	}
+	return a.Host, a.Port
+}
+
+// stripUserinfo returns rawURL without credentials.
+func stripUserinfo(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return ""
+	}
+	u.User = nil
+	return u.String()
+}

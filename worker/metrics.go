@@ -1,0 +1,190 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Job outcomes, the values of jobs_total{outcome}.
+const (
+	OutcomeStored       = "stored"
+	OutcomeUnchanged    = "unchanged"
+	OutcomeDeferred     = "deferred"
+	OutcomeRetried      = "retried"
+	OutcomeDeadLettered = "dead_lettered"
+)
+
+// DefaultHostLabelLimit is how many distinct hosts get their own label value.
+const DefaultHostLabelLimit = 500
+
+// OtherHost is the host label of every host past the limit.
+const OtherHost = "other"
+
+// Metrics are the worker's Prometheus metrics (SPEC section 7), built from
+// an injected Registerer. The worker and the EventSink share one Metrics so
+// that one registry serves both. Safe for concurrent use.
+type Metrics struct {
+	UpstreamRequests *prometheus.CounterVec   // {host,port,kind,outcome}
+	Jobs             *prometheus.CounterVec   // {outcome}
+	JobDuration      *prometheus.HistogramVec // {outcome}
+	FetchedBytes     prometheus.Counter
+	PacerWait        prometheus.Histogram
+	Inflight         prometheus.Gauge
+	DeliveriesPerJob prometheus.Histogram
+	HeldJobs         *prometheus.GaugeVec   // {state}
+	Cooldowns        *prometheus.CounterVec // {host,port,reason}
+	EventsDropped    prometheus.Counter
+
+	hosts hostLimiter
+}
+
+// NewMetrics creates the metrics and registers them with reg; a nil reg
+// means a private registry. A collector that reg already holds (a second
+// NewMetrics on one registry) is reused rather than refused, so a command
+// may build the worker's and the event sink's metrics independently.
+// hostLimit caps the distinct host label values (0: DefaultHostLabelLimit).
+func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	if hostLimit <= 0 {
+		hostLimit = DefaultHostLabelLimit
+	}
+	const ns = "mirrorworker"
+	m := &Metrics{hosts: hostLimiter{limit: hostLimit, seen: map[string]bool{}}}
+	var err error
+	reg1 := func(c prometheus.Collector) prometheus.Collector {
+		if err != nil {
+			return c
+		}
+		var are prometheus.AlreadyRegisteredError
+		if e := reg.Register(c); e != nil {
+			if errors.As(e, &are) {
+				return are.ExistingCollector
+			}
+			err = fmt.Errorf("register metrics: %w", e)
+		}
+		return c
+	}
+	m.UpstreamRequests = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "upstream_requests_total",
+		Help: "Requests sent to origins (every redirect hop counts), by outcome.",
+	}, []string{"host", "port", "kind", "outcome"})).(*prometheus.CounterVec)
+	m.Jobs = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "jobs_total",
+		Help: "Job outcomes: stored, unchanged, deferred, retried, dead_lettered.",
+	}, []string{"outcome"})).(*prometheus.CounterVec)
+	m.JobDuration = reg1(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Name: "job_duration_seconds",
+		Help:    "Time from a job's delivery to its final outcome in that delivery.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
+	}, []string{"outcome"})).(*prometheus.HistogramVec)
+	m.FetchedBytes = reg1(prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "fetched_bytes_total",
+		Help: "Body bytes stored in the mirror target.",
+	})).(prometheus.Counter)
+	m.PacerWait = reg1(prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Name: "pacer_wait_seconds",
+		Help:    "Time a held job waited in memory for its authority before its request started.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 3, 12),
+	})).(prometheus.Histogram)
+	m.Inflight = reg1(prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "inflight",
+		Help: "Fetch slots in use.",
+	})).(prometheus.Gauge)
+	m.DeliveriesPerJob = reg1(prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Name: "deliveries_per_job",
+		Help:    "Deliveries a job took (JetStream NumDelivered) when it reached its final outcome.",
+		Buckets: []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64},
+	})).(prometheus.Histogram)
+	m.HeldJobs = reg1(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "held_jobs",
+		Help: "Jobs held in memory, by state (queued, waiting, fetching).",
+	}, []string{"state"})).(*prometheus.GaugeVec)
+	m.Cooldowns = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "cooldowns_total",
+		Help: "Cooldowns entered or extended, by authority and reason.",
+	}, []string{"host", "port", "reason"})).(*prometheus.CounterVec)
+	m.EventsDropped = reg1(prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "events_dropped_total",
+		Help: "Pacer events not published because the buffer was full or the publish failed.",
+	})).(prometheus.Counter)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// host returns the label value for host: itself while fewer than the limit
+// of distinct hosts were seen, else OtherHost.
+func (m *Metrics) host(h string) string { return m.hosts.label(h) }
+
+func (m *Metrics) setHeld(counts [3]int, busy int) {
+	for i, n := range counts {
+		m.HeldJobs.WithLabelValues(stateNames[i]).Set(float64(n))
+	}
+	m.Inflight.Set(float64(busy))
+}
+
+// hostLimiter caps label cardinality. Safe for concurrent use.
+type hostLimiter struct {
+	mu    sync.Mutex
+	limit int
+	seen  map[string]bool
+}
+
+func (l *hostLimiter) label(h string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[h] {
+		return h
+	}
+	if len(l.seen) >= l.limit {
+		return OtherHost
+	}
+	l.seen[h] = true
+	return h
+}
+
+// PacerCollector exports mirrorworker_pacer_authorities{state} from a
+// function such as (*pacer.Pacer).Counts, read at scrape time. It is safe
+// for concurrent use when counts is.
+type PacerCollector struct {
+	counts func(now time.Time) map[string]int
+	clk    clock.Clock
+	desc   *prometheus.Desc
+}
+
+var _ prometheus.Collector = (*PacerCollector)(nil)
+
+// NewPacerCollector returns the collector; a nil clk is the wall clock.
+func NewPacerCollector(counts func(now time.Time) map[string]int, clk clock.Clock) *PacerCollector {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &PacerCollector{counts: counts, clk: clk, desc: prometheus.NewDesc(
+		"mirrorworker_pacer_authorities", "Authorities tracked by the pacer, by state.", []string{"state"}, nil)}
+}
+
+// RegisterPacerGauge registers a PacerCollector with reg.
+func RegisterPacerGauge(reg prometheus.Registerer, counts func(now time.Time) map[string]int, clk clock.Clock) error {
+	if err := reg.Register(NewPacerCollector(counts, clk)); err != nil {
+		return fmt.Errorf("register pacer gauge: %w", err)
+	}
+	return nil
+}
+
+// Describe implements prometheus.Collector.
+func (c *PacerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *PacerCollector) Collect(ch chan<- prometheus.Metric) {
+	for state, n := range c.counts(c.clk.Now()) {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
+	}
+}

@@ -1,0 +1,582 @@
+package worker
+
+import (
+	"container/heap"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// jobState is where a held job is. A job is held from intake until it is
+// acked, terminated, deferred or handed back.
+type jobState int
+
+const (
+	stateQueued   jobState = iota // in its authority's queue
+	stateWaiting                  // granted; its fetch slot waits for Permit.Start
+	stateFetching                 // its request (or the store) is running
+)
+
+var stateNames = [...]string{"queued", "waiting", "fetching"}
+
+func (s jobState) String() string { return stateNames[s] }
+
+// heldJob is one delivered job the worker holds in memory.
+type heldJob struct {
+	job    jobs.Job
+	data   []byte
+	seq    uint64 // stream sequence: identifies the job across deliveries
+	auth   string // "host:port" of the first hop
+	etag   string // from the stored metadata, for a conditional request
+	lastMo string
+	// delivered is NumDelivered of the live delivery (guarded by
+	// scheduler.mu once the job is queued).
+	delivered uint64
+	received  time.Time
+	queuedAt  time.Time
+	// throttles are the throttling answers this delivery met, kept for
+	// diagnosis (they never count against the failure budget).
+	throttles []jobs.Attempt
+
+	// Guarded by scheduler.mu.
+	msg     Msg
+	state   jobState
+	touched time.Time // last delivery or in-progress ack
+}
+
+// grant is a job handed to a fetch slot with the permit for its first hop.
+type grant struct {
+	job    *heldJob
+	permit pacer.Permit
+}
+
+// deferral is a job taken out of memory to be redelivered after delay.
+type deferral struct {
+	job    *heldJob
+	delay  time.Duration
+	reason string // "cooling", "spacing", "probing", "overflow", "throttled"
+}
+
+// schedOptions are the scheduler's knobs (see Options).
+type schedOptions struct {
+	slots      int
+	holdMax    time.Duration
+	reserve    time.Duration // maxWait passed to Acquire: a slot reserved this close is taken
+	maxHeld    int
+	maxPerAuth int
+	spread     time.Duration
+	inflightRe time.Duration // retry of an in-flight refusal when no completion wakes it
+	rand       func() float64
+}
+
+// scheduler holds the per-authority queues and decides, on the pacer's
+// answers, which job goes to a free fetch slot, which waits in memory and
+// which is deferred. It does no I/O: its methods take the current instant
+// and return what the caller must do. It is safe for concurrent use.
+type scheduler struct {
+	pacer Pacer
+	o     schedOptions
+
+	mu     sync.Mutex
+	auths  map[string]*authQ
+	ready  []*authQ // authorities whose head may ask the pacer now, round robin
+	timers wakeHeap
+	bySeq  map[uint64]*heldJob
+	counts [3]int // held jobs per state
+	busy   int    // fetch slots in use
+	// onCounts, if set, is called with the per-state counts after a change,
+	// under mu (it must only set gauges).
+	onCounts func(counts [3]int, busy int)
+}
+
+// authQ is one authority's queue and what the scheduler learned of it.
+type authQ struct {
+	name     string
+	tenants  map[string]*fifo
+	order    []string // tenants in round-robin order
+	cursor   int
+	n        int           // queued jobs
+	inflight int           // our granted permits not yet done (first hops)
+	maxSeen  int           // most permits we ever had out at once, >= 1 once used
+	svc      time.Duration // EWMA of a job's time in its slot
+	gap      time.Duration // EWMA of the time between completions while busy
+	lastDone time.Time
+	// notBefore is a hint from the last refusal: the head does not ask the
+	// pacer again before it. Zero: ask at once.
+	notBefore time.Time
+	// waitRelease: refused for the in-flight cap; a completion wakes it.
+	waitRelease bool
+	interval    time.Duration // spacing in force at the last refusal
+	reason      string        // the last refusal's reason
+	armed       time.Time     // the wake-up time in the heap, if any
+	cal         calendar
+	inReady     bool
+}
+
+type fifo struct{ jobs []*heldJob }
+
+func (f *fifo) push(j *heldJob)  { f.jobs = append(f.jobs, j) }
+func (f *fifo) front(j *heldJob) { f.jobs = append([]*heldJob{j}, f.jobs...) }
+func (f *fifo) pop() *heldJob {
+	j := f.jobs[0]
+	f.jobs[0] = nil
+	f.jobs = f.jobs[1:]
+	return j
+}
+
+func newScheduler(p Pacer, o schedOptions) *scheduler {
+	if o.rand == nil {
+		o.rand = rand.Float64
+	}
+	if o.inflightRe <= 0 {
+		o.inflightRe = time.Second
+	}
+	return &scheduler{pacer: p, o: o, auths: map[string]*authQ{}, bySeq: map[uint64]*heldJob{}}
+}
+
+func (s *scheduler) authLocked(name string) *authQ {
+	a := s.auths[name]
+	if a == nil {
+		a = &authQ{name: name, tenants: map[string]*fifo{}}
+		s.auths[name] = a
+	}
+	return a
+}
+
+// forgetLocked drops an authority that holds nothing worth keeping.
+func (s *scheduler) forgetLocked(a *authQ, now time.Time) {
+	if s.auths[a.name] == a && a.n == 0 && a.inflight == 0 && !a.inReady && !a.notBefore.After(now) && a.cal.passed(now) {
+		delete(s.auths, a.name)
+	}
+}
+
+func (s *scheduler) setStateLocked(j *heldJob, st jobState) {
+	s.counts[j.state]--
+	j.state = st
+	s.counts[st]++
+}
+
+func (s *scheduler) notifyLocked() {
+	if s.onCounts != nil {
+		s.onCounts(s.counts, s.busy)
+	}
+}
+
+// held returns how many jobs are held in memory.
+func (s *scheduler) held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counts[0] + s.counts[1] + s.counts[2]
+}
+
+// redelivered handles a delivery of a job that is already held (its ack
+// wait ran out somewhere): the newer message replaces the old one so that
+// acks go to the live delivery. It reports whether the job was held.
+func (s *scheduler) redelivered(seq, delivered uint64, m Msg, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j := s.bySeq[seq]
+	if j == nil {
+		return false
+	}
+	j.msg, j.touched = m, now
+	j.delivered = max(j.delivered, delivered)
+	return true
+}
+
+// admit takes a newly delivered job. It returns a deferral when the job
+// should not be held: its authority is known to be unable to take a request
+// within HoldMax, or its queue is full (MaxHeldPerAuthority).
+func (s *scheduler) admit(now time.Time, j *heldJob) (deferral, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.authLocked(j.auth)
+	if d, ok := s.deferOnAdmitLocked(now, a, j); ok {
+		return d, true
+	}
+	j.queuedAt, j.touched = now, now
+	j.state = stateQueued
+	s.counts[stateQueued]++
+	s.bySeq[j.seq] = j
+	s.enqueueLocked(a, j, false)
+	s.wakeLocked(a, now)
+	s.notifyLocked()
+	return deferral{}, false
+}
+
+// tryDefer returns the deferral admit would make, committing its calendar
+// slot, without queueing the job otherwise; the intake uses it to skip the
+// target lookup for a job that will not be held.
+func (s *scheduler) tryDefer(now time.Time, j *heldJob) (deferral, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.authLocked(j.auth)
+	d, ok := s.deferOnAdmitLocked(now, a, j)
+	s.forgetLocked(a, now)
+	return d, ok
+}
+
+func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (deferral, bool) {
+	if wait := a.notBefore.Sub(now); wait > s.o.holdMax && !a.waitRelease {
+		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, a.interval), reason: a.reason}, true
+	}
+	if a.n >= s.o.maxPerAuth {
+		// The queue ahead takes about n×perJob; that estimate rests on the
+		// interval in force, which may decay, so it is capped by the spread
+		// like every calendar offset.
+		per := a.perJob()
+		ahead := time.Duration(a.n) * per
+		if s.o.spread > 0 {
+			ahead = min(ahead, s.o.spread)
+		}
+		var until time.Duration // until the head may go, unless only a completion holds it
+		if !a.waitRelease {
+			until = max(a.notBefore.Sub(now), 0)
+		}
+		wait := until + max(ahead, 10*time.Millisecond)
+		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, per), reason: "overflow"}, true
+	}
+	return deferral{}, false
+}
+
+// perJob estimates how long the authority takes per job: the spacing in
+// force, or the observed gap between completions while it was busy (which
+// includes every other cost of a job: slots, the target's writes).
+func (a *authQ) perJob() time.Duration {
+	per := a.interval
+	switch {
+	case a.gap > 0:
+		per = max(per, a.gap)
+	case a.svc > 0:
+		per = max(per, a.svc/time.Duration(max(a.maxSeen, 1)))
+	}
+	return max(per, 100*time.Microsecond)
+}
+
+func (s *scheduler) enqueueLocked(a *authQ, j *heldJob, front bool) {
+	t := a.tenants[j.job.Tenant]
+	if t == nil {
+		t = &fifo{}
+		a.tenants[j.job.Tenant] = t
+		a.order = append(a.order, j.job.Tenant)
+	}
+	if front {
+		t.front(j)
+	} else {
+		t.push(j)
+	}
+	a.n++
+}
+
+// popLocked takes the next job of a, round robin between its tenants.
+func (s *scheduler) popLocked(a *authQ) *heldJob {
+	for range len(a.order) {
+		if a.cursor >= len(a.order) {
+			a.cursor = 0
+		}
+		name := a.order[a.cursor]
+		t := a.tenants[name]
+		if len(t.jobs) == 0 {
+			delete(a.tenants, name)
+			a.order = append(a.order[:a.cursor], a.order[a.cursor+1:]...)
+			continue
+		}
+		j := t.pop()
+		a.n--
+		if len(t.jobs) == 0 {
+			delete(a.tenants, name)
+			a.order = append(a.order[:a.cursor], a.order[a.cursor+1:]...)
+		} else {
+			a.cursor++
+		}
+		return j
+	}
+	return nil
+}
+
+// peekLocked returns the job popLocked would take.
+func (s *scheduler) peekLocked(a *authQ) *heldJob {
+	for i := range len(a.order) {
+		t := a.tenants[a.order[(a.cursor+i)%len(a.order)]]
+		if len(t.jobs) > 0 {
+			return t.jobs[0]
+		}
+	}
+	return nil
+}
+
+// wakeLocked puts a on the ready ring if it has work and nothing holds it.
+func (s *scheduler) wakeLocked(a *authQ, now time.Time) {
+	if a.inReady || a.n == 0 {
+		return
+	}
+	if a.notBefore.After(now) {
+		if !a.armed.Equal(a.notBefore) {
+			s.armLocked(a, a.notBefore)
+		}
+		return
+	}
+	a.notBefore, a.waitRelease = time.Time{}, false
+	a.inReady = true
+	s.ready = append(s.ready, a)
+}
+
+// next hands ready jobs to free fetch slots, asking the pacer for each
+// authority's head in round robin. It returns the grants to start, the jobs
+// to defer, and when to call it again at the latest (zero: on an event).
+func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Timers that are due put their authority back on the ring.
+	for len(s.timers) > 0 && !s.timers[0].at.After(now) {
+		w := heap.Pop(&s.timers).(wakeAt)
+		a := w.a
+		if a.armed.Equal(w.at) {
+			a.armed = time.Time{}
+		}
+		if !a.notBefore.After(now) {
+			a.notBefore, a.waitRelease = time.Time{}, false
+		}
+		s.wakeLocked(a, now) // re-arms if a later refusal moved notBefore
+		s.forgetLocked(a, now)
+	}
+	// An authority granted a slot goes to the back of the ring, so every
+	// authority's head gets a turn before any gets two; a refused one leaves
+	// the ring. Each turn grants a slot or removes an authority: it ends.
+	for len(s.ready) > 0 && s.busy < s.o.slots {
+		a := s.ready[0]
+		s.ready[0] = nil
+		s.ready = s.ready[1:]
+		a.inReady = false
+		head := s.peekLocked(a)
+		if head == nil {
+			continue
+		}
+		pm, err := s.pacer.Acquire(now, a.name, s.o.reserve)
+		if err == nil {
+			j := s.popLocked(a)
+			s.setStateLocked(j, stateWaiting)
+			a.interval = pm.Interval
+			a.inflight++
+			a.maxSeen = max(a.maxSeen, a.inflight)
+			s.busy++
+			grants = append(grants, grant{job: j, permit: pm})
+			if a.n > 0 {
+				a.inReady = true
+				s.ready = append(s.ready, a)
+			}
+			continue
+		}
+		var re *pacer.RefusedError
+		if !errors.As(err, &re) {
+			// A pacer that fails otherwise is a bug; retry later rather than spin.
+			re = &pacer.RefusedError{Authority: a.name, Reason: pacer.ReasonSpacing, Wait: s.o.inflightRe}
+		}
+		a.interval, a.reason = re.Interval, string(re.Reason)
+		switch {
+		case re.Reason == pacer.ReasonInFlight:
+			// A completion of one of this authority's requests wakes it;
+			// the timer is a fallback for permits held elsewhere.
+			a.waitRelease = true
+			s.armLocked(a, now.Add(max(re.Wait, s.o.inflightRe)))
+		case re.Wait <= s.o.holdMax:
+			s.armLocked(a, now.Add(re.Wait))
+		default:
+			// The authority cannot take a request within HoldMax: every job
+			// queued for it goes back to the stream, spread by the calendar.
+			a.notBefore = now.Add(re.Wait)
+			for a.n > 0 {
+				j := s.popLocked(a)
+				s.dropLocked(j)
+				defers = append(defers, deferral{job: j, delay: s.deferDelayLocked(now, a, re.Wait, re.Interval), reason: string(re.Reason)})
+			}
+			s.forgetLocked(a, now)
+		}
+	}
+	if len(s.timers) > 0 {
+		wake = s.timers[0].at
+	}
+	s.notifyLocked()
+	return grants, defers, wake
+}
+
+func (s *scheduler) armLocked(a *authQ, at time.Time) {
+	a.notBefore, a.armed = at, at
+	heap.Push(&s.timers, wakeAt{at: at, a: a})
+}
+
+// dropLocked forgets a job that leaves memory.
+func (s *scheduler) dropLocked(j *heldJob) {
+	s.counts[j.state]--
+	delete(s.bySeq, j.seq)
+}
+
+// deferDelayLocked returns the NAK delay of the next job deferred to a:
+// its calendar slot plus jitter.
+func (s *scheduler) deferDelayLocked(now time.Time, a *authQ, wait, step time.Duration) time.Duration {
+	at := a.cal.slot(now, wait, step, s.o.spread)
+	// Jitter up to half a step (at least 5% of the wait, at most 1 s), so
+	// that workers sharing a consumer do not line up on the same instants.
+	j := min(max(step/2, wait/20, 10*time.Millisecond), time.Second)
+	return at.Sub(now) + time.Duration(s.o.rand()*float64(j))
+}
+
+// deferFor returns the delay for a job deferred outside the dispatcher (a
+// redirect hop refused, a throttled answer) using the refused authority's
+// calendar.
+func (s *scheduler) deferFor(now time.Time, auth, reason string, wait, step time.Duration) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.authLocked(auth)
+	if wait > s.o.holdMax && now.Add(wait).After(a.notBefore) {
+		a.notBefore, a.interval, a.reason = now.Add(wait), step, reason
+	}
+	d := s.deferDelayLocked(now, a, wait, step)
+	s.forgetLocked(a, now)
+	return d
+}
+
+// fetching marks a granted job as running its request.
+func (s *scheduler) fetching(j *heldJob) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.setStateLocked(j, stateFetching)
+	s.notifyLocked()
+}
+
+// finished ends a granted job's slot: its first-hop permit is done and the
+// job has left memory (acked, deferred, retried, dead-lettered, handed back)
+// unless requeue is set, in which case it goes back to the head of its
+// tenant's queue (a throttled answer: the pacer decides when it goes next).
+func (s *scheduler) finished(now time.Time, j *heldJob, took time.Duration, requeue bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.busy--
+	a := s.authLocked(j.auth)
+	if a.inflight > 0 {
+		a.inflight--
+	}
+	if took > 0 {
+		a.svc = ewma(a.svc, took)
+	}
+	if !a.lastDone.IsZero() && a.n > 0 {
+		// Only gaps while jobs were waiting measure the authority's pace.
+		a.gap = ewma(a.gap, now.Sub(a.lastDone))
+	}
+	a.lastDone = now
+	if requeue {
+		s.setStateLocked(j, stateQueued)
+		j.queuedAt = now
+		s.enqueueLocked(a, j, true)
+	} else {
+		s.dropLocked(j)
+	}
+	s.releasedLocked(a, now)
+	s.forgetLocked(a, now)
+	s.notifyLocked()
+}
+
+// released tells the scheduler that a permit of auth was done (any hop), so
+// a head refused for the in-flight cap may ask again.
+func (s *scheduler) released(now time.Time, auth string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.auths[auth]; a != nil {
+		s.releasedLocked(a, now)
+	}
+}
+
+func (s *scheduler) releasedLocked(a *authQ, now time.Time) {
+	if a.waitRelease {
+		a.waitRelease = false
+		a.notBefore = time.Time{}
+	}
+	s.wakeLocked(a, now)
+}
+
+// drain removes every queued job (shutdown) and returns them.
+func (s *scheduler) drain() []*heldJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*heldJob
+	for _, a := range s.auths {
+		a.inReady = false
+		for a.n > 0 {
+			j := s.popLocked(a)
+			s.dropLocked(j)
+			out = append(out, j)
+		}
+	}
+	s.ready = nil
+	s.notifyLocked()
+	return out
+}
+
+// touchDue returns the messages of held jobs not touched since before
+// cutoff and marks them touched at now, for in-progress acks.
+func (s *scheduler) touchDue(now, cutoff time.Time) []Msg {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Msg
+	for _, j := range s.bySeq {
+		if j.touched.Before(cutoff) {
+			j.touched = now
+			out = append(out, j.msg)
+		}
+	}
+	// Forget authorities whose calendars have passed (bounded memory).
+	for _, a := range s.auths {
+		s.forgetLocked(a, now)
+	}
+	return out
+}
+
+// msgOf returns the live message of a held job.
+func (s *scheduler) msgOf(j *heldJob) Msg {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return j.msg
+}
+
+// deliveries returns the job's NumDelivered of its live delivery.
+func (s *scheduler) deliveries(j *heldJob) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return j.delivered
+}
+
+// authorities returns how many authorities the scheduler tracks (tests).
+func (s *scheduler) authorities() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.auths)
+}
+
+type wakeAt struct {
+	at time.Time
+	a  *authQ
+}
+
+type wakeHeap []wakeAt
+
+func (h wakeHeap) Len() int           { return len(h) }
+func (h wakeHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h wakeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *wakeHeap) Push(x any)        { *h = append(*h, x.(wakeAt)) }
+func (h *wakeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+func ewma(avg, x time.Duration) time.Duration {
+	if avg == 0 {
+		return x
+	}
+	return (avg*7 + x) / 8
+}

@@ -1,0 +1,325 @@
+package worker
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func TestCalendarSlots(t *testing.T) {
+	type call struct {
+		at         time.Duration // now, from t0
+		wait, step time.Duration
+		want       time.Duration // slot, from t0
+	}
+	tests := []struct {
+		name   string
+		spread time.Duration
+		calls  []call
+	}{
+		{
+			name:   "k-th job one step later",
+			spread: time.Minute,
+			calls: []call{
+				{0, 5 * time.Second, 2 * time.Second, 5 * time.Second},
+				{0, 5 * time.Second, 2 * time.Second, 7 * time.Second},
+				{time.Second, 4 * time.Second, 2 * time.Second, 9 * time.Second},
+			},
+		},
+		{
+			name:   "sequence restarts once its slots have passed",
+			spread: time.Minute,
+			calls: []call{
+				{0, 5 * time.Second, time.Second, 5 * time.Second},
+				{0, 5 * time.Second, time.Second, 6 * time.Second},
+				{10 * time.Second, 5 * time.Second, time.Second, 15 * time.Second},
+				{10 * time.Second, 5 * time.Second, time.Second, 16 * time.Second},
+			},
+		},
+		{
+			name:   "a later cooldown restarts at its deadline",
+			spread: time.Minute,
+			calls: []call{
+				{0, 5 * time.Second, time.Second, 5 * time.Second},
+				{0, 5 * time.Second, time.Second, 6 * time.Second},
+				{0, 30 * time.Second, time.Second, 30 * time.Second},
+			},
+		},
+		{
+			name:   "offsets wrap at the spread",
+			spread: 3 * time.Second,
+			calls: []call{
+				{0, 10 * time.Second, 2 * time.Second, 10 * time.Second},
+				{0, 10 * time.Second, 2 * time.Second, 12 * time.Second},
+				{0, 10 * time.Second, 2 * time.Second, 11 * time.Second}, // 4 s mod 3 s
+				{0, 10 * time.Second, 2 * time.Second, 10 * time.Second}, // 6 s mod 3 s
+			},
+		},
+		{
+			name:   "zero step: every job at the deadline",
+			spread: time.Minute,
+			calls: []call{
+				{0, 5 * time.Second, 0, 5 * time.Second},
+				{0, 5 * time.Second, 0, 5 * time.Second},
+			},
+		},
+		{
+			name:   "never before the earliest instant",
+			spread: time.Minute,
+			calls: []call{
+				{0, 10 * time.Second, 10 * time.Second, 10 * time.Second},
+				{0, 10 * time.Second, 10 * time.Second, 20 * time.Second},
+				{15 * time.Second, 2 * time.Second, 10 * time.Second, 30 * time.Second},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c calendar
+			for i, cl := range tt.calls {
+				got := c.slot(t0.Add(cl.at), cl.wait, cl.step, tt.spread).Sub(t0)
+				if got != cl.want {
+					t.Errorf("call %d: slot at %v, want %v", i, got, cl.want)
+				}
+			}
+		})
+	}
+}
+
+// testJob makes a held job for url's authority and tenant.
+func testJob(t *testing.T, seq uint64, rawURL, tenant string) *heldJob {
+	t.Helper()
+	a, err := authority.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &heldJob{seq: seq, auth: a.String(), job: jobs.Job{ID: rawURL, URL: rawURL, Tenant: tenant, Authority: a}}
+}
+
+func newTestSched(p Pacer, mod func(*schedOptions)) *scheduler {
+	o := schedOptions{slots: 8, holdMax: 2 * time.Second, maxHeld: 1000, maxPerAuth: 100, spread: time.Hour,
+		rand: func() float64 { return 0 }}
+	if mod != nil {
+		mod(&o)
+	}
+	return newScheduler(p, o)
+}
+
+func policy(floor time.Duration, inflight int) *pacer.Policy {
+	return &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: inflight}}
+}
+
+func TestSchedulerCoolingAuthorityDoesNotBlockOthers(t *testing.T) {
+	p := pacer.New(&pacer.Options{Policy: policy(0, 4)})
+	// Put a.test into a 30 s cooldown with a 429.
+	pm, err := p.Acquire(t0, "a.test:80", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Done(t0, pm, pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"30"}}})
+
+	s := newTestSched(p, nil)
+	var seq uint64
+	for i := range 5 {
+		for _, host := range []string{"a.test", "b.test"} {
+			seq++
+			if _, deferred := s.admit(t0, testJob(t, seq, "http://"+host+"/"+string(rune('a'+i)), "default")); deferred {
+				t.Fatalf("job %d deferred at admission before anything was learned", seq)
+			}
+		}
+	}
+	grants, defers, _ := s.next(t0)
+	if len(grants) != 4 {
+		t.Fatalf("grants = %d, want 4 (b.test's cap); defers %d", len(grants), len(defers))
+	}
+	for _, g := range grants {
+		if g.job.auth != "b.test:80" {
+			t.Errorf("granted %s, want only b.test", g.job.auth)
+		}
+	}
+	if len(defers) != 5 {
+		t.Fatalf("deferred %d, want all 5 of a.test's jobs", len(defers))
+	}
+	// Escalated interval after one 429: max(2×0, 2 s, 0) = 2 s.
+	for k, d := range defers {
+		want := 30*time.Second + time.Duration(k)*2*time.Second
+		if d.delay != want {
+			t.Errorf("deferral %d: delay %v, want %v", k, d.delay, want)
+		}
+		if d.reason != string(pacer.ReasonCooling) {
+			t.Errorf("deferral %d: reason %q", k, d.reason)
+		}
+	}
+	// A job for the cooling authority arriving later is deferred on
+	// admission, continuing the calendar, without asking the pacer.
+	d, deferred := s.admit(t0.Add(time.Second), testJob(t, 100, "http://a.test/late", "default"))
+	if !deferred || d.delay != 29*time.Second+5*2*time.Second {
+		t.Errorf("late job: deferred=%v delay=%v, want 39s", deferred, d.delay)
+	}
+	if got := s.held(); got != 5 {
+		t.Errorf("held = %d, want 5 (4 granted + 1 queued for b.test)", got)
+	}
+}
+
+func TestSchedulerTenantRoundRobin(t *testing.T) {
+	p := pacer.New(&pacer.Options{Policy: policy(0, 1)})
+	s := newTestSched(p, nil)
+	var seq uint64
+	add := func(tenant string, n int) {
+		for range n {
+			seq++
+			s.admit(t0, testJob(t, seq, "http://a.test/"+tenant+string(rune('0'+seq)), tenant))
+		}
+	}
+	add("big", 4)
+	add("small", 2)
+	var order []string
+	now := t0
+	for range 6 {
+		grants, _, _ := s.next(now)
+		if len(grants) != 1 {
+			t.Fatalf("grants = %d, want 1 (cap 1)", len(grants))
+		}
+		g := grants[0]
+		order = append(order, g.job.job.Tenant)
+		p.Done(now, g.permit, pacer.Response{Status: 200})
+		s.finished(now, g.job, time.Millisecond, false)
+		now = now.Add(time.Millisecond)
+	}
+	want := []string{"big", "small", "big", "small", "big", "big"}
+	for i := range want {
+		if order[i] != want[i] {
+			t.Fatalf("order = %v, want %v", order, want)
+		}
+	}
+}
+
+func TestSchedulerHoldsShortWaitsInMemory(t *testing.T) {
+	p := pacer.New(&pacer.Options{Policy: policy(time.Second, 4), StartGuard: -1})
+	s := newTestSched(p, func(o *schedOptions) { o.reserve = 0 })
+	s.admit(t0, testJob(t, 1, "http://a.test/1", "default"))
+	s.admit(t0, testJob(t, 2, "http://a.test/2", "default"))
+	grants, defers, wake := s.next(t0)
+	if len(grants) != 1 || len(defers) != 0 {
+		t.Fatalf("grants %d defers %d, want 1 and 0", len(grants), len(defers))
+	}
+	if !wake.Equal(t0.Add(time.Second)) {
+		t.Fatalf("wake = %v, want t0+1s (the next slot)", wake.Sub(t0))
+	}
+	// Nothing before the slot, even when poked.
+	if g, _, _ := s.next(t0.Add(500 * time.Millisecond)); len(g) != 0 {
+		t.Fatalf("granted before the slot")
+	}
+	g2, _, _ := s.next(t0.Add(time.Second))
+	if len(g2) != 1 || g2[0].permit.Start.Before(t0.Add(time.Second)) {
+		t.Fatalf("second grant %+v, want one at t0+1s", g2)
+	}
+}
+
+func TestSchedulerInFlightCapWaitsForACompletion(t *testing.T) {
+	p := pacer.New(&pacer.Options{Policy: policy(0, 1)})
+	s := newTestSched(p, nil)
+	s.admit(t0, testJob(t, 1, "http://a.test/1", "default"))
+	s.admit(t0, testJob(t, 2, "http://a.test/2", "default"))
+	grants, _, _ := s.next(t0)
+	if len(grants) != 1 {
+		t.Fatalf("grants %d, want 1", len(grants))
+	}
+	if g, d, _ := s.next(t0); len(g)+len(d) != 0 {
+		t.Fatalf("second job granted or deferred while the cap is reached")
+	}
+	now := t0.Add(10 * time.Millisecond)
+	p.Done(now, grants[0].permit, pacer.Response{Status: 200})
+	s.finished(now, grants[0].job, 10*time.Millisecond, false)
+	g2, _, _ := s.next(now)
+	if len(g2) != 1 || g2[0].job.seq != 2 {
+		t.Fatalf("after the completion: %d grants, want job 2 at once", len(g2))
+	}
+}
+
+func TestSchedulerOverflowIsDeferred(t *testing.T) {
+	p := pacer.New(&pacer.Options{Policy: policy(100*time.Millisecond, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
+	seq := uint64(0)
+	admit := func(host string) (deferral, bool) {
+		seq++
+		return s.admit(t0, testJob(t, seq, "http://"+host+"/"+string(rune('a'+seq)), "default"))
+	}
+	for i := range 3 {
+		if _, d := admit("hot.test"); d {
+			t.Fatalf("job %d deferred below the per-authority bound", i)
+		}
+	}
+	// One is granted: the scheduler now knows the 100 ms interval.
+	if g, _, _ := s.next(t0); len(g) != 1 {
+		t.Fatalf("grants %d, want 1", len(g))
+	}
+	if _, d := admit("hot.test"); d {
+		t.Fatal("job deferred with room in the queue")
+	}
+	for k := range 3 {
+		d, deferred := admit("hot.test")
+		// Three queued ahead at 100 ms each, then one interval per
+		// overflowing job (the calendar).
+		want := 300*time.Millisecond + time.Duration(k)*100*time.Millisecond
+		if !deferred || d.reason != "overflow" || d.delay != want {
+			t.Fatalf("overflow %d: deferred=%v reason=%q delay=%v, want overflow after %v", k, deferred, d.reason, d.delay, want)
+		}
+	}
+	// Another authority is unaffected.
+	if _, d := admit("cold.test"); d {
+		t.Fatal("other authority's job deferred")
+	}
+}
+
+func TestSchedulerSlotsAreSharedRoundRobin(t *testing.T) {
+	p := pacer.New(&pacer.Options{Policy: policy(0, 8)})
+	s := newTestSched(p, func(o *schedOptions) { o.slots = 3 })
+	var seq uint64
+	for _, h := range []string{"a.test", "b.test", "c.test"} {
+		for i := range 5 {
+			seq++
+			s.admit(t0, testJob(t, seq, "http://"+h+"/"+string(rune('a'+i)), "default"))
+		}
+	}
+	grants, _, _ := s.next(t0)
+	seen := map[string]bool{}
+	for _, g := range grants {
+		seen[g.job.auth] = true
+	}
+	if len(grants) != 3 || len(seen) != 3 {
+		t.Fatalf("grants %d over %d authorities, want 3 over 3", len(grants), len(seen))
+	}
+}
+
+func TestSchedulerDrainAndForget(t *testing.T) {
+	p := pacer.New(&pacer.Options{Policy: policy(time.Hour, 2)})
+	s := newTestSched(p, nil)
+	for i := range 4 {
+		s.admit(t0, testJob(t, uint64(i+1), "http://a.test/"+string(rune('a'+i)), "default"))
+	}
+	grants, defers, _ := s.next(t0)
+	if len(grants) != 1 || len(defers) != 3 {
+		t.Fatalf("grants %d defers %d, want 1 and 3 (an hour's floor)", len(grants), len(defers))
+	}
+	s.admit(t0, testJob(t, 9, "http://b.test/x", "default"))
+	if got := len(s.drain()); got != 1 {
+		t.Fatalf("drained %d, want 1", got)
+	}
+	p.Done(t0, grants[0].permit, pacer.Response{Status: 200})
+	s.finished(t0, grants[0].job, time.Millisecond, false)
+	if s.held() != 0 {
+		t.Fatalf("held %d after drain and finish", s.held())
+	}
+	// Calendars in the future are kept; once passed, the authority is forgotten.
+	s.touchDue(t0.Add(4*time.Hour), t0)
+	if n := s.authorities(); n != 0 {
+		t.Fatalf("%d authorities tracked after everything passed", n)
+	}
+}

@@ -1,0 +1,770 @@
+// Package worker is mirrorworker's consume loop and scheduler: it pulls jobs
+// from the durable JetStream consumer, holds them in per-authority queues,
+// hands them to a fixed number of fetch slots in the order the pacer can
+// serve them (round robin between authorities, and between tenants within
+// one), stores what it fetched, and acks, retries, defers or dead-letters
+// each job (SPEC section 5; docs/adr/0001 for the deferral design).
+//
+// It defines the small interfaces it needs (Fetcher, Target, Pacer, Msg)
+// and knows nothing of the concrete fetch, mirror and pacer types. It does
+// not parse flags, serve HTTP or create streams.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Fetcher makes the upstream request of a job; *fetch.Client is one.
+type Fetcher interface {
+	Do(ctx context.Context, r fetch.Request, g fetch.Gate) (*fetch.Response, error)
+}
+
+// Target is where fetched objects are stored; *mirror.FileTarget is one.
+type Target interface {
+	Stat(ctx context.Context, key string) (mirror.Meta, error)
+	Put(ctx context.Context, key string, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error)
+}
+
+// Pacer decides when a request to an authority may start; *pacer.Pacer is one.
+type Pacer interface {
+	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
+	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
+}
+
+// confirmer is implemented by a Pacer that can revoke a granted permit
+// when a cooldown was learned between the grant and the request's start
+// (*pacer.Pacer does); the worker confirms each permit just before its
+// request when the Pacer offers it.
+type confirmer interface {
+	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
+}
+
+var _ confirmer = (*pacer.Pacer)(nil)
+
+// confirm waits until pm may start and re-checks it with the pacer just
+// before the request (pacer.Pacer.Confirm): a cooldown learned since the
+// grant revokes it, and a request that would start too close to one that
+// started late is moved to a later Start, which confirm waits for. It
+// returns the permit to run the request with (and to pass to Done). On a
+// refusal, or when ctx ends first, it gives the permit back (Done,
+// cancelled) and returns the error.
+func (w *Worker) confirm(ctx context.Context, pm pacer.Permit) (pacer.Permit, error) {
+	c, _ := w.d.Pacer.(confirmer)
+	for {
+		if d := pm.Start.Sub(w.clk.Now()); d > 0 && !clock.Sleep(w.clk, d, ctx.Done()) {
+			w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
+			return pacer.Permit{}, ctx.Err()
+		}
+		if c == nil {
+			return pm, nil
+		}
+		now := w.clk.Now()
+		cpm, err := c.Confirm(now, pm)
+		if err != nil {
+			w.d.Pacer.Done(now, cpm, pacer.Response{Cancelled: true})
+			return pacer.Permit{}, err
+		}
+		if !cpm.Start.After(now) {
+			return cpm, nil
+		}
+		pm = cpm
+	}
+}
+
+// Msg is the subset of jetstream.Msg the worker uses.
+type Msg interface {
+	Metadata() (*jetstream.MsgMetadata, error)
+	Data() []byte
+	Subject() string
+	Ack() error
+	Nak() error
+	NakWithDelay(delay time.Duration) error
+	InProgress() error
+	TermWithReason(reason string) error
+}
+
+var _ Msg = (jetstream.Msg)(nil)
+
+// Deps are the worker's collaborators. All are required.
+type Deps struct {
+	JS       jetstream.JetStream // dead letters, the attempts bucket
+	Consumer jetstream.Consumer  // the durable pull consumer on MIRROR_JOBS
+	Fetcher  Fetcher
+	Target   Target
+	Pacer    Pacer
+}
+
+// Options tune a Worker. A nil *Options, and every zero field, means the
+// default given on the field.
+type Options struct {
+	Concurrency    int           // fetch slots; 8
+	FailureBudget  int           // failed attempts before a job is dead-lettered; 10
+	BackoffInitial time.Duration // first retry delay; 1 s
+	BackoffMax     time.Duration // longest retry delay; 5 min
+	// HoldMax: a job whose authority can take it within HoldMax waits in
+	// memory; a longer wait defers it to the stream (NAK with delay). 2 s.
+	HoldMax time.Duration
+	// MaxHeld bounds the jobs held in memory (queued, waiting, fetching);
+	// the worker pulls only below it. 1000.
+	MaxHeld int
+	// MaxHeldPerAuthority bounds one authority's queue, so a hot authority
+	// cannot take all of MaxHeld; past it jobs are deferred. MaxHeld/4.
+	MaxHeldPerAuthority int
+	// AckWait must match the consumer's; held jobs get an in-progress ack
+	// well before it runs out. 60 s.
+	AckWait time.Duration
+	// ShutdownGrace is how long in-flight fetches may finish after Run's
+	// context is cancelled before they are cancelled and handed back. 10 s.
+	ShutdownGrace time.Duration
+	// DeferSpread is the horizon of the deferral calendar: no deferred job
+	// is sent further than this past its authority's earliest start. 5 min.
+	DeferSpread time.Duration
+	// PullBatch bounds one pull request; 256. PullWait is its expiry; 1 s.
+	PullBatch int
+	PullWait  time.Duration
+	WorkerID  string // in dead letters; hostname-pid
+	Clock     clock.Clock
+	Logger    zerolog.Logger
+	// Metrics, if set, is used as is; otherwise metrics are created on
+	// Registerer (nil: a private registry).
+	Metrics        *Metrics
+	Registerer     prometheus.Registerer
+	HostLabelLimit int // 500
+}
+
+func (o *Options) withDefaults() Options {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	defInt := func(p *int, v int) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	defDur := func(p *time.Duration, v time.Duration) {
+		if *p <= 0 {
+			*p = v
+		}
+	}
+	defInt(&r.Concurrency, 8)
+	defInt(&r.FailureBudget, 10)
+	defDur(&r.BackoffInitial, time.Second)
+	defDur(&r.BackoffMax, 5*time.Minute)
+	defDur(&r.HoldMax, 2*time.Second)
+	defInt(&r.MaxHeld, 1000)
+	defInt(&r.MaxHeldPerAuthority, max(r.MaxHeld/4, 1))
+	defDur(&r.AckWait, jobs.DefaultAckWait)
+	defDur(&r.ShutdownGrace, 10*time.Second)
+	defDur(&r.DeferSpread, 5*time.Minute)
+	defInt(&r.PullBatch, 256)
+	defDur(&r.PullWait, time.Second)
+	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
+	if r.WorkerID == "" {
+		h, _ := os.Hostname()
+		r.WorkerID = h + "-" + strconv.Itoa(os.Getpid())
+	}
+	if r.Clock == nil {
+		r.Clock = clock.Real{}
+	}
+	return r
+}
+
+// Worker consumes jobs. Create it with New and call Run once. Ready is safe
+// for concurrent use.
+type Worker struct {
+	d     Deps
+	o     Options
+	log   zerolog.Logger
+	clk   clock.Clock
+	m     *Metrics
+	sched *scheduler
+
+	kick  chan struct{} // wakes the dispatcher
+	space chan struct{} // wakes the intake when held jobs drop
+	slots sync.WaitGroup
+	kv    KV
+
+	state   atomic.Int32 // 0 new, 1 running (not yet pulling), 2 pulling, 3 stopped
+	anon    atomic.Uint64
+	onFinal func(Final) // test hook: every job's final outcome
+}
+
+// Final describes a job leaving the worker for good in one delivery.
+type Final struct {
+	JobID      string
+	Authority  string
+	Outcome    string // stored, unchanged, dead_lettered
+	Reason     string // the dead-letter reason
+	Deliveries uint64
+}
+
+// New checks d and returns a Worker; nil o means the defaults.
+func New(d Deps, o *Options) (*Worker, error) {
+	switch {
+	case d.JS == nil:
+		return nil, errors.New("worker: Deps.JS is nil")
+	case d.Consumer == nil:
+		return nil, errors.New("worker: Deps.Consumer is nil")
+	case d.Fetcher == nil:
+		return nil, errors.New("worker: Deps.Fetcher is nil")
+	case d.Target == nil:
+		return nil, errors.New("worker: Deps.Target is nil")
+	case d.Pacer == nil:
+		return nil, errors.New("worker: Deps.Pacer is nil")
+	}
+	r := o.withDefaults()
+	m := r.Metrics
+	if m == nil {
+		var err error
+		if m, err = NewMetrics(r.Registerer, r.HostLabelLimit); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
+	w := &Worker{
+		d: d, o: r, log: r.Logger, clk: r.Clock, m: m,
+		kick:  make(chan struct{}, 1),
+		space: make(chan struct{}, 1),
+	}
+	w.sched = newScheduler(d.Pacer, schedOptions{
+		slots:      r.Concurrency,
+		holdMax:    r.HoldMax,
+		reserve:    min(r.HoldMax, 5*time.Millisecond),
+		maxHeld:    r.MaxHeld,
+		maxPerAuth: r.MaxHeldPerAuthority,
+		spread:     r.DeferSpread,
+	})
+	w.sched.onCounts = m.setHeld
+	return w, nil
+}
+
+// Metrics returns the worker's metrics.
+func (w *Worker) Metrics() *Metrics { return w.m }
+
+// Ready reports nil once the worker is bound to the consumer and pulling.
+func (w *Worker) Ready() error {
+	switch w.state.Load() {
+	case 2:
+		return nil
+	case 3:
+		return errors.New("worker: stopped")
+	}
+	return errors.New("worker: not pulling yet")
+}
+
+func (w *Worker) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case w.space <- struct{}{}:
+	default:
+	}
+}
+
+// Run consumes until ctx is cancelled, then stops pulling, lets in-flight
+// fetches finish within ShutdownGrace (then cancels them), hands every held
+// job back with a NAK without delay, and returns nil. It returns an error
+// only when it cannot start.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.state.CompareAndSwap(0, 1) {
+		return errors.New("worker: Run called twice")
+	}
+	defer w.state.Store(3)
+	kv, err := w.d.JS.KeyValue(ctx, jobs.AttemptsBucket)
+	if err != nil {
+		return fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err)
+	}
+	w.kv = kv
+	// Fetches outlive ctx by the grace period; their context is cut after.
+	fctx, cancelFetch := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelFetch()
+	hbCtx, stopHB := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopHB()
+
+	var loops sync.WaitGroup
+	loops.Add(2)
+	go func() { defer loops.Done(); w.intakeLoop(ctx) }()
+	go func() { defer loops.Done(); w.dispatchLoop(ctx, fctx) }()
+	hbDone := make(chan struct{})
+	go func() { defer close(hbDone); w.heartbeatLoop(hbCtx) }()
+
+	<-ctx.Done()
+	loops.Wait()
+	w.log.Info().Msg("worker stopping: handing back held jobs")
+	handed := w.handBackQueued()
+	slotsDone := make(chan struct{})
+	go func() { w.slots.Wait(); close(slotsDone) }()
+	if clock.Sleep(w.clk, w.o.ShutdownGrace, slotsDone) { // the grace period ran out
+		w.log.Warn().Dur("grace", w.o.ShutdownGrace).Msg("in-flight fetches cancelled at the end of the grace period")
+		cancelFetch()
+		<-slotsDone
+	}
+	handed += w.handBackQueued() // throttled jobs requeued during the grace period
+	stopHB()
+	<-hbDone
+	if nc := w.d.JS.Conn(); nc != nil {
+		if err := nc.FlushTimeout(5 * time.Second); err != nil {
+			w.log.Warn().Err(err).Msg("flush acks at shutdown")
+		}
+	}
+	w.log.Info().Int("handed_back", handed).Msg("worker stopped")
+	return nil
+}
+
+func (w *Worker) handBackQueued() int {
+	js := w.sched.drain()
+	for _, j := range js {
+		w.handBackMsg(j.msg)
+	}
+	return len(js)
+}
+
+// handBackMsg returns a job to the stream for immediate redelivery.
+func (w *Worker) handBackMsg(m Msg) {
+	if err := m.Nak(); err != nil {
+		w.log.Warn().Err(err).Msg("nak at shutdown")
+	}
+}
+
+// intakeLoop pulls while fewer than MaxHeld jobs are held.
+func (w *Worker) intakeLoop(ctx context.Context) {
+	failures := 0
+	// Pull in batches: when memory is full, wait until a fair share of it
+	// is free rather than pulling one message per round trip.
+	lowWater := max(1, min(w.o.PullBatch, w.o.MaxHeld/8))
+	for ctx.Err() == nil {
+		free := w.o.MaxHeld - w.sched.held()
+		if free < lowWater {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.space:
+			}
+			continue
+		}
+		batch, err := w.d.Consumer.Fetch(min(free, w.o.PullBatch), jetstream.FetchMaxWait(w.o.PullWait))
+		if err != nil {
+			failures++
+			w.state.CompareAndSwap(2, 1) // not ready while the consumer cannot be pulled
+			w.log.Warn().Err(err).Int("failures", failures).Msg("pull from consumer")
+			if !clock.Sleep(w.clk, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second), ctx.Done()) {
+				return
+			}
+			continue
+		}
+		failures = 0
+		w.state.CompareAndSwap(1, 2)
+		// Drain the whole batch even after ctx is done: a message the server
+		// already sent must be handed back, not left to its ack wait.
+		for m := range batch.Messages() {
+			if ctx.Err() != nil {
+				w.handBackMsg(m)
+				continue
+			}
+			w.intake(ctx, m)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
+			w.log.Debug().Err(err).Msg("pull ended")
+		}
+	}
+}
+
+// intake validates one delivery and queues or defers it. Nothing here may
+// panic or block on a bad message.
+func (w *Worker) intake(ctx context.Context, m Msg) {
+	now := w.clk.Now()
+	j := &heldJob{msg: m, data: m.Data(), received: now, delivered: 1}
+	if md, err := m.Metadata(); err == nil {
+		j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
+	} else {
+		// Not a JetStream delivery (never from a real consumer): a private
+		// key keeps it apart from every other held job.
+		j.seq = 1<<63 + w.anon.Add(1)
+	}
+	if w.sched.redelivered(j.seq, j.delivered, m, now) {
+		return
+	}
+	job, err := jobs.Parse(j.data)
+	if err == nil {
+		err = jobs.CheckSubject(job, m.Subject())
+	}
+	if err != nil {
+		reason := jobs.ReasonInvalidJob
+		var ie *jobs.InvalidError
+		if errors.As(err, &ie) && ie.Code != "" {
+			reason = ie.Code
+		}
+		j.job.Tenant, j.job.ID = job.Tenant, job.ID
+		if !job.Authority.IsZero() {
+			j.auth = job.Authority.String()
+		}
+		w.deadLetter(ctx, j, reason, err.Error(), 0, nil)
+		return
+	}
+	j.job, j.auth = job, job.Authority.String()
+	if d, deferred := w.sched.tryDefer(now, j); deferred {
+		w.deferJob(d)
+		return
+	}
+	// Stat before queueing, not between the pacer's grant and the request:
+	// the pacer spaces grants, so the request must follow its grant at once.
+	if meta, err := w.d.Target.Stat(ctx, job.Target); err == nil {
+		j.etag, j.lastMo = meta.ETag, meta.LastModified
+	} else if !errors.Is(err, mirror.ErrNotFound) {
+		w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
+	}
+	if d, deferred := w.sched.admit(now, j); deferred {
+		w.deferJob(d)
+		return
+	}
+	w.poke()
+}
+
+// dispatchLoop runs the scheduler: on every event (a job queued, a fetch
+// done, a timer) it hands ready jobs to free slots and defers what cannot
+// be served soon.
+func (w *Worker) dispatchLoop(ctx, fctx context.Context) {
+	t := w.clk.NewTimer(time.Hour)
+	t.Stop()
+	defer t.Stop()
+	for {
+		grants, defers, wake := w.sched.next(w.clk.Now())
+		for _, g := range grants {
+			w.slots.Add(1)
+			go w.runSlot(ctx, fctx, g)
+		}
+		for _, d := range defers {
+			w.deferJob(d)
+		}
+		var tc <-chan time.Time
+		if !wake.IsZero() {
+			d := wake.Sub(w.clk.Now())
+			if d <= 0 && len(grants)+len(defers) > 0 {
+				continue
+			}
+			t.Reset(max(d, time.Millisecond))
+			tc = t.C()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.kick:
+		case <-tc:
+		}
+	}
+}
+
+// heartbeatLoop sends in-progress acks for held jobs so that their ack wait
+// never runs out while they wait in memory or fetch.
+func (w *Worker) heartbeatLoop(ctx context.Context) {
+	period := max(w.o.AckWait/6, 10*time.Millisecond)
+	for clock.Sleep(w.clk, period, ctx.Done()) {
+		now := w.clk.Now()
+		for _, m := range w.sched.touchDue(now, now.Add(-w.o.AckWait/4)) {
+			if err := m.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+				w.log.Debug().Err(err).Msg("in-progress ack")
+			}
+		}
+	}
+}
+
+// deferJob NAKs a job with the calendar's delay; no failure budget is used.
+func (w *Worker) deferJob(d deferral) {
+	m := w.sched.msgOf(d.job)
+	if err := m.NakWithDelay(d.delay); err != nil {
+		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
+	}
+	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+	w.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
+		Dur("delay", d.delay).Msg("job deferred")
+}
+
+// runSlot is one fetch slot working on a granted job.
+func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
+	defer w.slots.Done()
+	j := g.job
+	pm, err := w.confirm(ctx, g.permit)
+	if err != nil {
+		if ctx.Err() != nil {
+			// Shut down before the request started: hand it back untouched.
+			w.handBackMsg(w.sched.msgOf(j))
+			w.finish(j, 0, false)
+			return
+		}
+		// A cooldown arrived between the grant and now: back to the queue,
+		// where the pacer's refusal defers it.
+		w.finish(j, 0, true)
+		return
+	}
+	start := w.clk.Now()
+	w.m.PacerWait.Observe(start.Sub(j.queuedAt).Seconds())
+	w.sched.fetching(j)
+	requeue := w.process(fctx, j, pm)
+	w.finish(j, w.clk.Now().Sub(start), requeue)
+}
+
+func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
+	w.sched.finished(w.clk.Now(), j, took, requeue)
+	w.poke()
+}
+
+// process fetches and stores one job and settles it on the queue. It
+// returns true when the job must go back to its authority's queue (a
+// throttled answer: the pacer now knows when the next request may go).
+func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
+	hops := &hopSet{w: w, first: pm, kind: j.job.Kind}
+	defer hops.close()
+	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo}
+	if len(j.job.Headers) > 0 {
+		req.Header = http.Header{}
+		for k, v := range j.job.Headers {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := w.d.Fetcher.Do(ctx, req, hops.gate)
+	if err != nil {
+		var re *pacer.RefusedError
+		switch {
+		case errors.As(err, &re):
+			// A redirect hop's authority cannot take it soon: defer on
+			// that authority's calendar, without using the budget.
+			delay := w.sched.deferFor(w.clk.Now(), re.Authority, string(re.Reason), re.Wait, re.Interval)
+			w.deferJob(deferral{job: j, delay: delay, reason: "redirect_" + string(re.Reason)})
+		case ctx.Err() != nil:
+			w.handBackMsg(w.sched.msgOf(j))
+		case fetch.IsPermanent(err):
+			w.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
+		default:
+			w.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
+		}
+		return false
+	}
+	v := hops.lastVerdict()
+	class := fetch.Classify(resp.Status)
+	if v.Throttled || class == fetch.ClassThrottled {
+		if resp.Body != nil {
+			resp.Body.Close()
+		}
+		j.throttles = append(j.throttles, jobs.Attempt{
+			Time: w.clk.Now(), Reason: "throttled_" + strconv.Itoa(resp.Status), Status: resp.Status,
+			Detail: throttleDetail(v, resp.Header),
+		})
+		return true
+	}
+	switch class {
+	case fetch.ClassSuccess:
+		w.store(ctx, j, resp)
+	case fetch.ClassNotModified:
+		w.complete(j, OutcomeUnchanged)
+	case fetch.ClassTransient:
+		w.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "")
+	default:
+		w.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
+	}
+	return false
+}
+
+// throttleDetail keeps the headers that explain a throttling answer.
+func throttleDetail(v pacer.Verdict, h http.Header) string {
+	s := "pacer=" + v.Reason
+	if !v.Until.IsZero() {
+		s += " until=" + v.Until.UTC().Format(time.RFC3339)
+	}
+	for _, k := range []string{"Retry-After", "Ratelimit", "Ratelimit-Policy", "Ratelimit-Remaining", "Ratelimit-Reset",
+		"X-Ratelimit-Remaining", "X-Ratelimit-Reset", "X-Ratelimit-Reset-After", "X-Rate-Limit-Remaining", "X-Rate-Limit-Reset"} {
+		if val := h.Get(k); val != "" {
+			s += " " + k + "=" + val
+		}
+	}
+	return s
+}
+
+// store writes a 2xx body to the target and acks once it is durable.
+func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
+	want := mirror.Expect{SHA256: j.job.SHA256}
+	if j.job.Size != nil {
+		want.Size, want.HasSize = *j.job.Size, true
+	}
+	meta := mirror.Meta{
+		Key:          j.job.Target,
+		URL:          stripUserinfo(j.job.URL),
+		ETag:         resp.Header.Get("ETag"),
+		LastModified: resp.Header.Get("Last-Modified"),
+		ContentType:  resp.Header.Get("Content-Type"),
+		FetchedAt:    w.clk.Now().UTC(),
+		JobID:        j.job.ID,
+	}
+	body := &countingReader{r: resp.Body}
+	_, err := w.d.Target.Put(ctx, j.job.Target, body, want, meta)
+	resp.Body.Close()
+	if err == nil {
+		w.m.FetchedBytes.Add(float64(body.n))
+		w.complete(j, OutcomeStored)
+		return
+	}
+	switch {
+	case ctx.Err() != nil:
+		w.handBackMsg(w.sched.msgOf(j))
+	case body.err != nil && fetch.IsPermanent(body.err):
+		w.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
+	case body.err != nil:
+		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
+	case errors.Is(err, mirror.ErrDigestMismatch):
+		w.transient(ctx, j, "digest_mismatch", resp.Status, err.Error())
+	case errors.Is(err, mirror.ErrSizeMismatch):
+		w.transient(ctx, j, "size_mismatch", resp.Status, err.Error())
+	case errors.Is(err, mirror.ErrInvalidKey):
+		w.deadLetter(ctx, j, "invalid_target", err.Error(), resp.Status, nil)
+	default:
+		w.transient(ctx, j, "target_write", resp.Status, err.Error())
+	}
+}
+
+// countingReader counts body bytes and remembers the body's own read error,
+// to tell a failing origin from a failing target. It closes the body at its
+// end, so the request stops counting against the authority's in-flight cap
+// while the target syncs to disk (the target is never paced).
+type countingReader struct {
+	r   io.ReadCloser
+	n   int64
+	err error
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	switch {
+	case err == io.EOF:
+		c.r.Close()
+	case err != nil:
+		c.err = err
+	}
+	return n, err
+}
+
+// complete acks a job that is stored or unchanged.
+func (w *Worker) complete(j *heldJob, outcome string) {
+	if err := w.sched.msgOf(j).Ack(); err != nil {
+		// The job will be redelivered and answered with a 304: no loss.
+		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack")
+	}
+	if w.sched.deliveries(j) > 1 && w.kv != nil {
+		// Only a redelivered job can have a failure counter.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := w.kv.Delete(ctx, attemptsKey(j.job.ID)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
+		}
+		cancel()
+	}
+	w.final(j, outcome, "")
+}
+
+func (w *Worker) final(j *heldJob, outcome, reason string) {
+	w.m.Jobs.WithLabelValues(outcome).Inc()
+	w.m.JobDuration.WithLabelValues(outcome).Observe(w.clk.Now().Sub(j.received).Seconds())
+	d := w.sched.deliveries(j)
+	w.m.DeliveriesPerJob.Observe(float64(d))
+	if w.onFinal != nil {
+		w.onFinal(Final{JobID: j.job.ID, Authority: j.auth, Outcome: outcome, Reason: reason, Deliveries: d})
+	}
+}
+
+// transient records a failed attempt against the job's budget and retries
+// it with backoff, or dead-letters it when the budget is spent.
+func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, status int, detail string) {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: truncate(detail, 512)}
+	rec, err := addAttempt(kctx, w.kv, j.job.ID, a)
+	if err != nil {
+		// Without the counter the budget cannot be judged: retry later and
+		// count again then. The job is not lost.
+		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("record failed attempt")
+		rec = attemptRecord{Count: 1, Attempts: []jobs.Attempt{a}}
+	}
+	if rec.Count >= w.o.FailureBudget {
+		w.deadLetter(ctx, j, jobs.ReasonBudgetExhausted,
+			fmt.Sprintf("%d failed attempts, last %s", rec.Count, reason), status, rec.Attempts)
+		return
+	}
+	delay := w.backoff(rec.Count)
+	if err := w.sched.msgOf(j).NakWithDelay(delay); err != nil {
+		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
+	}
+	w.m.Jobs.WithLabelValues(OutcomeRetried).Inc()
+	w.log.Info().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("attempt", rec.Count).
+		Dur("retry_in", delay).Msg("job failed, retrying")
+}
+
+// deadLetter publishes the job's dead-letter record and terminates it. If
+// the record cannot be published the job is retried later instead: it never
+// leaves without its record.
+func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail string, status int, attempts []jobs.Attempt) {
+	now := w.clk.Now().UTC()
+	m := w.sched.msgOf(j)
+	dl := jobs.DeadLetter{
+		JobID:      j.job.ID,
+		Tenant:     j.job.Tenant,
+		Authority:  j.auth,
+		Subject:    m.Subject(),
+		StreamSeq:  j.seq,
+		Reason:     reason,
+		Detail:     truncate(detail, 1024),
+		LastStatus: status,
+		Attempts:   append(append([]jobs.Attempt(nil), attempts...), j.throttles...),
+		First:      j.received.UTC(),
+		Last:       now,
+		Worker:     w.o.WorkerID,
+	}
+	if len(attempts) > 0 && attempts[0].Time.Before(dl.First) {
+		dl.First = attempts[0].Time
+	}
+	dl.SetJob(j.data)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := jobs.PublishDeadLetter(pctx, w.d.JS, dl); err != nil {
+		w.log.Error().Err(err).Str("job", j.job.ID).Str("reason", reason).Msg("publish dead letter; will retry the job")
+		if err := m.NakWithDelay(w.backoff(1)); err != nil {
+			w.log.Warn().Err(err).Msg("nak")
+		}
+		return
+	}
+	if err := m.TermWithReason(reason); err != nil {
+		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("term")
+	}
+	if len(attempts) > 0 && w.kv != nil {
+		if err := w.kv.Delete(pctx, attemptsKey(j.job.ID)); err != nil {
+			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
+		}
+	}
+	w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status).
+		Msg("job dead-lettered")
+	w.final(j, OutcomeDeadLettered, reason)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}

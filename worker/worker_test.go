@@ -1,0 +1,396 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/worker"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestStoresEveryJobThenRevalidates(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	var origins []*origin
+	for range 10 {
+		origins = append(origins, newOrigin(t))
+	}
+	const n = 500
+	mk := func(round string) []jobs.Job {
+		var js []jobs.Job
+		for i := range n {
+			o := origins[i%len(origins)]
+			js = append(js, jobs.Job{
+				ID:     fmt.Sprintf("%s-%d", round, i),
+				URL:    o.url(fmt.Sprintf("/obj/%d", i)),
+				Target: fmt.Sprintf("o%d/obj%d", i%len(origins), i),
+				Tenant: []string{"alpha", "beta"}[i%2],
+			})
+		}
+		return js
+	}
+	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{Concurrency: 8})
+	e.publish(mk("first")...)
+	r.f.waitFor(t, n, nil, 60*time.Second)
+	if got := r.f.count(isOutcome(worker.OutcomeStored)); got != n {
+		t.Fatalf("stored %d of %d: %+v", got, n, r.f.snapshot()[:5])
+	}
+	e.waitDrained(10 * time.Second)
+	mtimes := map[string]time.Time{}
+	for i := range n {
+		key := fmt.Sprintf("o%d/obj%d", i%len(origins), i)
+		e.checkStored(key, body(fmt.Sprintf("/obj/%d", i)))
+		fi, err := os.Stat(filepath.Join(e.root, key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mtimes[key] = fi.ModTime()
+	}
+
+	// Again, under new ids (the stream would drop the same ids as
+	// duplicates): every request is conditional and nothing is rewritten.
+	served := 0
+	for _, o := range origins {
+		served += len(o.log())
+	}
+	e.publish(mk("second")...)
+	r.f.waitFor(t, 2*n, nil, 60*time.Second)
+	if got := r.f.count(isOutcome(worker.OutcomeUnchanged)); got != n {
+		t.Fatalf("unchanged %d of %d", got, n)
+	}
+	e.waitDrained(10 * time.Second)
+	second := 0
+	for _, o := range origins {
+		for _, a := range o.log()[len(o.log())-50:] {
+			if !a.cond || a.status != http.StatusNotModified {
+				t.Fatalf("second round request %+v is not a conditional request answered 304", a)
+			}
+		}
+		second += len(o.log())
+	}
+	if second-served != n {
+		t.Fatalf("second round made %d requests, want %d", second-served, n)
+	}
+	for key, mt := range mtimes {
+		fi, err := os.Stat(filepath.Join(e.root, key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !fi.ModTime().Equal(mt) {
+			t.Fatalf("%s rewritten in the second round", key)
+		}
+	}
+	if dl := e.deadLetters(); len(dl) != 0 {
+		t.Fatalf("dead letters: %+v", dl)
+	}
+	if got := counter(t, r.reg, "mirrorworker_upstream_requests_total", map[string]string{"outcome": "not_modified"}); got != n {
+		t.Errorf("upstream_requests_total{outcome=not_modified} = %v, want %d", got, n)
+	}
+}
+
+func TestTransientFailuresUseTheBudget(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	o.setBehave(func(w http.ResponseWriter, r *http.Request, n int) bool {
+		switch {
+		case r.URL.Path == "/bad":
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return true
+		case r.URL.Path == "/flaky" && n <= 2:
+			w.WriteHeader(http.StatusBadGateway)
+			return true
+		}
+		return false
+	})
+	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{
+		FailureBudget: 3, BackoffInitial: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
+	})
+	e.publish(
+		jobs.Job{ID: "bad", URL: o.url("/bad"), Target: "bad"},
+		jobs.Job{ID: "flaky", URL: o.url("/flaky"), Target: "flaky"},
+	)
+	r.f.waitFor(t, 2, nil, 30*time.Second)
+	e.waitDrained(10 * time.Second)
+	e.checkStored("flaky", body("/flaky"))
+
+	dls := e.deadLetters()
+	if len(dls) != 1 {
+		t.Fatalf("%d dead letters, want 1: %+v", len(dls), dls)
+	}
+	d := dls[0]
+	if d.JobID != "bad" || d.Reason != jobs.ReasonBudgetExhausted || d.LastStatus != 503 || len(d.Attempts) != 3 {
+		t.Fatalf("dead letter %+v, want bad/budget_exhausted/503 with 3 attempts", d)
+	}
+	for _, a := range d.Attempts {
+		if a.Reason != "http_503" || a.Status != 503 || a.Time.IsZero() {
+			t.Errorf("attempt %+v", a)
+		}
+	}
+	if len(d.Job) == 0 || d.Subject == "" || d.StreamSeq == 0 {
+		t.Errorf("dead letter lacks the original job: %+v", d)
+	}
+	var bad int
+	for _, a := range o.log() {
+		if a.path == "/bad" {
+			bad++
+		}
+	}
+	if bad != 3 {
+		t.Errorf("/bad requested %d times, want the budget, 3", bad)
+	}
+	kv, err := e.js.KeyValue(context.Background(), jobs.AttemptsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.Keys(context.Background())
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		t.Fatal(err)
+	}
+	if len(keys) != 0 {
+		t.Errorf("attempt counters left behind: %v", keys)
+	}
+	if got := counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": "retried"}); got != 4 {
+		t.Errorf("jobs_total{retried} = %v, want 4 (2 for bad, 2 for flaky)", got)
+	}
+}
+
+func TestPermanentAndInvalidJobsAreDeadLettered(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	o.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		if r.URL.Path == "/missing" {
+			http.NotFound(w, r)
+			return true
+		}
+		return false
+	})
+	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{})
+	a, err := authority.Parse(o.url("/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := "mirror.jobs.default." + a.Key()
+	invalid := []struct {
+		subject string
+		data    string
+		reason  string
+	}{
+		{subj, "\xff\x00{garbage", jobs.ReasonInvalidJob},
+		{subj, "", jobs.ReasonInvalidJob},
+		{subj, `{"url":"ftp://example.org/x"}`, jobs.ReasonInvalidJob},
+		{subj, `{"v":2,"url":"` + o.url("/v2") + `"}`, jobs.ReasonUnsupportedVersion},
+		{"mirror.jobs.other." + a.Key(), `{"url":"` + o.url("/tenant") + `"}`, jobs.ReasonInvalidJob},
+		{"mirror.jobs.default.elsewhere_80", `{"url":"` + o.url("/akey") + `"}`, jobs.ReasonInvalidJob},
+		{"mirror.jobs.x", `{"url":"` + o.url("/short-subject") + `"}`, jobs.ReasonInvalidJob},
+		{subj, `{"url":"` + o.url("/h") + `","headers":{"Authorization":"x"}}`, jobs.ReasonInvalidJob},
+	}
+	for _, in := range invalid {
+		e.publishRaw(in.subject, []byte(in.data))
+	}
+	e.publish(jobs.Job{ID: "missing", URL: o.url("/missing"), Target: "missing"},
+		jobs.Job{ID: "fine", URL: o.url("/fine"), Target: "fine"})
+	r.f.waitFor(t, len(invalid)+2, nil, 30*time.Second)
+	e.waitDrained(10 * time.Second)
+	e.checkStored("fine", body("/fine"))
+
+	dls := e.deadLetters()
+	if len(dls) != len(invalid)+1 {
+		t.Fatalf("%d dead letters, want %d", len(dls), len(invalid)+1)
+	}
+	byReason := map[string]int{}
+	for _, d := range dls {
+		byReason[d.Reason]++
+		if d.JobID == "missing" && (d.Reason != "http_404" || d.LastStatus != 404) {
+			t.Errorf("missing: %+v", d)
+		}
+		if len(d.Job) == 0 && len(d.JobBytes) == 0 && d.JobLen != 0 {
+			t.Errorf("dead letter without the original: %+v", d)
+		}
+	}
+	if byReason["http_404"] != 1 || byReason[jobs.ReasonUnsupportedVersion] != 1 || byReason[jobs.ReasonInvalidJob] != len(invalid)-1 {
+		t.Errorf("reasons %v", byReason)
+	}
+	missing := 0
+	for _, a := range o.log() {
+		if a.path == "/missing" {
+			missing++
+		}
+		if strings.HasPrefix(a.path, "/v2") || a.path == "/tenant" || a.path == "/akey" || a.path == "/h" {
+			t.Errorf("invalid job fetched: %s", a.path)
+		}
+	}
+	if missing != 1 {
+		t.Errorf("/missing requested %d times, want 1", missing)
+	}
+}
+
+func TestShutdownHandsHeldJobsBack(t *testing.T) {
+	const ackWait = 30 * time.Second
+	e := newEnv(t, ackWait)
+	o := newOrigin(t)
+	// An hour between requests and an even longer HoldMax: every job but
+	// the first is held in memory, waiting for its slot.
+	r1 := e.start(testPacer(time.Hour, 2, nil, 0, nil), worker.Options{HoldMax: 2 * time.Hour, AckWait: ackWait})
+	const n = 20
+	var js []jobs.Job
+	for i := range n {
+		js = append(js, jobs.Job{ID: fmt.Sprint("s", i), URL: o.url(fmt.Sprint("/s/", i)), Target: fmt.Sprint("s/", i)})
+	}
+	e.publish(js...)
+	r1.f.waitFor(t, 1, nil, 10*time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := e.cons.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == n-1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jobs not held: pending %d, ack pending %d", info.NumPending, info.NumAckPending)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := counter(t, r1.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"}); got != n-1 {
+		t.Fatalf("held_jobs{queued} = %v, want %d", got, n-1)
+	}
+	stopped := time.Now()
+	r1.stop(t)
+	if d := time.Since(stopped); d > 5*time.Second {
+		t.Errorf("shutdown took %v", d)
+	}
+
+	// A second worker gets every held job at once, not after the ack wait.
+	r2 := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{AckWait: ackWait})
+	r2.f.waitFor(t, n-1, nil, ackWait/3)
+	e.waitDrained(10 * time.Second)
+	for _, f := range r2.f.snapshot() {
+		if f.Outcome != worker.OutcomeStored || f.Deliveries != 2 {
+			t.Errorf("second worker: %+v, want stored at the second delivery", f)
+		}
+	}
+	for i := range n {
+		e.checkStored(fmt.Sprint("s/", i), body(fmt.Sprint("/s/", i)))
+	}
+}
+
+func TestFloorHoldsAtTheOrigin(t *testing.T) {
+	const floor = 200 * time.Millisecond
+	e := newEnv(t, 30*time.Second)
+	a, b := newOrigin(t), newOrigin(t)
+	r := e.start(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8})
+	const per = 10
+	var js []jobs.Job
+	for i := range per {
+		for k, o := range []*origin{a, b} {
+			js = append(js, jobs.Job{ID: fmt.Sprint(k, "-", i), URL: o.url(fmt.Sprint("/f/", i)), Target: fmt.Sprint(k, "/", i)})
+		}
+	}
+	e.publish(js...)
+	r.f.waitFor(t, 2*per, isOutcome(worker.OutcomeStored), 30*time.Second)
+	for k, o := range []*origin{a, b} {
+		log := o.log()
+		if len(log) != per {
+			t.Fatalf("origin %d saw %d requests, want %d", k, len(log), per)
+		}
+		sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
+		// Arrival times are taken at the origin, as the politeness rule is
+		// about what the origin sees. The pacer spaces grants; a request
+		// leaves its slot a little after its grant, and loopback plus the
+		// server's accept and parse add a little more, so a correctly paced
+		// gap can look a few ms short when the earlier request was the
+		// slower one. The slack excuses only that: it is subtracted from the
+		// floor (never added to a measured gap, no outlier is dropped), and
+		// two requests sent together would still show a gap near zero.
+		const slack = 5 * time.Millisecond
+		minGap := time.Hour
+		defer func() { t.Logf("origin %d: smallest gap between request arrivals %v", k, minGap) }()
+		for i := 1; i < len(log); i++ {
+			gap := log[i].at.Sub(log[i-1].at)
+			minGap = min(minGap, gap)
+			if gap < floor-slack {
+				t.Errorf("origin %d: requests %d and %d arrived %v apart, floor %v", k, i-1, i, gap, floor)
+			}
+		}
+	}
+}
+
+func TestHeldJobsOutliveTheAckWait(t *testing.T) {
+	// Six jobs 700 ms apart on one authority take over 3 s in memory; the
+	// ack wait is 1.5 s. In-progress acks keep every job on its first
+	// delivery.
+	const ackWait = 1500 * time.Millisecond
+	e := newEnv(t, ackWait)
+	o := newOrigin(t)
+	r := e.start(testPacer(700*time.Millisecond, 1, nil, 0, nil), worker.Options{AckWait: ackWait, HoldMax: time.Minute})
+	var js []jobs.Job
+	for i := range 6 {
+		js = append(js, jobs.Job{ID: fmt.Sprint("hb", i), URL: o.url(fmt.Sprint("/hb/", i)), Target: fmt.Sprint("hb/", i)})
+	}
+	e.publish(js...)
+	r.f.waitFor(t, len(js), isOutcome(worker.OutcomeStored), 30*time.Second)
+	for _, f := range r.f.snapshot() {
+		if f.Deliveries != 1 {
+			t.Errorf("%s stored at delivery %d: its ack wait ran out while held", f.JobID, f.Deliveries)
+		}
+	}
+	if n := len(o.log()); n != len(js) {
+		t.Errorf("origin saw %d requests for %d jobs", n, len(js))
+	}
+}
+
+func TestRedirectToACoolingAuthorityDefers(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	from, to := newOrigin(t), newOrigin(t)
+	from.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		http.Redirect(w, r, to.url("/target"), http.StatusFound)
+		return true
+	})
+	p := testPacer(0, 2, nil, 0, nil)
+	// The redirect's authority is cooling for a minute.
+	pm, err := p.Acquire(time.Now(), to.auth, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Done(time.Now(), pm, pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"60"}}})
+	r := e.start(p, worker.Options{})
+	e.publish(jobs.Job{ID: "redir", URL: from.url("/start"), Target: "redir"})
+
+	deadline := time.Now().Add(10 * time.Second)
+	for counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("job not deferred")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := len(to.log()); n != 0 {
+		t.Errorf("cooling authority received %d requests", n)
+	}
+	if n := len(from.log()); n != 1 {
+		t.Errorf("first hop requested %d times, want 1", n)
+	}
+	if dl := e.deadLetters(); len(dl) != 0 {
+		t.Errorf("dead-lettered: %+v", dl)
+	}
+	if got := counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeRetried}); got != 0 {
+		t.Errorf("a deferral used the failure budget (retried = %v)", got)
+	}
+	info, err := e.cons.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 1 {
+		t.Errorf("ack pending %d, want the deferred job", info.NumAckPending)
+	}
+}
