@@ -3,10 +3,637 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	oklogrun "github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/admin"
+	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/replay"
+	"github.com/mirrorworker/mirrorworker/worker"
 )
 
-// cmdRun is not built yet: see issue 2. The file that implements it replaces this one.
-func cmdRun(_ context.Context, _ []string, _ func(string) string, _ io.Reader, _, _ io.Writer) error {
-	return errors.New("run: not implemented yet (issue 2)")
+// The concrete packages satisfy the worker's interfaces.
+var (
+	_ worker.Fetcher = (*fetch.Client)(nil)
+	_ worker.Target  = (*mirror.FileTarget)(nil)
+	_ worker.Pacer   = (*pacer.Pacer)(nil)
+)
+
+// startMessage is the message of the start line, which carries the NATS
+// URL, the mirror root and the admin URL: where a newcomer finds things, and
+// where tests find the ephemeral ports.
+const startMessage = "mirrorworker running"
+
+// runConfig is every flag of `mirrorworker run`.
+type runConfig struct {
+	nats           natsFlags
+	dataDir        string
+	embeddedListen string
+	target         string
+	adminAddr      string
+	workerID       string
+
+	concurrency   int
+	floor         time.Duration
+	maxInFlight   int
+	policy        string
+	allowPrivate  bool
+	maxBodySize   byteSize
+	connectTO     time.Duration
+	headerTO      time.Duration
+	idleTO        time.Duration
+	failureBudget int
+	ackWait       time.Duration
+	maxAckPending int
+	shutdownGrace time.Duration
+	jobsMaxAge    time.Duration
+	jobsMaxBytes  byteSize
+
+	logFormat string
+	logLevel  string
+
+	// explicit holds the flags given on the command line or in the
+	// environment: --floor and --max-in-flight override a policy file's
+	// default only when given.
+	explicit map[string]bool
+}
+
+func (c *runConfig) register(fs *flag.FlagSet) {
+	c.nats.register(fs, "NATS server URL(s) of an existing deployment; empty starts an embedded JetStream server")
+	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
+	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
+	fs.StringVar(&c.target, "target", "", "mirror target: file:///abs/dir or a directory (default file://<data-dir>/mirror)")
+	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:9090", "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer); port 0: any free port")
+	fs.StringVar(&c.workerID, "worker-id", "", "name of this worker in logs, events and NATS (default <hostname>-<pid>)")
+
+	fs.IntVar(&c.concurrency, "concurrency", 16, "fetch slots: requests in flight across all authorities")
+	fs.DurationVar(&c.floor, "floor", time.Second, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
+	fs.IntVar(&c.maxInFlight, "max-in-flight", 2, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
+	fs.StringVar(&c.policy, "policy", "", "policy file of per-authority floors and in-flight caps")
+	fs.BoolVar(&c.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
+	c.maxBodySize = 16 << 30
+	fs.Var(&c.maxBodySize, "max-body-size", "largest body stored, in bytes or with a unit (16GiB, 500MB)")
+	fs.DurationVar(&c.connectTO, "connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
+	fs.DurationVar(&c.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
+	fs.DurationVar(&c.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
+	fs.IntVar(&c.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
+	fs.DurationVar(&c.ackWait, "ack-wait", jobs.DefaultAckWait, "consumer AckWait: an unacknowledged job is redelivered after this")
+	fs.IntVar(&c.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, "consumer MaxAckPending: jobs delivered and not yet acknowledged, across all workers")
+	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
+	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
+	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream (0: unlimited)")
+
+	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or console")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
+}
+
+// explicitFlags names the flags given on the command line or in the
+// environment (parseFlags fills the latter without marking them as set).
+func explicitFlags(fs *flag.FlagSet, getenv func(string) string) map[string]bool {
+	set := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if getenv(envName(f.Name)) != "" {
+			set[f.Name] = true
+		}
+	})
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// check rejects flag values that cannot work, as usage errors (exit 2).
+func (c *runConfig) check() error {
+	var errs []string
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Sprintf(format, a...)) }
+	if c.dataDir == "" {
+		bad("--data-dir must not be empty")
+	}
+	if c.nats.url == "" && c.embeddedListen != "" {
+		if _, _, err := net.SplitHostPort(c.embeddedListen); err != nil {
+			bad("--embedded-listen %q: want host:port or empty", c.embeddedListen)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.adminAddr); err != nil {
+		bad("--admin-addr %q: want host:port", c.adminAddr)
+	}
+	if c.concurrency < 1 {
+		bad("--concurrency %d: want at least 1", c.concurrency)
+	}
+	if c.floor < 0 {
+		bad("--floor %s: want 0 or more", c.floor)
+	}
+	if c.maxInFlight < 1 {
+		bad("--max-in-flight %d: want at least 1", c.maxInFlight)
+	}
+	if c.maxBodySize <= 0 {
+		bad("--max-body-size %d: want more than 0", c.maxBodySize)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"connect-timeout", c.connectTO}, {"header-timeout", c.headerTO}, {"idle-timeout", c.idleTO}, {"ack-wait", c.ackWait}, {"jobs-max-age", c.jobsMaxAge}} {
+		if d.v <= 0 {
+			bad("--%s %s: want more than 0", d.name, d.v)
+		}
+	}
+	if c.shutdownGrace < 0 {
+		bad("--shutdown-grace %s: want 0 or more", c.shutdownGrace)
+	}
+	if c.failureBudget < 1 {
+		bad("--failure-budget %d: want at least 1", c.failureBudget)
+	}
+	if c.maxAckPending < 1 {
+		bad("--max-ack-pending %d: want at least 1", c.maxAckPending)
+	}
+	if c.jobsMaxBytes < 0 {
+		bad("--jobs-max-bytes %d: want 0 (unlimited) or more", c.jobsMaxBytes)
+	}
+	if c.logFormat != "json" && c.logFormat != "console" {
+		bad("--log-format %q: want json or console", c.logFormat)
+	}
+	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
+		bad("--log-level %q: want trace, debug, info, warn or error", c.logLevel)
+	}
+	if len(errs) > 0 {
+		return usageError{"run: " + strings.Join(errs, "; ")}
+	}
+	return nil
+}
+
+// cmdRun is `mirrorworker run`: the worker. It returns nil after a graceful
+// stop caused by ctx (SIGTERM, SIGINT).
+func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, _, stderr io.Writer) error {
+	var c runConfig
+	fs := newFlagSet("run", stderr)
+	c.register(fs)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mirrorworker run [flags]")
+		fmt.Fprintln(stderr)
+		fmt.Fprintln(stderr, "Pulls mirror jobs from JetStream, fetches each URL politely and stores it in the")
+		fmt.Fprintln(stderr, "mirror target. Without --nats-url it runs an embedded JetStream server under --data-dir.")
+		fmt.Fprintln(stderr, "Every flag can also be set from the environment: --data-dir is MIRRORWORKER_DATA_DIR.")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	c.explicit = explicitFlags(fs, getenv)
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("run: unexpected arguments %q", fs.Args())}
+	}
+	if err := c.check(); err != nil {
+		return err
+	}
+	log, err := newLogger(zerolog.SyncWriter(stderr), c.logFormat, c.logLevel)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	if c.workerID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "mirrorworker"
+		}
+		c.workerID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	log = log.With().Str("worker_id", c.workerID).Logger()
+	return runWorker(ctx, &c, log)
+}
+
+// runWorker checks everything that can be checked without NATS (data dir,
+// target, policy, admin port, embedded port) before anything starts, so that
+// a mistake is one clear error; then it runs the admin endpoint and the
+// pipeline in one group until ctx is cancelled.
+func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
+	dataDir, err := filepath.Abs(c.dataDir)
+	if err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if err := checkWritableDir(dataDir); err != nil {
+		return fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
+	}
+	targetSpec := c.target
+	if targetSpec == "" {
+		targetSpec = "file://" + filepath.Join(dataDir, "mirror")
+	}
+	target, err := mirror.Open(targetSpec)
+	if err != nil {
+		return fmt.Errorf("%w (pass --target)", err)
+	}
+	mirrorRoot := target.Root()
+	if err := checkWritableDir(filepath.Join(mirrorRoot, ".mirrorworker")); err != nil {
+		return fmt.Errorf("mirror target %s: %w (pass --target)", mirrorRoot, err)
+	}
+
+	policy, err := c.pacerPolicy()
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// The admin endpoint is bound before anything starts, so that a port in
+	// use is one clear error.
+	var state atomic.Pointer[liveState]
+	adm, err := admin.Listen(c.adminAddr, admin.New(&admin.Options{
+		Gatherer: reg,
+		Ready: func() error {
+			s := state.Load()
+			if s == nil {
+				return errors.New("starting: connecting to NATS and binding the consumer")
+			}
+			return s.ready()
+		},
+		Pacer: func() []pacer.State {
+			if s := state.Load(); s != nil {
+				return s.pacer.Snapshot(clock.Real{}.Now())
+			}
+			return nil
+		},
+		Logger: log,
+	}))
+	if err != nil {
+		return fmt.Errorf("%w (pass --admin-addr)", err)
+	}
+	defer adm.Close()
+	log.Debug().Str("admin_url", adm.URL()).Msg("admin endpoint listening")
+
+	// The embedded server starts here, before the group: it is local, so a
+	// failure (port in use, store not writable) is reported at once.
+	var embedded *broker.Embedded
+	if c.nats.url == "" {
+		if c.embeddedListen != "" {
+			if err := checkPortFree(c.embeddedListen); err != nil {
+				return fmt.Errorf("embedded NATS %s: %w (is another mirrorworker or nats-server running? pass --embedded-listen or --nats-url)", c.embeddedListen, err)
+			}
+		}
+		embedded, err = broker.StartEmbedded(broker.EmbeddedOptions{
+			StoreDir: filepath.Join(dataDir, "nats"),
+			Listen:   c.embeddedListen,
+		})
+		if err != nil {
+			return err
+		}
+		defer embedded.Shutdown() // after the group: the worker acks until its last job
+	} else if c.explicit["embedded-listen"] {
+		log.Warn().Msg("--embedded-listen is ignored with --nats-url")
+	}
+
+	p := &pipeline{
+		c: c, log: log, reg: reg, target: target, policy: policy,
+		embedded: embedded, state: &state,
+		startFields: func(e *zerolog.Event) *zerolog.Event {
+			e = e.Str("mirror", mirrorRoot).Str("admin_url", adm.URL())
+			if embedded != nil {
+				e = e.Str("nats_store", filepath.Join(dataDir, "nats"))
+			}
+			return e
+		},
+	}
+
+	// One run group owns every long-running part; the first to return stops
+	// the others. The process context (SIGTERM, SIGINT) is one of them.
+	var (
+		g       oklogrun.Group
+		pipeErr error // set by the pipeline actor before it returns
+	)
+	{
+		stop, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			<-stop.Done()
+			return nil
+		}, func(error) { cancel() })
+	}
+	{
+		// The admin endpoint serves from the start, so /healthz answers and
+		// /readyz says why not while NATS is being reached.
+		actx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error {
+			if err := adm.Run(actx); err != nil {
+				return err
+			}
+			return errors.New("admin endpoint stopped")
+		}, func(error) { cancel() })
+	}
+	{
+		pctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error {
+			pipeErr = p.run(pctx)
+			if pipeErr == nil && pctx.Err() == nil {
+				pipeErr = errors.New("worker stopped on its own")
+			}
+			return pipeErr
+		}, func(error) { cancel() })
+	}
+	err = g.Run()
+	if ctx.Err() != nil {
+		// Asked to stop: the stop is graceful unless the worker failed,
+		// including while stopping.
+		if pipeErr != nil {
+			return pipeErr
+		}
+		log.Info().Msg("mirrorworker stopped")
+		return nil
+	}
+	return err
+}
+
+// pipeline is the part of the worker that needs NATS: streams, consumer,
+// pacer, fetcher and the consume loop. It runs as one actor of run's group.
+type pipeline struct {
+	c        *runConfig
+	log      zerolog.Logger
+	reg      *prometheus.Registry
+	target   *mirror.FileTarget
+	policy   *pacer.Policy
+	embedded *broker.Embedded // nil: join c.nats.url
+	state    *atomic.Pointer[liveState]
+	// startFields adds what the start line tells a newcomer beyond NATS.
+	startFields func(*zerolog.Event) *zerolog.Event
+}
+
+// run connects, wires and runs the worker until ctx is cancelled, then stops
+// it gracefully. It returns nil after a stop asked for by ctx, even one
+// during start-up.
+func (p *pipeline) run(ctx context.Context) error {
+	c, log := p.c, p.log
+	name := "mirrorworker " + c.workerID
+	var (
+		nc      *nats.Conn
+		natsURL string
+		err     error
+	)
+	if p.embedded != nil {
+		natsURL = p.embedded.ClientURL()
+		nc, err = p.embedded.Connect(name, natsLogHandlers(log)...)
+	} else {
+		natsURL = redactedURLs(c.nats.url)
+		log.Info().Str("nats_url", natsURL).Msg("connecting to NATS")
+		nc, err = c.nats.connect(ctx, name, natsLogHandlers(log)...)
+	}
+	if err != nil {
+		return stoppedOr(ctx, err)
+	}
+	defer func() {
+		// The acks and NAKs of the last jobs may still be buffered.
+		if err := nc.FlushTimeout(5 * time.Second); err != nil {
+			log.Warn().Err(err).Msg("flush NATS at exit")
+		}
+		nc.Close()
+	}()
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{
+		JobsMaxAge:   c.jobsMaxAge,
+		JobsMaxBytes: int64(c.jobsMaxBytes),
+	}); err != nil {
+		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", err))
+	}
+	cons, err := jobs.EnsureConsumer(ctx, js, &jobs.ConsumerOptions{
+		AckWait:       c.ackWait,
+		MaxAckPending: c.maxAckPending,
+	})
+	if err != nil {
+		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", err))
+	}
+
+	// One Metrics for the worker and the event sink, so one registry
+	// serves both.
+	metrics, err := worker.NewMetrics(p.reg, 0)
+	if err != nil {
+		return err
+	}
+	sink := worker.NewEventSink(js, log, metrics)
+	pc := pacer.New(&pacer.Options{Policy: p.policy, Logger: log, OnEvent: sink.Handle})
+	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
+		return err
+	}
+	// Cold start: come up with the cooldowns and intervals this worker (or
+	// another) learned recently, so a restart is never ruder than before.
+	// Starting without them would be, so a read error is fatal.
+	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
+		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
+	}
+	fc := fetch.New(&fetch.Options{
+		ConnectTimeout:        c.connectTO,
+		TLSHandshakeTimeout:   c.connectTO,
+		ResponseHeaderTimeout: c.headerTO,
+		IdleTimeout:           c.idleTO,
+		MaxBodySize:           int64(c.maxBodySize),
+		AllowPrivate:          c.allowPrivate,
+		UserAgent:             fetch.UserAgent(version),
+	})
+	defer fc.CloseIdleConnections()
+	w, err := worker.New(worker.Deps{JS: js, Consumer: cons, Fetcher: fc, Target: p.target, Pacer: pc}, &worker.Options{
+		Concurrency:   c.concurrency,
+		FailureBudget: c.failureBudget,
+		AckWait:       c.ackWait,
+		ShutdownGrace: c.shutdownGrace,
+		WorkerID:      c.workerID,
+		Clock:         clock.Real{},
+		Logger:        log,
+		Metrics:       metrics,
+	})
+	if err != nil {
+		return err
+	}
+	p.state.Store(&liveState{pacer: pc, ready: func() error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("NATS connection %s", strings.ToLower(nc.Status().String()))
+		}
+		return w.Ready()
+	}})
+
+	ev := p.startFields(log.Info())
+	switch {
+	case p.embedded == nil:
+		ev = ev.Str("nats_url", natsURL)
+	case natsURL == "":
+		ev = ev.Str("nats_url", "in-process only (--embedded-listen is empty)")
+	default:
+		ev = ev.Str("nats_url", natsURL).Str("enqueue", "mirrorworker enqueue --nats-url "+natsURL+" URL...")
+	}
+	ev.Int("concurrency", c.concurrency).Str("floor", c.floor.String()).Msg(startMessage)
+
+	// The worker and the event sink. The worker's context is cancelled by
+	// the group's interrupt; that starts its graceful stop (stop pulling,
+	// finish or hand back in-flight jobs within --shutdown-grace). The sink
+	// stops only after the worker, so that pacer facts learned during the
+	// grace period are still published.
+	var g oklogrun.Group
+	wctx, stopWorker := context.WithCancel(context.Background())
+	sctx, stopSink := context.WithCancel(context.Background())
+	{
+		stop, cancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			<-stop.Done()
+			return nil
+		}, func(error) { cancel() })
+	}
+	g.Add(func() error {
+		defer stopSink()
+		if err := w.Run(wctx); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		if wctx.Err() == nil {
+			return errors.New("worker: stopped on its own")
+		}
+		return nil
+	}, func(error) { stopWorker() })
+	g.Add(func() error {
+		return sink.Run(sctx)
+	}, func(error) { stopWorker() }) // sctx ends when the worker has stopped
+	if err := g.Run(); err != nil {
+		return err
+	}
+	if ctx.Err() == nil {
+		return errors.New("worker stopped on its own")
+	}
+	return nil
+}
+
+// pacerPolicy is the policy file (if any) with the default floor and cap
+// from the flags: a flag's default yields to the file's "default" entry, a
+// flag given explicitly wins over it.
+func (c *runConfig) pacerPolicy() (*pacer.Policy, error) {
+	p := pacer.DefaultPolicy()
+	if c.policy != "" {
+		var err error
+		if p, err = pacer.LoadPolicy(c.policy); err != nil {
+			return nil, fmt.Errorf("--policy: %w", err)
+		}
+	}
+	if c.policy == "" || c.explicit["floor"] {
+		p = p.WithDefaultFloor(c.floor)
+	}
+	if c.policy == "" || c.explicit["max-in-flight"] {
+		q := *p
+		q.Default.MaxInFlight = c.maxInFlight
+		p = &q
+	}
+	return p, nil
+}
+
+// liveState is what the admin endpoint reads once the worker is wired.
+type liveState struct {
+	pacer *pacer.Pacer
+	ready func() error
+}
+
+// stoppedOr returns nil when ctx was cancelled (a stop asked for during
+// start-up is not an error), else err.
+func stoppedOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// natsLogHandlers reports connection trouble, which the worker otherwise
+// only sees as stalled pulls.
+func natsLogHandlers(log zerolog.Logger) []nats.Option {
+	return []nats.Option{
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: our own Close at exit
+				log.Warn().Err(err).Msg("NATS disconnected")
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info().Str("nats_url", redactedURLs(nc.ConnectedUrl())).Msg("NATS reconnected")
+		}),
+	}
+}
+
+// checkWritableDir creates dir if needed and proves a file can be created
+// in it, so that a read-only or foreign directory fails before start-up
+// rather than at the first job.
+func checkWritableDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".mirrorworker-write-check-*")
+	if err != nil {
+		return fmt.Errorf("not writable: %w", err)
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
+}
+
+// checkPortFree reports an address in use. The embedded server would only
+// time out on one, which tells the operator nothing.
+func checkPortFree(addr string) error {
+	if _, port, _ := net.SplitHostPort(addr); port == "0" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return ln.Close()
+}
+
+// redactedURLs drops userinfo from a comma-separated list of server URLs.
+func redactedURLs(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			u.User = nil
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// byteSize is a flag of bytes: a plain integer or one with a unit
+// (KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).
+type byteSize int64
+
+func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+
+func (b *byteSize) Set(s string) error {
+	s = strings.TrimSpace(s)
+	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	unit := strings.TrimSpace(s[len(num):])
+	mult, ok := map[string]int64{
+		"": 1, "B": 1,
+		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+		"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+	}[unit]
+	if !ok {
+		return fmt.Errorf("unit %q: want B, KB, MB, GB, TB, KiB, MiB, GiB or TiB", unit)
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q: want a number of bytes, e.g. 16GiB", s)
+	}
+	if n > 0 && n > (1<<63-1)/mult {
+		return fmt.Errorf("%q: too large", s)
+	}
+	*b = byteSize(n * mult)
+	return nil
 }

@@ -1,0 +1,175 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mirrorworker/mirrorworker/admin"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+func get(t *testing.T, h http.Handler, path string) (int, http.Header, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Header(), rec.Body.String()
+}
+
+func TestHealthzAndReadyz(t *testing.T) {
+	var readyErr error = errors.New("consumer not bound")
+	h := admin.New(&admin.Options{Ready: func() error { return readyErr }})
+
+	tests := []struct {
+		name     string
+		path     string
+		ready    error
+		wantCode int
+		wantBody string
+	}{
+		{name: "healthz while not ready", path: "/healthz", ready: errors.New("x"), wantCode: 200, wantBody: "ok"},
+		{name: "readyz not ready says why", path: "/readyz", ready: errors.New("consumer not bound"), wantCode: 503, wantBody: "consumer not bound"},
+		{name: "readyz ready", path: "/readyz", ready: nil, wantCode: 200, wantBody: "ready"},
+		{name: "healthz when ready", path: "/healthz", ready: nil, wantCode: 200, wantBody: "ok"},
+		{name: "unknown path", path: "/nope", ready: nil, wantCode: 404},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			readyErr = tt.ready
+			code, _, body := get(t, h, tt.path)
+			if code != tt.wantCode {
+				t.Fatalf("GET %s = %d, want %d (body %q)", tt.path, code, tt.wantCode, body)
+			}
+			if !strings.Contains(body, tt.wantBody) {
+				t.Errorf("GET %s body %q, want it to contain %q", tt.path, body, tt.wantBody)
+			}
+		})
+	}
+}
+
+func TestNilOptions(t *testing.T) {
+	h := admin.New(nil)
+	if code, _, _ := get(t, h, "/healthz"); code != 200 {
+		t.Errorf("healthz = %d, want 200", code)
+	}
+	if code, _, _ := get(t, h, "/readyz"); code != 503 {
+		t.Errorf("readyz without a readiness func = %d, want 503", code)
+	}
+	code, _, body := get(t, h, "/debug/pacer")
+	if code != 200 || strings.TrimSpace(body) != "[]" {
+		t.Errorf("debug/pacer = %d %q, want 200 []", code, body)
+	}
+	if code, _, _ := get(t, h, "/metrics"); code != 200 {
+		t.Errorf("metrics = %d, want 200", code)
+	}
+}
+
+func TestMetricsServesInjectedGatherer(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "mirrorworker_jobs_total", Help: "jobs"}, []string{"outcome"})
+	reg.MustRegister(c)
+	c.WithLabelValues("stored").Add(3)
+
+	code, _, body := get(t, admin.New(&admin.Options{Gatherer: reg}), "/metrics")
+	if code != 200 {
+		t.Fatalf("metrics = %d", code)
+	}
+	if !strings.Contains(body, `mirrorworker_jobs_total{outcome="stored"} 3`) {
+		t.Errorf("metrics body lacks the counter:\n%s", body)
+	}
+	if strings.Contains(body, "go_goroutines") {
+		t.Errorf("metrics served something other than the injected registry")
+	}
+}
+
+func TestDebugPacer(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	states := []pacer.State{
+		{Authority: "a.example:443", State: "cooling", Floor: time.Second, Interval: 4 * time.Second, CooldownUntil: t0.Add(time.Minute), InFlight: 0, MaxInFlight: 2},
+		{Authority: "b.example:80", State: "probing", Floor: 0, Interval: time.Second, Probing: true, InFlight: 1, MaxInFlight: 2},
+	}
+	h := admin.New(&admin.Options{Pacer: func() []pacer.State { return states }})
+	code, hdr, body := get(t, h, "/debug/pacer")
+	if code != 200 {
+		t.Fatalf("debug/pacer = %d", code)
+	}
+	if ct := hdr.Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type %q", ct)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatalf("not a JSON array: %v\n%s", err, body)
+	}
+	if len(got) != 2 {
+		t.Fatalf("got %d objects, want 2", len(got))
+	}
+	for _, k := range []string{"authority", "floor_ns", "interval_ns", "cooldown_until", "probing", "in_flight"} {
+		if _, ok := got[0][k]; !ok {
+			t.Errorf("object lacks %q: %v", k, got[0])
+		}
+	}
+	if got[0]["cooldown_until"] != "2026-01-02T03:05:05Z" || got[1]["probing"] != true || got[1]["in_flight"] != float64(1) {
+		t.Errorf("unexpected values: %s", body)
+	}
+}
+
+func TestServerBindsEarlyAndStopsOnCancel(t *testing.T) {
+	s, err := admin.Listen("127.0.0.1:0", admin.New(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second bind on the same port must fail at Listen, before anything runs.
+	if s2, err := admin.Listen(s.Addr().String(), admin.New(nil)); err == nil {
+		s2.Close()
+		t.Fatalf("second Listen on %s succeeded, want address in use", s.Addr())
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+
+	resp, err := http.Get(s.URL() + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != "ok" {
+		t.Fatalf("healthz = %d %q", resp.StatusCode, b)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if _, err := http.Get(s.URL() + "/healthz"); err == nil {
+		t.Error("server still answers after Run returned")
+	}
+}
+
+func Example() {
+	reg := prometheus.NewRegistry()
+	h := admin.New(&admin.Options{
+		Gatherer: reg,
+		Ready:    func() error { return nil },
+		Pacer:    func() []pacer.State { return nil },
+	})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	fmt.Println(rec.Code, strings.TrimSpace(rec.Body.String()))
+	// Output: 200 ready
+}

@@ -1,0 +1,343 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func noEnv(string) string { return "" }
+
+// runInProcess starts `mirrorworker run args...` in this process and returns
+// its start line, its log and a channel with run's result.
+func runInProcess(t *testing.T, ctx context.Context, args ...string) (startInfo, *logWatch, <-chan error) {
+	t.Helper()
+	log := newLogWatch()
+	done := make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		err := run(ctx, append([]string{"run"}, args...), noEnv, strings.NewReader(""), io.Discard, log)
+		done <- err
+		close(exited)
+	}()
+	return log.waitStart(t, exited), log, done
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// TestRunInProcess runs the worker with its embedded JetStream on ephemeral
+// ports, feeds it jobs for a loopback origin, checks the admin endpoint and
+// stops it by cancelling the context.
+func TestRunInProcess(t *testing.T) {
+	const n = 12
+	origin := newObjectOrigin(t)
+	dataDir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	si, log, done := runInProcess(t, ctx,
+		"--data-dir", dataDir,
+		"--embedded-listen", "127.0.0.1:0",
+		"--admin-addr", "127.0.0.1:0",
+		"--allow-private-networks",
+		"--floor", "0",
+		"--max-in-flight", "4",
+		"--concurrency", "4",
+		"--worker-id", "test-worker",
+	)
+	if !strings.HasPrefix(si.NATSURL, "nats://127.0.0.1:") || !strings.HasPrefix(si.AdminURL, "http://127.0.0.1:") {
+		t.Fatalf("start line lacks the addresses: %+v", si)
+	}
+	if want := filepath.Join(dataDir, "mirror"); si.Mirror != want {
+		t.Errorf("mirror root %q, want %q", si.Mirror, want)
+	}
+
+	// Jobs arrive the way a newcomer sends them: the enqueue subcommand
+	// against the embedded server's address from the start line.
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, `{"url":%q,"target":%q}`+"\n", fmt.Sprintf("%s/obj/%d", origin.URL, i), objectKey(i))
+	}
+	var out, errOut strings.Builder
+	if err := run(ctx, []string{"enqueue", "--nats-url", si.NATSURL}, noEnv, strings.NewReader(lines.String()), &out, &errOut); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), strconv.Itoa(n)) {
+		t.Errorf("enqueue output %q does not report %d jobs", out.String(), n)
+	}
+	waitDrained(t, si.NATSURL, si.Mirror, n, 30*time.Second, log)
+
+	if code, body := httpGet(t, si.AdminURL+"/healthz"); code != 200 {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	waitFor(t, 10*time.Second, "/readyz 200", func() bool {
+		code, _ := httpGet(t, si.AdminURL+"/readyz")
+		return code == 200
+	})
+	_, metrics := httpGet(t, si.AdminURL+"/metrics")
+	for _, name := range []string{
+		"mirrorworker_jobs_total",
+		"mirrorworker_upstream_requests_total",
+		"mirrorworker_job_duration_seconds",
+		"mirrorworker_fetched_bytes_total",
+		"mirrorworker_pacer_authorities",
+		"mirrorworker_inflight",
+	} {
+		if !strings.Contains(metrics, "\n"+name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	if !strings.Contains(metrics, `mirrorworker_jobs_total{outcome="stored"} 12`) {
+		t.Errorf("/metrics does not count %d stored jobs:\n%s", n, grepLines(metrics, "mirrorworker_jobs_total"))
+	}
+
+	code, body := httpGet(t, si.AdminURL+"/debug/pacer")
+	var states []map[string]any
+	if err := json.Unmarshal([]byte(body), &states); code != 200 || err != nil {
+		t.Fatalf("/debug/pacer = %d %v:\n%s", code, err, body)
+	}
+	originAuth := strings.TrimPrefix(origin.URL, "http://")
+	var found bool
+	for _, s := range states {
+		if s["authority"] == originAuth {
+			found = true
+			for _, k := range []string{"floor_ns", "interval_ns", "probing", "in_flight"} {
+				if _, ok := s[k]; !ok {
+					t.Errorf("/debug/pacer entry lacks %q: %v", k, s)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("/debug/pacer does not track %s:\n%s", originAuth, body)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run after cancel = %v, want nil; log:\n%s", err, log)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("run did not return after cancel; log:\n%s", log)
+	}
+	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(si.AdminURL, "http://"), time.Second); err == nil {
+		c.Close()
+		t.Errorf("admin endpoint still listening after run returned")
+	}
+	checkMeta(t, si.Mirror, origin, n)
+}
+
+func grepLines(s, substr string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, substr) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestRunRejectsBadInput: mistakes are caught before anything starts, with
+// a message naming the flag, and usage mistakes exit 2.
+func TestRunRejectsBadInput(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	aFile := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(aFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name     string
+		args     []string
+		env      map[string]string
+		wantCode int // 2: usage error; 1: other
+		wantMsg  string
+	}{
+		{name: "unknown flag", args: []string{"--bogus"}, wantCode: 2, wantMsg: "bogus"},
+		{name: "stray argument", args: []string{"extra"}, wantCode: 2, wantMsg: "unexpected arguments"},
+		{name: "concurrency zero", args: []string{"--concurrency", "0"}, wantCode: 2, wantMsg: "--concurrency"},
+		{name: "negative floor", args: []string{"--floor", "-1s"}, wantCode: 2, wantMsg: "--floor"},
+		{name: "log format", args: []string{"--log-format", "xml"}, wantCode: 2, wantMsg: "--log-format"},
+		{name: "log level", args: []string{"--log-level", "loud"}, wantCode: 2, wantMsg: "--log-level"},
+		{name: "body size unit", args: []string{"--max-body-size", "12XB"}, wantCode: 2, wantMsg: "max-body-size"},
+		{name: "admin address", args: []string{"--admin-addr", "9090"}, wantCode: 2, wantMsg: "--admin-addr"},
+		{name: "bad env value", env: map[string]string{"MIRRORWORKER_CONCURRENCY": "many"}, wantCode: 2, wantMsg: "MIRRORWORKER_CONCURRENCY"},
+		{name: "target scheme", args: []string{"--target", "s3://bucket/x"}, wantCode: 1, wantMsg: "--target"},
+		{name: "data dir is a file", args: []string{"--data-dir", aFile}, wantCode: 1, wantMsg: "--data-dir"},
+		{name: "admin port in use", args: []string{"--admin-addr", busy.Addr().String()}, wantCode: 1, wantMsg: "--admin-addr"},
+		{name: "embedded port in use", args: []string{"--embedded-listen", busy.Addr().String()}, wantCode: 1, wantMsg: "--embedded-listen"},
+		{name: "missing policy file", args: []string{"--policy", filepath.Join(t.TempDir(), "none.json")}, wantCode: 1, wantMsg: "policy"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := []string{"run", "--data-dir", t.TempDir(), "--admin-addr", "127.0.0.1:0", "--embedded-listen", ""}
+			args = append(args, tt.args...)
+			getenv := func(k string) string { return tt.env[k] }
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			var stderr strings.Builder
+			err := run(ctx, args, getenv, strings.NewReader(""), io.Discard, &stderr)
+			if err == nil {
+				t.Fatalf("run %q succeeded, want an error", tt.args)
+			}
+			code := 1
+			var ec exitCoder
+			if errors.As(err, &ec) {
+				code = ec.ExitCode()
+			}
+			if code != tt.wantCode {
+				t.Errorf("exit code %d, want %d (error %v)", code, tt.wantCode, err)
+			}
+			if msg := err.Error() + stderr.String(); !strings.Contains(msg, tt.wantMsg) {
+				t.Errorf("error %q (stderr %q) does not mention %q", err, stderr.String(), tt.wantMsg)
+			}
+		})
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    int64
+		wantErr bool
+	}{
+		{in: "0", want: 0},
+		{in: "1024", want: 1024},
+		{in: "16GiB", want: 16 << 30},
+		{in: "500MB", want: 500e6},
+		{in: "3 KiB", want: 3 << 10},
+		{in: "7B", want: 7},
+		{in: "GiB", wantErr: true},
+		{in: "1.5GiB", wantErr: true},
+		{in: "10XB", wantErr: true},
+		{in: "-1", wantErr: true},
+		{in: "9000000TiB", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			var b byteSize
+			err := b.Set(tt.in)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("Set(%q) error %v, wantErr %v", tt.in, err, tt.wantErr)
+			}
+			if err == nil && int64(b) != tt.want {
+				t.Errorf("Set(%q) = %d, want %d", tt.in, b, tt.want)
+			}
+		})
+	}
+}
+
+// TestPacerPolicyPrecedence: --floor and --max-in-flight apply when there is
+// no policy file, yield to the file's default when left at their defaults,
+// and win when given explicitly; per-authority entries always stay.
+func TestPacerPolicyPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "policy.json")
+	policyJSON := `{"default":{"floor":"3s","max_in_flight":5},"authorities":{"slow.example:443":{"floor":"10s","max_in_flight":1}}}`
+	if err := os.WriteFile(file, []byte(policyJSON), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name         string
+		args         []string
+		env          map[string]string
+		wantFloor    time.Duration
+		wantInFlight int
+	}{
+		{name: "flag defaults, no file", wantFloor: time.Second, wantInFlight: 2},
+		{name: "flags, no file", args: []string{"--floor", "0", "--max-in-flight", "8"}, wantFloor: 0, wantInFlight: 8},
+		{name: "file default wins over flag defaults", args: []string{"--policy", file}, wantFloor: 3 * time.Second, wantInFlight: 5},
+		{name: "explicit flags win over the file", args: []string{"--policy", file, "--floor", "250ms", "--max-in-flight", "1"}, wantFloor: 250 * time.Millisecond, wantInFlight: 1},
+		{name: "environment counts as explicit", args: []string{"--policy", file}, env: map[string]string{"MIRRORWORKER_FLOOR": "0s"}, wantFloor: 0, wantInFlight: 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c runConfig
+			fs := newFlagSet("run", io.Discard)
+			c.register(fs)
+			if err := parseFlags(fs, tt.args, func(k string) string { return tt.env[k] }); err != nil {
+				t.Fatal(err)
+			}
+			c.explicit = explicitFlags(fs, func(k string) string { return tt.env[k] })
+			p, err := c.pacerPolicy()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.Limits("any.example:443"); got.Floor != tt.wantFloor || got.MaxInFlight != tt.wantInFlight {
+				t.Errorf("default limits %+v, want floor %s cap %d", got, tt.wantFloor, tt.wantInFlight)
+			}
+			if c.policy != "" {
+				if got := p.Limits("slow.example:443"); got.Floor != 10*time.Second || got.MaxInFlight != 1 {
+					t.Errorf("per-authority limits %+v, want the file's 10s and 1", got)
+				}
+			}
+		})
+	}
+}
+
+// TestRunAdminServesWhileConnecting: with a NATS URL that does not answer
+// yet, the admin endpoint is already up: /healthz 200, /readyz 503 with the
+// reason; cancelling stops the command cleanly.
+func TestRunAdminServesWhileConnecting(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadNATS := "nats://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := newLogWatch()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"run", "--nats-url", deadNATS, "--data-dir", t.TempDir(),
+			"--admin-addr", "127.0.0.1:0", "--log-level", "debug"}, noEnv, strings.NewReader(""), io.Discard, log)
+	}()
+	var adminURL string
+	waitFor(t, 10*time.Second, "the admin endpoint line", func() bool {
+		adminURL = log.field("admin endpoint listening", "admin_url")
+		return adminURL != ""
+	})
+	if code, body := httpGet(t, adminURL+"/healthz"); code != 200 {
+		t.Errorf("/healthz while connecting = %d %q, want 200", code, body)
+	}
+	if code, body := httpGet(t, adminURL+"/readyz"); code != 503 || !strings.Contains(body, "connecting") {
+		t.Errorf("/readyz while connecting = %d %q, want 503 saying it is connecting", code, body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run cancelled while connecting = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("run did not return after cancel; log:\n%s", log)
+	}
+}
