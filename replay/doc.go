@@ -1,0 +1,23 @@
+// Package replay re-drives what is already in JetStream: the jobs of
+// MIRROR_JOBS, into a mirror target again, and the pacer facts of
+// MIRROR_EVENTS, into a fresh pacer at a cold start.
+//
+// It provides:
+//
+//   - job replay (Run): an ephemeral consumer on MIRROR_JOBS from the
+//     beginning, a stream sequence or a time (Start), narrowed by tenant and
+//     authority (Filter), handed to the caller's worker; Run returns once
+//     every job stored up to the stream's last sequence at the start has been
+//     handled, reporting progress on the way;
+//   - dry runs (Count): how many jobs a replay would re-drive, per authority
+//     key, without fetching anything;
+//   - cold start (RestorePacer): the recent pacer facts applied, in order, to
+//     a new pacer, so that a restarted worker owes every origin the pauses
+//     and intervals it owed before.
+//
+// It does not fetch, store or pace: a replay runs the same worker, pacer and
+// mirror target as live jobs (cmd/mirrorworker wires them), so it is never a
+// politeness bypass. It does not publish jobs either; the replayed jobs are
+// the messages already in the stream. Like every package in this module it is
+// not a stable public API.
+package replay

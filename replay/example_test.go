@@ -1,0 +1,54 @@
+package replay_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/replay"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+)
+
+func ExampleParseStart() {
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, args := range [][3]string{{"", "", ""}, {"52000", "", ""}, {"", "7d", ""}, {"", "", "2026-11-29T08:00:00Z"}, {"1", "24h", ""}} {
+		s, err := replay.ParseStart(args[0], args[1], args[2], now)
+		if err != nil {
+			fmt.Println("error:", err)
+			continue
+		}
+		fmt.Println(s)
+	}
+	// Output:
+	// from the beginning
+	// from sequence 52000
+	// since 168h0m0s
+	// from 2026-11-29T08:00:00Z
+	// error: start: --from-seq and --since are mutually exclusive: give one
+}
+
+func ExampleFilter_Subjects() {
+	a, _ := replay.ParseAuthority("https://files.example.org/pub/a.tgz")
+	b, _ := replay.ParseAuthority("mirror.example.net:8443")
+	f := replay.Filter{Tenants: []string{"acme"}, Authorities: []authority.Authority{a, b}}
+	subjects, _ := f.Subjects()
+	fmt.Println(subjects)
+	// Output:
+	// [mirror.jobs.acme.files_example_org_443 mirror.jobs.acme.mirror_example_net_8443]
+}
+
+// The worker restores its pacer before it takes its first job.
+func ExampleRestorePacer() {
+	var js jetstream.JetStream // connected to the deployment's NATS
+	ctx := context.Background()
+	p := pacer.New(nil)
+	n, err := replay.RestorePacer(ctx, js, p, replay.RestoreOptions{Logger: zerolog.Nop()})
+	if err != nil {
+		return // cannot read MIRROR_EVENTS: do not start ruder than before
+	}
+	_ = n // facts applied; RestorePacer also logs them
+	// ... start the worker with p
+}

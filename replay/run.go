@@ -1,0 +1,216 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/rs/zerolog"
+)
+
+// Work runs a worker on the replay consumer c until ctx is cancelled. Run
+// cancels ctx once the replay is complete; Work should then hand back what
+// it still holds and return nil (or ctx's error).
+type Work func(ctx context.Context, c jetstream.Consumer) error
+
+// Options configure Run. A nil *Options and every zero field mean the
+// defaults.
+type Options struct {
+	// Start is where in MIRROR_JOBS to begin; zero is the beginning.
+	Start Start
+	// Subjects filter the jobs (Filter.Subjects); empty means every job.
+	Subjects []string
+	// Consumer gives AckWait and MaxAckPending, as for the live consumer;
+	// its Durable and FilterSubjects are not used.
+	Consumer *jobs.ConsumerOptions
+	// Progress is told how many jobs are handled; nil shows nothing.
+	Progress Progress
+	// Poll is how often the consumer is asked how far it is; default 250 ms.
+	Poll time.Duration
+	// Clock times the polls; nil means the wall clock.
+	Clock clock.Clock
+	// Logger gets the start and end lines; the zero Logger discards.
+	Logger zerolog.Logger
+}
+
+// Result says what Run did.
+type Result struct {
+	// Consumer is the name of the ephemeral replay consumer.
+	Consumer string
+	// LastSeq is the stream's last sequence when the replay began: every
+	// selected job up to it was handled.
+	LastSeq uint64
+	// Jobs is how many jobs the consumer had to deliver when it was created.
+	Jobs int64
+	// Elapsed is the time from the consumer's creation to the end.
+	Elapsed time.Duration
+}
+
+// infoPatience is how long Run keeps asking a consumer that does not
+// answer before it gives up.
+const infoPatience = time.Minute
+
+// InactiveThreshold is how long the server keeps a replay consumer nobody
+// pulls from: a replay that dies leaves nothing behind for long.
+const InactiveThreshold = 5 * time.Minute
+
+// ConsumerConfig returns the configuration of the ephemeral replay consumer
+// named name: the live consumer's (explicit acks, unlimited deliveries, its
+// AckWait and MaxAckPending) from start through subjects, replay started at
+// now.
+func ConsumerConfig(name string, start Start, subjects []string, co *jobs.ConsumerOptions, now time.Time) jetstream.ConsumerConfig {
+	var o jobs.ConsumerOptions
+	if co != nil {
+		o = *co
+	}
+	o.Durable = name
+	o.FilterSubjects = subjects
+	cfg := jobs.ConsumerConfig(&o)
+	cfg.Durable = "" // ephemeral: removed once idle for InactiveThreshold
+	cfg.Name = name
+	cfg.Description = "mirrorworker replay " + start.String()
+	cfg.InactiveThreshold = InactiveThreshold
+	cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = start.deliver(now)
+	return cfg
+}
+
+// Run replays jobs: it creates an ephemeral consumer on MIRROR_JOBS for
+// o.Start and o.Subjects, runs work on it, and returns once every selected
+// job stored up to the stream's last sequence at the start has been handled
+// (stored, found unchanged, or dead-lettered), or when ctx is done (with
+// ctx's error). Jobs stored after the start may be handled too, but are not
+// waited for. The consumer is deleted before Run returns.
+func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Result, error) {
+	if o == nil {
+		o = &Options{}
+	}
+	if err := o.Start.Validate(); err != nil {
+		return Result{}, err
+	}
+	clk := o.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	poll := o.Poll
+	if poll <= 0 {
+		poll = 250 * time.Millisecond
+	}
+	log := o.Logger
+
+	st, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		return Result{}, fmt.Errorf("replay: stream %s: %w", jobs.JobsStream, err)
+	}
+	res := Result{Consumer: "mirrorworker_replay_" + nuid.Next(), LastSeq: st.CachedInfo().State.LastSeq}
+	began := clk.Now()
+	cfg := ConsumerConfig(res.Consumer, o.Start, o.Subjects, o.Consumer, began)
+	c, err := js.CreateConsumer(ctx, jobs.JobsStream, cfg)
+	if err != nil {
+		return res, fmt.Errorf("replay: create consumer: %w", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := js.DeleteConsumer(dctx, jobs.JobsStream, res.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			log.Warn().Err(err).Str("consumer", res.Consumer).Msg("replay: delete consumer (the server removes it after its inactive threshold)")
+		}
+	}()
+	res.Jobs = int64(c.CachedInfo().NumPending)
+	log.Info().Str("consumer", res.Consumer).Str("start", o.Start.String()).Strs("subjects", cfg.FilterSubjects).
+		Str("filter", cfg.FilterSubject).Int64("jobs", res.Jobs).Uint64("last_seq", res.LastSeq).Msg("replay: started")
+
+	if o.Progress != nil {
+		o.Progress.Begin(res.Jobs)
+		defer o.Progress.End()
+	}
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	workErr := make(chan error, 1)
+	go func() { workErr <- work(wctx, c) }()
+	// finish stops the worker and waits for it to hand back what it holds.
+	finish := func() error {
+		stop()
+		err := <-workErr
+		if errors.Is(err, context.Canceled) {
+			err = nil
+		}
+		return err
+	}
+
+	t := clk.NewTimer(0)
+	defer t.Stop()
+	lastInfo := began
+	for {
+		select {
+		case err := <-workErr:
+			if ctx.Err() != nil { // the worker saw the stop first
+				res.Elapsed = clk.Now().Sub(began)
+				return res, ctx.Err()
+			}
+			if err == nil {
+				err = errors.New("the worker stopped before the replay was complete")
+			}
+			res.Elapsed = clk.Now().Sub(began)
+			return res, fmt.Errorf("replay: %w", err)
+		case <-ctx.Done():
+			_ = finish()
+			res.Elapsed = clk.Now().Sub(began)
+			return res, ctx.Err()
+		case <-t.C():
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				continue // reported by the select
+			}
+			// A NATS hiccup must not end a long replay; a consumer that is
+			// gone, or no answer for a long while, does.
+			if !errors.Is(err, jetstream.ErrConsumerNotFound) && clk.Now().Sub(lastInfo) < infoPatience {
+				log.Warn().Err(err).Str("consumer", res.Consumer).Msg("replay: consumer info")
+				t.Reset(poll)
+				continue
+			}
+			_ = finish()
+			res.Elapsed = clk.Now().Sub(began)
+			return res, fmt.Errorf("replay: consumer info: %w", err)
+		}
+		lastInfo = clk.Now()
+		if o.Progress != nil {
+			o.Progress.Set(handled(res.Jobs, info))
+		}
+		if complete(info, res.LastSeq) {
+			err := finish()
+			res.Elapsed = clk.Now().Sub(began)
+			if err != nil {
+				return res, fmt.Errorf("replay: %w", err)
+			}
+			if o.Progress != nil {
+				o.Progress.Set(res.Jobs)
+			}
+			log.Info().Str("consumer", res.Consumer).Int64("jobs", res.Jobs).Dur("took", res.Elapsed).Msg("replay: complete")
+			return res, nil
+		}
+		t.Reset(poll)
+	}
+}
+
+// complete reports whether every selected job up to lastSeq was handled:
+// acked or terminated, deferred ones included (a job NAKed with a delay
+// stays pending until its redelivery). The ack floor says so for a stream
+// that is still being written to; with nothing pending and nothing
+// outstanding it is true in any case.
+func complete(info *jetstream.ConsumerInfo, lastSeq uint64) bool {
+	return info.AckFloor.Stream >= lastSeq || info.NumPending == 0 && info.NumAckPending == 0
+}
+
+// handled is how many of total jobs the consumer no longer holds.
+func handled(total int64, info *jetstream.ConsumerInfo) int64 {
+	left := int64(info.NumPending) + int64(info.NumAckPending)
+	return min(max(total-left, 0), total)
+}
