@@ -1,0 +1,579 @@
+package loadtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/strategy"
+	"github.com/mirrorworker/mirrorworker/stuborigin"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// The concrete types the load test wires satisfy the worker's interfaces,
+// and so does every strategy.
+var (
+	_ worker.Fetcher = (*fetch.Client)(nil)
+	_ worker.Target  = (*mirror.FileTarget)(nil)
+	_ worker.Pacer   = (strategy.Pacer)(nil)
+)
+
+// Options configure Run. Jobs, Authorities, Workers, Profile and Strategies
+// are required; every other zero field means its default.
+type Options struct {
+	Jobs        int
+	Authorities int
+	Workers     int
+	// Skew is the share of the jobs on the hottest authority, in
+	// [1/Authorities, 1]; 0 spreads the jobs evenly.
+	Skew       float64
+	Profile    *Profile
+	Strategies []string
+	// TimeLimit bounds each strategy's run; default 3 min.
+	TimeLimit time.Duration
+	// Concurrency is each worker's fetch slots; default 16.
+	Concurrency int
+	// Shared makes every worker pull from one durable consumer, as
+	// `mirrorworker run` instances sharing a deployment do. By default each
+	// worker has its own consumer filtered to a partition of the
+	// authorities (by akey, SPEC section 8), so that each authority is paced
+	// by exactly one pacer.
+	Shared bool
+	// Dir holds the per-strategy scratch directories (JetStream store,
+	// mirror), each removed after its run; default the system temp dir.
+	Dir string
+
+	// Report metadata.
+	Title       string
+	Command     string
+	ProfileFile string
+
+	// Progress receives the live progress; nil discards it. Live means it is
+	// a terminal: one line rewritten in place; otherwise a line every
+	// ProgressEvery (default 5 s).
+	Progress      io.Writer
+	Live          bool
+	ProgressEvery time.Duration
+	// Logger receives the workers' and the origin's logs; zero discards.
+	Logger zerolog.Logger
+	// Now is the wall clock for the report's timestamp; default time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) check() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if o.Jobs < 1 {
+		bad("jobs: want at least 1, got %d", o.Jobs)
+	}
+	if o.Authorities < 1 || o.Authorities > 10000 {
+		bad("authorities: want 1 to 10000, got %d", o.Authorities)
+	}
+	if o.Workers < 1 || o.Workers > 64 {
+		bad("workers: want 1 to 64, got %d", o.Workers)
+	}
+	if o.Skew != 0 && o.Authorities > 0 && (o.Skew < 1/float64(o.Authorities)-1e-9 || o.Skew > 1) {
+		bad("skew: want 0 (even) or a share between 1/authorities (%.4g) and 1, got %v", 1/float64(o.Authorities), o.Skew)
+	}
+	if o.Profile == nil {
+		bad("profile: required")
+	}
+	if len(o.Strategies) == 0 {
+		bad("strategies: at least one")
+	}
+	if o.TimeLimit < 0 || o.Concurrency < 0 {
+		bad("time limit and concurrency must not be negative")
+	}
+	return errors.Join(errs...)
+}
+
+// Run runs one load test per strategy, one after the other, and returns the
+// report. A strategy whose run cannot start gets a Result with Error set and
+// the others still run. When ctx is cancelled Run stops the current
+// strategy and returns what it has with ctx's error.
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if err := o.check(); err != nil {
+		return nil, err
+	}
+	if o.TimeLimit == 0 {
+		o.TimeLimit = 3 * time.Minute
+	}
+	if o.Concurrency == 0 {
+		o.Concurrency = 16
+	}
+	if o.ProgressEvery == 0 {
+		o.ProgressEvery = 5 * time.Second
+	}
+	if o.Progress == nil {
+		o.Progress = io.Discard
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Title == "" {
+		o.Title = "mirrorworker load test"
+	}
+	skew := o.Skew
+	if skew == 0 {
+		skew = 1 / float64(o.Authorities)
+	}
+	p := o.Profile
+	r := &Report{
+		Title:       o.Title,
+		GeneratedAt: o.Now().UTC().Truncate(time.Second),
+		Command:     o.Command,
+		Setup: Setup{
+			Jobs: o.Jobs, Authorities: o.Authorities, Workers: o.Workers, Skew: skew,
+			Profile: p.Name, ProfileFile: o.ProfileFile, Scale: p.Scale,
+			FloorSeconds: p.Floor.Seconds(), MaxInFlight: p.MaxInFlight,
+			Identities:       1,
+			AllowedRate:      p.AllowedRate(o.Authorities, 1),
+			TimeLimitSeconds: o.TimeLimit.Seconds(), ObjectSize: p.ObjectSize,
+			GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(),
+		},
+	}
+	r.Notes = notes(o)
+	for i, name := range o.Strategies {
+		if ctx.Err() != nil {
+			break
+		}
+		res := runStrategy(ctx, &o, name, fmt.Sprintf("%d/%d", i+1, len(o.Strategies)))
+		r.Results = append(r.Results, res)
+	}
+	return r, ctx.Err()
+}
+
+func notes(o Options) []string {
+	n := []string{
+		"cpu s and peak heap are the whole load-test process during that strategy's run: the workers run in-process with the stub origin and the embedded JetStream server, so the figures compare strategies but are not one worker's footprint (process CPU from getrusage, peak of /memory/classes/heap/objects:bytes sampled every 100 ms).",
+		"All workers call from 127.0.0.1, so the origin sees one anonymous identity per authority; the allowed rate is the profile's anonymous sustained quota times the authorities.",
+		fmt.Sprintf("Time is compressed: the strategies' constants (2 s first step, 60 s fallback and cap, 600 s ceiling, 30 min quiet window, 15 min pause cap, 1-30 s backoff) are multiplied by the profile's scale (%g). The HostPacer scales the same constants (pacer.Options.Scale); values the origin sends (Retry-After, rate-limit resets) are never scaled.", o.Profile.Scale),
+		"Goodput is the requests the origin admitted during the run over what the profile allows in the drain time: per authority and identity, the sustained bucket's capacity plus its rate times the drain time (less when the shared shard's tenant share binds first). With a skew, the quota of authorities that ran out of jobs early is still in the denominator.",
+		"gaps<floor and min gap are timed by the origin on arrival; sent<floor counts the same gaps as the workers timed their departures. Arrivals closer than the floor while departures were not are timing noise between the worker and the origin (a busy CPU, a new connection), not a pacer granting too early.",
+	}
+	if o.Shared {
+		n = append(n, "Workers share one durable consumer: each authority is paced by every worker's pacer independently, so per-authority politeness holds per worker, not at the origin.")
+	} else {
+		n = append(n, "Each worker has its own durable consumer filtered to a partition of the authorities (by akey), so each authority is paced by exactly one pacer, as separate pods with partitioned consumers would be.")
+	}
+	return n
+}
+
+// runStrategy runs one strategy from a fresh JetStream, origin and mirror.
+func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
+	res := Result{Strategy: name}
+	fail := func(err error) Result {
+		res.Error = err.Error()
+		fmt.Fprintf(o.Progress, "%s: %v\n", name, err)
+		return res
+	}
+	p := o.Profile
+	dir, err := os.MkdirTemp(o.Dir, "mirrorworker-loadtest-"+name+"-")
+	if err != nil {
+		return fail(fmt.Errorf("scratch dir: %w", err))
+	}
+	defer os.RemoveAll(dir)
+
+	emb, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats")})
+	if err != nil {
+		return fail(err)
+	}
+	defer emb.Shutdown()
+	nc, err := emb.Connect("loadtest " + name)
+	if err != nil {
+		return fail(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fail(fmt.Errorf("jetstream: %w", err))
+	}
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		return fail(fmt.Errorf("ensure streams: %w", err))
+	}
+
+	og, err := stuborigin.New(p.Origin, &stuborigin.Options{
+		Authorities: o.Authorities, GapFloor: p.Floor,
+		Logger: o.Logger.With().Str("component", "stub-origin").Logger(),
+	})
+	if err != nil {
+		return fail(err)
+	}
+	urls, err := og.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		return fail(fmt.Errorf("start origin: %w", err))
+	}
+	defer og.Close()
+	akeys := make([]string, len(urls))
+	for i, s := range urls {
+		u, err := url.Parse(s)
+		if err != nil {
+			return fail(err)
+		}
+		a, err := authority.FromURL(u)
+		if err != nil {
+			return fail(err)
+		}
+		akeys[i] = a.Key()
+	}
+
+	// One durable consumer per worker over its partition of the
+	// authorities, or one shared by all.
+	durables := make([]string, o.Workers)
+	created := map[string]bool{}
+	for w := range o.Workers {
+		co := &jobs.ConsumerOptions{Durable: jobs.ConsumerName}
+		if !o.Shared {
+			co.Durable = "loadtest-w" + strconv.Itoa(w)
+			for a := w; a < len(akeys); a += o.Workers {
+				co.FilterSubjects = append(co.FilterSubjects, jobs.JobsSubjectFilter("*", akeys[a]))
+			}
+			if len(co.FilterSubjects) == 0 {
+				continue // more workers than authorities: this one has nothing to do
+			}
+		}
+		durables[w] = co.Durable
+		if created[co.Durable] {
+			continue
+		}
+		if _, err := jobs.EnsureConsumer(ctx, js, co); err != nil {
+			return fail(err)
+		}
+		created[co.Durable] = true
+	}
+
+	if err := enqueue(ctx, js, urls, spread(o.Jobs, len(urls), o.Skew), p.ObjectSize); err != nil {
+		return fail(err)
+	}
+
+	target, err := mirror.Open(filepath.Join(dir, "mirror"))
+	if err != nil {
+		return fail(err)
+	}
+	type instance struct {
+		w  *worker.Worker
+		nc *nats.Conn
+		fc *fetch.Client
+	}
+	sent := newDepartures()
+	var insts []instance
+	defer func() {
+		for _, in := range insts {
+			in.fc.CloseIdleConnections()
+			in.nc.Close()
+		}
+	}()
+	for w, durable := range durables {
+		if durable == "" {
+			continue
+		}
+		wnc, err := emb.Connect(fmt.Sprintf("loadtest %s worker %d", name, w))
+		if err != nil {
+			return fail(err)
+		}
+		fc := fetch.New(&fetch.Options{AllowPrivate: true, UserAgent: "mirrorworker-loadtest"})
+		insts = append(insts, instance{nc: wnc, fc: fc})
+		wjs, err := jetstream.New(wnc)
+		if err != nil {
+			return fail(fmt.Errorf("jetstream: %w", err))
+		}
+		cons, err := wjs.Consumer(ctx, jobs.JobsStream, durable)
+		if err != nil {
+			return fail(fmt.Errorf("consumer %s: %w", durable, err))
+		}
+		pc, err := strategy.New(name, strategy.Options{Floor: floorOption(p.Floor), MaxInFlight: p.MaxInFlight, Scale: p.Scale})
+		if err != nil {
+			return fail(err)
+		}
+		id := fmt.Sprintf("loadtest-%s-%d", name, w)
+		wk, err := worker.New(worker.Deps{JS: wjs, Consumer: cons, Fetcher: sent.fetcher(fc), Target: target, Pacer: pc}, &worker.Options{
+			Concurrency:   o.Concurrency,
+			ShutdownGrace: 2 * time.Second,
+			WorkerID:      id,
+			Logger:        o.Logger.With().Str("worker_id", id).Logger(),
+		})
+		if err != nil {
+			return fail(err)
+		}
+		insts[len(insts)-1].w = wk
+	}
+
+	// Measure from here: the workers start on a queue that is full.
+	runtime.GC()
+	cpu0 := cpuSeconds()
+	peak := startHeapSampler()
+	start := time.Now()
+	wctx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	for _, in := range insts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := in.w.Run(wctx); err != nil {
+				o.Logger.Error().Err(err).Str("strategy", name).Msg("worker stopped with an error")
+			}
+		}()
+	}
+	prog := &progress{w: o.Progress, live: o.Live, every: o.ProgressEvery, name: name, ordinal: ordinal, total: o.Jobs, start: start}
+	drained, snap := watch(ctx, js, created, og, o.Jobs, start.Add(o.TimeLimit), prog)
+	drain := time.Since(start)
+	stopWorkers()
+	wg.Wait()
+	res.CPUSeconds = cpuSeconds() - cpu0
+	res.PeakHeapBytes = peak.stop()
+	prog.finish(snap, drained)
+
+	// The final counts, after the workers handed their jobs back.
+	if s, err := queueState(context.WithoutCancel(ctx), js, created); err == nil {
+		snap = s
+	}
+	st := og.Stats()
+	res.Drained = drained
+	res.DrainSeconds = drain.Seconds()
+	res.DeadLettered = snap.dead
+	res.JobsStored = snap.finished(o.Jobs) - snap.dead
+	res.JobsPerSec = float64(res.JobsStored) / drain.Seconds()
+	res.DeliveriesPerJob = float64(snap.deliveries) / float64(o.Jobs)
+	fillOrigin(&res, st, start, drain)
+	if allowed := p.AllowedAdmissions(o.Authorities, 1, drain); allowed > 0 {
+		res.Goodput = float64(res.Admitted) / allowed
+	}
+	var minSent time.Duration
+	res.SentGapsBelowFloor, minSent = sent.belowFloor(p.Floor)
+	if minSent >= 0 {
+		res.MinSentGapSeconds = minSent.Seconds()
+	}
+	return res
+}
+
+// floorOption maps a policy floor onto strategy.Options, where zero means
+// the default.
+func floorOption(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// spread returns how many jobs go to each authority: skew of them on the
+// first (the hottest), the rest evenly over the others; 0 is even.
+func spread(n, a int, skew float64) []int {
+	out := make([]int, a)
+	if skew == 0 || a == 1 {
+		for i := range out {
+			out[i] = n / a
+			if i < n%a {
+				out[i]++
+			}
+		}
+		return out
+	}
+	hot := int(math.Round(skew * float64(n)))
+	out[0] = hot
+	rest := n - hot
+	for i := 1; i < a; i++ {
+		out[i] = rest / (a - 1)
+		if i-1 < rest%(a-1) {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// enqueue publishes the jobs interleaved over the authorities (the stream
+// is not sorted by authority in real life either) and waits for every ack.
+func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts []int, size int64) error {
+	left := append([]int(nil), counts...)
+	var futures []jetstream.PubAckFuture
+	seq := 0
+	for more := true; more; {
+		more = false
+		for a := range urls {
+			if left[a] == 0 {
+				continue
+			}
+			more = true
+			left[a]--
+			seq++
+			j := jobs.Job{
+				URL:    fmt.Sprintf("%s/objects/%d/%06d.bin?size=%d", urls[a], a, seq, size),
+				Target: fmt.Sprintf("a%04d/%06d.bin", a, seq),
+			}
+			m, _, err := jobs.NewMsg(j)
+			if err != nil {
+				return fmt.Errorf("job %d: %w", seq, err)
+			}
+			f, err := js.PublishMsgAsync(m)
+			if err != nil {
+				return fmt.Errorf("publish job %d: %w", seq, err)
+			}
+			futures = append(futures, f)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(2 * time.Minute):
+		return errors.New("enqueue: the stream did not ack every job within 2 minutes")
+	}
+	for _, f := range futures {
+		select {
+		case err := <-f.Err():
+			return fmt.Errorf("publish: %w", err)
+		default:
+		}
+	}
+	return nil
+}
+
+// queueSnap is the queue's state summed over the consumers.
+type queueSnap struct {
+	pending, ackPending uint64
+	deliveries          uint64
+	dead                int
+	rateLimited         int64 // from the origin, for the progress line
+	unavailable         int64
+}
+
+func (s queueSnap) finished(total int) int {
+	f := total - int(s.pending) - int(s.ackPending)
+	return max(f, 0)
+}
+
+func queueState(ctx context.Context, js jetstream.JetStream, durables map[string]bool) (queueSnap, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var s queueSnap
+	for d := range durables {
+		c, err := js.Consumer(ctx, jobs.JobsStream, d)
+		if err != nil {
+			return s, fmt.Errorf("consumer %s: %w", d, err)
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return s, fmt.Errorf("consumer %s info: %w", d, err)
+		}
+		s.pending += ci.NumPending
+		s.ackPending += uint64(ci.NumAckPending)
+		s.deliveries += ci.Delivered.Consumer
+	}
+	dlq, err := js.Stream(ctx, jobs.DLQStream)
+	if err != nil {
+		return s, fmt.Errorf("stream %s: %w", jobs.DLQStream, err)
+	}
+	si, err := dlq.Info(ctx)
+	if err != nil {
+		return s, fmt.Errorf("stream %s info: %w", jobs.DLQStream, err)
+	}
+	s.dead = int(si.State.Msgs)
+	return s, nil
+}
+
+// watch polls the queue until every job has left it, the deadline passes or
+// ctx is cancelled, updating the progress line. It reports whether the queue
+// drained.
+func watch(ctx context.Context, js jetstream.JetStream, durables map[string]bool, og *stuborigin.Origin, total int, deadline time.Time, prog *progress) (bool, queueSnap) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	var (
+		last queueSnap
+		seen bool // last holds a real reading: a zero queueSnap looks drained
+	)
+	for {
+		if s, err := queueState(ctx, js, durables); err == nil {
+			last, seen = s, true
+		}
+		if seen && last.pending == 0 && last.ackPending == 0 {
+			return true, last
+		}
+		now := time.Now()
+		if !now.Before(deadline) {
+			return false, last
+		}
+		if prog.due(now) {
+			last.rateLimited, last.unavailable = originRejections(og)
+			prog.update(now, last)
+		}
+		select {
+		case <-ctx.Done():
+			return false, last
+		case <-tick.C:
+		}
+	}
+}
+
+func originRejections(og *stuborigin.Origin) (r429, r503 int64) {
+	for _, a := range og.Stats().Authorities {
+		r429 += a.RateLimited
+		r503 += a.CapacityExhausted
+	}
+	return r429, r503
+}
+
+// fillOrigin copies what the origin saw into res: its counts, the gaps and
+// the timeline from the workers' start to the end of the run.
+func fillOrigin(res *Result, st stuborigin.Stats, start time.Time, drain time.Duration) {
+	var admitted int64
+	minGap := time.Duration(-1)
+	offset := int(start.Sub(st.Start) / time.Second)
+	secs := int(math.Ceil(drain.Seconds()))
+	series := make([]Point, secs)
+	for i := range series {
+		series[i].T = i
+	}
+	for _, a := range st.Authorities {
+		res.Requests += a.Requests
+		admitted += a.Admitted
+		res.Status429 += a.RateLimited
+		res.Status503 += a.CapacityExhausted
+		res.Early += a.Early
+		res.AuthorityGapsBelowFloor += a.BelowFloor
+		for k, v := range a.Reasons {
+			if res.Rejections == nil {
+				res.Rejections = map[string]int64{}
+			}
+			res.Rejections[k] += v
+		}
+		for _, id := range a.Identities {
+			res.GapsBelowFloor += id.BelowFloor
+			if id.GapCount > 0 && (minGap < 0 || id.MinGap < minGap) {
+				minGap = id.MinGap
+			}
+		}
+		for _, sec := range a.Timeline {
+			t := sec.T - offset
+			if t < 0 || t >= len(series) {
+				continue
+			}
+			series[t].Requests += sec.Requests
+			series[t].Admitted += sec.Admitted
+			series[t].Status429 += sec.RateLimited
+			series[t].Status503 += sec.CapacityExhausted
+		}
+	}
+	if minGap >= 0 {
+		res.MinGapSeconds = minGap.Seconds()
+	}
+	res.Admitted = admitted
+	res.AdmittedPerSec = float64(admitted) / drain.Seconds()
+	res.Series = series
+}

@@ -1,0 +1,168 @@
+package loadtest_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/loadtest"
+)
+
+// quickProfile throttles hard enough that a strategy ignoring the origin is
+// refused within a second, and small enough that a run takes a few seconds.
+// It sends IETF RateLimit headers, so a strategy that reads them can avoid
+// every 429 (a 429 would cost the HostPacer its unscaled 2 s step).
+const quickProfile = `{
+  "name": "quick",
+  "scale": 0.01,
+  "floor": "50ms",
+  "max_in_flight": 2,
+  "object_size": 512,
+  "origin": {
+    "name": "quick-origin",
+    "quotas": {"anonymous": {
+      "burst": {"capacity": 3, "refill_per_second": 10},
+      "sustained": {"capacity": 6, "window": "1s"}}},
+    "rate_limit_headers": "ietf"
+  }
+}`
+
+func TestRunComparesStrategies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a load test")
+	}
+	p, err := loadtest.ParseProfile([]byte(quickProfile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progress bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := loadtest.Run(ctx, loadtest.Options{
+		Jobs: 60, Authorities: 3, Workers: 2, Profile: p,
+		Strategies: []string{"hostpacer", "fixed"},
+		TimeLimit:  60 * time.Second, Dir: t.TempDir(),
+		Progress: &progress, ProgressEvery: time.Second,
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Setup.AllowedRate != 18 { // 6/s x 3 authorities
+		t.Errorf("allowed rate %v, want 18", rep.Setup.AllowedRate)
+	}
+	if len(rep.Results) != 2 {
+		t.Fatalf("%d results, want 2", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		if r.Error != "" || !r.Drained || r.JobsStored != 60 || r.DeadLettered != 0 {
+			t.Errorf("%s: error=%q drained=%v stored=%d dead=%d; want all 60 stored", r.Strategy, r.Error, r.Drained, r.JobsStored, r.DeadLettered)
+		}
+		var admitted, throttled int64
+		for _, pt := range r.Series {
+			admitted += pt.Admitted
+			throttled += pt.Status429
+		}
+		// Every stored job was one admitted request the timeline saw.
+		if admitted < 60 || r.Requests < 60 {
+			t.Errorf("%s: timeline admitted %d, origin requests %d; want at least 60", r.Strategy, admitted, r.Requests)
+		}
+		if throttled > r.Status429 {
+			t.Errorf("%s: timeline has %d 429s, origin total %d", r.Strategy, throttled, r.Status429)
+		}
+		if r.DeliveriesPerJob < 1 {
+			t.Errorf("%s: %v deliveries per job", r.Strategy, r.DeliveriesPerJob)
+		}
+	}
+	host, fixed := rep.Results[0], rep.Results[1]
+	// A 50 ms floor is 20/s per authority against 6/s allowed: the fixed
+	// pacer must be refused, and the HostPacer must never go early.
+	if fixed.Status429 == 0 {
+		t.Error("fixed was never refused: the profile does not throttle")
+	}
+	if host.Early != 0 {
+		t.Errorf("hostpacer sent %d requests while told to wait", host.Early)
+	}
+	if !strings.Contains(progress.String(), "[1/2 hostpacer] drained") {
+		t.Errorf("progress lacks the drained line:\n%s", progress.String())
+	}
+}
+
+func TestRunRejectsBadOptions(t *testing.T) {
+	p, err := loadtest.ParseProfile([]byte(quickProfile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range []loadtest.Options{
+		{Jobs: 0, Authorities: 1, Workers: 1, Profile: p, Strategies: []string{"fixed"}},
+		{Jobs: 1, Authorities: 4, Workers: 1, Profile: p, Strategies: []string{"fixed"}, Skew: 0.1},
+		{Jobs: 1, Authorities: 1, Workers: 1, Strategies: []string{"fixed"}},
+		{Jobs: 1, Authorities: 1, Workers: 1, Profile: p},
+	} {
+		if _, err := loadtest.Run(context.Background(), o); err == nil {
+			t.Errorf("Run(%+v) accepted bad options", o)
+		}
+	}
+}
+
+func TestParseProfile(t *testing.T) {
+	for _, tc := range []struct {
+		name, json string
+		wantErr    bool
+		floor      time.Duration
+		scale      float64
+	}{
+		{name: "plain stub profile", json: `{"name":"s","quotas":{"anonymous":{"burst":{"capacity":1,"refill_per_second":1},"sustained":{"capacity":1,"window":"1s"}}}}`, floor: time.Second, scale: 1},
+		{name: "wrapper", json: quickProfile, floor: 50 * time.Millisecond, scale: 0.01},
+		{name: "unknown field", json: `{"origin":{}, "scael": 1}`, wantErr: true},
+		{name: "scale above 1", json: strings.Replace(quickProfile, `"scale": 0.01`, `"scale": 3`, 1), wantErr: true},
+		{name: "no anonymous quota", json: `{"scale":1,"origin":{"quotas":{"default":{"burst":{"capacity":1,"refill_per_second":1},"sustained":{"capacity":1,"window":"1s"}}}}}`, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := loadtest.ParseProfile([]byte(tc.json))
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if err == nil && (p.Floor != tc.floor || p.Scale != tc.scale) {
+				t.Fatalf("floor %v scale %v, want %v %v", p.Floor, p.Scale, tc.floor, tc.scale)
+			}
+		})
+	}
+}
+
+func TestProfilesInTestdataParse(t *testing.T) {
+	for _, f := range []string{"loadtest-throttling.json", "loadtest-retry-after.json"} {
+		if _, err := loadtest.LoadProfile("../testdata/profiles/" + f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestAllowedAdmissions(t *testing.T) {
+	p, err := loadtest.LoadProfile("../testdata/profiles/loadtest-throttling.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		d    time.Duration
+		want float64
+	}{
+		// 20 in the bucket + 2/s, per authority; the 75% share of 40 per
+		// 10 s window binds first in the first window.
+		{d: 41 * time.Second, want: 50 * 102},
+		{d: 5 * time.Second, want: 50 * 30},
+		{d: 10 * time.Second, want: 50 * 30},
+		{d: 0, want: 0},
+	} {
+		if got := p.AllowedAdmissions(50, 1, tc.d); got != tc.want {
+			t.Errorf("AllowedAdmissions(50, 1, %v) = %v, want %v", tc.d, got, tc.want)
+		}
+	}
+	if got := p.AllowedRate(50, 1); got != 100 {
+		t.Errorf("AllowedRate = %v, want 100", got)
+	}
+}

@@ -1,0 +1,199 @@
+package loadtest_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/loadtest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// sampleReport is a fixed report: two strategies, a short series with
+// throttling answers, and one failed run.
+func sampleReport() *loadtest.Report {
+	series := func(n int, rate, limited int64) []loadtest.Point {
+		ps := make([]loadtest.Point, n)
+		for i := range ps {
+			p := loadtest.Point{T: i, Requests: rate, Admitted: rate}
+			if i%4 == 1 {
+				p.Status429 = limited
+				p.Requests += limited
+			}
+			if i == 5 {
+				p.Status503 = 2
+				p.Requests += 2
+			}
+			ps[i] = p
+		}
+		return ps
+	}
+	return &loadtest.Report{
+		Title:       "mirrorworker load test",
+		GeneratedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Command:     "mirrorworker loadtest --jobs 200 --authorities 4 --workers 2 --strategy hostpacer,fixed,cooldown",
+		Setup: loadtest.Setup{
+			Jobs: 200, Authorities: 4, Workers: 2, Skew: 0.25,
+			Profile: "loadtest-throttling", ProfileFile: "testdata/profiles/loadtest-throttling.json",
+			Scale: 0.01, FloorSeconds: 0.1, MaxInFlight: 2, Identities: 1, AllowedRate: 8,
+			TimeLimitSeconds: 120, ObjectSize: 1024,
+			GoVersion: "go1.26.0", Platform: "linux/amd64", CPUs: 2,
+		},
+		Notes: []string{"CPU seconds and peak heap are the whole process <shared>."},
+		Results: []loadtest.Result{
+			{
+				Strategy: "hostpacer", Drained: true, DrainSeconds: 25.4, JobsStored: 200, JobsPerSec: 7.87,
+				AdmittedPerSec: 7.9, Goodput: 0.987, Requests: 210, Status429: 9, Status503: 1,
+				DeliveriesPerJob: 1.12, CPUSeconds: 3.2, PeakHeapBytes: 48 << 20, Series: series(26, 8, 1),
+			},
+			{
+				Strategy: "fixed", Drained: true, DrainSeconds: 27.9, JobsStored: 200, JobsPerSec: 7.17,
+				AdmittedPerSec: 7.2, Goodput: 0.9, Requests: 600, Status429: 400, Early: 310, GapsBelowFloor: 0,
+				DeliveriesPerJob: 3.4, DeadLettered: 0, CPUSeconds: 5.5, PeakHeapBytes: 52 << 20, Series: series(28, 7, 15),
+			},
+			{Strategy: "cooldown", Error: "start origin: listen tcp 127.0.0.1:0: <refused>"},
+		},
+	}
+}
+
+func TestReportHTMLGolden(t *testing.T) {
+	var got bytes.Buffer
+	if err := sampleReport().WriteHTML(&got); err != nil {
+		t.Fatal(err)
+	}
+	golden := filepath.Join("testdata", "report.golden.html")
+	if *update {
+		if err := os.WriteFile(golden, got.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("%v (run go test ./loadtest -run Golden -update to create it)", err)
+	}
+	if !bytes.Equal(got.Bytes(), want) {
+		t.Fatalf("report.html differs from %s; if the change is intended, rerun with -update and review the diff", golden)
+	}
+}
+
+func TestReportIsSelfContained(t *testing.T) {
+	var page bytes.Buffer
+	if err := sampleReport().WriteHTML(&page); err != nil {
+		t.Fatal(err)
+	}
+	s := page.String()
+	for _, banned := range []string{"<script", "http://", "https://", "<link", "@import", "url("} {
+		// The SVG namespace is an identifier, never fetched.
+		if strings.Contains(strings.ReplaceAll(s, `xmlns="http://www.w3.org/2000/svg"`, ""), banned) {
+			t.Errorf("report.html contains %q: it must not fetch anything", banned)
+		}
+	}
+	// Text from the report is escaped, not injected.
+	if strings.Contains(s, "<shared>") || strings.Contains(s, "<refused>") {
+		t.Error("report text was not HTML-escaped")
+	}
+}
+
+func TestReportJSONRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	r := sampleReport()
+	if err := r.WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back loadtest.Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Results) != 3 || back.Results[0].Status429 != 9 || len(back.Results[1].Series) != 28 || back.Setup.AllowedRate != 8 {
+		t.Fatalf("report.json lost data: %+v", back.Results)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "report.html")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReportTable(t *testing.T) {
+	var b bytes.Buffer
+	if err := sampleReport().WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 5 { // header, 3 rows, the error line
+		t.Fatalf("table has %d lines:\n%s", len(lines), b.String())
+	}
+	for _, want := range []string{"goodput", "hostpacer", "0.99", "error", "cooldown: start origin"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
+
+// chromium is the headless browser the report must open in.
+const chromium = "/usr/bin/chromium"
+
+// TestReportOpensInChromium renders report.html in headless Chromium and
+// checks that the browser built the summary table and a chart. CI installs
+// Chromium (a Debian package); without it the test fails under CI=true and is
+// skipped elsewhere.
+func TestReportOpensInChromium(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	if _, err := os.Stat(chromium); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s not found (%v): CI must install it (apt-get install -y chromium)", chromium, err)
+		}
+		t.Skipf("%s not found; install it with apt-get install -y chromium (required when CI=true)", chromium)
+	}
+	dir := t.TempDir()
+	if err := sampleReport().WriteFiles(dir); err != nil {
+		t.Fatal(err)
+	}
+	page := filepath.Join(dir, "report.html")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, chromium,
+		"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--disable-dev-shm-usage", "--user-data-dir="+filepath.Join(dir, "profile"),
+		"--dump-dom", "file://"+page)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			t.Fatalf("chromium did not finish within 90 s; stderr:\n%s", stderr.String())
+		}
+		t.Fatalf("chromium: %v; stderr:\n%s", err, stderr.String())
+	}
+	dom := stdout.String()
+	// --dump-dom prints the DOM the browser built, not the file: these are
+	// elements Chromium parsed, with the table rows and the SVG content.
+	for _, want := range []string{
+		`<table class="summary" id="summary">`,
+		`<tr class="hostpacer"><td>hostpacer</td>`,
+		`<figure id="chart-hostpacer">`,
+		`<svg class="chart"`,
+		`<rect class="r429"`,
+		`<line class="allowed"`,
+	} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the DOM Chromium built lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("DOM (first 3000 bytes):\n%.3000s", dom)
+	}
+}
