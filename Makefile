@@ -3,7 +3,7 @@ GO        ?= go
 DATA_DIR  ?= ./data
 RUN_ARGS  ?=
 # Packages with goroutines of their own run under the race detector in `make test`.
-RACE_PKGS := ./clock/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/...
+RACE_PKGS := ./clock/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/... ./replay/... ./admin/... ./strategy/...
 PKGS      := ./...
 
 .PHONY: all build run test test-race test-plain lint fmt-check vet bench clean
@@ -15,7 +15,7 @@ build:
 
 ## run: the worker on the embedded JetStream default (store and mirror under $(DATA_DIR)).
 run:
-	$(GO) run ./cmd/mirrorworker run --data-dir $(DATA_DIR) $(RUN_ARGS)
+	$(GO) run ./cmd/mirrorworker run --data-dir $(DATA_DIR) --log-format console $(RUN_ARGS)
 
 ## test: vet, formatting, every test, and the race detector over the concurrent packages.
 test: vet fmt-check test-plain test-race
