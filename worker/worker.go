@@ -635,6 +635,10 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
 		w.transient(ctx, j, "size_mismatch", resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrInvalidKey):
 		w.deadLetter(ctx, j, "invalid_target", err.Error(), resp.Status, nil)
+	case errors.Is(err, mirror.ErrKeyConflict):
+		// An object already stands where this key needs a directory (or the
+		// reverse): no retry can succeed until an operator resolves it.
+		w.deadLetter(ctx, j, "target_conflict", err.Error(), resp.Status, nil)
 	default:
 		w.transient(ctx, j, "target_write", resp.Status, err.Error())
 	}

@@ -234,6 +234,32 @@ func TestPermanentAndInvalidJobsAreDeadLettered(t *testing.T) {
 	}
 }
 
+func TestTargetConflictIsDeadLetteredAtOnce(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{})
+	e.publish(jobs.Job{ID: "base", URL: o.url("/base"), Target: "base"})
+	r.f.waitFor(t, 1, nil, 30*time.Second)
+	// "base" is now a file, so "base/sub" can never be stored.
+	e.publish(jobs.Job{ID: "conflict", URL: o.url("/conflict"), Target: "base/sub"})
+	r.f.waitFor(t, 2, nil, 30*time.Second)
+	e.waitDrained(10 * time.Second)
+	e.checkStored("base", body("/base"))
+	dls := e.deadLetters()
+	if len(dls) != 1 || dls[0].JobID != "conflict" || dls[0].Reason != "target_conflict" {
+		t.Fatalf("dead letters %+v, want one target_conflict for the conflicting job", dls)
+	}
+	n := 0
+	for _, a := range o.log() {
+		if a.path == "/conflict" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("/conflict requested %d times, want 1 (no retries for a conflict)", n)
+	}
+}
+
 func TestShutdownHandsHeldJobsBack(t *testing.T) {
 	const ackWait = 30 * time.Second
 	e := newEnv(t, ackWait)
