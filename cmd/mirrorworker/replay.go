@@ -18,12 +18,10 @@ import (
 	"golang.org/x/term"
 
 	"github.com/mirrorworker/mirrorworker/clock"
-	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/replay"
-	"github.com/mirrorworker/mirrorworker/worker"
 )
 
 // replayConfig is every flag of `mirrorworker replay`.
@@ -37,27 +35,10 @@ type replayConfig struct {
 	authorities              listFlag
 	dryRun                   bool
 
-	concurrency   int
-	floor         time.Duration
-	maxInFlight   int
-	policy        string
-	allowPrivate  bool
-	maxBodySize   byteSize
-	connectTO     time.Duration
-	headerTO      time.Duration
-	idleTO        time.Duration
-	failureBudget int
-	ackWait       time.Duration
-	maxAckPending int
+	workerFlags
 	restoreWindow time.Duration
 	natsTO        time.Duration
 	progress      string
-	workerID      string
-
-	logFormat string
-	logLevel  string
-
-	explicit map[string]bool
 }
 
 // defaultNATS is where a running `mirrorworker run` listens by default.
@@ -76,26 +57,18 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.authorities, "authority", "replay only the jobs of this origin, as a URL or host:port (repeatable, or comma-separated)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "count the jobs a replay would re-drive, per authority, and fetch nothing")
 
-	fs.IntVar(&c.concurrency, "concurrency", 16, "fetch slots: requests in flight across all authorities")
-	fs.DurationVar(&c.floor, "floor", time.Second, "minimum spacing between request starts to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
-	fs.IntVar(&c.maxInFlight, "max-in-flight", 2, "cap of requests in flight to one authority, for authorities the policy file does not name")
-	fs.StringVar(&c.policy, "policy", "", "policy file of per-authority floors and in-flight caps (use the live worker's)")
-	fs.BoolVar(&c.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
-	c.maxBodySize = 16 << 30
-	fs.Var(&c.maxBodySize, "max-body-size", "largest body stored, in bytes or with a unit (16GiB, 500MB)")
-	fs.DurationVar(&c.connectTO, "connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
-	fs.DurationVar(&c.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
-	fs.DurationVar(&c.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
-	fs.IntVar(&c.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
-	fs.DurationVar(&c.ackWait, "ack-wait", jobs.DefaultAckWait, "replay consumer AckWait: an unacknowledged job is redelivered after this")
-	fs.IntVar(&c.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, "replay consumer MaxAckPending: jobs delivered and not yet acknowledged")
+	c.workerFlags.register(fs, workerDefaults{
+		policyHelp:        "policy file of per-authority floors and in-flight caps (use the live worker's)",
+		ackWaitHelp:       "replay consumer AckWait: an unacknowledged job is redelivered after this",
+		maxAckPendingHelp: "replay consumer MaxAckPending: jobs delivered and not yet acknowledged",
+		workerIDHelp:      "name of this replay in logs and dead letters (default replay-<hostname>-<pid>)",
+		workerIDPrefix:    "replay-",
+		logFormat:         "console",
+		logLevel:          "warn",
+	})
 	fs.DurationVar(&c.restoreWindow, "restore-window", replay.DefaultWindow, "pacer facts of MIRROR_EVENTS replayed before the first request: at least the longest pause (10m) and the quiet window (30m)")
 	fs.DurationVar(&c.natsTO, "nats-connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, else a line every 10 s), bar, lines or none")
-	fs.StringVar(&c.workerID, "worker-id", "", "name of this replay in logs and dead letters (default replay-<hostname>-<pid>)")
-
-	fs.StringVar(&c.logFormat, "log-format", "console", "log format: json or console")
-	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: trace, debug, info, warn or error")
 }
 
 // listFlag is a repeatable flag whose values may also be comma-separated
@@ -145,45 +118,14 @@ func (c *replayConfig) check(now time.Time) (replayPlan, error) {
 	if c.dataDir == "" && c.target == "" {
 		bad("--data-dir must not be empty")
 	}
-	if c.concurrency < 1 {
-		bad("--concurrency %d: want at least 1", c.concurrency)
-	}
-	if c.floor < 0 {
-		bad("--floor %s: want 0 or more", c.floor)
-	}
-	if c.maxInFlight < 1 {
-		bad("--max-in-flight %d: want at least 1", c.maxInFlight)
-	}
-	if c.maxBodySize <= 0 {
-		bad("--max-body-size %d: want more than 0", c.maxBodySize)
-	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"connect-timeout", c.connectTO}, {"header-timeout", c.headerTO}, {"idle-timeout", c.idleTO}, {"ack-wait", c.ackWait}, {"nats-connect-timeout", c.natsTO}} {
-		if d.v <= 0 {
-			bad("--%s %s: want more than 0", d.name, d.v)
-		}
-	}
+	c.workerFlags.check(bad, durationFlag{"nats-connect-timeout", c.natsTO})
 	if c.restoreWindow < replay.DefaultWindow {
 		bad("--restore-window %s: want at least %s, or the replay could be ruder than the live worker", c.restoreWindow, replay.DefaultWindow)
-	}
-	if c.failureBudget < 1 {
-		bad("--failure-budget %d: want at least 1", c.failureBudget)
-	}
-	if c.maxAckPending < 1 {
-		bad("--max-ack-pending %d: want at least 1", c.maxAckPending)
 	}
 	switch c.progress {
 	case "auto", "bar", "lines", "none":
 	default:
 		bad("--progress %q: want auto, bar, lines or none", c.progress)
-	}
-	if c.logFormat != "json" && c.logFormat != "console" {
-		bad("--log-format %q: want json or console", c.logFormat)
-	}
-	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
-		bad("--log-level %q: want trace, debug, info, warn or error", c.logLevel)
 	}
 	if len(errs) > 0 {
 		return p, usageError{"replay: " + strings.Join(errs, "; ")}
@@ -214,18 +156,10 @@ func cmdReplay(ctx context.Context, args []string, getenv func(string) string, _
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(zerolog.SyncWriter(stderr), c.logFormat, c.logLevel)
+	log, err := c.logger(stderr)
 	if err != nil {
-		return usageError{err.Error()}
+		return err
 	}
-	if c.workerID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "mirrorworker"
-		}
-		c.workerID = fmt.Sprintf("replay-%s-%d", host, os.Getpid())
-	}
-	log = log.With().Str("worker_id", c.workerID).Logger()
 	return runReplay(ctx, &c, plan, log, stdout, stderr)
 }
 
@@ -243,15 +177,11 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 			spec = "file://" + filepath.Join(dataDir, "mirror")
 		}
 		var err error
-		if target, err = mirror.Open(spec); err != nil {
-			return fmt.Errorf("%w (pass --target)", err)
-		}
-		if err := checkWritableDir(filepath.Join(target.Root(), ".mirrorworker")); err != nil {
-			return fmt.Errorf("mirror target %s: %w (pass --target)", target.Root(), err)
+		if target, err = openTarget(spec); err != nil {
+			return err
 		}
 		// The live worker's rule for --floor, --max-in-flight and --policy.
-		rc := runConfig{policy: c.policy, floor: c.floor, maxInFlight: c.maxInFlight, explicit: c.explicit}
-		if policy, err = rc.pacerPolicy(); err != nil {
+		if policy, err = c.pacerPolicy(); err != nil {
 			return err
 		}
 	}
@@ -323,43 +253,24 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	target *mirror.FileTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
 	// Metrics on a registry of the replay's own: they are its summary.
 	reg := prometheus.NewRegistry()
-	metrics, err := worker.NewMetrics(reg, 0)
+	// The replay's pacer learns from the same origins as the live worker:
+	// its facts are published like the worker's, and it starts from theirs.
+	parts, err := c.buildParts(js, reg, policy, log)
 	if err != nil {
 		return err
 	}
-	// The replay's pacer learns from the same origins as the live worker:
-	// its facts are published like the worker's, and it starts from theirs.
-	sink := worker.NewEventSink(js, log, metrics)
-	pc := pacer.New(&pacer.Options{Policy: policy, Logger: log, OnEvent: sink.Handle})
-	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
+	defer parts.fetch.CloseIdleConnections()
+	if _, err := replay.RestorePacer(ctx, js, parts.pacer, replay.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
-	fc := fetch.New(&fetch.Options{
-		ConnectTimeout:        c.connectTO,
-		TLSHandshakeTimeout:   c.connectTO,
-		ResponseHeaderTimeout: c.headerTO,
-		IdleTimeout:           c.idleTO,
-		MaxBodySize:           int64(c.maxBodySize),
-		AllowPrivate:          c.allowPrivate,
-		UserAgent:             fetch.UserAgent(version),
-	})
-	defer fc.CloseIdleConnections()
 
 	sctx, stopSink := context.WithCancel(context.WithoutCancel(ctx))
 	sinkDone := make(chan struct{})
-	go func() { defer close(sinkDone); _ = sink.Run(sctx) }()
+	go func() { defer close(sinkDone); _ = parts.sink.Run(sctx) }()
 	defer func() { stopSink(); <-sinkDone }() // flushes the last facts
 
 	work := func(ctx context.Context, cons jetstream.Consumer) error {
-		w, err := worker.New(worker.Deps{JS: js, Consumer: cons, Fetcher: fc, Target: target, Pacer: pc}, &worker.Options{
-			Concurrency:   c.concurrency,
-			FailureBudget: c.failureBudget,
-			AckWait:       c.ackWait,
-			WorkerID:      c.workerID,
-			Clock:         clock.Real{},
-			Logger:        log,
-			Metrics:       metrics,
-		})
+		w, err := parts.newWorker(cons, target, 0)
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}

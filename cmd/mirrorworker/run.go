@@ -52,31 +52,11 @@ type runConfig struct {
 	embeddedListen string
 	target         string
 	adminAddr      string
-	workerID       string
 
-	concurrency   int
-	floor         time.Duration
-	maxInFlight   int
-	policy        string
-	allowPrivate  bool
-	maxBodySize   byteSize
-	connectTO     time.Duration
-	headerTO      time.Duration
-	idleTO        time.Duration
-	failureBudget int
-	ackWait       time.Duration
-	maxAckPending int
+	workerFlags
 	shutdownGrace time.Duration
 	jobsMaxAge    time.Duration
 	jobsMaxBytes  byteSize
-
-	logFormat string
-	logLevel  string
-
-	// explicit holds the flags given on the command line or in the
-	// environment: --floor and --max-in-flight override a policy file's
-	// default only when given.
-	explicit map[string]bool
 }
 
 func (c *runConfig) register(fs *flag.FlagSet) {
@@ -85,40 +65,18 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", "mirror target: file:///abs/dir or a directory (default file://<data-dir>/mirror)")
 	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:9090", "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer); port 0: any free port")
-	fs.StringVar(&c.workerID, "worker-id", "", "name of this worker in logs, events and NATS (default <hostname>-<pid>)")
 
-	fs.IntVar(&c.concurrency, "concurrency", 16, "fetch slots: requests in flight across all authorities")
-	fs.DurationVar(&c.floor, "floor", time.Second, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
-	fs.IntVar(&c.maxInFlight, "max-in-flight", 2, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
-	fs.StringVar(&c.policy, "policy", "", "policy file of per-authority floors and in-flight caps")
-	fs.BoolVar(&c.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
-	c.maxBodySize = 16 << 30
-	fs.Var(&c.maxBodySize, "max-body-size", "largest body stored, in bytes or with a unit (16GiB, 500MB)")
-	fs.DurationVar(&c.connectTO, "connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
-	fs.DurationVar(&c.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
-	fs.DurationVar(&c.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
-	fs.IntVar(&c.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
-	fs.DurationVar(&c.ackWait, "ack-wait", jobs.DefaultAckWait, "consumer AckWait: an unacknowledged job is redelivered after this")
-	fs.IntVar(&c.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, "consumer MaxAckPending: jobs delivered and not yet acknowledged, across all workers")
+	c.workerFlags.register(fs, workerDefaults{
+		policyHelp:        "policy file of per-authority floors and in-flight caps",
+		ackWaitHelp:       "consumer AckWait: an unacknowledged job is redelivered after this",
+		maxAckPendingHelp: "consumer MaxAckPending: jobs delivered and not yet acknowledged, across all workers",
+		workerIDHelp:      "name of this worker in logs, events and NATS (default <hostname>-<pid>)",
+		logFormat:         "json",
+		logLevel:          "info",
+	})
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
 	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
 	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream (0: unlimited)")
-
-	fs.StringVar(&c.logFormat, "log-format", "json", "log format: json or console")
-	fs.StringVar(&c.logLevel, "log-level", "info", "log level: trace, debug, info, warn or error")
-}
-
-// explicitFlags names the flags given on the command line or in the
-// environment (parseFlags fills the latter without marking them as set).
-func explicitFlags(fs *flag.FlagSet, getenv func(string) string) map[string]bool {
-	set := map[string]bool{}
-	fs.VisitAll(func(f *flag.Flag) {
-		if getenv(envName(f.Name)) != "" {
-			set[f.Name] = true
-		}
-	})
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	return set
 }
 
 // check rejects flag values that cannot work, as usage errors (exit 2).
@@ -136,43 +94,12 @@ func (c *runConfig) check() error {
 	if _, _, err := net.SplitHostPort(c.adminAddr); err != nil {
 		bad("--admin-addr %q: want host:port", c.adminAddr)
 	}
-	if c.concurrency < 1 {
-		bad("--concurrency %d: want at least 1", c.concurrency)
-	}
-	if c.floor < 0 {
-		bad("--floor %s: want 0 or more", c.floor)
-	}
-	if c.maxInFlight < 1 {
-		bad("--max-in-flight %d: want at least 1", c.maxInFlight)
-	}
-	if c.maxBodySize <= 0 {
-		bad("--max-body-size %d: want more than 0", c.maxBodySize)
-	}
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{{"connect-timeout", c.connectTO}, {"header-timeout", c.headerTO}, {"idle-timeout", c.idleTO}, {"ack-wait", c.ackWait}, {"jobs-max-age", c.jobsMaxAge}} {
-		if d.v <= 0 {
-			bad("--%s %s: want more than 0", d.name, d.v)
-		}
-	}
-	if c.shutdownGrace < 0 {
-		bad("--shutdown-grace %s: want 0 or more", c.shutdownGrace)
-	}
-	if c.failureBudget < 1 {
-		bad("--failure-budget %d: want at least 1", c.failureBudget)
-	}
-	if c.maxAckPending < 1 {
-		bad("--max-ack-pending %d: want at least 1", c.maxAckPending)
+	c.workerFlags.check(bad, durationFlag{"jobs-max-age", c.jobsMaxAge})
+	if c.shutdownGrace <= 0 {
+		bad("--shutdown-grace %s: want more than 0 (in-flight jobs are handed back when it ends)", c.shutdownGrace)
 	}
 	if c.jobsMaxBytes < 0 {
 		bad("--jobs-max-bytes %d: want 0 (unlimited) or more", c.jobsMaxBytes)
-	}
-	if c.logFormat != "json" && c.logFormat != "console" {
-		bad("--log-format %q: want json or console", c.logFormat)
-	}
-	if _, err := zerolog.ParseLevel(c.logLevel); err != nil || c.logLevel == "" {
-		bad("--log-level %q: want trace, debug, info, warn or error", c.logLevel)
 	}
 	if len(errs) > 0 {
 		return usageError{"run: " + strings.Join(errs, "; ")}
@@ -205,18 +132,10 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 	if err := c.check(); err != nil {
 		return err
 	}
-	log, err := newLogger(zerolog.SyncWriter(stderr), c.logFormat, c.logLevel)
+	log, err := c.logger(stderr)
 	if err != nil {
-		return usageError{err.Error()}
+		return err
 	}
-	if c.workerID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "mirrorworker"
-		}
-		c.workerID = fmt.Sprintf("%s-%d", host, os.Getpid())
-	}
-	log = log.With().Str("worker_id", c.workerID).Logger()
 	return runWorker(ctx, &c, log)
 }
 
@@ -236,14 +155,11 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	if targetSpec == "" {
 		targetSpec = "file://" + filepath.Join(dataDir, "mirror")
 	}
-	target, err := mirror.Open(targetSpec)
+	target, err := openTarget(targetSpec)
 	if err != nil {
-		return fmt.Errorf("%w (pass --target)", err)
+		return err
 	}
 	mirrorRoot := target.Root()
-	if err := checkWritableDir(filepath.Join(mirrorRoot, ".mirrorworker")); err != nil {
-		return fmt.Errorf("mirror target %s: %w (pass --target)", mirrorRoot, err)
-	}
 
 	policy, err := c.pacerPolicy()
 	if err != nil {
@@ -421,14 +337,12 @@ func (p *pipeline) run(ctx context.Context) error {
 		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", err))
 	}
 
-	// One Metrics for the worker and the event sink, so one registry
-	// serves both.
-	metrics, err := worker.NewMetrics(p.reg, 0)
+	parts, err := c.buildParts(js, p.reg, p.policy, log)
 	if err != nil {
 		return err
 	}
-	sink := worker.NewEventSink(js, log, metrics)
-	pc := pacer.New(&pacer.Options{Policy: p.policy, Logger: log, OnEvent: sink.Handle})
+	defer parts.fetch.CloseIdleConnections()
+	pc, sink := parts.pacer, parts.sink
 	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
 		return err
 	}
@@ -438,26 +352,7 @@ func (p *pipeline) run(ctx context.Context) error {
 	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
 	}
-	fc := fetch.New(&fetch.Options{
-		ConnectTimeout:        c.connectTO,
-		TLSHandshakeTimeout:   c.connectTO,
-		ResponseHeaderTimeout: c.headerTO,
-		IdleTimeout:           c.idleTO,
-		MaxBodySize:           int64(c.maxBodySize),
-		AllowPrivate:          c.allowPrivate,
-		UserAgent:             fetch.UserAgent(version),
-	})
-	defer fc.CloseIdleConnections()
-	w, err := worker.New(worker.Deps{JS: js, Consumer: cons, Fetcher: fc, Target: p.target, Pacer: pc}, &worker.Options{
-		Concurrency:   c.concurrency,
-		FailureBudget: c.failureBudget,
-		AckWait:       c.ackWait,
-		ShutdownGrace: c.shutdownGrace,
-		WorkerID:      c.workerID,
-		Clock:         clock.Real{},
-		Logger:        log,
-		Metrics:       metrics,
-	})
+	w, err := parts.newWorker(cons, p.target, c.shutdownGrace)
 	if err != nil {
 		return err
 	}
@@ -514,28 +409,6 @@ func (p *pipeline) run(ctx context.Context) error {
 		return errors.New("worker stopped on its own")
 	}
 	return nil
-}
-
-// pacerPolicy is the policy file (if any) with the default floor and cap
-// from the flags: a flag's default yields to the file's "default" entry, a
-// flag given explicitly wins over it.
-func (c *runConfig) pacerPolicy() (*pacer.Policy, error) {
-	p := pacer.DefaultPolicy()
-	if c.policy != "" {
-		var err error
-		if p, err = pacer.LoadPolicy(c.policy); err != nil {
-			return nil, fmt.Errorf("--policy: %w", err)
-		}
-	}
-	if c.policy == "" || c.explicit["floor"] {
-		p = p.WithDefaultFloor(c.floor)
-	}
-	if c.policy == "" || c.explicit["max-in-flight"] {
-		q := *p
-		q.Default.MaxInFlight = c.maxInFlight
-		p = &q
-	}
-	return p, nil
 }
 
 // liveState is what the admin endpoint reads once the worker is wired.

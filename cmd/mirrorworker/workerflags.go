@@ -1,0 +1,246 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// workerFlags are the flags of the commands that run a worker of their own
+// (run and replay): fetch slots, pacer, fetch client, consumer, worker id
+// and logging. They are checked and turned into the pacer, fetch client and
+// worker the same way in both, so that a replay is exactly as polite as the
+// live worker.
+type workerFlags struct {
+	concurrency   int
+	floor         time.Duration
+	maxInFlight   int
+	policy        string
+	allowPrivate  bool
+	maxBodySize   byteSize
+	connectTO     time.Duration
+	headerTO      time.Duration
+	idleTO        time.Duration
+	failureBudget int
+	ackWait       time.Duration
+	maxAckPending int
+	workerID      string
+	logFormat     string
+	logLevel      string
+
+	workerIDPrefix string // of the default worker id, <prefix><hostname>-<pid>
+
+	// explicit holds the flags given on the command line or in the
+	// environment: --floor and --max-in-flight override a policy file's
+	// default only when given.
+	explicit map[string]bool
+}
+
+// workerDefaults is what differs between the commands' worker flags: the
+// help texts that say whose consumer or policy it is, and the defaults.
+type workerDefaults struct {
+	policyHelp        string
+	ackWaitHelp       string
+	maxAckPendingHelp string
+	workerIDHelp      string
+	workerIDPrefix    string
+	logFormat         string
+	logLevel          string
+}
+
+func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
+	fs.IntVar(&w.concurrency, "concurrency", 16, "fetch slots: requests in flight across all authorities")
+	fs.DurationVar(&w.floor, "floor", time.Second, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
+	fs.IntVar(&w.maxInFlight, "max-in-flight", 2, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
+	fs.StringVar(&w.policy, "policy", "", d.policyHelp)
+	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
+	w.maxBodySize = 16 << 30
+	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, in bytes or with a unit (16GiB, 500MB)")
+	fs.DurationVar(&w.connectTO, "connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
+	fs.DurationVar(&w.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
+	fs.DurationVar(&w.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
+	fs.IntVar(&w.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
+	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
+	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
+	fs.StringVar(&w.workerID, "worker-id", "", d.workerIDHelp)
+	w.workerIDPrefix = d.workerIDPrefix
+	fs.StringVar(&w.logFormat, "log-format", d.logFormat, "log format: json or console")
+	fs.StringVar(&w.logLevel, "log-level", d.logLevel, "log level: trace, debug, info, warn or error")
+}
+
+// explicitFlags names the flags given on the command line or in the
+// environment (parseFlags fills the latter without marking them as set).
+func explicitFlags(fs *flag.FlagSet, getenv func(string) string) map[string]bool {
+	set := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if getenv(envName(f.Name)) != "" {
+			set[f.Name] = true
+		}
+	})
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// durationFlag is a duration flag of the command's own that must be more
+// than 0, checked along with the worker's timeouts.
+type durationFlag struct {
+	name string
+	v    time.Duration
+}
+
+// check reports through bad every worker flag value that cannot work; more
+// are the command's own durations that must be more than 0.
+func (w *workerFlags) check(bad func(format string, a ...any), more ...durationFlag) {
+	if w.concurrency < 1 {
+		bad("--concurrency %d: want at least 1", w.concurrency)
+	}
+	if w.floor < 0 {
+		bad("--floor %s: want 0 or more", w.floor)
+	}
+	if w.maxInFlight < 1 {
+		bad("--max-in-flight %d: want at least 1", w.maxInFlight)
+	}
+	if w.maxBodySize <= 0 {
+		bad("--max-body-size %d: want more than 0", w.maxBodySize)
+	}
+	durations := append([]durationFlag{{"connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO}, {"ack-wait", w.ackWait}}, more...)
+	for _, d := range durations {
+		if d.v <= 0 {
+			bad("--%s %s: want more than 0", d.name, d.v)
+		}
+	}
+	if w.failureBudget < 1 {
+		bad("--failure-budget %d: want at least 1", w.failureBudget)
+	}
+	if w.maxAckPending < 1 {
+		bad("--max-ack-pending %d: want at least 1", w.maxAckPending)
+	}
+	if w.logFormat != "json" && w.logFormat != "console" {
+		bad("--log-format %q: want json or console", w.logFormat)
+	}
+	if _, err := zerolog.ParseLevel(w.logLevel); err != nil || w.logLevel == "" {
+		bad("--log-level %q: want trace, debug, info, warn or error", w.logLevel)
+	}
+}
+
+// logger defaults the worker id to <prefix><hostname>-<pid> and builds the
+// command's logger, tagged with it.
+func (w *workerFlags) logger(stderr io.Writer) (zerolog.Logger, error) {
+	log, err := newLogger(zerolog.SyncWriter(stderr), w.logFormat, w.logLevel)
+	if err != nil {
+		return log, usageError{err.Error()}
+	}
+	if w.workerID == "" {
+		host, _ := os.Hostname()
+		if host == "" {
+			host = "mirrorworker"
+		}
+		w.workerID = fmt.Sprintf("%s%s-%d", w.workerIDPrefix, host, os.Getpid())
+	}
+	return log.With().Str("worker_id", w.workerID).Logger(), nil
+}
+
+// pacerPolicy is the policy file (if any) with the default floor and cap
+// from the flags: a flag's default yields to the file's "default" entry, a
+// flag given explicitly wins over it.
+func (w *workerFlags) pacerPolicy() (*pacer.Policy, error) {
+	p := pacer.DefaultPolicy()
+	if w.policy != "" {
+		var err error
+		if p, err = pacer.LoadPolicy(w.policy); err != nil {
+			return nil, fmt.Errorf("--policy: %w", err)
+		}
+	}
+	if w.policy == "" || w.explicit["floor"] {
+		p = p.WithDefaultFloor(w.floor)
+	}
+	if w.policy == "" || w.explicit["max-in-flight"] {
+		q := *p
+		q.Default.MaxInFlight = w.maxInFlight
+		p = &q
+	}
+	return p, nil
+}
+
+func (w *workerFlags) fetchOptions() *fetch.Options {
+	return &fetch.Options{
+		ConnectTimeout:        w.connectTO,
+		TLSHandshakeTimeout:   w.connectTO,
+		ResponseHeaderTimeout: w.headerTO,
+		IdleTimeout:           w.idleTO,
+		MaxBodySize:           int64(w.maxBodySize),
+		AllowPrivate:          w.allowPrivate,
+		UserAgent:             fetch.UserAgent(version),
+	}
+}
+
+// workerParts are the pieces run and replay build alike before their
+// consumer exists: one Metrics for the worker and the event sink (so one
+// registry serves both), the sink that publishes the pacer's facts, the
+// pacer and the fetch client. The caller restores the pacer
+// (replay.RestorePacer), runs the sink and closes the fetch client's idle
+// connections.
+type workerParts struct {
+	w       *workerFlags
+	log     zerolog.Logger
+	js      jetstream.JetStream
+	metrics *worker.Metrics
+	sink    *worker.EventSink
+	pacer   *pacer.Pacer
+	fetch   *fetch.Client
+}
+
+func (w *workerFlags) buildParts(js jetstream.JetStream, reg prometheus.Registerer, policy *pacer.Policy, log zerolog.Logger) (*workerParts, error) {
+	metrics, err := worker.NewMetrics(reg, 0)
+	if err != nil {
+		return nil, err
+	}
+	sink := worker.NewEventSink(js, log, metrics)
+	return &workerParts{
+		w: w, log: log, js: js, metrics: metrics, sink: sink,
+		pacer: pacer.New(&pacer.Options{Policy: policy, Logger: log, OnEvent: sink.Handle}),
+		fetch: fetch.New(w.fetchOptions()),
+	}, nil
+}
+
+// newWorker is a worker on cons with the parts and the flags;
+// shutdownGrace 0 is the worker's default.
+func (p *workerParts) newWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration) (*worker.Worker, error) {
+	return worker.New(worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.fetch, Target: target, Pacer: p.pacer}, &worker.Options{
+		Concurrency:   p.w.concurrency,
+		FailureBudget: p.w.failureBudget,
+		AckWait:       p.w.ackWait,
+		ShutdownGrace: shutdownGrace,
+		WorkerID:      p.w.workerID,
+		Clock:         clock.Real{},
+		Logger:        p.log,
+		Metrics:       p.metrics,
+	})
+}
+
+// openTarget opens the mirror target and proves it writable, so that a
+// mistake fails before anything starts rather than at the first job.
+func openTarget(spec string) (*mirror.FileTarget, error) {
+	target, err := mirror.Open(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%w (pass --target)", err)
+	}
+	if err := checkWritableDir(filepath.Join(target.Root(), ".mirrorworker")); err != nil {
+		return nil, fmt.Errorf("mirror target %s: %w (pass --target)", target.Root(), err)
+	}
+	return target, nil
+}
