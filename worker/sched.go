@@ -42,6 +42,11 @@ type heldJob struct {
 	// diagnosis (they never count against the failure budget).
 	throttles []jobs.Attempt
 
+	// ackMu orders this delivery's acknowledgements: once settled (its
+	// ack, NAK or term sent) no in-progress ack follows (Worker.settle).
+	ackMu   sync.Mutex
+	settled bool
+
 	// Guarded by scheduler.mu.
 	msg     Msg
 	state   jobState
@@ -516,16 +521,16 @@ func (s *scheduler) drain() []*heldJob {
 	return out
 }
 
-// touchDue returns the messages of held jobs not touched since before
-// cutoff and marks them touched at now, for in-progress acks.
-func (s *scheduler) touchDue(now, cutoff time.Time) []Msg {
+// touchDue returns the held jobs not touched since before cutoff and
+// marks them touched at now, for in-progress acks.
+func (s *scheduler) touchDue(now, cutoff time.Time) []*heldJob {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []Msg
+	var out []*heldJob
 	for _, j := range s.bySeq {
 		if j.touched.Before(cutoff) {
 			j.touched = now
-			out = append(out, j.msg)
+			out = append(out, j)
 		}
 	}
 	// Forget authorities whose calendars have passed (bounded memory).

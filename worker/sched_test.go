@@ -2,6 +2,7 @@ package worker
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -322,4 +323,37 @@ func TestSchedulerDrainAndForget(t *testing.T) {
 	if n := s.authorities(); n != 0 {
 		t.Fatalf("%d authorities tracked after everything passed", n)
 	}
+}
+
+// ackLog is a Msg that records its acknowledgements.
+type ackLog struct {
+	Msg
+	ops []string
+}
+
+func (m *ackLog) NakWithDelay(time.Duration) error { m.ops = append(m.ops, "nak"); return nil }
+func (m *ackLog) InProgress() error                { m.ops = append(m.ops, "wpi"); return nil }
+
+func TestNoInProgressAfterADeferral(t *testing.T) {
+	// The heartbeat picks a job, then the dispatcher defers it before the
+	// in-progress ack goes out: that ack must not follow the NAK, or the
+	// server would push the redelivery out to a full AckWait.
+	w := &Worker{sched: newScheduler(nil, schedOptions{}), m: mustMetrics(t)}
+	m := &ackLog{}
+	j := &heldJob{msg: m, seq: 1, auth: "a:80"}
+	w.inProgress(j)
+	w.deferJob(deferral{job: j, delay: time.Second, reason: "cooling"})
+	w.inProgress(j)
+	if got := strings.Join(m.ops, ","); got != "wpi,nak" {
+		t.Fatalf("acks %s, want wpi,nak", got)
+	}
+}
+
+func mustMetrics(t *testing.T) *Metrics {
+	t.Helper()
+	m, err := NewMetrics(nil, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

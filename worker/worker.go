@@ -275,6 +275,15 @@ func (w *Worker) poke() {
 	case w.kick <- struct{}{}:
 	default:
 	}
+	w.wakeIntake()
+}
+
+// wakeIntake tells the intake that held jobs may have dropped below its
+// low water mark. Every path that takes jobs out of memory outside the
+// intake itself must call it (directly or through poke): the intake waits
+// for it when memory is full, and a deferral with no fetch in flight is
+// the only event that frees memory then.
+func (w *Worker) wakeIntake() {
 	select {
 	case w.space <- struct{}{}:
 	default:
@@ -334,12 +343,17 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) handBackQueued() int {
 	js := w.sched.drain()
 	for _, j := range js {
-		w.handBackMsg(j.msg)
+		w.handBack(j)
 	}
 	return len(js)
 }
 
-// handBackMsg returns a job to the stream for immediate redelivery.
+// handBack returns a held job to the stream for immediate redelivery.
+func (w *Worker) handBack(j *heldJob) {
+	w.settle(j, func(m Msg) error { w.handBackMsg(m); return nil })
+}
+
+// handBackMsg returns a delivery to the stream for immediate redelivery.
 func (w *Worker) handBackMsg(m Msg) {
 	if err := m.Nak(); err != nil {
 		w.log.Warn().Err(err).Msg("nak at shutdown")
@@ -355,11 +369,18 @@ func (w *Worker) intakeLoop(ctx context.Context) {
 	for ctx.Err() == nil {
 		free := w.o.MaxHeld - w.sched.held()
 		if free < lowWater {
+			// Woken when jobs leave memory; the timeout is a safety net
+			// against a missed wake-up, which would otherwise stall pulling
+			// for good (deferred jobs only come back through a pull).
+			t := w.clk.NewTimer(w.o.PullWait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
 			case <-w.space:
+			case <-t.C():
 			}
+			t.Stop()
 			continue
 		}
 		batch, err := w.d.Consumer.Fetch(min(free, w.o.PullBatch), jetstream.FetchMaxWait(w.o.PullWait))
@@ -456,6 +477,11 @@ func (w *Worker) dispatchLoop(ctx, fctx context.Context) {
 		for _, d := range defers {
 			w.deferJob(d)
 		}
+		if len(defers) > 0 {
+			// Memory was freed without a fetch completing: the intake may
+			// be waiting for exactly this (a full memory all deferred).
+			w.wakeIntake()
+		}
 		var tc <-chan time.Time
 		if !wake.IsZero() {
 			d := wake.Sub(w.clk.Now())
@@ -480,18 +506,40 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 	period := max(w.o.AckWait/6, 10*time.Millisecond)
 	for clock.Sleep(w.clk, period, ctx.Done()) {
 		now := w.clk.Now()
-		for _, m := range w.sched.touchDue(now, now.Add(-w.o.AckWait/4)) {
-			if err := m.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-				w.log.Debug().Err(err).Msg("in-progress ack")
-			}
+		for _, j := range w.sched.touchDue(now, now.Add(-w.o.AckWait/4)) {
+			w.inProgress(j)
 		}
 	}
 }
 
+// inProgress sends an in-progress ack for j unless j was settled (acked,
+// NAKed, terminated) in the meantime: an in-progress ack after a NAK with
+// a delay would reset the message's timer and push its redelivery out to
+// a full AckWait.
+func (w *Worker) inProgress(j *heldJob) {
+	j.ackMu.Lock()
+	defer j.ackMu.Unlock()
+	if j.settled {
+		return
+	}
+	if err := w.sched.msgOf(j).InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		w.log.Debug().Err(err).Msg("in-progress ack")
+	}
+}
+
+// settle sends j's final acknowledgement of this delivery (ack, NAK, term)
+// with op, after which no in-progress ack is sent for it.
+func (w *Worker) settle(j *heldJob, op func(Msg) error) error {
+	j.ackMu.Lock()
+	defer j.ackMu.Unlock()
+	j.settled = true
+	return op(w.sched.msgOf(j))
+}
+
 // deferJob NAKs a job with the calendar's delay; no failure budget is used.
 func (w *Worker) deferJob(d deferral) {
-	m := w.sched.msgOf(d.job)
-	if err := m.NakWithDelay(d.delay); err != nil {
+	err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) })
+	if err != nil {
 		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 	}
 	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
@@ -507,7 +555,7 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 	if err != nil {
 		if ctx.Err() != nil {
 			// Shut down before the request started: hand it back untouched.
-			w.handBackMsg(w.sched.msgOf(j))
+			w.handBack(j)
 			w.finish(j, 0, false)
 			return
 		}
@@ -551,7 +599,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			delay := w.sched.deferFor(w.clk.Now(), re.Authority, string(re.Reason), re.Wait, re.Interval)
 			w.deferJob(deferral{job: j, delay: delay, reason: "redirect_" + string(re.Reason)})
 		case ctx.Err() != nil:
-			w.handBackMsg(w.sched.msgOf(j))
+			w.handBack(j)
 		case fetch.IsPermanent(err):
 			w.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
 		default:
@@ -624,7 +672,7 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
 	}
 	switch {
 	case ctx.Err() != nil:
-		w.handBackMsg(w.sched.msgOf(j))
+		w.handBack(j)
 	case body.err != nil && fetch.IsPermanent(body.err):
 		w.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
 	case body.err != nil:
@@ -668,7 +716,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // complete acks a job that is stored or unchanged.
 func (w *Worker) complete(j *heldJob, outcome string) {
-	if err := w.sched.msgOf(j).Ack(); err != nil {
+	if err := w.settle(j, Msg.Ack); err != nil {
 		// The job will be redelivered and answered with a 304: no loss.
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack")
 	}
@@ -712,7 +760,7 @@ func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, statu
 		return
 	}
 	delay := w.backoff(rec.Count)
-	if err := w.sched.msgOf(j).NakWithDelay(delay); err != nil {
+	if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
 	}
 	w.m.Jobs.WithLabelValues(OutcomeRetried).Inc()
@@ -748,12 +796,12 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 	defer cancel()
 	if _, err := jobs.PublishDeadLetter(pctx, w.d.JS, dl); err != nil {
 		w.log.Error().Err(err).Str("job", j.job.ID).Str("reason", reason).Msg("publish dead letter; will retry the job")
-		if err := m.NakWithDelay(w.backoff(1)); err != nil {
+		if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(w.backoff(1)) }); err != nil {
 			w.log.Warn().Err(err).Msg("nak")
 		}
 		return
 	}
-	if err := m.TermWithReason(reason); err != nil {
+	if err := w.settle(j, func(m Msg) error { return m.TermWithReason(reason) }); err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("term")
 	}
 	if len(attempts) > 0 && w.kv != nil {

@@ -420,3 +420,45 @@ func TestRedirectToACoolingAuthorityDefers(t *testing.T) {
 		t.Errorf("ack pending %d, want the deferred job", info.NumAckPending)
 	}
 }
+
+// phasedPacer refuses every request with a short spacing wait until hold,
+// then with a cooldown until open, then grants (no floor, no cap).
+type phasedPacer struct{ hold, open time.Time }
+
+func (p *phasedPacer) Acquire(now time.Time, auth string, _ time.Duration) (pacer.Permit, error) {
+	switch {
+	case now.Before(p.hold):
+		return pacer.Permit{}, &pacer.RefusedError{Authority: auth, Reason: pacer.ReasonSpacing, Wait: p.hold.Sub(now), Interval: 10 * time.Millisecond}
+	case now.Before(p.open):
+		return pacer.Permit{}, &pacer.RefusedError{Authority: auth, Reason: pacer.ReasonCooling, Wait: p.open.Sub(now), Interval: 10 * time.Millisecond, Until: p.open}
+	}
+	return pacer.Permit{Authority: auth, Start: now}, nil
+}
+
+func (p *phasedPacer) Done(time.Time, pacer.Permit, pacer.Response) pacer.Verdict {
+	return pacer.Verdict{}
+}
+
+func TestDeferringAFullMemoryResumesPulling(t *testing.T) {
+	// MaxHeld jobs wait in memory (a short spacing wait) while more are
+	// pending, so the intake waits for space. Then a cooldown longer than
+	// HoldMax defers every one of them, with no fetch in flight: the
+	// deferral itself must wake the intake, or the deferred jobs (and those
+	// never pulled) are never delivered again.
+	const maxHeld = 16
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	now := time.Now()
+	p := &phasedPacer{hold: now.Add(time.Second), open: now.Add(3500 * time.Millisecond)}
+	var js []jobs.Job
+	for i := range 3 * maxHeld {
+		js = append(js, jobs.Job{ID: fmt.Sprint("full", i), URL: o.url(fmt.Sprint("/full/", i)), Target: fmt.Sprint("full/", i)})
+	}
+	e.publish(js...)
+	r := e.start(p, worker.Options{MaxHeld: maxHeld, MaxHeldPerAuthority: maxHeld, HoldMax: 1500 * time.Millisecond, PullWait: 100 * time.Millisecond})
+	r.f.waitFor(t, len(js), isOutcome(worker.OutcomeStored), 15*time.Second)
+	if got := counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}); got < maxHeld {
+		t.Errorf("%v jobs deferred, want at least the %d held at the cooldown", got, maxHeld)
+	}
+	e.waitDrained(10 * time.Second)
+}
