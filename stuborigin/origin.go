@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/clock"
@@ -43,6 +44,12 @@ type Options struct {
 	MaxTimeline int
 	// ShutdownTimeout bounds the graceful shutdown in Run (default 5 s).
 	ShutdownTimeout time.Duration
+	// Registerer, when set, also gets the origin's metrics collector, for
+	// a process that exports them on a /metrics of its own. The admin
+	// handler always serves a registry the origin owns, holding only its
+	// metrics. Two origins on one Registerer clash (New fails): wrap it
+	// for each with prometheus.WrapRegistererWith to tell them apart.
+	Registerer prometheus.Registerer
 }
 
 // Origin is a throttling stub origin serving one or more authorities. It is
@@ -58,6 +65,7 @@ type Origin struct {
 	shards  []*shard
 	faults  atomic.Pointer[Faults]
 	shutTO  time.Duration
+	reg     *prometheus.Registry // served on the admin /metrics
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -144,6 +152,9 @@ func New(p *Profile, o *Options) (*Origin, error) {
 	}
 	f := p.Faults
 	og.faults.Store(&f)
+	if err := og.registerMetrics(opt.Registerer); err != nil {
+		return nil, fmt.Errorf("stuborigin: %w", err)
+	}
 	return og, nil
 }
 
