@@ -11,11 +11,11 @@ PKGS      := ./...
 all: build
 
 build:
-	$(GO) build -o bin/mirrorworker ./cmd/mirrorworker
+	$(GO) build -ldflags "-X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" -o bin/mirrorworker ./cmd/mirrorworker
 
 ## run: the worker on the embedded JetStream default (store and mirror under $(DATA_DIR)).
-run:
-	$(GO) run ./cmd/mirrorworker run --data-dir $(DATA_DIR) --log-format console $(RUN_ARGS)
+run: build
+	./bin/mirrorworker run --data-dir $(DATA_DIR) --log-format console $(RUN_ARGS)
 
 ## test: vet, formatting, every test, and the race detector over the concurrent packages.
 test: vet fmt-check test-plain test-race
