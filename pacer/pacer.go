@@ -29,10 +29,10 @@ const (
 const (
 	DefaultQuietWindow = 30 * time.Minute
 	DefaultMaxEntries  = 1 << 20
-	// MaxStartGuard caps the default StartGuard, a tenth of the floor
+	// MaxStartGuard caps the default StartGuard, a quarter of the floor
 	// (startGuardDiv).
 	MaxStartGuard = 25 * time.Millisecond
-	startGuardDiv = 10
+	startGuardDiv = 4
 )
 
 // State names of State.State and the keys of Counts.
@@ -89,7 +89,7 @@ type Options struct {
 	// interval apart reach the origin closer than that whenever the first is
 	// delayed more on its way; the guard absorbs that. It never enters the
 	// reported Interval nor the escalation arithmetic. 0 means
-	// min(floor/10, MaxStartGuard) for each authority (0 when the floor is
+	// min(floor/4, MaxStartGuard) for each authority (0 when the floor is
 	// 0); negative means none. It is not scaled: the jitter it covers is the
 	// machine's, not the origin's.
 	StartGuard time.Duration

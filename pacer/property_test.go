@@ -65,7 +65,7 @@ func TestPropertyRandomSequences(t *testing.T) {
 	}
 	for seed := uint64(1); seed <= 24; seed++ {
 		floor := floors[seed%uint64(len(floors))]
-		guard := min(floor/10, pacer.MaxStartGuard)
+		guard := min(floor/4, pacer.MaxStartGuard)
 		t.Run(fmt.Sprintf("seed%d_floor%s", seed, floor), func(t *testing.T) {
 			rnd := rand.New(rand.NewPCG(seed, 42))
 			p := pacer.New(&pacer.Options{

@@ -43,7 +43,7 @@ func TestConfirmSpacesFromTheActualStart(t *testing.T) {
 		bMoved, cStart time.Duration // B's new Start; the next grant's
 	}{
 		{"no guard", -1, 100 * ms, 200 * ms, 125 * ms, 225 * ms, 325 * ms},
-		{"default guard (floor/10 = 10 ms)", 0, 110 * ms, 220 * ms, 135 * ms, 245 * ms, 355 * ms},
+		{"default guard (floor/4 = 25 ms)", 0, 125 * ms, 250 * ms, 150 * ms, 275 * ms, 400 * ms},
 		{"explicit guard 5 ms", 5 * ms, 105 * ms, 210 * ms, 130 * ms, 235 * ms, 340 * ms},
 	}
 	for _, tt := range tests {

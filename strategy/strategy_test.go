@@ -356,14 +356,14 @@ func TestDoneWithForeignPermitIsIgnored(t *testing.T) {
 // The HostPacer under the same harness: same floor, cap and refusal waits
 // as the engine the other strategies share, so only learning differs.
 func TestHostPacerShareTheDecision(t *testing.T) {
-	// Floor 100 ms at Scale 0.01: the start guard is min(floor/10, 25 ms) =
-	// 10 ms, the first escalation step 2 s x 0.01 = 20 ms, the interval cap
+	// Floor 100 ms at Scale 0.01: the start guard is min(floor/4, 25 ms) =
+	// 25 ms, the first escalation step 2 s x 0.01 = 20 ms, the interval cap
 	// max(60 s x 0.01, floor) = 600 ms, the quiet window 30 min x 0.01 = 18 s.
 	run(t, newStrategy(t, strategy.HostPacer, strategy.Options{Floor: ms(100), MaxInFlight: 2, Scale: 0.01}), []step{
 		{at: 0, grant: true, start: 0, interval: ms(100)},
-		{at: 0, refuse: pacer.ReasonSpacing, wait: ms(110)},
-		{at: 0, maxWait: time.Second, grant: true, start: ms(110), interval: ms(100)},
-		{at: 0, maxWait: time.Hour, refuse: pacer.ReasonInFlight, wait: ms(220)}, // the gap to the slot after the reserved one
+		{at: 0, refuse: pacer.ReasonSpacing, wait: ms(125)},
+		{at: 0, maxWait: time.Second, grant: true, start: ms(125), interval: ms(100)},
+		{at: 0, maxWait: time.Hour, refuse: pacer.ReasonInFlight, wait: ms(250)}, // the gap to the slot after the reserved one
 		{at: ms(300), status: 200},
 		// 429 Retry-After 5: cooldown, and the interval escalates to 200 ms.
 		{at: ms(1200), status: 429, header: ra(5), throttled: true, reason: "429", until: ms(6200)},
