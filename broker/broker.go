@@ -173,9 +173,9 @@ func Connect(ctx context.Context, o ConnectOptions, extra ...nats.Option) (*nats
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("connect nats %s: %w (last error: %v)", redactURL(o.URL), ctx.Err(), lastErr)
+			return nil, fmt.Errorf("connect nats %s: %w (last error: %v)", RedactURL(o.URL), ctx.Err(), lastErr)
 		case <-time.After(time.Second):
 		}
 	}
-	return nil, fmt.Errorf("connect nats %s: %w", redactURL(o.URL), lastErr)
+	return nil, fmt.Errorf("connect nats %s: %w", RedactURL(o.URL), lastErr)
 }

@@ -80,3 +80,26 @@ func TestConnectErrorRedactsCredentials(t *testing.T) {
 		t.Fatalf("error leaks the password: %v", err)
 	}
 }
+
+func TestRedactURL(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+	}{
+		{name: "no credentials", in: "nats://127.0.0.1:4222", want: "nats://127.0.0.1:4222"},
+		{name: "user and password", in: "nats://alice:s3cret@nats-1:4222", want: "nats://redacted@nats-1:4222"},
+		{name: "token", in: "nats://s3cret@nats-1:4222", want: "nats://redacted@nats-1:4222"},
+		{name: "list", in: "nats://a:s3cret@n1:4222, nats://n2:4222", want: "nats://redacted@n1:4222,nats://n2:4222"},
+		{name: "unparseable", in: "nats://alice:s3cret@[bad", want: "<unparseable url>"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := broker.RedactURL(tt.in)
+			if got != tt.want {
+				t.Fatalf("RedactURL(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+			if strings.Contains(got, "s3cret") {
+				t.Fatalf("RedactURL(%q) leaks the secret: %q", tt.in, got)
+			}
+		})
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/term"
 
+	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
@@ -211,7 +212,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	for _, name := range []string{jobs.JobsStream, jobs.EventsStream} {
 		if _, err := js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return fmt.Errorf("no stream %s on %s: nothing to replay (has `mirrorworker run` ever run there?)", name, redactedURLs(natsURL))
+				return fmt.Errorf("no stream %s on %s: nothing to replay (has `mirrorworker run` ever run there?)", name, broker.RedactURL(natsURL))
 			}
 			return fmt.Errorf("stream %s: %w", name, err)
 		}

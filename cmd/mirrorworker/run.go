@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -304,7 +303,7 @@ func (p *pipeline) run(ctx context.Context) error {
 		natsURL = p.embedded.ClientURL()
 		nc, err = p.embedded.Connect(name, natsLogHandlers(log)...)
 	} else {
-		natsURL = redactedURLs(c.nats.url)
+		natsURL = broker.RedactURL(c.nats.url)
 		log.Info().Str("nats_url", natsURL).Msg("connecting to NATS")
 		nc, err = c.nats.connect(ctx, name, natsLogHandlers(log)...)
 	}
@@ -436,7 +435,7 @@ func natsLogHandlers(log zerolog.Logger) []nats.Option {
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info().Str("nats_url", redactedURLs(nc.ConnectedUrl())).Msg("NATS reconnected")
+			log.Info().Str("nats_url", broker.RedactURL(nc.ConnectedUrl())).Msg("NATS reconnected")
 		}),
 	}
 }
@@ -468,18 +467,6 @@ func checkPortFree(addr string) error {
 		return err
 	}
 	return ln.Close()
-}
-
-// redactedURLs drops userinfo from a comma-separated list of server URLs.
-func redactedURLs(s string) string {
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
-			u.User = nil
-			parts[i] = u.String()
-		}
-	}
-	return strings.Join(parts, ",")
 }
 
 // byteSize is a flag of bytes: a plain integer or one with a unit
