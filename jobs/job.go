@@ -506,7 +506,14 @@ func validID(s string) bool {
 // ValidTenant reports whether s is a tenant name: 1 to 64 characters from
 // a-z, 0-9, "_" and "-". Such a name is a valid NATS subject token.
 func ValidTenant(s string) bool {
-	if len(s) == 0 || len(s) > MaxTenantLen {
+	return len(s) <= MaxTenantLen && tokenChars(s)
+}
+
+// tokenChars reports whether s is non-empty and made only of a-z, 0-9, "_"
+// and "-": the characters of tenants and authority keys, all safe in a NATS
+// subject token.
+func tokenChars(s string) bool {
+	if s == "" {
 		return false
 	}
 	for i := 0; i < len(s); i++ {

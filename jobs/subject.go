@@ -104,14 +104,5 @@ func EventSubject(akey string) string {
 // validAkey reports whether s could be an authority key: one non-empty
 // subject token made of the characters authority.Key produces.
 func validAkey(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	return tokenChars(s)
 }
