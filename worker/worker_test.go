@@ -288,8 +288,18 @@ func TestShutdownHandsHeldJobsBack(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := counter(t, r1.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"}); got != n-1 {
-		t.Fatalf("held_jobs{queued} = %v, want %d", got, n-1)
+	// The consumer counts a job ack-pending as soon as it is delivered; the
+	// worker counts it held once the intake has queued it, a moment later.
+	// Wait for what the test means: every job but the first queued here.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got := counter(t, r1.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"})
+		if got == n-1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("held_jobs{queued} = %v, want %d", got, n-1)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	stopped := time.Now()
 	r1.stop(t)
