@@ -32,9 +32,15 @@ func JobsSubjectFilter(tenant, akey string) string {
 	return JobsSubjectPrefix + tenant + "." + akey
 }
 
-// ParseSubject splits mirror.jobs.<tenant>.<akey>. The error is an
+// ParseSubject splits mirror.jobs.<tenant>.<akey> (or the same job's
+// mirror.work.<p>.<tenant>.<akey> or mirror.parked.<p>.<tenant>.<akey>). The error is an
 // *InvalidError for field "subject".
 func ParseSubject(subject string) (tenant, akey string, err error) {
+	if strings.HasPrefix(subject, WorkSubjectPrefix) || strings.HasPrefix(subject, ParkSubjectPrefix) {
+		// The same job in a partition of MIRROR_WORK or MIRROR_PARKED.
+		_, tenant, akey, err = ParsePartitionSubject(subject)
+		return tenant, akey, err
+	}
 	rest, ok := strings.CutPrefix(subject, JobsSubjectPrefix)
 	if !ok {
 		return "", "", invalid("subject", "%q does not start with %q", truncate(subject, 300), JobsSubjectPrefix)
@@ -88,6 +94,9 @@ func DeadLetterSubject(tenant, akey string) string {
 // arrived on jobSubject, keeping each of its tenant and akey tokens that is
 // valid on its own (see DeadLetterSubject).
 func DeadLetterSubjectFor(jobSubject string) string {
+	if tenant, akey, err := ParseSubject(jobSubject); err == nil {
+		return DeadLetterSubject(tenant, akey)
+	}
 	rest, ok := strings.CutPrefix(jobSubject, JobsSubjectPrefix)
 	if !ok {
 		return DeadLetterSubject("", "")

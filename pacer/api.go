@@ -17,6 +17,7 @@ const (
 	ReasonProbing  Reason = "probing"  // the cooldown is over and a probe is in flight
 	ReasonInFlight Reason = "inflight" // the authority's in-flight cap is reached
 	ReasonSpacing  Reason = "spacing"  // the next slot is further away than maxWait
+	ReasonPaused   Reason = "paused"   // an operator paused the authority
 )
 
 // Permit is a granted request start. The caller must not start the request
@@ -79,6 +80,12 @@ const (
 	EventCooldown  EventType = "cooldown"  // a cooldown was entered or extended
 	EventRecovered EventType = "recovered" // a probe succeeded; the cooldown is cleared
 	EventInterval  EventType = "interval"  // the interval changed (escalation or decay)
+	// EventPaused and EventResumed are an operator's manual pause of an
+	// authority (mirrorworker pause/resume); the pacer never emits them, it
+	// only applies them. A pause is not capped and is no throttling signal:
+	// it neither escalates nor wants a probe when it ends.
+	EventPaused  EventType = "paused"
+	EventResumed EventType = "resumed"
 )
 
 // Event is a pacer fact. Replaying events (Apply) rebuilds the state that
@@ -107,4 +114,5 @@ type State struct {
 	InFlight      int           `json:"in_flight"`
 	MaxInFlight   int           `json:"max_in_flight"`
 	LastThrottle  time.Time     `json:"last_throttle,omitzero"`
+	PausedUntil   time.Time     `json:"paused_until,omitzero"` // an operator's pause
 }

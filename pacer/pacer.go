@@ -42,6 +42,7 @@ const (
 	StateEscalated = "escalated" // interval above the floor
 	StateCooling   = "cooling"   // a cooldown is in force
 	StateProbing   = "probing"   // the cooldown is over and awaits (or runs) its probe
+	StatePaused    = "paused"    // an operator paused the authority
 )
 
 // Options configure a Pacer. The zero value of every field is its default.
@@ -148,6 +149,8 @@ type entry struct {
 	ceiling      int64  // fallback ceiling
 	lastThrot    int64  // last throttling signal, for State
 	probeSeq     uint64 // seq of the probe in flight, 0 if none
+	paused       int64  // an operator's pause deadline (EventPaused); not capped
+	pausedAt     int64  // when the latest pause was given, for EventResumed
 	inFlight     int32
 	maxFlight    int32
 }
@@ -253,7 +256,7 @@ func (p *Pacer) sweepLocked(s *shard, now int64) {
 }
 
 func (p *Pacer) evictable(e *entry, now int64) bool {
-	return e.until == 0 && e.inFlight == 0 && e.probeSeq == 0 &&
+	return e.until == 0 && e.inFlight == 0 && e.probeSeq == 0 && e.paused <= now &&
 		e.ceiling == p.fallbackMin &&
 		p.decayedInterval(e, now) <= e.floor &&
 		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now)
@@ -352,6 +355,9 @@ func (p *Pacer) decayDue(e *entry, n int64) bool {
 }
 
 func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n int64, maxWait time.Duration) (Permit, *RefusedError) {
+	if re := pausedLocked(e, auth, n); re != nil {
+		return Permit{}, re
+	}
 	probe := false
 	if e.until != 0 {
 		if n < e.until {
@@ -440,6 +446,9 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	e := s.m[pm.Authority]
 	if e == nil || pm.seq == 0 {
 		return pm, nil
+	}
+	if re := pausedLocked(e, pm.Authority, n); re != nil {
+		return pm, re
 	}
 	if e.until != 0 && (pm.seq != e.probeSeq || n < e.until) {
 		if n < e.until {
@@ -746,7 +755,78 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 			e.until = 0
 			e.ceiling = p.fallbackMin
 		}
+	case EventPaused:
+		// The longest pause wins, as for cooldowns; an operator's pause is
+		// deliberate, so MaxPause does not cap it.
+		e.paused = max(e.paused, ev.Until.UnixNano())
+	case EventResumed:
+		// A resume ends the pauses given before it, not a later one.
+		if at >= e.pausedAt {
+			e.paused = 0
+		}
 	}
+	if ev.Type == EventPaused {
+		e.pausedAt = max(e.pausedAt, at)
+	}
+}
+
+// pausedLocked refuses a request to an authority an operator paused. The
+// entry's lock must be held.
+func pausedLocked(e *entry, auth string, n int64) *RefusedError {
+	if e.paused <= n {
+		return nil
+	}
+	return &RefusedError{Authority: auth, Reason: ReasonPaused, Wait: time.Duration(e.paused - n),
+		Interval: time.Duration(e.interval), Until: time.Unix(0, e.paused)}
+}
+
+// Fence tells the pacer that another worker may have started a request to
+// auth as late as at (a cluster hand-over: the authority's previous owner
+// stopped serving it before at). The next start is spaced from at by the
+// interval in force, as if that request had started here; a later start
+// already known is kept. Fence publishes nothing.
+func (p *Pacer) Fence(now time.Time, auth string, at time.Time) {
+	n := now.UnixNano()
+	s := p.shardFor(auth)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := p.entryLocked(s, auth, n)
+	a := min(at.UnixNano(), n)
+	e.lastStart = max(e.lastStart, a)
+	e.started = max(e.started, a)
+	e.startedOther = max(e.startedOther, a)
+}
+
+// ReadyIn returns how long from now until a request to auth could start, as
+// far as cooldowns, pauses and spacing say (the in-flight cap aside), and
+// the reason when that is not at once. It changes nothing: the worker uses
+// it to decide when to bring parked jobs back, never to start a request.
+func (p *Pacer) ReadyIn(now time.Time, auth string) (time.Duration, Reason) {
+	n := now.UnixNano()
+	s := p.shardFor(auth)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.m[auth]
+	if e == nil {
+		return 0, ""
+	}
+	if e.paused > n {
+		return time.Duration(e.paused - n), ReasonPaused
+	}
+	if e.until != 0 {
+		if n < e.until {
+			return time.Duration(e.until - n), ReasonCooling
+		}
+		if e.probeSeq != 0 {
+			return time.Duration(p.probeWait), ReasonProbing
+		}
+	}
+	if e.lastStart != 0 {
+		if gap := e.lastStart + p.decayedInterval(e, n) + p.guardFor(e) - n; gap > 0 {
+			return time.Duration(gap), ReasonSpacing
+		}
+	}
+	return 0, ""
 }
 
 // Snapshot returns every tracked authority, sorted by authority, as
@@ -770,7 +850,7 @@ func (p *Pacer) Snapshot(now time.Time) []State {
 // present, zero included), for the pacer_authorities gauge.
 func (p *Pacer) Counts(now time.Time) map[string]int {
 	n := now.UnixNano()
-	c := map[string]int{StateIdle: 0, StateActive: 0, StateEscalated: 0, StateCooling: 0, StateProbing: 0}
+	c := map[string]int{StateIdle: 0, StateActive: 0, StateEscalated: 0, StateCooling: 0, StateProbing: 0, StatePaused: 0}
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()
@@ -785,6 +865,8 @@ func (p *Pacer) Counts(now time.Time) map[string]int {
 func (p *Pacer) stateName(e *entry, n int64) string {
 	iv := p.decayedInterval(e, n)
 	switch {
+	case e.paused > n:
+		return StatePaused
 	case e.until != 0 && n < e.until:
 		return StateCooling
 	case e.until != 0:
@@ -816,5 +898,8 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		st.NextSlot = time.Unix(0, n)
 	}
 	st.CooldownUntil = unixOrZero(e.until)
+	if e.paused > n {
+		st.PausedUntil = time.Unix(0, e.paused)
+	}
 	return st
 }

@@ -3,12 +3,15 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
@@ -18,7 +21,7 @@ const DefaultEventBuffer = 4096
 
 // EventPublisher is the subset of jetstream.JetStream the EventSink needs.
 type EventPublisher interface {
-	Publish(ctx context.Context, subject string, data []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+	PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
 }
 
 var _ EventPublisher = (jetstream.JetStream)(nil)
@@ -32,7 +35,12 @@ type EventSink struct {
 	log zerolog.Logger
 	m   *Metrics
 	ch  chan pacer.Event
+	pod string // jobs.HeaderPod of every fact; set before Run
 }
+
+// SetPod names the pod in every fact the sink publishes, so that the pods
+// following MIRROR_EVENTS (FollowEvents) skip their own. Call it before Run.
+func (s *EventSink) SetPod(id string) { s.pod = id }
 
 // NewEventSink returns a sink publishing with js (nil: metrics and logs
 // only). m may be nil (metrics are then kept in a private registry).
@@ -97,8 +105,64 @@ func (s *EventSink) publish(ctx context.Context, ev pacer.Event) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := s.js.Publish(pctx, jobs.EventSubject(authority.KeyOf(ev.Authority)), b); err != nil {
+	m := nats.NewMsg(jobs.EventSubject(authority.KeyOf(ev.Authority)))
+	m.Data = b
+	if s.pod != "" {
+		m.Header.Set(jobs.HeaderPod, s.pod)
+	}
+	if _, err := s.js.PublishMsg(pctx, m); err != nil {
 		s.m.EventsDropped.Inc()
 		s.log.Warn().Err(err).Str("authority", ev.Authority).Str("event", string(ev.Type)).Msg("publish pacer event")
 	}
+}
+
+// Applier is what FollowEvents feeds: *pacer.Pacer is one.
+type Applier interface {
+	Apply(now time.Time, ev pacer.Event)
+}
+
+// FollowEvents applies to p, as they are published, the pacer facts of
+// every other pod and every operator command (pause, resume) on
+// MIRROR_EVENTS, skipping those published by self (jobs.HeaderPod). It reads
+// with an ordered consumer from the newest message on, so it starts before
+// the cold-start restore (replay.RestorePacer) and nothing falls between
+// the two; a fact applied twice is harmless. It returns when ctx ends, or
+// an error when it cannot start.
+func FollowEvents(ctx context.Context, js jetstream.JetStream, p Applier, self string, log zerolog.Logger) (run func() error, err error) {
+	c, err := js.OrderedConsumer(ctx, jobs.EventsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{jobs.PacerEventPrefix + ">"},
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("follow %s: %w", jobs.EventsStream, err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("follow %s: %w", jobs.EventsStream, err)
+	}
+	return func() error {
+		go func() { <-ctx.Done(); it.Stop() }()
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					return nil
+				}
+				log.Warn().Err(err).Msg("follow pacer facts")
+				continue
+			}
+			if m.Headers().Get(jobs.HeaderPod) == self && self != "" {
+				continue
+			}
+			var ev pacer.Event
+			if err := json.Unmarshal(m.Data(), &ev); err != nil || ev.Authority == "" {
+				continue
+			}
+			p.Apply(time.Now(), ev)
+			if ev.Type == pacer.EventPaused || ev.Type == pacer.EventResumed {
+				log.Info().Str("authority", ev.Authority).Str("event", string(ev.Type)).
+					Time("until", ev.Until).Str("reason", ev.Reason).Msg("operator " + string(ev.Type) + " authority")
+			}
+		}
+	}, nil
 }

@@ -39,6 +39,9 @@ type Metrics struct {
 	HeldJobs         *prometheus.GaugeVec   // {state}
 	Cooldowns        *prometheus.CounterVec // {host,port,reason}
 	EventsDropped    prometheus.Counter
+	Partitions       prometheus.Gauge       // partitions this pod serves
+	ParkedJobs       *prometheus.GaugeVec   // {host,port}: jobs parked in MIRROR_PARKED
+	Parks            *prometheus.CounterVec // {op}: parked, unparked
 
 	hosts hostLimiter
 }
@@ -106,6 +109,18 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		Namespace: ns, Name: "held_jobs",
 		Help: "Jobs held in memory, by state (queued, waiting, fetching).",
 	}, []string{"state"})).(*prometheus.GaugeVec)
+	m.Partitions = reg1(prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "partitions_owned",
+		Help: "Partitions of MIRROR_WORK this pod serves (partitioned mode).",
+	})).(prometheus.Gauge)
+	m.ParkedJobs = reg1(prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Namespace: ns, Name: "parked_jobs",
+		Help: "Jobs parked in MIRROR_PARKED for the authorities of the partitions this pod serves (host labels capped).",
+	}, []string{"host", "port"})).(*prometheus.GaugeVec)
+	m.Parks = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "parks_total",
+		Help: "Jobs moved into (parked) or out of (unparked) MIRROR_PARKED.",
+	}, []string{"op"})).(*prometheus.CounterVec)
 	m.Cooldowns = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "cooldowns_total",
 		Help: "Cooldowns entered or extended, by authority and reason.",

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
@@ -30,6 +31,10 @@ type heldJob struct {
 	job    jobs.Job
 	data   []byte
 	seq    uint64 // stream sequence: identifies the job across deliveries
+	part   int    // partition of MIRROR_WORK it came from (0 with one consumer)
+	// prior is the deliveries the job had before it was parked
+	// (jobs.HeaderDeliveries), so deliveries per job count across parking.
+	prior uint64
 	auth   string // "host:port" of the first hop
 	etag   string // from the stored metadata, for a conditional request
 	lastMo string
@@ -63,7 +68,10 @@ type grant struct {
 type deferral struct {
 	job    *heldJob
 	delay  time.Duration
-	reason string // "cooling", "spacing", "probing", "overflow", "throttled"
+	reason string // "cooling", "spacing", "probing", "overflow", "throttled", "handover"
+	// handBack: return the job for immediate redelivery (its partition was
+	// lost), not a deferral.
+	handBack bool
 }
 
 // schedOptions are the scheduler's knobs (see Options).
@@ -76,7 +84,20 @@ type schedOptions struct {
 	spread     time.Duration
 	inflightRe time.Duration // retry of an in-flight refusal when no completion wakes it
 	rand       func() float64
+	// partitions > 0: jobs come from that many partitions, served only
+	// while owns(partition) is true (docs/adr/0007).
+	partitions int
+	owns       func(p int) bool
 }
+
+// fencer is a Pacer that can be told another pod may have started a
+// request (*pacer.Pacer is one); the scheduler fences every authority of a
+// partition it takes over.
+type fencer interface {
+	Fence(now time.Time, auth string, at time.Time)
+}
+
+var _ fencer = (*pacer.Pacer)(nil)
 
 // scheduler holds the per-authority queues and decides, on the pacer's
 // answers, which job goes to a free fetch slot, which waits in memory and
@@ -93,6 +114,10 @@ type scheduler struct {
 	bySeq  map[uint64]*heldJob
 	counts [3]int // held jobs per state
 	busy   int    // fetch slots in use
+	// busyPart counts fetch slots in use per partition; since is when each
+	// partition was taken over (fenced against its previous owner).
+	busyPart map[int]int
+	since    map[int]time.Time
 	// onCounts, if set, is called with the per-state counts after a change,
 	// under mu (it must only set gauges).
 	onCounts func(counts [3]int, busy int)
@@ -101,6 +126,8 @@ type scheduler struct {
 // authQ is one authority's queue and what the scheduler learned of it.
 type authQ struct {
 	name     string
+	part     int       // its partition
+	fenced   time.Time // the take-over instant it was fenced against
 	tenants  map[string]*fifo
 	order    []string // tenants in round-robin order
 	cursor   int
@@ -140,16 +167,89 @@ func newScheduler(p Pacer, o schedOptions) *scheduler {
 	if o.inflightRe <= 0 {
 		o.inflightRe = time.Second
 	}
-	return &scheduler{pacer: p, o: o, auths: map[string]*authQ{}, bySeq: map[uint64]*heldJob{}}
+	return &scheduler{pacer: p, o: o, auths: map[string]*authQ{}, bySeq: map[uint64]*heldJob{},
+		busyPart: map[int]int{}, since: map[int]time.Time{}}
 }
 
 func (s *scheduler) authLocked(name string) *authQ {
 	a := s.auths[name]
 	if a == nil {
-		a = &authQ{name: name, tenants: map[string]*fifo{}}
+		a = &authQ{name: name, tenants: map[string]*fifo{}, part: s.partitionOf(name)}
 		s.auths[name] = a
 	}
 	return a
+}
+
+// partitionOf returns the partition an authority's jobs are in.
+func (s *scheduler) partitionOf(auth string) int {
+	if s.o.partitions <= 0 {
+		return 0
+	}
+	return jobs.Partition(authority.KeyOf(auth), s.o.partitions)
+}
+
+// ownsLocked reports whether this worker may start requests of partition p.
+func (s *scheduler) ownsLocked(p int) bool {
+	return s.o.owns == nil || s.o.owns(p)
+}
+
+// takeOver records that partition p was taken over at since: the first
+// request to each of its authorities is spaced from since.
+func (s *scheduler) takeOver(p int, since time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.since[p] = since
+}
+
+// drainPartition removes every queued job of partition p (it is being
+// given up) and returns them.
+func (s *scheduler) drainPartition(p int) []*heldJob {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*heldJob
+	for _, a := range s.auths {
+		if a.part != p {
+			continue
+		}
+		for a.n > 0 {
+			j := s.popLocked(a)
+			s.dropLocked(j)
+			out = append(out, j)
+		}
+	}
+	delete(s.since, p)
+	s.notifyLocked()
+	return out
+}
+
+// queuedByAuth returns the queued jobs per authority.
+func (s *scheduler) queuedByAuth() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for name, a := range s.auths {
+		if a.n+a.inflight > 0 {
+			out[name] = a.n + a.inflight
+		}
+	}
+	return out
+}
+
+// busyIn returns how many fetch slots work on jobs of partition p.
+func (s *scheduler) busyIn(p int) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.busyPart[p]
+}
+
+// pipeline returns the jobs of auth in memory: queued, waiting or fetching.
+func (s *scheduler) pipeline(auth string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.auths[auth]; a != nil {
+		return a.n + a.inflight
+	}
+	return 0
 }
 
 // forgetLocked drops an authority that holds nothing worth keeping.
@@ -361,6 +461,23 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 		if head == nil {
 			continue
 		}
+		if !s.ownsLocked(a.part) {
+			// The partition's lease is gone or being given back: another
+			// pod serves these jobs now, and gets them at once.
+			for a.n > 0 {
+				j := s.popLocked(a)
+				s.dropLocked(j)
+				defers = append(defers, deferral{job: j, reason: "handover", handBack: true})
+			}
+			s.forgetLocked(a, now)
+			continue
+		}
+		if since, ok := s.since[a.part]; ok && !a.fenced.Equal(since) {
+			if f, ok := s.pacer.(fencer); ok {
+				f.Fence(now, a.name, since)
+			}
+			a.fenced = since
+		}
 		pm, err := s.pacer.Acquire(now, a.name, s.o.reserve)
 		if err == nil {
 			j := s.popLocked(a)
@@ -369,6 +486,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			a.inflight++
 			a.maxSeen = max(a.maxSeen, a.inflight)
 			s.busy++
+			s.busyPart[a.part]++
 			grants = append(grants, grant{job: j, permit: pm})
 			if a.n > 0 {
 				a.inReady = true
@@ -462,6 +580,9 @@ func (s *scheduler) finished(now time.Time, j *heldJob, took time.Duration, requ
 	defer s.mu.Unlock()
 	s.busy--
 	a := s.authLocked(j.auth)
+	if s.busyPart[a.part]--; s.busyPart[a.part] <= 0 {
+		delete(s.busyPart, a.part)
+	}
 	if a.inflight > 0 {
 		a.inflight--
 	}
@@ -547,11 +668,12 @@ func (s *scheduler) msgOf(j *heldJob) Msg {
 	return j.msg
 }
 
-// deliveries returns the job's NumDelivered of its live delivery.
+// deliveries returns the job's deliveries: NumDelivered of its live
+// delivery, plus those it had before it was parked.
 func (s *scheduler) deliveries(j *heldJob) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return j.delivered
+	return j.prior + j.delivered
 }
 
 // authorities returns how many authorities the scheduler tracks (tests).

@@ -27,6 +27,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -103,13 +104,19 @@ type Msg interface {
 
 var _ Msg = (jetstream.Msg)(nil)
 
-// Deps are the worker's collaborators. All are required.
+// Deps are the worker's collaborators. All are required, except Consumer
+// and Owns, which depend on the mode: with Options.Partitions zero the
+// worker pulls Consumer; otherwise partitions are added and removed while it
+// runs (AddPartition, RemovePartition) and Owns says which it may serve.
 type Deps struct {
-	JS       jetstream.JetStream // dead letters, the attempts bucket
-	Consumer jetstream.Consumer  // the durable pull consumer on MIRROR_JOBS
+	JS       jetstream.JetStream // dead letters, the attempts bucket, parking
+	Consumer jetstream.Consumer  // the durable pull consumer (one-consumer mode)
 	Fetcher  Fetcher
 	Target   Target
 	Pacer    Pacer
+	// Owns reports whether this worker may start a request of partition p
+	// now (cluster.Manager.Owns); partitioned mode only.
+	Owns func(p int) bool
 }
 
 // Options tune a Worker. A nil *Options, and every zero field, means the
@@ -140,7 +147,20 @@ type Options struct {
 	// PullBatch bounds one pull request; 256. PullWait is its expiry; 1 s.
 	PullBatch int
 	PullWait  time.Duration
+	// Partitions > 0 selects partitioned mode (docs/adr/0007): jobs come
+	// from the partitions added with AddPartition, and long waits are
+	// parked in MIRROR_PARKED instead of holding the consumer.
+	Partitions int
+	// ParkAfter: a deferral longer than this parks the job (partitioned
+	// mode); a shorter one is a NAK with delay. DefaultParkAfter.
+	ParkAfter time.Duration
+	// ParkShare: an authority with more jobs than this deferred by NAK (and
+	// so holding ack-pending slots) parks the rest. DefaultParkShare.
+	ParkShare int
 	WorkerID  string // in dead letters; hostname-pid
+	// FaultHook, if set, is called at named points of the parking protocol
+	// ("parked-before-ack", "unparked-before-delete"), for crash tests.
+	FaultHook func(point string)
 	Clock     clock.Clock
 	Logger    zerolog.Logger
 	// Metrics, if set, is used as is; otherwise metrics are created on
@@ -177,6 +197,8 @@ func (o *Options) withDefaults() Options {
 	defDur(&r.DeferSpread, 5*time.Minute)
 	defInt(&r.PullBatch, 256)
 	defDur(&r.PullWait, time.Second)
+	defDur(&r.ParkAfter, DefaultParkAfter)
+	defInt(&r.ParkShare, DefaultParkShare)
 	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
 	if r.WorkerID == "" {
 		h, _ := os.Hostname()
@@ -206,6 +228,18 @@ type Worker struct {
 	state   atomic.Int32 // 0 new, 1 running (not yet pulling), 2 pulling, 3 stopped
 	anon    atomic.Uint64
 	onFinal func(Final) // test hook: every job's final outcome
+
+	// Partitioned mode: the partitions being served and the worker's
+	// lifetime contexts, which AddPartition derives from.
+	pmu     sync.Mutex
+	parts   map[int]*partition
+	runCtx  context.Context
+	fetchCt context.Context
+	intakes sync.WaitGroup
+	// pulling is the room reserved by pulls in progress, so that several
+	// partitions' intakes together stay within MaxHeld.
+	pulling atomic.Int64
+	parking *parking
 }
 
 // Final describes a job leaving the worker for good in one delivery.
@@ -222,8 +256,10 @@ func New(d Deps, o *Options) (*Worker, error) {
 	switch {
 	case d.JS == nil:
 		return nil, errors.New("worker: Deps.JS is nil")
-	case d.Consumer == nil:
+	case d.Consumer == nil && (o == nil || o.Partitions <= 0):
 		return nil, errors.New("worker: Deps.Consumer is nil")
+	case o != nil && o.Partitions > 0 && d.Owns == nil:
+		return nil, errors.New("worker: Deps.Owns is nil in partitioned mode")
 	case d.Fetcher == nil:
 		return nil, errors.New("worker: Deps.Fetcher is nil")
 	case d.Target == nil:
@@ -251,8 +287,12 @@ func New(d Deps, o *Options) (*Worker, error) {
 		maxHeld:    r.MaxHeld,
 		maxPerAuth: r.MaxHeldPerAuthority,
 		spread:     r.DeferSpread,
+		partitions: r.Partitions,
+		owns:       d.Owns,
 	})
 	w.sched.onCounts = m.setHeld
+	w.parts = map[int]*partition{}
+	w.parking = newParking(w)
 	return w, nil
 }
 
@@ -311,14 +351,28 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer stopHB()
 
 	var loops sync.WaitGroup
-	loops.Add(2)
-	go func() { defer loops.Done(); w.intakeLoop(ctx) }()
+	if w.o.Partitions > 0 {
+		if err := w.parking.open(ctx); err != nil {
+			return err
+		}
+		w.pmu.Lock()
+		w.runCtx, w.fetchCt = ctx, fctx
+		w.pmu.Unlock()
+		w.state.Store(2) // ready: partitions come and go with the leases
+		loops.Add(1)
+		go func() { defer loops.Done(); w.parking.run(ctx) }()
+	} else {
+		loops.Add(1)
+		go func() { defer loops.Done(); w.intakeLoop(ctx, w.d.Consumer, 0) }()
+	}
+	loops.Add(1)
 	go func() { defer loops.Done(); w.dispatchLoop(ctx, fctx) }()
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); w.heartbeatLoop(hbCtx) }()
 
 	<-ctx.Done()
 	loops.Wait()
+	w.intakes.Wait()
 	w.log.Info().Msg("worker stopping: handing back held jobs")
 	handed := w.handBackQueued()
 	slotsDone := make(chan struct{})
@@ -329,6 +383,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-slotsDone
 	}
 	handed += w.handBackQueued() // throttled jobs requeued during the grace period
+	w.parking.wait()              // parks in progress end with an ack or a NAK
 	stopHB()
 	<-hbDone
 	if nc := w.d.JS.Conn(); nc != nil {
@@ -360,14 +415,26 @@ func (w *Worker) handBackMsg(m Msg) {
 	}
 }
 
-// intakeLoop pulls while fewer than MaxHeld jobs are held.
-func (w *Worker) intakeLoop(ctx context.Context) {
+// intakeLoop pulls c while fewer than MaxHeld jobs are held (across every
+// partition's intake).
+func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int) {
 	failures := 0
 	// Pull in batches: when memory is full, wait until a fair share of it
 	// is free rather than pulling one message per round trip.
 	lowWater := max(1, min(w.o.PullBatch, w.o.MaxHeld/8))
 	for ctx.Err() == nil {
-		free := w.o.MaxHeld - w.sched.held()
+		batchMax := w.o.PullBatch
+		if w.o.Partitions > 0 {
+			// A pull holds its room for up to PullWait while it waits for
+			// messages: give each partition being served a fair share of
+			// MaxHeld, so that empty partitions cannot starve busy ones.
+			w.pmu.Lock()
+			n := max(len(w.parts), 1)
+			w.pmu.Unlock()
+			batchMax = max(1, min(w.o.PullBatch, w.o.MaxHeld/(2*n)))
+			lowWater = max(1, min(lowWater, batchMax/2))
+		}
+		free := w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
 		if free < lowWater {
 			// Woken when jobs leave memory; the timeout is a safety net
 			// against a missed wake-up, which would otherwise stall pulling
@@ -383,11 +450,16 @@ func (w *Worker) intakeLoop(ctx context.Context) {
 			t.Stop()
 			continue
 		}
-		batch, err := w.d.Consumer.Fetch(min(free, w.o.PullBatch), jetstream.FetchMaxWait(w.o.PullWait))
+		want := min(free, batchMax)
+		w.pulling.Add(int64(want))
+		batch, err := c.Fetch(want, jetstream.FetchMaxWait(w.o.PullWait))
 		if err != nil {
+			w.pulling.Add(-int64(want))
 			failures++
-			w.state.CompareAndSwap(2, 1) // not ready while the consumer cannot be pulled
-			w.log.Warn().Err(err).Int("failures", failures).Msg("pull from consumer")
+			if w.o.Partitions <= 0 {
+				w.state.CompareAndSwap(2, 1) // not ready while the consumer cannot be pulled
+			}
+			w.log.Warn().Err(err).Int("failures", failures).Int("partition", part).Msg("pull from consumer")
 			if !clock.Sleep(w.clk, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second), ctx.Done()) {
 				return
 			}
@@ -404,6 +476,7 @@ func (w *Worker) intakeLoop(ctx context.Context) {
 			}
 			w.intake(ctx, m)
 		}
+		w.pulling.Add(-int64(want))
 		if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
 			w.log.Debug().Err(err).Msg("pull ended")
 		}
@@ -415,6 +488,14 @@ func (w *Worker) intakeLoop(ctx context.Context) {
 func (w *Worker) intake(ctx context.Context, m Msg) {
 	now := w.clk.Now()
 	j := &heldJob{msg: m, data: m.Data(), received: now, delivered: 1}
+	if hm, ok := m.(interface{ Headers() nats.Header }); ok {
+		if h := hm.Headers(); h != nil {
+			j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
+			if h.Get(jobs.HeaderUnparked) != "" {
+				defer func() { w.parking.arrived(j.auth) }()
+			}
+		}
+	}
 	if md, err := m.Metadata(); err == nil {
 		j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
 	} else {
@@ -443,6 +524,9 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		return
 	}
 	j.job, j.auth = job, job.Authority.String()
+	if w.o.Partitions > 0 {
+		j.part = jobs.Partition(job.Authority.Key(), w.o.Partitions)
+	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
 		w.deferJob(d)
 		return
@@ -536,8 +620,20 @@ func (w *Worker) settle(j *heldJob, op func(Msg) error) error {
 	return op(w.sched.msgOf(j))
 }
 
-// deferJob NAKs a job with the calendar's delay; no failure budget is used.
+// deferJob NAKs a job with the calendar's delay, or parks it when the wait
+// is long or its authority already holds its share of the consumer's
+// slots; no failure budget is used. A job whose partition was lost is
+// handed back for another pod instead.
 func (w *Worker) deferJob(d deferral) {
+	if d.handBack {
+		w.handBack(d.job)
+		return
+	}
+	if w.parking.shouldPark(d) {
+		w.parking.park(d)
+		return
+	}
+	w.parking.nakked(d.job.auth, d.delay)
 	err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) })
 	if err != nil {
 		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
@@ -564,10 +660,18 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 		w.finish(j, 0, true)
 		return
 	}
+	if !w.owns(j.part) {
+		// The partition was lost between the grant and now: its new owner
+		// serves the job, and this pod sends nothing more to the authority.
+		w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
+		w.handBack(j)
+		w.finish(j, 0, false)
+		return
+	}
 	start := w.clk.Now()
 	w.m.PacerWait.Observe(start.Sub(j.queuedAt).Seconds())
 	w.sched.fetching(j)
-	requeue := w.process(fctx, j, pm)
+	requeue := w.process(w.fetchContext(fctx, j.part), j, pm)
 	w.finish(j, w.clk.Now().Sub(start), requeue)
 }
 

@@ -63,6 +63,9 @@ func commands() map[string]command {
 		"stub-origin": {"serve a throttling origin for load tests", cmdStubOrigin},
 		"loadtest":    {"run the whole system against the stub origin and report", cmdLoadtest},
 		"version":     {"print the version", cmdVersion},
+		"pause":       {"stop every worker from sending requests to one authority for a while", cmdPause},
+		"resume":      {"end an operator's pause of an authority on every worker", cmdResume},
+		"status":      {"show the pods, their partitions and each busy authority's state", cmdStatus},
 	}
 }
 

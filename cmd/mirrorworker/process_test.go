@@ -343,13 +343,37 @@ type queueState struct {
 }
 
 func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) {
-	c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName)
-	if err != nil {
-		return queueState{}, err
-	}
-	ci, err := c.Info(ctx)
-	if err != nil {
-		return queueState{}, err
+	var q queueState
+	if ws, err := js.Stream(ctx, jobs.WorkStream); err == nil {
+		// Partitioned mode: MIRROR_WORK is a work queue (a job leaves it when
+		// acked), fed from MIRROR_JOBS; parked jobs wait in MIRROR_PARKED.
+		wi, err := ws.Info(ctx)
+		if err != nil {
+			return q, err
+		}
+		q.pending = wi.State.Msgs
+		for _, src := range wi.Sources {
+			q.pending += src.Lag
+		}
+		ps, err := js.Stream(ctx, jobs.ParkStream)
+		if err != nil {
+			return q, err
+		}
+		pi, err := ps.Info(ctx)
+		if err != nil {
+			return q, err
+		}
+		q.pending += pi.State.Msgs
+	} else {
+		c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName)
+		if err != nil {
+			return queueState{}, err
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return queueState{}, err
+		}
+		q.pending, q.ackPending = ci.NumPending, uint64(ci.NumAckPending)
 	}
 	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
@@ -359,7 +383,8 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 	if err != nil {
 		return queueState{}, err
 	}
-	return queueState{pending: ci.NumPending, ackPending: uint64(ci.NumAckPending), dlq: si.State.Msgs}, nil
+	q.dlq = si.State.Msgs
+	return q, nil
 }
 
 // waitDrained polls until all n objects are in the mirror and the consumer

@@ -24,6 +24,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/admin"
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
@@ -56,6 +57,10 @@ type runConfig struct {
 	shutdownGrace time.Duration
 	jobsMaxAge    time.Duration
 	jobsMaxBytes  byteSize
+
+	partitions int
+	leaseTTL   time.Duration
+	parkAfter  time.Duration
 }
 
 func (c *runConfig) register(fs *flag.FlagSet) {
@@ -76,6 +81,9 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
 	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
 	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream (0: unlimited)")
+	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_WORK: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed when the stream is created, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
+	fs.DurationVar(&c.leaseTTL, "lease-ttl", jobs.DefaultLeaseTTL, "life of a partition lease without renewal: a killed pod's partitions move to the others after about this long (set when the leases bucket is created)")
+	fs.DurationVar(&c.parkAfter, "park-after", worker.DefaultParkAfter, "a job whose authority cannot take it for longer than this is parked in MIRROR_PARKED (no consumer slot, no memory, no redelivery) until it can")
 }
 
 // check rejects flag values that cannot work, as usage errors (exit 2).
@@ -99,6 +107,15 @@ func (c *runConfig) check() error {
 	}
 	if c.jobsMaxBytes < 0 {
 		bad("--jobs-max-bytes %d: want 0 (unlimited) or more", c.jobsMaxBytes)
+	}
+	if c.partitions < 0 || c.partitions > jobs.MaxPartitions {
+		bad("--partitions %d: want 0 (one shared consumer) to %d", c.partitions, jobs.MaxPartitions)
+	}
+	if c.leaseTTL < time.Second {
+		bad("--lease-ttl %s: want at least 1s", c.leaseTTL)
+	}
+	if c.parkAfter <= 0 {
+		bad("--park-after %s: want more than 0", c.parkAfter)
 	}
 	if len(errs) > 0 {
 		return usageError{"run: " + strings.Join(errs, "; ")}
@@ -328,11 +345,24 @@ func (p *pipeline) run(ctx context.Context) error {
 	}); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", err))
 	}
-	cons, err := jobs.EnsureConsumer(ctx, js, &jobs.ConsumerOptions{
-		AckWait:       c.ackWait,
-		MaxAckPending: c.maxAckPending,
-	})
-	if err != nil {
+	consOpts := &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending}
+	var (
+		cons       jetstream.Consumer
+		partitions int
+	)
+	if c.partitions > 0 {
+		if err := jobs.CheckServer(nc); err != nil {
+			return err
+		}
+		var wo jobs.WorkOptions
+		wo.LeaseTTL = c.leaseTTL
+		if c.explicit["partitions"] {
+			wo.Partitions = c.partitions
+		}
+		if partitions, err = jobs.EnsureWork(ctx, js, &wo); err != nil {
+			return stoppedOr(ctx, fmt.Errorf("ensure work streams: %w", err))
+		}
+	} else if cons, err = jobs.EnsureConsumer(ctx, js, consOpts); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", err))
 	}
 
@@ -345,15 +375,37 @@ func (p *pipeline) run(ctx context.Context) error {
 	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
 		return err
 	}
+	var follow func() error
+	fctx, stopFollow := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFollow()
+	if partitions > 0 {
+		// Other pods' facts and operators' pauses, live; started before the
+		// restore so that nothing published in between is missed.
+		sink.SetPod(c.workerID)
+		if follow, err = worker.FollowEvents(fctx, js, pc, c.workerID, log); err != nil {
+			return stoppedOr(ctx, err)
+		}
+	}
 	// Cold start: come up with the cooldowns and intervals this worker (or
 	// another) learned recently, so a restart is never ruder than before.
 	// Starting without them would be, so a read error is fatal.
 	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
 	}
-	w, err := parts.newWorker(cons, p.target, c.shutdownGrace)
+	var mgr *cluster.Manager
+	w, err := parts.newWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
+		if partitions > 0 {
+			o.Partitions, o.ParkAfter = partitions, c.parkAfter
+			d.Owns = func(p int) bool { return mgr.Owns(p) }
+		}
+	})
 	if err != nil {
 		return err
+	}
+	if partitions > 0 {
+		if mgr, err = p.newManager(ctx, js, w, pc, partitions, consOpts); err != nil {
+			return stoppedOr(ctx, err)
+		}
 	}
 	p.state.Store(&liveState{pacer: pc, ready: func() error {
 		if !nc.IsConnected() {
@@ -371,7 +423,11 @@ func (p *pipeline) run(ctx context.Context) error {
 	default:
 		ev = ev.Str("nats_url", natsURL).Str("enqueue", "mirrorworker enqueue --nats-url "+natsURL+" URL...")
 	}
-	ev.Int("concurrency", c.concurrency).Str("floor", c.floor.String()).Msg(startMessage)
+	ev = ev.Int("concurrency", c.concurrency).Str("floor", c.floor.String())
+	if partitions > 0 {
+		ev = ev.Int("partitions", partitions).Str("pod", c.workerID)
+	}
+	ev.Msg(startMessage)
 
 	// The worker and the event sink. The worker's context is cancelled by
 	// the group's interrupt; that starts its graceful stop (stop pulling,
@@ -388,8 +444,10 @@ func (p *pipeline) run(ctx context.Context) error {
 			return nil
 		}, func(error) { cancel() })
 	}
+	mctx, stopMgr := context.WithCancel(context.Background())
 	g.Add(func() error {
 		defer stopSink()
+		defer stopMgr() // leases are kept until every held job is handed back
 		if err := w.Run(wctx); err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
@@ -401,6 +459,25 @@ func (p *pipeline) run(ctx context.Context) error {
 	g.Add(func() error {
 		return sink.Run(sctx)
 	}, func(error) { stopWorker() }) // sctx ends when the worker has stopped
+	if mgr != nil {
+		g.Add(func() error {
+			// Leases are taken once the worker runs, so a partition taken
+			// is served at once.
+			for w.Ready() != nil && mctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			err := mgr.Run(mctx)
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if cerr := mgr.Close(cctx); cerr != nil {
+				log.Warn().Err(cerr).Msg("give up leases at exit (they expire by themselves)")
+			}
+			return err
+		}, func(error) { stopWorker() }) // mctx ends when the worker has stopped
+		g.Add(func() error {
+			return follow()
+		}, func(error) { stopFollow() })
+	}
 	if err := g.Run(); err != nil {
 		return err
 	}
@@ -496,4 +573,52 @@ func (b *byteSize) Set(s string) error {
 	}
 	*b = byteSize(n * mult)
 	return nil
+}
+
+// newManager builds the lease manager of a partitioned worker: a partition
+// taken gets its consumer and is added to the worker; one given up is
+// removed (its jobs handed back, its requests ended) before the lease goes.
+func (p *pipeline) newManager(ctx context.Context, js jetstream.JetStream, w *worker.Worker, pc *pacer.Pacer, partitions int, consOpts *jobs.ConsumerOptions) (*cluster.Manager, error) {
+	leases, err := js.KeyValue(ctx, jobs.LeasesBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", jobs.LeasesBucket, err)
+	}
+	pods, err := js.KeyValue(ctx, jobs.PodsBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", jobs.PodsBucket, err)
+	}
+	var mgr *cluster.Manager
+	hooks := &podHooks{js: js, w: w, pc: pc, pod: p.c.workerID, consOpts: consOpts, mgr: func() *cluster.Manager { return mgr }}
+	mgr, err = cluster.New(leases, pods, hooks, cluster.Options{
+		PodID: p.c.workerID, Partitions: partitions, TTL: p.c.leaseTTL, Logger: p.log,
+	})
+	return mgr, err
+}
+
+// podHooks connect the lease manager to the worker.
+type podHooks struct {
+	js       jetstream.JetStream
+	w        *worker.Worker
+	pc       *pacer.Pacer
+	pod      string
+	consOpts *jobs.ConsumerOptions
+	mgr      func() *cluster.Manager
+}
+
+func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
+	c, err := jobs.EnsurePartitionConsumer(ctx, h.js, p, h.consOpts)
+	if err != nil {
+		return err
+	}
+	return h.w.AddPartition(p, c, since)
+}
+
+func (h *podHooks) Release(ctx context.Context, p int) { h.w.RemovePartition(ctx, p) }
+
+func (h *podHooks) Status() []byte {
+	var owned []int
+	if m := h.mgr(); m != nil {
+		owned = m.Owned()
+	}
+	return h.w.StatusJSON(h.pod, version, owned, h.pc.Snapshot(time.Now()))
 }

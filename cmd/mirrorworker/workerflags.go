@@ -219,8 +219,9 @@ func (w *workerFlags) buildParts(js jetstream.JetStream, reg prometheus.Register
 
 // newWorker is a worker on cons with the parts and the flags;
 // shutdownGrace 0 is the worker's default.
-func (p *workerParts) newWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration) (*worker.Worker, error) {
-	return worker.New(worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.fetch, Target: target, Pacer: p.pacer}, &worker.Options{
+func (p *workerParts) newWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration, adjust ...func(*worker.Options, *worker.Deps)) (*worker.Worker, error) {
+	d := worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.fetch, Target: target, Pacer: p.pacer}
+	o := &worker.Options{
 		Concurrency:   p.w.concurrency,
 		FailureBudget: p.w.failureBudget,
 		AckWait:       p.w.ackWait,
@@ -229,7 +230,11 @@ func (p *workerParts) newWorker(cons jetstream.Consumer, target worker.Target, s
 		Clock:         clock.Real{},
 		Logger:        p.log,
 		Metrics:       p.metrics,
-	})
+	}
+	for _, f := range adjust {
+		f(o, &d)
+	}
+	return worker.New(d, o)
 }
 
 // openTarget opens the mirror target and proves it writable, so that a

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/cluster"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// operatorPod is the jobs.HeaderPod of facts an operator publishes.
+const operatorPod = "operator"
+
+// opFlags are the flags of pause, resume and status.
+type opFlags struct {
+	nats      natsFlags
+	authority string
+	timeout   time.Duration
+}
+
+func (o *opFlags) register(fs *flag.FlagSet, authHelp string) {
+	o.nats = natsFlags{defaultTo: defaultEnqueueURL}
+	o.nats.register(fs, "NATS server URL(s) of the deployment the workers use (default "+defaultEnqueueURL+", the embedded server of 'mirrorworker run')")
+	fs.StringVar(&o.authority, "authority", "", authHelp)
+	fs.DurationVar(&o.timeout, "nats-timeout", 10*time.Second, "give up reaching NATS after this long")
+}
+
+func (o *opFlags) connect(ctx context.Context) (jetstream.JetStream, func(), error) {
+	cctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	nc, err := o.nats.connect(cctx, "mirrorworker-operator")
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (is 'mirrorworker run' running? otherwise pass --nats-url)", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return js, func() { nc.Drain() }, nil
+}
+
+// normAuthority turns what an operator types (a host, host:port or a URL)
+// into the pacer's authority key.
+func normAuthority(s string) (string, error) {
+	if s == "" {
+		return "", errors.New("--authority is required (host:port, or a URL)")
+	}
+	in := s
+	if !strings.Contains(s, "://") {
+		if _, _, err := splitHostPortLoose(s); err != nil {
+			return "", err
+		}
+		in = "https://" + s
+		if strings.HasSuffix(s, ":80") {
+			in = "http://" + s
+		}
+	}
+	a, err := authority.Parse(in)
+	if err != nil {
+		return "", fmt.Errorf("--authority %q: %w", s, err)
+	}
+	return a.String(), nil
+}
+
+func splitHostPortLoose(s string) (string, string, error) {
+	if strings.ContainsAny(s, "/?#@ ") {
+		return "", "", fmt.Errorf("--authority %q: want host:port or a URL", s)
+	}
+	return s, "", nil
+}
+
+// cmdPause is `mirrorworker pause --authority A --for D`.
+func cmdPause(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, stdout, stderr io.Writer) error {
+	var o opFlags
+	fs := newFlagSet("pause", stderr)
+	o.register(fs, "authority to pause: host:port, or a URL (https://h/ means h:443)")
+	forD := fs.Duration("for", 0, "how long to pause it (required; not capped: it is your decision)")
+	reason := fs.String("reason", "", "why, for the logs and status")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mirrorworker pause --authority HOST:PORT --for DURATION [--reason TEXT]")
+		fmt.Fprintln(stderr)
+		fmt.Fprintln(stderr, "Stops every worker of the cluster from sending requests to one authority, within a second,")
+		fmt.Fprintln(stderr, "until the time is up or 'mirrorworker resume'. Its jobs wait (parked), none is lost.")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	auth, err := normAuthority(o.authority)
+	if err != nil {
+		return usageError{"pause: " + err.Error()}
+	}
+	if *forD <= 0 {
+		return usageError{"pause: --for is required and must be positive (e.g. --for 30m)"}
+	}
+	now := time.Now()
+	ev := pacer.Event{Type: pacer.EventPaused, Authority: auth, At: now, Until: now.Add(*forD), Reason: *reason}
+	if err := publishOperatorFact(ctx, &o, ev); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "paused %s until %s (%s)\n", auth, ev.Until.UTC().Format(time.RFC3339), *forD)
+	return nil
+}
+
+// cmdResume is `mirrorworker resume --authority A`.
+func cmdResume(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, stdout, stderr io.Writer) error {
+	var o opFlags
+	fs := newFlagSet("resume", stderr)
+	o.register(fs, "authority to resume: host:port, or a URL")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mirrorworker resume --authority HOST:PORT")
+		fmt.Fprintln(stderr)
+		fmt.Fprintln(stderr, "Ends an operator's pause of an authority on every worker. A cooldown the origin asked")
+		fmt.Fprintln(stderr, "for (429, Retry-After) is not an operator's pause and stays in force.")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	auth, err := normAuthority(o.authority)
+	if err != nil {
+		return usageError{"resume: " + err.Error()}
+	}
+	if err := publishOperatorFact(ctx, &o, pacer.Event{Type: pacer.EventResumed, Authority: auth, At: time.Now()}); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "resumed %s\n", auth)
+	return nil
+}
+
+func publishOperatorFact(ctx context.Context, o *opFlags, ev pacer.Event) error {
+	js, closeConn, err := o.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	m := nats.NewMsg(jobs.EventSubject(authority.KeyOf(ev.Authority)))
+	m.Data = b
+	m.Header.Set(jobs.HeaderPod, operatorPod)
+	pctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	if _, err := js.PublishMsg(pctx, m); err != nil {
+		return fmt.Errorf("publish %s of %s: %w (is stream %s there? start 'mirrorworker run' once)", ev.Type, ev.Authority, err, jobs.EventsStream)
+	}
+	return nil
+}
+
+// statusRow is one authority in `mirrorworker status`.
+type statusRow struct {
+	worker.AuthorityStatus
+	Pod       string `json:"pod"`
+	Partition int    `json:"partition"`
+}
+
+// cmdStatus is `mirrorworker status [--authority A]`.
+func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, stdout, stderr io.Writer) error {
+	var o opFlags
+	fs := newFlagSet("status", stderr)
+	o.register(fs, "show only this authority (host:port, or a URL)")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mirrorworker status [--authority HOST:PORT] [--json]")
+		fmt.Fprintln(stderr)
+		fmt.Fprintln(stderr, "Shows the live pods, which partitions each serves, and every authority that is not idle:")
+		fmt.Fprintln(stderr, "its state, cooldown or pause deadline, interval, requests in flight, jobs queued in memory")
+		fmt.Fprintln(stderr, "and jobs parked, and the pod that serves it.")
+		fmt.Fprintln(stderr)
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	var only string
+	if o.authority != "" {
+		a, err := normAuthority(o.authority)
+		if err != nil {
+			return usageError{"status: " + err.Error()}
+		}
+		only = a
+	}
+	js, closeConn, err := o.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeConn()
+	rctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	pods, err := readPods(rctx, js)
+	if err != nil {
+		return err
+	}
+	leases, partitions, err := readLeases(rctx, js)
+	if err != nil {
+		return err
+	}
+	var rows []statusRow
+	for _, ps := range pods {
+		for _, a := range ps.Authorities {
+			if only != "" && a.Authority != only {
+				continue
+			}
+			rows = append(rows, statusRow{AuthorityStatus: a, Pod: ps.Pod, Partition: jobs.Partition(authority.KeyOf(a.Authority), partitions)})
+		}
+	}
+	if only != "" && len(rows) == 0 {
+		p := jobs.Partition(authority.KeyOf(only), partitions)
+		rows = append(rows, statusRow{AuthorityStatus: worker.AuthorityStatus{State: pacer.State{Authority: only, State: pacer.StateIdle}},
+			Pod: leases[p], Partition: p})
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].Authority != rows[j].Authority {
+			return rows[i].Authority < rows[j].Authority
+		}
+		return rows[i].Pod < rows[j].Pod
+	})
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Pods        []worker.PodStatus `json:"pods"`
+			Leases      map[int]string     `json:"leases"`
+			Authorities []statusRow        `json:"authorities"`
+		}{pods, leases, rows})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tPARTITIONS\tHELD\tUPDATED")
+	for _, ps := range pods {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s ago\n", ps.Pod, len(ps.Partitions), ps.Held, time.Since(ps.Updated).Round(100*time.Millisecond))
+	}
+	if free := partitions - len(leases); free > 0 {
+		fmt.Fprintf(tw, "(unowned)\t%d\t\t\n", free)
+	}
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "AUTHORITY\tSTATE\tUNTIL\tINTERVAL\tIN FLIGHT\tQUEUED\tPARKED\tSERVED BY")
+	for _, r := range rows {
+		until := "-"
+		switch {
+		case !r.PausedUntil.IsZero():
+			until = r.PausedUntil.UTC().Format(time.RFC3339) + " (paused)"
+		case !r.CooldownUntil.IsZero():
+			until = r.CooldownUntil.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", r.Authority, r.State.State, until, r.Interval,
+			r.InFlight, r.MaxInFlight, r.Queued, r.Parked, r.Pod)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(tw, "(every authority idle)\t\t\t\t\t\t\t")
+	}
+	return tw.Flush()
+}
+
+func readPods(ctx context.Context, js jetstream.JetStream) ([]worker.PodStatus, error) {
+	kv, err := js.KeyValue(ctx, jobs.PodsBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w (no worker has run in partitioned mode on this NATS)", jobs.PodsBucket, err)
+	}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list pods: %w", err)
+	}
+	var out []worker.PodStatus
+	for k := range lister.Keys() {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			continue // expired meanwhile
+		}
+		var ps worker.PodStatus
+		if json.Unmarshal(e.Value(), &ps) == nil {
+			out = append(out, ps)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pod < out[j].Pod })
+	return out, nil
+}
+
+// readLeases returns the owner of every leased partition and the count of
+// partitions.
+func readLeases(ctx context.Context, js jetstream.JetStream) (map[int]string, int, error) {
+	n := jobs.DefaultPartitions
+	if s, err := js.Stream(ctx, jobs.WorkStream); err == nil {
+		if have, err := jobs.PartitionsOf(s.CachedInfo().Config); err == nil {
+			n = have
+		}
+	}
+	kv, err := js.KeyValue(ctx, jobs.LeasesBucket)
+	if err != nil {
+		return nil, n, fmt.Errorf("bucket %s: %w", jobs.LeasesBucket, err)
+	}
+	out := map[int]string{}
+	for p := range n {
+		e, err := kv.Get(ctx, jobs.LeaseKey(p))
+		if err != nil {
+			continue
+		}
+		var l cluster.Lease
+		if json.Unmarshal(e.Value(), &l) == nil {
+			out[p] = l.Pod
+		}
+	}
+	return out, n, nil
+}

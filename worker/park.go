@@ -1,0 +1,449 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// readier is a Pacer that can say, without side effects, how long until an
+// authority could take a request (*pacer.Pacer is one).
+type readier interface {
+	ReadyIn(now time.Time, auth string) (time.Duration, pacer.Reason)
+}
+
+var _ readier = (*pacer.Pacer)(nil)
+
+// parking moves the jobs of an authority that cannot take them for a long
+// while out of the consumer, into MIRROR_PARKED, where they hold no
+// ack-pending slot, no memory and are not redelivered; and brings them back
+// into the authority's partition, a few at a time, when the pacer says the
+// authority can take requests again (docs/adr/0007). Only in partitioned
+// mode; otherwise every method is a no-op. Safe for concurrent use.
+type parking struct {
+	w      *Worker
+	stream jetstream.Stream // MIRROR_PARKED; nil: parking is off
+
+	mu    sync.Mutex
+	auths map[string]*parkedAuth // by authority, for the partitions served
+	naks  map[string][]time.Time // due times of NAK deferrals not yet due
+
+	pending sync.WaitGroup // parks published, not yet settled
+	kick    chan struct{}
+}
+
+// parkedAuth is what the worker knows of one authority's parked jobs.
+type parkedAuth struct {
+	part int
+	akey string
+	// n is how many are parked (a hint: the stream is the truth; n is
+	// corrected whenever a read finds none).
+	n      int64
+	cursor uint64 // next stream sequence to look at
+	// transit counts jobs brought back but not yet delivered here again.
+	transit   int
+	transitAt time.Time
+}
+
+func newParking(w *Worker) *parking {
+	return &parking{w: w, auths: map[string]*parkedAuth{}, naks: map[string][]time.Time{}, kick: make(chan struct{}, 1)}
+}
+
+// open binds MIRROR_PARKED (partitioned mode).
+func (p *parking) open(ctx context.Context) error {
+	s, err := p.w.d.JS.Stream(ctx, jobs.ParkStream)
+	if err != nil {
+		return errors.Join(errors.New("worker: stream "+jobs.ParkStream), err)
+	}
+	p.stream = s
+	return nil
+}
+
+// shouldPark decides whether a deferral parks the job: its wait is long
+// (ParkAfter), or its authority already has ParkShare jobs deferred by NAK.
+func (p *parking) shouldPark(d deferral) bool {
+	if p == nil || p.stream == nil {
+		return false
+	}
+	if d.delay >= p.w.o.ParkAfter {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.outstandingLocked(d.job.auth, p.w.clk.Now()) >= p.w.o.ParkShare
+}
+
+// nakked records a NAK deferral of auth due after delay.
+func (p *parking) nakked(auth string, delay time.Duration) {
+	if p == nil || p.stream == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.outstandingLocked(auth, p.w.clk.Now())
+	p.naks[auth] = append(p.naks[auth], p.w.clk.Now().Add(delay))
+}
+
+// outstandingLocked trims auth's NAK deferrals that are due and returns
+// how many are left (each holds an ack-pending slot until redelivered).
+func (p *parking) outstandingLocked(auth string, now time.Time) int {
+	ds := p.naks[auth]
+	k := 0
+	for _, t := range ds {
+		if t.After(now) {
+			ds[k] = t
+			k++
+		}
+	}
+	if k == 0 {
+		delete(p.naks, auth)
+		return 0
+	}
+	p.naks[auth] = ds[:k]
+	return k
+}
+
+// park publishes the job to MIRROR_PARKED and acks its delivery once the
+// stream has stored it; if the publish fails, the job is NAKed with the
+// deferral's delay instead. Never lost: a crash before the ack redelivers
+// the job, which may then be parked twice (a duplicate is harmless, since
+// writes are idempotent).
+func (p *parking) park(d deferral) {
+	w := p.w
+	j := d.job
+	akey := j.job.Authority.Key()
+	m := nats.NewMsg(jobs.ParkSubject(j.part, j.job.Tenant, akey))
+	m.Data = j.data
+	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(w.sched.deliveries(j), 10))
+	m.Header.Set(jobs.HeaderParkedAt, w.clk.Now().UTC().Format(time.RFC3339Nano))
+	fut, err := w.d.JS.PublishMsgAsync(m)
+	if err != nil {
+		p.parkFailed(d, err)
+		return
+	}
+	p.pending.Add(1)
+	go func() {
+		defer p.pending.Done()
+		select {
+		case <-fut.Ok():
+		case err := <-fut.Err():
+			p.parkFailed(d, err)
+			return
+		}
+		w.fault("parked-before-ack")
+		if err := w.settle(j, Msg.Ack); err != nil {
+			// Redelivered and parked again, or served: a duplicate at worst.
+			w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack parked job")
+		}
+		p.mu.Lock()
+		pa := p.authLocked(j.auth, j.part, akey)
+		pa.n++
+		p.mu.Unlock()
+		w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+		w.m.Parks.WithLabelValues("parked").Inc()
+		w.m.ParkedJobs.WithLabelValues(w.hostPort(j.auth)).Inc()
+		w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", d.reason).
+			Dur("wait", d.delay).Msg("job parked")
+	}()
+}
+
+func (p *parking) parkFailed(d deferral, err error) {
+	w := p.w
+	w.log.Warn().Err(err).Str("job", d.job.job.ID).Str("authority", d.job.auth).
+		Msg("park job failed; deferring it by NAK instead")
+	if err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
+		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
+	}
+	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+}
+
+// wait returns once every park in progress is settled.
+func (p *parking) wait() {
+	if p != nil {
+		p.pending.Wait()
+	}
+}
+
+func (p *parking) authLocked(auth string, part int, akey string) *parkedAuth {
+	pa := p.auths[auth]
+	if pa == nil {
+		pa = &parkedAuth{part: part, akey: akey, cursor: 1}
+		p.auths[auth] = pa
+	}
+	return pa
+}
+
+// arrived notes that a job brought back for auth was delivered.
+func (p *parking) arrived(auth string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pa := p.auths[auth]; pa != nil && pa.transit > 0 {
+		pa.transit--
+	}
+}
+
+// partitionAdded learns the parked jobs of a partition taken over.
+func (p *parking) partitionAdded(part int) {
+	if p.stream == nil {
+		return
+	}
+	p.rescan(part)
+	p.poke()
+}
+
+// partitionRemoved forgets a partition given up: its new owner brings its
+// parked jobs back.
+func (p *parking) partitionRemoved(part int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for auth, pa := range p.auths {
+		if pa.part == part {
+			p.w.m.ParkedJobs.WithLabelValues(p.w.hostPort(auth)).Sub(float64(pa.n))
+			delete(p.auths, auth)
+		}
+	}
+}
+
+// rescan reads how many jobs each authority of a partition has parked.
+func (p *parking) rescan(part int) {
+	w := p.w
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := p.stream.Info(ctx, jetstream.WithSubjectFilter(jobs.ParkFilter(part, "")))
+	if err != nil {
+		w.log.Warn().Err(err).Int("partition", part).Msg("read parked jobs")
+		return
+	}
+	byKey := map[string]int64{}
+	for subj, n := range info.State.Subjects {
+		if _, _, akey, err := jobs.ParsePartitionSubject(subj); err == nil {
+			byKey[akey] += int64(n)
+		}
+	}
+	for akey, n := range byKey {
+		// The authority's name is in its jobs, not in its key.
+		rm, err := p.stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(jobs.ParkFilter(part, akey)))
+		if err != nil {
+			continue
+		}
+		job, err := jobs.Parse(rm.Data)
+		if err != nil {
+			continue
+		}
+		auth := job.Authority.String()
+		p.mu.Lock()
+		pa := p.authLocked(auth, part, akey)
+		if n > pa.n {
+			w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Add(float64(n - pa.n))
+			pa.n = n
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *parking) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run brings parked jobs back while ctx lasts.
+func (p *parking) run(ctx context.Context) {
+	const period = 100 * time.Millisecond
+	rescanEvery := 30 * time.Second
+	lastScan := p.w.clk.Now()
+	for {
+		t := p.w.clk.NewTimer(period)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-p.kick:
+		case <-t.C():
+		}
+		t.Stop()
+		p.unparkReady(ctx)
+		if now := p.w.clk.Now(); now.Sub(lastScan) >= rescanEvery {
+			lastScan = now
+			p.w.pmu.Lock()
+			parts := make([]int, 0, len(p.w.parts))
+			for part := range p.w.parts {
+				parts = append(parts, part)
+			}
+			p.w.pmu.Unlock()
+			for _, part := range parts {
+				p.rescan(part)
+			}
+		}
+	}
+}
+
+// unparkReady brings back jobs of every authority that can take requests
+// within HoldMax and has room in memory: at most half its queue cap in
+// memory or on the way, and only the probe while its cooldown awaits one,
+// so that parked jobs never return as a burst.
+func (p *parking) unparkReady(ctx context.Context) {
+	w := p.w
+	now := w.clk.Now()
+	want := max(1, w.o.MaxHeldPerAuthority/2)
+	type move struct {
+		auth string
+		pa   *parkedAuth
+		k    int
+	}
+	var moves []move
+	p.mu.Lock()
+	for auth, pa := range p.auths {
+		if !w.owns(pa.part) {
+			continue
+		}
+		if pa.transit > 0 && now.Sub(pa.transitAt) > 30*time.Second {
+			pa.transit = 0 // delivered elsewhere or lost in transit: recount
+		}
+		room := want
+		if r, ok := w.d.Pacer.(readier); ok {
+			wait, reason := r.ReadyIn(now, auth)
+			if wait > w.o.HoldMax {
+				continue
+			}
+			if reason == pacer.ReasonProbing {
+				room = 1 // the probe first; the rest once it has answered
+			}
+		}
+		k := room - pa.transit
+		if k <= 0 {
+			continue
+		}
+		moves = append(moves, move{auth: auth, pa: pa, k: k})
+	}
+	p.mu.Unlock()
+	for _, mv := range moves {
+		k := mv.k - w.sched.pipeline(mv.auth)
+		for i := 0; i < min(k, 64) && ctx.Err() == nil; i++ {
+			if !p.unparkOne(ctx, mv.auth, mv.pa) {
+				break
+			}
+		}
+	}
+}
+
+// unparkOne moves the oldest parked job of auth back into its partition.
+// It publishes before it deletes: a crash in between leaves a duplicate,
+// never a loss.
+func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bool {
+	w := p.w
+	p.mu.Lock()
+	part, akey, cursor := pa.part, pa.akey, pa.cursor
+	p.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	rm, err := p.stream.GetMsg(rctx, max(cursor, 1), jetstream.WithGetMsgSubject(jobs.ParkFilter(part, akey)))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			p.mu.Lock()
+			w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Sub(float64(pa.n))
+			if p.auths[auth] == pa {
+				delete(p.auths, auth)
+			}
+			p.mu.Unlock()
+		} else {
+			w.log.Warn().Err(err).Str("authority", auth).Msg("read parked job")
+		}
+		return false
+	}
+	_, tenant, _, err := jobs.ParsePartitionSubject(rm.Subject)
+	if err != nil {
+		tenant = jobs.InvalidToken
+	}
+	m := nats.NewMsg(jobs.WorkSubject(part, tenant, akey))
+	m.Data = rm.Data
+	if d := rm.Header.Get(jobs.HeaderDeliveries); d != "" {
+		m.Header.Set(jobs.HeaderDeliveries, d)
+	}
+	m.Header.Set(jobs.HeaderUnparked, "1")
+	if _, err := w.d.JS.PublishMsg(rctx, m); err != nil {
+		w.log.Warn().Err(err).Str("authority", auth).Msg("bring parked job back")
+		return false
+	}
+	w.fault("unparked-before-delete")
+	if err := p.stream.DeleteMsg(rctx, rm.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		w.log.Warn().Err(err).Uint64("seq", rm.Sequence).Msg("delete parked job (it may come back once more)")
+	}
+	p.mu.Lock()
+	pa.cursor = rm.Sequence + 1
+	if pa.n > 0 {
+		pa.n--
+		w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Dec()
+	}
+	pa.transit++
+	pa.transitAt = w.clk.Now()
+	p.mu.Unlock()
+	w.m.Parks.WithLabelValues("unparked").Inc()
+	return true
+}
+
+// counts returns the parked jobs per authority (a hint, see parkedAuth.n).
+func (p *parking) counts() map[string]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int64, len(p.auths))
+	for auth, pa := range p.auths {
+		if pa.n > 0 {
+			out[auth] = pa.n
+		}
+	}
+	return out
+}
+
+// ParkedCounts returns how many jobs each authority of the partitions this
+// worker serves has parked, largest first, at most limit (0: all).
+func (w *Worker) ParkedCounts(limit int) []AuthorityCount {
+	c := w.parking.counts()
+	out := make([]AuthorityCount, 0, len(c))
+	for a, n := range c {
+		out = append(out, AuthorityCount{Authority: a, N: n})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].N != out[j].N {
+			return out[i].N > out[j].N
+		}
+		return out[i].Authority < out[j].Authority
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out
+}
+
+// AuthorityCount is a count of jobs for one authority.
+type AuthorityCount struct {
+	Authority string `json:"authority"`
+	N         int64  `json:"n"`
+}
+
+// hostPort returns the capped metric labels of an authority.
+func (w *Worker) hostPort(auth string) (string, string) {
+	host, port, err := net.SplitHostPort(auth)
+	if err != nil {
+		host, port = auth, ""
+	}
+	return w.m.host(host), port
+}
+
+// fault calls the test fault hook at a named point, if one is set.
+func (w *Worker) fault(point string) {
+	if w.o.FaultHook != nil {
+		w.o.FaultHook(point)
+	}
+}

@@ -1,0 +1,94 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// partitioned is a worker in partitioned mode on e, serving every partition
+// while owned reports true for it.
+type partitioned struct {
+	*running
+	owned []atomic.Bool
+}
+
+func (e *env) startPartitioned(p worker.Pacer, o worker.Options, parts int) *partitioned {
+	e.t.Helper()
+	ctx := context.Background()
+	if _, err := jobs.EnsureWork(ctx, e.js, &jobs.WorkOptions{Partitions: parts}); err != nil {
+		e.t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	o.Registerer = reg
+	o.Logger = testLogger(e.t)
+	o.Partitions = parts
+	pw := &partitioned{owned: make([]atomic.Bool, parts)}
+	f := fetch.New(&fetch.Options{AllowPrivate: true})
+	w, err := worker.New(worker.Deps{JS: e.js, Fetcher: f, Target: e.target, Pacer: p,
+		Owns: func(i int) bool { return pw.owned[i].Load() }}, &o)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	r := &running{w: w, f: &finals{}, reg: reg, done: make(chan struct{})}
+	pw.running = r
+	worker.SetFinalHook(w, r.f.add)
+	rctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { r.err = w.Run(rctx); close(r.done) }()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+		}
+		f.CloseIdleConnections()
+	})
+	for w.Ready() != nil {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range parts {
+		c, err := jobs.EnsurePartitionConsumer(ctx, e.js, i, &jobs.ConsumerOptions{AckWait: 30 * time.Second})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		pw.owned[i].Store(true)
+		if err := w.AddPartition(i, c, time.Now()); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return pw
+}
+
+// TestPartitionedDrains: in partitioned mode every job of every authority
+// is stored once, from the partition consumers.
+func TestPartitionedDrains(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	origins := []*origin{newOrigin(t), newOrigin(t), newOrigin(t)}
+	const per = 20
+	var js []jobs.Job
+	for k, o := range origins {
+		for i := range per {
+			js = append(js, jobs.Job{ID: fmt.Sprint("p", k, "-", i), URL: o.url(fmt.Sprint("/p/", i)), Target: fmt.Sprint("o", k, "/p/", i)})
+		}
+	}
+	// Published before the work stream exists, as after an upgrade.
+	e.publish(js...)
+	r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{Concurrency: 8}, 32)
+	r.f.waitFor(t, len(js), nil, 30*time.Second)
+	for k := range origins {
+		for i := range per {
+			e.checkStored(fmt.Sprint("o", k, "/p/", i), body(fmt.Sprint("/p/", i)))
+		}
+	}
+	_ = http.StatusOK
+}

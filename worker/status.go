@@ -1,0 +1,72 @@
+package worker
+
+import (
+	"encoding/json"
+	"sort"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// PodStatus is one pod's view of the authorities it serves, as kept in
+// MIRROR_PODS and shown by `mirrorworker status`.
+type PodStatus struct {
+	Pod         string            `json:"pod"`
+	Version     string            `json:"version,omitempty"`
+	Updated     time.Time         `json:"updated"`
+	Partitions  []int             `json:"partitions"`
+	Held        int               `json:"held"`
+	Authorities []AuthorityStatus `json:"authorities"`
+	// Truncated is how many authorities were left out (see MaxStatusAuthorities).
+	Truncated int `json:"truncated,omitempty"`
+}
+
+// AuthorityStatus is one authority in a PodStatus.
+type AuthorityStatus struct {
+	pacer.State
+	Queued int   `json:"queued"`
+	Parked int64 `json:"parked"`
+}
+
+// MaxStatusAuthorities bounds the authorities of one PodStatus: the busiest
+// (most jobs waiting), then the ones cooling, paused or escalated.
+const MaxStatusAuthorities = 500
+
+// Status returns this worker's PodStatus: every authority that is not idle
+// or has jobs waiting, in memory or parked.
+func (w *Worker) Status(pod, version string, partitions []int, states []pacer.State) PodStatus {
+	queued := w.sched.queuedByAuth()
+	parked := w.parking.counts()
+	st := PodStatus{Pod: pod, Version: version, Updated: w.clk.Now().UTC(), Partitions: partitions, Held: w.sched.held()}
+	seen := map[string]bool{}
+	for _, s := range states {
+		seen[s.Authority] = true
+		if s.State == pacer.StateIdle && queued[s.Authority] == 0 && parked[s.Authority] == 0 {
+			continue
+		}
+		st.Authorities = append(st.Authorities, AuthorityStatus{State: s, Queued: queued[s.Authority], Parked: parked[s.Authority]})
+	}
+	for a, n := range parked {
+		if !seen[a] {
+			st.Authorities = append(st.Authorities, AuthorityStatus{State: pacer.State{Authority: a, State: pacer.StateIdle}, Queued: queued[a], Parked: n})
+		}
+	}
+	sort.Slice(st.Authorities, func(i, j int) bool {
+		a, b := st.Authorities[i], st.Authorities[j]
+		if wa, wb := int64(a.Queued)+a.Parked, int64(b.Queued)+b.Parked; wa != wb {
+			return wa > wb
+		}
+		return a.Authority < b.Authority
+	})
+	if len(st.Authorities) > MaxStatusAuthorities {
+		st.Truncated = len(st.Authorities) - MaxStatusAuthorities
+		st.Authorities = st.Authorities[:MaxStatusAuthorities]
+	}
+	return st
+}
+
+// StatusJSON is Status encoded, for cluster.Hooks.Status.
+func (w *Worker) StatusJSON(pod, version string, partitions []int, states []pacer.State) []byte {
+	b, _ := json.Marshal(w.Status(pod, version, partitions, states))
+	return b
+}
