@@ -28,13 +28,13 @@ func (s jobState) String() string { return stateNames[s] }
 
 // heldJob is one delivered job the worker holds in memory.
 type heldJob struct {
-	job    jobs.Job
-	data   []byte
-	seq    uint64 // stream sequence: identifies the job across deliveries
-	part   int    // partition of MIRROR_WORK it came from (0 with one consumer)
+	job  jobs.Job
+	data []byte
+	seq  uint64 // stream sequence: identifies the job across deliveries
+	part int    // partition of MIRROR_WORK it came from (0 with one consumer)
 	// prior is the deliveries the job had before it was parked
 	// (jobs.HeaderDeliveries), so deliveries per job count across parking.
-	prior uint64
+	prior  uint64
 	auth   string // "host:port" of the first hop
 	etag   string // from the stored metadata, for a conditional request
 	lastMo string

@@ -383,7 +383,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-slotsDone
 	}
 	handed += w.handBackQueued() // throttled jobs requeued during the grace period
-	w.parking.wait()              // parks in progress end with an ack or a NAK
+	w.parking.wait()             // parks in progress end with an ack or a NAK
 	stopHB()
 	<-hbDone
 	if nc := w.d.JS.Conn(); nc != nil {
