@@ -1,0 +1,428 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/jobs"
+)
+
+// clusterOrigin is one origin with several authorities (loopback ports),
+// each with its own throttling behaviour. It times every request as the
+// origin sees it: gaps between arrivals, requests that arrive while the
+// origin has said wait, and requests that arrive while a cooldown's probe
+// is still running.
+type clusterOrigin struct {
+	mu    sync.Mutex
+	auths map[string]*originAuth // by "127.0.0.1:port"
+	start time.Time
+}
+
+type originAuth struct {
+	name     string
+	behave   string // plain, 429, 503date, ratelimit
+	every    int    // the n-th requests (n % every == every-1) are throttled
+	wait     time.Duration
+	n        int
+	arrivals []time.Time
+	until    time.Time // told to wait until
+	probing  bool      // the first request after until is running
+	cooled   bool      // a cooldown was told and its probe has not come yet
+	early    []string  // requests that arrived while told to wait
+	overlap  []string  // requests that arrived while the probe ran
+	probes   int
+	inflight int
+	maxIn    int
+	srv      *httptest.Server
+}
+
+func clusterBody(path string) []byte {
+	return []byte("object " + path + "\n" + strings.Repeat(path, 1+len(path)%7))
+}
+
+func newClusterOrigin(t *testing.T, partitions int, behaves ...string) *clusterOrigin {
+	o := &clusterOrigin{auths: map[string]*originAuth{}, start: time.Now()}
+	used := map[int]bool{}
+	for _, b := range behaves {
+		a := &originAuth{behave: b, every: 6, wait: 2 * time.Second}
+		// Put each authority in a partition of its own, so that the pods
+		// really share the work and a kill moves some of it.
+		for tries := 0; ; tries++ {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := jobs.Partition(authority.KeyOf(ln.Addr().String()), partitions)
+			if used[p] && tries < 200 {
+				ln.Close()
+				continue
+			}
+			used[p] = true
+			a.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { o.serve(a, w, r) }))
+			a.srv.Listener.Close()
+			a.srv.Listener = ln
+			a.srv.Start()
+			a.name = ln.Addr().String()
+			break
+		}
+		o.auths[a.name] = a
+		t.Cleanup(a.srv.Close)
+	}
+	return o
+}
+
+func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	o.mu.Lock()
+	a.arrivals = append(a.arrivals, now)
+	a.inflight++
+	a.maxIn = max(a.maxIn, a.inflight)
+	at := fmt.Sprintf("%s %s at %.3fs", a.name, r.URL.Path, now.Sub(o.start).Seconds())
+	probe := false
+	switch {
+	case now.Before(a.until):
+		a.early = append(a.early, at+fmt.Sprintf(" (told to wait until %.3fs)", a.until.Sub(o.start).Seconds()))
+	case a.probing:
+		a.overlap = append(a.overlap, at)
+	case a.cooled:
+		a.cooled, a.probing, probe = false, true, true
+		a.probes++
+	}
+	throttle := a.behave != "plain" && a.n%a.every == a.every-1 && !probe
+	a.n++
+	if throttle {
+		a.until = now.Add(a.wait)
+		a.cooled = true
+	}
+	until := a.until
+	o.mu.Unlock()
+	defer func() {
+		o.mu.Lock()
+		a.inflight--
+		if probe {
+			a.probing = false
+		}
+		o.mu.Unlock()
+	}()
+	// A little service time, so requests overlap as they would for real.
+	time.Sleep(20 * time.Millisecond)
+	if throttle {
+		switch a.behave {
+		case "429":
+			w.Header().Set("Retry-After", strconv.Itoa(int(a.wait/time.Second)))
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		case "503date":
+			// An HTTP-date has whole seconds: the origin holds the worker to
+			// the date it sent, measured against the Date it sent.
+			date := now.UTC().Truncate(time.Second)
+			w.Header().Set("Date", date.Format(http.TimeFormat))
+			w.Header().Set("Retry-After", date.Add(a.wait).Format(http.TimeFormat))
+			o.mu.Lock()
+			a.until = date.Add(a.wait)
+			o.mu.Unlock()
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		case "ratelimit":
+			w.Header().Set("RateLimit-Policy", `"default";q=100;w=60`)
+			w.Header().Set("RateLimit", fmt.Sprintf(`"default";r=0;t=%d`, int(until.Sub(now).Round(time.Second)/time.Second)))
+		}
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Write(clusterBody(r.URL.Path))
+}
+
+// check reports every breach of the politeness contract the origin saw.
+func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	names := make([]string, 0, len(o.auths))
+	for n := range o.auths {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		a := o.auths[n]
+		arr := append([]time.Time(nil), a.arrivals...)
+		sort.Slice(arr, func(i, j int) bool { return arr[i].Before(arr[j]) })
+		minGap, below := time.Duration(1<<62), 0
+		for i := 1; i < len(arr); i++ {
+			g := arr[i].Sub(arr[i-1])
+			minGap = min(minGap, g)
+			if g < floor {
+				below++
+			}
+		}
+		t.Logf("%s (%s): %d requests, closest gap %s, %d cooldowns probed, max in flight %d",
+			n, a.behave, len(arr), minGap.Round(100*time.Microsecond), a.probes, a.maxIn)
+		if below > 0 {
+			t.Errorf("%s: %d gaps below the floor %s (closest %s)", n, below, floor, minGap)
+		}
+		if len(a.early) > 0 {
+			t.Errorf("%s: %d requests while told to wait: %v", n, len(a.early), a.early)
+		}
+		if len(a.overlap) > 0 {
+			t.Errorf("%s: %d requests while a probe ran: %v", n, len(a.overlap), a.overlap)
+		}
+		if a.maxIn > maxInFlight {
+			t.Errorf("%s: %d requests in flight at once, cap %d", n, a.maxIn, maxInFlight)
+		}
+		if a.behave != "plain" && a.probes == 0 {
+			t.Errorf("%s: no cooldown was ever probed; the test proves nothing", n)
+		}
+	}
+}
+
+func (o *clusterOrigin) urls(perAuth int) (map[string]string, []string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	targets := map[string]string{}
+	var urls []string
+	for n, a := range o.auths {
+		for i := range perAuth {
+			path := fmt.Sprintf("/%s/%d", a.behave, i)
+			u := "http://" + n + path
+			targets[u] = a.behave + "/" + strconv.Itoa(i)
+			urls = append(urls, u)
+		}
+	}
+	sort.Strings(urls)
+	return targets, urls
+}
+
+func publishURLs(t *testing.T, natsURL string, targets map[string]string, urls []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range urls {
+		if _, err := jobs.Publish(ctx, js, jobs.Job{URL: u, Target: targets[u]}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func checkClusterMirror(t *testing.T, root string, targets map[string]string) {
+	t.Helper()
+	files := mirrorFiles(t, root)
+	for u, key := range targets {
+		path := u[strings.Index(u[len("http://"):], "/")+len("http://"):]
+		got, ok := files[key]
+		if !ok {
+			t.Errorf("%s not stored at %s", u, key)
+			continue
+		}
+		if want := clusterBody(path); string(got) != string(want) {
+			t.Errorf("%s: stored %d bytes, want %d", key, len(got), len(want))
+		}
+	}
+	if len(files) != len(targets) {
+		t.Errorf("mirror has %d files, want %d", len(files), len(targets))
+	}
+}
+
+// TestProcessClusterKeepsOnePace is issue 10's test: three `mirrorworker
+// run` processes on one NATS, one origin with four authorities (plain, 429 +
+// Retry-After, 503 + HTTP-date Retry-After, 200 with an exhausted RateLimit),
+// floor 300 ms. As the origin times them: no gap below the floor, no request
+// while told to wait, one probe per expired cooldown, at most the in-flight
+// cap at once, every job stored byte-exact. The second run SIGKILLs one
+// process mid-run and starts another.
+func TestProcessClusterKeepsOnePace(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	for _, kill := range []bool{false, true} {
+		t.Run(map[bool]string{false: "three pods", true: "kill one, start one"}[kill], func(t *testing.T) {
+			const (
+				partitions = 8
+				perAuth    = 12
+				floor      = 300 * time.Millisecond
+			)
+			natsURL := externalNATS(t)
+			origin := newClusterOrigin(t, partitions, "plain", "429", "503date", "ratelimit")
+			targets, urls := origin.urls(perAuth)
+			publishURLs(t, natsURL, targets, urls)
+			root := t.TempDir()
+			args := func() []string {
+				return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(),
+					"--max-in-flight", "2", "--partitions", strconv.Itoa(partitions), "--lease-ttl", "2s",
+					"--ack-wait", "3s", "--log-level", "info")
+			}
+			pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+			if kill {
+				waitFor(t, 60*time.Second, "a third of the jobs stored", func() bool {
+					return len(mirrorFiles(t, root)) >= len(urls)/3
+				})
+				// Kill the pod that serves the 429 authority, so that its
+				// partition, cooldown and interval must move.
+				victim := podServing(t, natsURL, origin.named("429"), partitions, pods)
+				killed := time.Now()
+				if _, err := pods[victim].signalAndWait(t, syscall.SIGKILL, 10*time.Second); err == nil {
+					t.Fatal("killed worker reported success")
+				}
+				if n := len(mirrorFiles(t, root)); n >= len(urls) {
+					t.Fatalf("all %d jobs stored before the kill; the test proves nothing", n)
+				}
+				pods = append(append(pods[:victim:victim], pods[victim+1:]...), startWorkerProcess(t, args()...))
+				waitFor(t, 60*time.Second, "a request to the killed pod's authority", func() bool {
+					return origin.lastArrival(origin.named("429")).After(killed)
+				})
+				t.Logf("failover: first request to the killed pod's authority %s after the SIGKILL",
+					origin.firstArrivalAfter(origin.named("429"), killed).Sub(killed).Round(time.Millisecond))
+			}
+			waitQueueEmpty(t, natsURL, root, len(urls), 120*time.Second, multiLog(pods))
+			for _, p := range pods {
+				if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+					t.Errorf("pod exit after SIGTERM: %v", err)
+				}
+			}
+			checkClusterMirror(t, root, targets)
+			origin.check(t, floor, 2)
+			served := 0
+			for _, p := range pods {
+				if strings.Contains(p.log.String(), `"partitions taken"`) {
+					served++
+				}
+			}
+			if served < 2 {
+				t.Errorf("only %d pods took partitions; the work was not shared", served)
+			}
+		})
+	}
+}
+
+// waitQueueEmpty waits until n files are in the mirror and nothing is left
+// in the queue (pending, unacked or parked), with no dead letter.
+func waitQueueEmpty(t *testing.T, natsURL, root string, n int, deadline time.Duration, logs fmt.Stringer) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
+	defer cancel()
+	for {
+		stored := len(mirrorFiles(t, root))
+		q, qerr := readQueue(ctx, js)
+		if qerr == nil && stored == n && q.pending == 0 && q.ackPending == 0 {
+			if q.dlq != 0 {
+				t.Errorf("%d jobs dead-lettered, want 0", q.dlq)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("not drained after %s: %d/%d stored, queue %+v (err %v); logs:\n%s", deadline, stored, n, q, qerr, logs)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// named returns the authority with behaviour b.
+func (o *clusterOrigin) named(b string) string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for n, a := range o.auths {
+		if a.behave == b {
+			return n
+		}
+	}
+	return ""
+}
+
+func (o *clusterOrigin) lastArrival(auth string) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var last time.Time
+	for _, t := range o.auths[auth].arrivals {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
+func (o *clusterOrigin) firstArrivalAfter(auth string, after time.Time) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var first time.Time
+	for _, t := range o.auths[auth].arrivals {
+		if t.After(after) && (first.IsZero() || t.Before(first)) {
+			first = t
+		}
+	}
+	return first
+}
+
+// podServing returns the index of the pod holding the lease of auth's
+// partition.
+func podServing(t *testing.T, natsURL, auth string, partitions int, pods []*workerProcess) int {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	leases, _, err := readLeases(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	owner := leases[jobs.Partition(authority.KeyOf(auth), partitions)]
+	for i, p := range pods {
+		if owner == fmt.Sprintf("vm-%d", p.cmd.Process.Pid) || strings.HasSuffix(owner, fmt.Sprintf("-%d", p.cmd.Process.Pid)) {
+			return i
+		}
+	}
+	t.Fatalf("no pod holds the lease of %s (owner %q)", auth, owner)
+	return -1
+}
+
+type logsOf []*workerProcess
+
+func multiLog(ps []*workerProcess) fmt.Stringer { return logsOf(ps) }
+
+func (l logsOf) String() string {
+	var b strings.Builder
+	for _, p := range l {
+		fmt.Fprintf(&b, "--- pod pid %d\n%s\n", p.cmd.Process.Pid, p.log)
+	}
+	return b.String()
+}
