@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -44,6 +45,63 @@ type Hooks interface {
 	Status() []byte
 }
 
+// Store is the part of a KV bucket the Manager uses; KV adapts a
+// jetstream.KeyValue. Entries expire when not written for the bucket's TTL.
+type Store interface {
+	// Create writes key only if it has no live entry; it returns the revision.
+	Create(ctx context.Context, key string, value []byte) (uint64, error)
+	// Update writes key only if its live entry is at revision rev; an error
+	// that IsLost reports means the entry expired or another writer won.
+	Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
+	// Delete removes key if its entry is at revision rev (0: any).
+	Delete(ctx context.Context, key string, rev uint64) error
+	Put(ctx context.Context, key string, value []byte) error
+	Keys(ctx context.Context) ([]string, error)
+}
+
+// ErrLost is what a Store returns (wrapped or not) when an Update finds the
+// entry gone or at another revision.
+var ErrLost = errors.New("cluster: lease lost")
+
+// KV adapts a jetstream.KeyValue to Store.
+type KV struct{ jetstream.KeyValue }
+
+func (k KV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
+	return k.KeyValue.Create(ctx, key, value)
+}
+
+func (k KV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	r, err := k.KeyValue.Update(ctx, key, value, rev)
+	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyNotFound) || isWrongSequence(err)) {
+		return 0, fmt.Errorf("%w: %w", ErrLost, err)
+	}
+	return r, err
+}
+
+func (k KV) Delete(ctx context.Context, key string, rev uint64) error {
+	if rev == 0 {
+		return k.KeyValue.Delete(ctx, key)
+	}
+	return k.KeyValue.Delete(ctx, key, jetstream.LastRevision(rev))
+}
+
+func (k KV) Put(ctx context.Context, key string, value []byte) error {
+	_, err := k.KeyValue.Put(ctx, key, value)
+	return err
+}
+
+func (k KV) Keys(ctx context.Context) ([]string, error) {
+	l, err := k.KeyValue.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for key := range l.Keys() {
+		out = append(out, key)
+	}
+	return out, nil
+}
+
 // Options configure a Manager. Zero fields mean the defaults.
 type Options struct {
 	PodID      string        // required: unique among live pods
@@ -53,6 +111,9 @@ type Options struct {
 	// ReleaseTimeout bounds how long a graceful release may wait for the
 	// partition's requests before Release's context is cancelled; TTL.
 	ReleaseTimeout time.Duration
+	// Clock measures lease validity (its Now must carry a monotonic
+	// reading, as time.Now's does); nil is the real clock.
+	Clock clock.Clock
 }
 
 // Lease is the value of a partition's key in MIRROR_LEASES.
@@ -71,8 +132,8 @@ type lease struct {
 // Manager holds this pod's leases. Owns is safe for concurrent use; Run and
 // Close are called once each, in that order.
 type Manager struct {
-	leases jetstream.KeyValue
-	pods   jetstream.KeyValue
+	leases Store
+	pods   Store
 	h      Hooks
 	o      Options
 	log    zerolog.Logger
@@ -88,7 +149,7 @@ type Manager struct {
 }
 
 // New returns a Manager using the two buckets (jobs.EnsureWork creates them).
-func New(leases, pods jetstream.KeyValue, h Hooks, o Options) (*Manager, error) {
+func New(leases, pods Store, h Hooks, o Options) (*Manager, error) {
 	if o.PodID == "" {
 		return nil, errors.New("cluster: Options.PodID is empty")
 	}
@@ -101,9 +162,12 @@ func New(leases, pods jetstream.KeyValue, h Hooks, o Options) (*Manager, error) 
 	if o.ReleaseTimeout <= 0 {
 		o.ReleaseTimeout = o.TTL
 	}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
+	}
 	return &Manager{
 		leases: leases, pods: pods, h: h, o: o, log: o.Logger,
-		epoch: time.Now(),
+		epoch: o.Clock.Now(),
 		valid: make([]atomic.Int64, o.Partitions),
 		owned: map[int]*lease{},
 	}, nil
@@ -120,7 +184,7 @@ func (m *Manager) Owns(p int) bool {
 		return false
 	}
 	v := m.valid[p].Load()
-	return v > 0 && int64(time.Since(m.epoch)) < v
+	return v > 0 && int64(m.o.Clock.Now().Sub(m.epoch)) < v
 }
 
 // Owned returns the partitions this pod serves, sorted.
@@ -150,13 +214,9 @@ func (m *Manager) setValid(p int, sent time.Time) {
 func (m *Manager) Run(ctx context.Context) error {
 	tick := m.o.TTL / 4
 	for {
-		m.step(ctx)
-		t := time.NewTimer(tick)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		m.Step(ctx)
+		if !clock.Sleep(m.o.Clock, tick, ctx.Done()) {
 			return nil
-		case <-t.C:
 		}
 	}
 }
@@ -166,11 +226,13 @@ func (m *Manager) leaseValue(since time.Time) []byte {
 	return b
 }
 
-// step is one round: announce this pod, renew, then balance.
-func (m *Manager) step(ctx context.Context) {
+// Step is one round of Run: announce this pod, renew its leases, then take
+// or give back partitions towards its share. Run calls it every TTL/4;
+// simulations call it directly.
+func (m *Manager) Step(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, m.o.TTL/2)
 	defer cancel()
-	if _, err := m.pods.Put(sctx, m.o.PodID, m.h.Status()); err != nil {
+	if err := m.pods.Put(sctx, m.o.PodID, m.h.Status()); err != nil {
 		m.log.Warn().Err(err).Msg("announce pod")
 	}
 	m.renew(sctx)
@@ -215,7 +277,7 @@ func (m *Manager) renew(ctx context.Context) {
 			default:
 			}
 		}
-		sent := time.Now()
+		sent := m.o.Clock.Now()
 		rev, err := m.leases.Update(ctx, jobs.LeaseKey(p), m.leaseValue(l.since), l.rev)
 		switch {
 		case err == nil:
@@ -223,7 +285,7 @@ func (m *Manager) renew(ctx context.Context) {
 			if !l.releasing {
 				m.setValid(p, sent)
 			}
-		case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyNotFound), isWrongSequence(err):
+		case errors.Is(err, ErrLost):
 			// Expired on the server (this pod was stopped or cut off for
 			// longer than the TTL) and possibly taken by another pod.
 			m.log.Warn().Int("partition", p).Err(err).Msg("partition lease lost")
@@ -254,7 +316,7 @@ func isWrongSequence(err error) bool {
 
 // drop gives up a released partition's lease.
 func (m *Manager) drop(ctx context.Context, p int, l *lease) {
-	if err := m.leases.Delete(ctx, jobs.LeaseKey(p), jetstream.LastRevision(l.rev)); err != nil {
+	if err := m.leases.Delete(ctx, jobs.LeaseKey(p), l.rev); err != nil {
 		m.log.Warn().Int("partition", p).Err(err).Msg("give up partition lease (it expires by itself)")
 	}
 	m.mu.Lock()
@@ -264,14 +326,14 @@ func (m *Manager) drop(ctx context.Context, p int, l *lease) {
 }
 
 func (m *Manager) livePods(ctx context.Context) int {
-	lister, err := m.pods.ListKeys(ctx)
+	keys, err := m.pods.Keys(ctx)
 	if err != nil {
 		m.log.Warn().Err(err).Msg("list pods")
 		return 0
 	}
 	n := 0
 	self := false
-	for k := range lister.Keys() {
+	for _, k := range keys {
 		n++
 		self = self || k == m.o.PodID
 	}
@@ -316,12 +378,12 @@ func (m *Manager) giveBack(ctx context.Context, n int) {
 // on the pod id so that pods starting together do not race for the same.
 func (m *Manager) take(ctx context.Context, n int) {
 	taken := map[string]bool{}
-	lister, err := m.leases.ListKeys(ctx)
+	keys, err := m.leases.Keys(ctx)
 	if err != nil {
 		m.log.Warn().Err(err).Msg("list leases")
 		return
 	}
-	for k := range lister.Keys() {
+	for _, k := range keys {
 		taken[k] = true
 	}
 	h := fnv.New32a()
@@ -336,7 +398,7 @@ func (m *Manager) take(ctx context.Context, n int) {
 		if mine || taken[jobs.LeaseKey(p)] {
 			continue
 		}
-		sent := time.Now()
+		sent := m.o.Clock.Now()
 		rev, err := m.leases.Create(ctx, jobs.LeaseKey(p), m.leaseValue(sent))
 		if err != nil {
 			continue // another pod was quicker
@@ -347,7 +409,7 @@ func (m *Manager) take(ctx context.Context, n int) {
 		if err := m.h.Acquired(ctx, p, sent); err != nil {
 			m.valid[p].Store(0)
 			m.log.Warn().Int("partition", p).Err(err).Msg("serve partition")
-			_ = m.leases.Delete(ctx, jobs.LeaseKey(p), jetstream.LastRevision(rev))
+			_ = m.leases.Delete(ctx, jobs.LeaseKey(p), rev)
 			continue
 		}
 		m.mu.Lock()
@@ -371,11 +433,11 @@ func (m *Manager) Close(ctx context.Context) error {
 	var errs []error
 	for p, l := range owned {
 		m.valid[p].Store(0)
-		if err := m.leases.Delete(ctx, jobs.LeaseKey(p), jetstream.LastRevision(l.rev)); err != nil {
+		if err := m.leases.Delete(ctx, jobs.LeaseKey(p), l.rev); err != nil {
 			errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
 		}
 	}
-	if err := m.pods.Delete(ctx, m.o.PodID); err != nil {
+	if err := m.pods.Delete(ctx, m.o.PodID, 0); err != nil {
 		errs = append(errs, fmt.Errorf("pod entry: %w", err))
 	}
 	return errors.Join(errs...)

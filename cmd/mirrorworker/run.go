@@ -589,7 +589,7 @@ func (p *pipeline) newManager(ctx context.Context, js jetstream.JetStream, w *wo
 	}
 	var mgr *cluster.Manager
 	hooks := &podHooks{js: js, w: w, pc: pc, pod: p.c.workerID, consOpts: consOpts, mgr: func() *cluster.Manager { return mgr }}
-	mgr, err = cluster.New(leases, pods, hooks, cluster.Options{
+	mgr, err = cluster.New(cluster.KV{KeyValue: leases}, cluster.KV{KeyValue: pods}, hooks, cluster.Options{
 		PodID: p.c.workerID, Partitions: partitions, TTL: p.c.leaseTTL, Logger: p.log,
 	})
 	return mgr, err
