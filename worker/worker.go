@@ -809,8 +809,11 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
 		}
 	}
-	w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status).
-		Msg("job dead-lettered")
+	ev := w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status)
+	if detail != "" { // says what to do where there is something (destination_refused)
+		ev = ev.Str("detail", truncate(detail, 512))
+	}
+	ev.Msg("job dead-lettered")
 	w.final(j, OutcomeDeadLettered, reason)
 }
 

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -15,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	"golang.org/x/term"
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
@@ -54,8 +52,8 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.fromSeq, "from-seq", "", "replay from this stream sequence of MIRROR_JOBS")
 	fs.StringVar(&c.since, "since", "", "replay the jobs stored within this duration (90m, 24h, 7d)")
 	fs.StringVar(&c.fromTime, "from-time", "", "replay the jobs stored at or after this RFC 3339 time (2026-11-29T08:00:00Z)")
-	fs.Var(&c.tenants, "tenant", "replay only this tenant's jobs (repeatable, or comma-separated)")
-	fs.Var(&c.authorities, "authority", "replay only the jobs of this origin, as a URL or host:port (repeatable, or comma-separated)")
+	fs.Var(&c.tenants, "tenant", "replay only this `tenant`'s jobs (repeatable, or comma-separated)")
+	fs.Var(&c.authorities, "authority", "replay only the jobs of this `origin`, as a URL or host:port (repeatable, or comma-separated)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "count the jobs a replay would re-drive, per authority, and fetch nothing")
 
 	c.workerFlags.register(fs, workerDefaults{
@@ -144,7 +142,7 @@ func cmdReplay(ctx context.Context, args []string, getenv func(string) string, _
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: mirrorworker replay [--from-seq N | --since D | --from-time T] [--tenant T]... [--authority A]... [--target URL] [--dry-run] [flags]")
 		fmt.Fprintln(fs.Output())
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
@@ -308,7 +306,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 func newProgress(mode string, stderr io.Writer) replay.Progress {
 	if mode == "auto" {
 		mode = "lines"
-		if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		if isTerminal(stderr) {
 			mode = "bar"
 		}
 	}

@@ -75,7 +75,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	})
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
 	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
-	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream (0: unlimited)")
+	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream, a `size` in bytes or with a unit (50GiB); 0: unlimited")
 }
 
 // check rejects flag values that cannot work, as usage errors (exit 2).
@@ -119,7 +119,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 		fmt.Fprintln(stderr, "mirror target. Without --nats-url it runs an embedded JetStream server under --data-dir.")
 		fmt.Fprintln(stderr, "Every flag can also be set from the environment: --data-dir is MIRRORWORKER_DATA_DIR.")
 		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
@@ -473,7 +473,20 @@ func checkPortFree(addr string) error {
 // (KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).
 type byteSize int64
 
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+// String is the size with the largest binary unit that divides it exactly
+// (16GiB, 1500B), so that help and errors read as people write sizes.
+func (b *byteSize) String() string {
+	n := int64(*b)
+	for _, u := range []struct {
+		name string
+		mult int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.mult == 0 {
+			return strconv.FormatInt(n/u.mult, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
 
 func (b *byteSize) Set(s string) error {
 	s = strings.TrimSpace(s)
