@@ -156,6 +156,11 @@ func duplicateWindow(ctx context.Context, js jetstream.JetStream) time.Duration 
 // connectJobs connects to NATS and makes sure the job streams exist, without
 // changing the limits of streams that already do (the worker owns those).
 func connectJobs(ctx context.Context, nf *natsFlags) (jetstream.JetStream, func(), error) {
+	if nf.url == "" {
+		if err := probeDefaultNATS(ctx, nf.defaultTo); err != nil {
+			return nil, nil, err
+		}
+	}
 	nc, err := nf.connect(ctx, "mirrorworker-enqueue")
 	if err != nil {
 		if nf.url == "" {
