@@ -3,8 +3,8 @@ package replay_test
 import (
 	"encoding/json"
 	"fmt"
-	"reflect"
 	"maps"
+	"reflect"
 	"testing"
 	"time"
 

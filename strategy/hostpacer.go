@@ -35,5 +35,6 @@ func newHostPacer(o Options) (Pacer, error) {
 		QuietWindow: quiet,
 		Rand:        o.Rand,
 		Scale:       scale,
+		StartGuard:  o.StartGuard,
 	}), nil
 }
