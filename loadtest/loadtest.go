@@ -54,7 +54,7 @@ type Options struct {
 	// Shared makes every worker pull from one durable consumer, as
 	// `mirrorworker run` instances sharing a deployment do. By default each
 	// worker has its own consumer filtered to a partition of the
-	// authorities (by akey, SPEC section 8), so that each authority is paced
+	// authorities (by akey, docs/contract.md section 8), so that each authority is paced
 	// by exactly one pacer.
 	Shared bool
 	// Dir holds the per-strategy scratch directories (JetStream store,

@@ -168,8 +168,8 @@ type rules interface {
 }
 
 // engine holds the decision common to every strategy (cooling, probe,
-// in-flight cap, floor spacing with short-wait reservation, in SPEC section
-// 3's order) and delegates learning to its rules. The decision copies the
+// in-flight cap, floor spacing with short-wait reservation, in docs/contract.md
+// section 3's order) and delegates learning to its rules. The decision copies the
 // HostPacer's, refusal waits included (pacer.ProbeWait,
 // pacer.InFlightMinWait, scaled as the HostPacer scales them), so that a side-by-side
 // run differs only in how each strategy learns. Safe for concurrent use.

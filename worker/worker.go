@@ -3,7 +3,7 @@
 // hands them to a fixed number of fetch slots in the order the pacer can
 // serve them (round robin between authorities, and between tenants within
 // one), stores what it fetched, and acks, retries, defers or dead-letters
-// each job (SPEC section 5; docs/adr/0001 for the deferral design).
+// each job (docs/contract.md section 5; docs/adr/0001 for the deferral design).
 //
 // It defines the small interfaces it needs (Fetcher, Target, Pacer, Msg)
 // and knows nothing of the concrete fetch, mirror and pacer types. It does
