@@ -78,7 +78,12 @@ type RefusedError struct {
 }
 
 func (e *RefusedError) Error() string {
-	return "fetch: destination " + e.Host + " (" + e.Addr + ") refused: " + e.Reason
+	msg := "fetch: destination " + e.Host + " (" + e.Addr + ") refused: " + e.Reason
+	if e.Reason != ReasonLinkLocal && e.Reason != ReasonMetadata {
+		// The one refusal an operator can lift; say how.
+		msg += " (to allow loopback and private destinations, run the worker with --allow-private-networks)"
+	}
+	return msg
 }
 
 var (

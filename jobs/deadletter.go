@@ -36,7 +36,7 @@ func HTTPReason(status int) string { return "http_" + strconv.Itoa(status) }
 const MaxDeadLetterJob = MaxJobLen
 
 // DeadLetter is the record published to mirror.dlq.<tenant>.<akey> when a
-// job leaves the system without being stored (SPEC section 6). It is a
+// job leaves the system without being stored (docs/contract.md section 6). It is a
 // plain value with no concurrency of its own.
 type DeadLetter struct {
 	// Job is the original message body when it is valid JSON, unchanged.

@@ -30,7 +30,7 @@ import (
 // Version is the newest job format version this package understands.
 const Version = 1
 
-// Limits of the job format (SPEC section 2), and the bounds this package adds
+// Limits of the job format (docs/contract.md section 2), and the bounds this package adds
 // so that no input can make validation expensive.
 const (
 	MaxURLLen    = 8 << 10 // bytes
@@ -116,7 +116,7 @@ var allowedHeaders = map[string]bool{
 }
 
 // Parse decodes and validates one job message and fills in its defaults
-// (SPEC section 2). Unknown top-level fields are ignored; malformed JSON,
+// (docs/contract.md section 2). Unknown top-level fields are ignored; malformed JSON,
 // duplicate keys (at any depth), a value of the wrong type and a broken rule
 // are errors. A JSON null counts as an absent field. Every error is an
 // *InvalidError; Parse never panics.

@@ -18,7 +18,7 @@ const (
 	ConsumerName   = "mirrorworker"    // the durable pull consumer on JobsStream
 )
 
-// Stream defaults (SPEC sections 2 and 6).
+// Stream defaults (docs/contract.md sections 2 and 6).
 const (
 	DefaultJobsMaxAge       = 7 * 24 * time.Hour
 	DefaultJobsDuplicates   = 2 * time.Minute
@@ -272,7 +272,7 @@ func ConsumerConfig(o *ConsumerOptions) jetstream.ConsumerConfig {
 		// without ever failing. With a finite MaxDeliver the server would
 		// stop delivering such a job (only an advisory says so): it would be
 		// neither stored nor dead-lettered. The failure budget
-		// (SPEC section 5) is counted by the worker in the MIRROR_ATTEMPTS
+		// (docs/contract.md section 5) is counted by the worker in the MIRROR_ATTEMPTS
 		// bucket instead, where only real failures count.
 		MaxDeliver:    -1,
 		MaxAckPending: r.MaxAckPending,

@@ -54,7 +54,7 @@ type Options struct {
 	// Shared makes every worker pull from one durable consumer, as
 	// `mirrorworker run` instances sharing a deployment do. By default each
 	// worker has its own consumer filtered to a partition of the
-	// authorities (by akey, SPEC section 8), so that each authority is paced
+	// authorities (by akey, docs/contract.md section 8), so that each authority is paced
 	// by exactly one pacer.
 	Shared bool
 	// Dir holds the per-strategy scratch directories (JetStream store,
@@ -166,8 +166,6 @@ func notes(o Options) []string {
 		"cpu s and peak heap are the whole load-test process during that strategy's run: the workers run in-process with the stub origin and the embedded JetStream server, so the figures compare strategies but are not one worker's footprint (process CPU from getrusage, peak of /memory/classes/heap/objects:bytes sampled every 100 ms).",
 		"All workers call from 127.0.0.1, so the origin sees one anonymous identity per authority; the allowed rate is the profile's anonymous sustained quota times the authorities.",
 		fmt.Sprintf("Time is compressed: the strategies' constants (2 s first step, 60 s fallback and cap, 600 s ceiling, 30 min quiet window, 15 min pause cap, 1-30 s backoff) are multiplied by the profile's scale (%g). The HostPacer scales the same constants (pacer.Options.Scale); values the origin sends (Retry-After, rate-limit resets) are never scaled.", o.Profile.Scale),
-		"Goodput is the requests the origin admitted during the run over what the profile allows in the drain time: per authority and identity, the sustained bucket's capacity plus its rate times the drain time (less when the shared shard's tenant share binds first). With a skew, the quota of authorities that ran out of jobs early is still in the denominator.",
-		"gaps<floor and min gap are timed by the origin on arrival; sent<floor counts the same gaps as the workers timed their departures. Arrivals closer than the floor while departures were not are timing noise between the worker and the origin (a busy CPU, a new connection), not a pacer granting too early.",
 	}
 	if o.Shared {
 		n = append(n, "Workers share one durable consumer: each authority is paced by every worker's pacer independently, so per-authority politeness holds per worker, not at the origin.")

@@ -41,18 +41,21 @@ func (p *progress) update(now time.Time, s queueSnap) {
 		p.next = now.Add(p.every)
 	}
 	done := s.finished(p.total)
-	if !p.lastT.IsZero() {
-		if dt := now.Sub(p.lastT).Seconds(); dt > 0 {
-			inst := float64(done-p.lastDone) / dt
-			if p.rate == 0 {
-				p.rate = inst
-			} else {
-				p.rate = 0.7*p.rate + 0.3*inst
-			}
+	if p.lastT.IsZero() {
+		// The first line measures from the start, so it shows a rate (and
+		// an ETA) as soon as anything is done, not 0.0 for an interval.
+		p.lastT = p.start
+	}
+	if dt := now.Sub(p.lastT).Seconds(); dt > 0 {
+		inst := float64(done-p.lastDone) / dt
+		if p.rate == 0 {
+			p.rate = inst
+		} else {
+			p.rate = 0.7*p.rate + 0.3*inst
 		}
 	}
 	p.lastT, p.lastDone = now, done
-	eta := "?"
+	eta := "? (nothing finished yet)"
 	if p.rate > 0 {
 		eta = time.Duration(float64(p.total-done) / p.rate * float64(time.Second)).Round(time.Second).String()
 	}

@@ -231,6 +231,7 @@ type chart struct {
 	PlotW, PlotH          int
 	Right, Bottom         int // plot area's right edge and x axis
 	LabelX, TickY         int // y tick labels' right edge; x tick labels' baseline
+	AllowedX              int // left edge of the allowed-rate label, in the right margin
 	Bars                  []bar
 	AllowedY              string // y of the allowed-rate line; "" when unknown
 	AllowedLabel          string
@@ -256,7 +257,7 @@ type mark struct{ X, W string }
 
 const (
 	chartW, chartH           = 760, 240
-	marginL, marginR         = 52, 16
+	marginL, marginR         = 52, 84 // the right margin holds the allowed-rate label, clear of the bars
 	marginT, marginB         = 14, 40
 	maxBars                  = 300 // longer runs are bucketed so a bar stays visible
 	coordPrecision           = 1
@@ -273,6 +274,7 @@ func newChart(res Result, allowed float64) chart {
 		PlotW: chartW - marginL - marginR, PlotH: chartH - marginT - marginB,
 		Right: chartW - marginR, Bottom: chartH - marginB,
 		LabelX: marginL - 6, TickY: chartH - marginB + 22,
+		AllowedX: chartW - marginR + 6,
 	}
 	series := res.Series
 	if len(series) == 0 {
@@ -353,10 +355,20 @@ func newChart(res Result, allowed float64) chart {
 		n429 += p.Status429
 		n503 += p.Status503
 	}
-	c.Caption = fmt.Sprintf("%s: requests per second at the origin (admitted, 503, 429 stacked) against the allowed rate; %d seconds with throttling answers marked below the axis (%d 429s, %d 503s)",
-		res.Strategy, len(c.Marks)*per, n429, n503)
+	secs := len(c.Marks) * per
+	c.Caption = fmt.Sprintf("%s: requests per second at the origin (admitted, 503, 429 stacked) against the allowed rate; %d %s with throttling answers marked below the axis (%d %s, %d %s)",
+		res.Strategy, secs, plural(secs, "second", "seconds"), n429, plural64(n429, "429", "429s"), n503, plural64(n503, "503", "503s"))
 	return c
 }
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func plural64(n int64, one, many string) string { return plural(int(min(n, 2)), one, many) }
 
 // niceStep rounds v up to 1, 2 or 5 times a power of ten.
 func niceStep(v float64) float64 {
@@ -386,7 +398,8 @@ var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{{.Title}}</title>
 <style>
-body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem auto;max-width:1100px;padding:0 1rem;color:#1d2330;background:#fff}
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:1.5rem auto;max-width:1600px;padding:0 1.5rem;color:#1d2330;background:#fff}
+p,ul,dl{max-width:60rem}
 h1{font-size:1.5rem;margin-bottom:.2rem}
 h2{font-size:1.15rem;margin-top:2rem}
 code{font:13px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f2f4f7;padding:.1rem .3rem;border-radius:3px}
@@ -395,15 +408,16 @@ dl.setup{display:grid;grid-template-columns:max-content 1fr;gap:.15rem 1rem;marg
 dl.setup dt{color:#586174}
 dl.setup dd{margin:0}
 .scroll{overflow-x:auto}
-table.summary{border-collapse:collapse;width:100%;font-size:14px;font-variant-numeric:tabular-nums}
-table.summary th,table.summary td{border-bottom:1px solid #dde1e8;padding:.35rem .5rem;text-align:right;white-space:nowrap}
+table.summary{border-collapse:collapse;font-size:14px;font-variant-numeric:tabular-nums}
+table.summary th,table.summary td{border-bottom:1px solid #dde1e8;padding:.35rem .45rem;text-align:right;white-space:nowrap}
+table.summary thead th{white-space:normal;vertical-align:bottom;min-width:3.2em}
 table.summary th:first-child,table.summary td:first-child{text-align:left}
 table.summary thead th{background:#f2f4f7;font-weight:600}
 table.summary tr.hostpacer td{font-weight:600;background:#f5f9ff}
 .err{color:#a4161a}
 figure{margin:1rem 0 2rem}
 figcaption{color:#586174;font-size:.9rem}
-svg.chart{width:100%;height:auto;max-width:760px;display:block}
+svg.chart{width:100%;height:auto;max-width:960px;display:block}
 svg.chart text{font:11px system-ui,sans-serif;fill:#586174}
 .adm{fill:#4f7cc9}.r429{fill:#d1495b}.r503{fill:#edae49}.mark{fill:#d1495b}
 .allowed{stroke:#1d2330;stroke-width:1.5;stroke-dasharray:6 4}
@@ -435,10 +449,11 @@ ul.notes li{margin:.3rem 0}
 </table></div>
 <h2>How to read this</h2>
 <ul class="notes">
-<li><b>goodput</b> is what the origin admitted during the run as a fraction of what the profile allows in that time (the sustained quota's capacity plus its rate times the drain time, per authority). Near 1 means the strategy used what the origin offered; well below 1 means it waited longer than it had to.</li>
-<li><b>429s</b>, <b>503s</b> and <b>early</b> come from the origin's own statistics. <b>early</b> counts requests sent while their caller had been told to wait (Retry-After or an exhausted rate-limit reset): the rudest kind of request.</li>
-<li><b>gaps&lt;floor</b> counts arrivals from one caller closer than the policy floor to its previous one, as the origin timed them; <b>min gap ms</b> is the closest pair. Requests leave on schedule but a late departure (a busy CPU, a new connection) can land a few milliseconds short, so compare the min gap with the floor before calling a gap a violation. <b>sent&lt;floor</b> counts the gaps as the workers timed their departures.</li>
-<li><b>deliv/job</b> is JetStream deliveries per job: every deferral and retry is one more. <b>dead</b> is jobs dead-lettered. <b>cpu s</b> and <b>heap MiB</b> (peak) are the whole process (see below).</li>
+<li><b>drained</b>, <b>drain s</b> and <b>jobs/s</b>: whether every job left the queue (stored or dead-lettered) before the time limit, how long that took, and stored jobs per second.</li>
+<li><b>goodput</b> is what the origin admitted during the run as a fraction of what the profile allows in that time: per authority and caller identity, the sustained bucket's capacity plus its rate times the drain time (less when the shared shard's tenant share binds first). Near 1, the strategy used what the origin offered; well below 1, it waited longer than it had to. With a skew, authorities that ran out of jobs early still count in the denominator.</li>
+<li><b>429s</b>, <b>503s</b> and <b>early</b> come from the origin's own statistics. <b>early</b> counts requests sent while their caller had been told to wait (Retry-After or an exhausted rate-limit reset): the rudest kind of request, which a polite client keeps at 0.</li>
+<li><b>gaps&lt;floor</b> counts arrivals from one caller closer than the policy floor to its previous one, as the origin timed them, and <b>min gap ms</b> is the closest pair; <b>sent&lt;floor</b> counts the same gaps as the workers timed their departures. Short gaps at the origin with none sent are timing noise between the two (a busy CPU, a new connection), not a pacer granting too early. Every strategy spaces each departure from the previous request's actual start, as the HostPacer does, so sent&lt;floor is 0 for all of them unless workers share a consumer (<code>--shared-consumer</code>: several pacers per authority).</li>
+<li><b>deliv/job</b> is JetStream deliveries per job: every deferral and retry is one more. <b>dead</b> is jobs dead-lettered. <b>cpu s</b> and <b>heap MiB</b> (peak) are the whole process, origin and JetStream included: they compare strategies, they are not one worker's footprint.</li>
 <li>In the charts, blue is admitted, yellow 503 and red 429 per second, stacked; the dashed line is the allowed rate; red ticks under the axis mark seconds with throttling answers. Hover a bar for its numbers.</li>
 {{range .Notes}}<li>{{.}}</li>
 {{end}}</ul>
@@ -449,7 +464,7 @@ ul.notes li{margin:.3rem 0}
 {{if .Empty}}<p>{{.Caption}}</p>{{else}}<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {{.Width}} {{.Height}}" role="img" aria-label="{{.Caption}}">
 {{range .YTicks}}<line class="grid" x1="{{$c.PlotX}}" y1="{{.Pos}}" x2="{{$c.Right}}" y2="{{.Pos}}"/><text x="{{$c.LabelX}}" y="{{.Pos}}" dy="4" text-anchor="end">{{.Label}}</text>
 {{end}}{{range .Bars}}<g><title>{{.Title}}</title><rect class="adm" x="{{.X}}" y="{{.Admitted.Y}}" width="{{.W}}" height="{{.Admitted.H}}"/><rect class="r503" x="{{.X}}" y="{{.L503.Y}}" width="{{.W}}" height="{{.L503.H}}"/><rect class="r429" x="{{.X}}" y="{{.Lim429.Y}}" width="{{.W}}" height="{{.Lim429.H}}"/></g>
-{{end}}{{if .AllowedY}}<line class="allowed" x1="{{.PlotX}}" y1="{{.AllowedY}}" x2="{{.Right}}" y2="{{.AllowedY}}"/><text x="{{.Right}}" y="{{.AllowedY}}" dy="-4" text-anchor="end">{{.AllowedLabel}}</text>
+{{end}}{{if .AllowedY}}<line class="allowed" x1="{{.PlotX}}" y1="{{.AllowedY}}" x2="{{.Right}}" y2="{{.AllowedY}}"/><text class="allowed-label" x="{{.AllowedX}}" y="{{.AllowedY}}" dy="4">{{.AllowedLabel}}</text>
 {{end}}<line class="axis" x1="{{.PlotX}}" y1="{{.Bottom}}" x2="{{.Right}}" y2="{{.Bottom}}"/>
 {{range .Marks}}<rect class="mark" x="{{.X}}" y="{{markY}}" width="{{.W}}" height="{{markH}}"/>{{end}}
 {{range .XTicks}}<text x="{{.Pos}}" y="{{$c.TickY}}" text-anchor="middle">{{.Label}}</text>{{end}}

@@ -24,5 +24,5 @@
 // read a clock, talk to NATS or make HTTP requests. Every method takes the
 // current instant as a parameter, as golang.org/x/time/rate does, so every
 // rule is testable on a virtual clock. State is per process; coordination
-// across a cluster (SPEC section 8) is not part of this package.
+// across a cluster (docs/contract.md section 8) is not part of this package.
 package pacer

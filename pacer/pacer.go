@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// Fixed numbers of SPEC section 3 (not configurable: they are the contract).
+// Fixed numbers of docs/contract.md section 3 (not configurable: they are the contract).
 // Options.Scale multiplies all of them, for time-compressed load tests only.
 const (
 	FirstStep       = 2 * time.Second   // the first escalation step above a small interval
@@ -71,7 +71,7 @@ type Options struct {
 	// for long: it runs on the caller's goroutine of Acquire or Done.
 	OnEvent func(Event)
 	// Scale compresses time for load tests: it multiplies every fixed
-	// duration of SPEC section 3 (FirstStep, MaxInterval, FallbackMin,
+	// duration of docs/contract.md section 3 (FirstStep, MaxInterval, FallbackMin,
 	// MaxPause both as the fallback ceiling's cap and as every pause's cap,
 	// ProbeWait, InFlightMinWait) and the default QuietWindow. 0 or 1 is real
 	// time; New panics unless 0 <= Scale <= 1, because a Scale outside that
@@ -110,7 +110,7 @@ type Pacer struct {
 	shardMax  int
 	sweepStep int
 
-	// SPEC section 3's constants times Options.Scale, in nanoseconds, so the
+	// docs/contract.md section 3's constants times Options.Scale, in nanoseconds, so the
 	// scale costs nothing per call.
 	firstStep, maxInterval, fallbackMin, maxPause, probeWait, inFlightMinWait int64
 	// guard is Options.StartGuard (0 for none) unless guardAuto, when it is
@@ -306,7 +306,7 @@ func (p *Pacer) decayLocked(e *entry, auth string, now int64, fx *facts) {
 // refuses with a *RefusedError. Every Permit must be given back to Done
 // exactly once.
 //
-// The order of the checks is SPEC section 3's: cooling, probe, in-flight cap,
+// The order of the checks is docs/contract.md section 3's: cooling, probe, in-flight cap,
 // spacing. The probe itself also respects the cap and the spacing. Spacing
 // is the interval plus the start guard (Options.StartGuard) from the latest
 // start granted or confirmed. A granted Permit, even one reserved for a

@@ -37,7 +37,7 @@ func resp(status int, kv ...string) pacer.Response {
 func fixedRand(r float64) func() float64 { return func() float64 { return r } }
 
 // newPacer builds a Pacer with the given default floor and Rand 0. Unless o
-// sets StartGuard, it has none: the SPEC tables speak of the interval alone,
+// sets StartGuard, it has none: the contract's tables speak of the interval alone,
 // and the guard has its own tests.
 func newPacer(t testing.TB, floor time.Duration, o *pacer.Options) *pacer.Pacer {
 	t.Helper()

@@ -12,7 +12,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/authority"
 )
 
-// Policy defaults (SPEC section 3).
+// Policy defaults (docs/contract.md section 3).
 const (
 	DefaultFloor       = time.Second
 	DefaultMaxInFlight = 2

@@ -8,7 +8,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
-// TestScale measures each of SPEC section 3's durations at real time (Scale 0
+// TestScale measures each of docs/contract.md section 3's durations at real time (Scale 0
 // and 1) and at Scale 0.01, on a floor of 5 ms (below every scaled constant),
 // no start guard, and Rand 1 (the fallback draws its ceiling).
 func TestScale(t *testing.T) {

@@ -2,55 +2,137 @@ package replay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 
-	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
 // Counts is what a dry run found.
 type Counts struct {
+	// Total counts jobs: distinct job ids. The same job enqueued again
+	// after the duplicate window is a second message of one job.
 	Total int
-	// ByAuthority counts jobs per authority key (the subject's last token,
-	// e.g. files_example_org_443).
-	ByAuthority map[string]int
+	// Messages counts the stream messages selected, which is what the
+	// replay re-drives (a job's second message costs a conditional
+	// request).
+	Messages int
+	// DeadLettered counts the jobs whose latest message was dead-lettered.
+	DeadLettered int
+	// ByAuthority counts per authority, keyed as people write it
+	// ("files.example.org:443", "[::1]:8080"); a message that is not a valid
+	// job is counted under InvalidJobs.
+	ByAuthority map[string]AuthorityCount
 	// FirstSeq and LastSeq bound the stream sequences counted; zero when
 	// nothing matched.
 	FirstSeq, LastSeq uint64
 }
 
-// Count reports how many jobs a replay from start through the subject
-// filters would re-drive, without fetching anything: the messages stored up
-// to the stream's last matching sequence now, read headers only. now is
-// when the replay would start (for Start.Since).
+// AuthorityCount is one authority's share of a dry run.
+type AuthorityCount struct {
+	Jobs, Messages, DeadLettered int
+	// Reasons counts the dead-lettered jobs by reason code.
+	Reasons map[string]int
+}
+
+// InvalidJobs is the ByAuthority key of messages that are not valid jobs:
+// a replay re-drives them and the worker dead-letters them (invalid_job).
+const InvalidJobs = "(invalid jobs)"
+
+// Count reports what a replay from start through the subject filters would
+// re-drive, without fetching anything: the jobs among the messages stored
+// up to the stream's last matching sequence now, and which of them were
+// dead-lettered (from MIRROR_DLQ). now is when the replay would start (for
+// Start.Since). It holds one entry per distinct job id in memory.
 func Count(ctx context.Context, js jetstream.JetStream, start Start, subjects []string, now time.Time) (Counts, error) {
 	if err := start.Validate(); err != nil {
 		return Counts{}, err
 	}
-	c := Counts{ByAuthority: map[string]int{}}
+	c := Counts{ByAuthority: map[string]AuthorityCount{}}
+	type seen struct {
+		auth    string
+		lastSeq uint64
+	}
+	byID := map[string]*seen{}
 	policy, seq, at := start.deliver(now)
 	err := scan(ctx, js, jobs.JobsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: subjects,
 		DeliverPolicy:  policy,
 		OptStartSeq:    seq,
 		OptStartTime:   at,
-		HeadersOnly:    true,
 	}, func(m jetstream.Msg, md *jetstream.MsgMetadata) error {
-		_, akey, err := jobs.ParseSubject(m.Subject())
-		if err != nil {
-			akey = jobs.InvalidToken // replayed all the same: the worker dead-letters it
+		s := md.Sequence.Stream
+		auth, id := InvalidJobs, ""
+		if j, err := jobs.Parse(m.Data()); err == nil && jobs.CheckSubject(j, m.Subject()) == nil {
+			auth, id = j.Authority.String(), j.ID
 		}
-		c.ByAuthority[akey]++
-		c.Total++
+		if id == "" { // not a job: each message counts on its own
+			id = "seq:" + strconv.FormatUint(s, 10)
+		}
+		a := c.ByAuthority[auth]
+		a.Messages++
+		c.Messages++
+		if j := byID[id]; j != nil {
+			j.lastSeq = s
+		} else {
+			byID[id] = &seen{auth: auth, lastSeq: s}
+			a.Jobs++
+			c.Total++
+		}
+		c.ByAuthority[auth] = a
 		if c.FirstSeq == 0 {
-			c.FirstSeq = md.Sequence.Stream
+			c.FirstSeq = s
 		}
-		c.LastSeq = md.Sequence.Stream
+		c.LastSeq = s
 		return nil
 	})
 	if err != nil {
 		return c, fmt.Errorf("count jobs: %w", err)
 	}
+	if c.Total == 0 {
+		return c, nil
+	}
+	dead, err := deadLetteredSeqs(ctx, js, c.FirstSeq)
+	if err != nil {
+		return c, err
+	}
+	for _, j := range byID {
+		reason, ok := dead[j.lastSeq]
+		if !ok {
+			continue
+		}
+		a := c.ByAuthority[j.auth]
+		a.DeadLettered++
+		if a.Reasons == nil {
+			a.Reasons = map[string]int{}
+		}
+		a.Reasons[reason]++
+		c.ByAuthority[j.auth] = a
+		c.DeadLettered++
+	}
 	return c, nil
+}
+
+// deadLetteredSeqs maps the MIRROR_JOBS sequence of every dead-lettered
+// message at or after from to its reason.
+func deadLetteredSeqs(ctx context.Context, js jetstream.JetStream, from uint64) (map[uint64]string, error) {
+	out := map[uint64]string{}
+	err := scan(ctx, js, jobs.DLQStream, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg, _ *jetstream.MsgMetadata) error {
+		var d struct {
+			StreamSeq uint64 `json:"stream_seq"`
+			Reason    string `json:"reason"`
+		}
+		if json.Unmarshal(m.Data(), &d) == nil && d.StreamSeq >= from {
+			out[d.StreamSeq] = d.Reason
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("count dead letters: %w", err)
+	}
+	return out, nil
 }

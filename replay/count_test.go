@@ -1,8 +1,10 @@
 package replay_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
+	"reflect"
 	"testing"
 	"time"
 
@@ -43,18 +45,18 @@ func TestCount(t *testing.T) {
 		first  uint64
 		last   uint64
 	}{
-		{name: "everything", now: now, want: map[string]int{"a_example_443": 10, "b_example_8080": 10, "c_example_80": 10}, first: 1, last: 30},
+		{name: "everything", now: now, want: map[string]int{"a.example:443": 10, "b.example:8080": 10, "c.example:80": 10}, first: 1, last: 30},
 		{name: "one tenant", filter: replay.Filter{Tenants: []string{"zeta"}}, now: now,
-			want: map[string]int{"a_example_443": 5, "b_example_8080": 5, "c_example_80": 5}, first: 2, last: 30},
+			want: map[string]int{"a.example:443": 5, "b.example:8080": 5, "c.example:80": 5}, first: 2, last: 30},
 		{name: "one authority", filter: replay.Filter{Authorities: auths(t, "b.example:8080")}, now: now,
-			want: map[string]int{"b_example_8080": 10}, first: 2, last: 29},
+			want: map[string]int{"b.example:8080": 10}, first: 2, last: 29},
 		{name: "two authorities of one tenant", filter: replay.Filter{Tenants: []string{"acme"}, Authorities: auths(t, "https://a.example/x", "c.example:80")}, now: now,
 			// acme is even i: a is i%3==0 → 0,6,12,18,24 (seq 1,7,...); c is i%3==2 → 2,8,14,20,26
-			want: map[string]int{"a_example_443": 5, "c_example_80": 5}, first: 1, last: 27},
+			want: map[string]int{"a.example:443": 5, "c.example:80": 5}, first: 1, last: 27},
 		{name: "from a sequence", start: replay.Start{Seq: 26}, now: now,
-			want: map[string]int{"a_example_443": 1, "b_example_8080": 2, "c_example_80": 2}, first: 26, last: 30},
+			want: map[string]int{"a.example:443": 1, "b.example:8080": 2, "c.example:80": 2}, first: 26, last: 30},
 		{name: "from a sequence past the end", start: replay.Start{Seq: 31}, now: now, want: map[string]int{}},
-		{name: "since, all of them", start: replay.Start{Since: time.Hour}, now: after, want: map[string]int{"a_example_443": 10, "b_example_8080": 10, "c_example_80": 10}, first: 1, last: 30},
+		{name: "since, all of them", start: replay.Start{Since: time.Hour}, now: after, want: map[string]int{"a.example:443": 10, "b.example:8080": 10, "c.example:80": 10}, first: 1, last: 30},
 		{name: "since, none of them", start: replay.Start{Since: time.Hour}, now: after.Add(2 * time.Hour), want: map[string]int{}},
 		{name: "from a time after the last job", start: replay.Start{Time: after.Add(time.Second)}, now: after, want: map[string]int{}},
 	}
@@ -68,8 +70,15 @@ func TestCount(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Count: %v", err)
 			}
-			if !maps.Equal(got.ByAuthority, tt.want) {
-				t.Errorf("ByAuthority = %v, want %v", got.ByAuthority, tt.want)
+			jobsBy := map[string]int{}
+			for a, n := range got.ByAuthority {
+				jobsBy[a] = n.Jobs
+				if n.Messages != n.Jobs || n.DeadLettered != 0 {
+					t.Errorf("%s: %+v, want one message per job and none dead-lettered", a, n)
+				}
+			}
+			if !maps.Equal(jobsBy, tt.want) {
+				t.Errorf("jobs by authority = %v, want %v", jobsBy, tt.want)
 			}
 			total := 0
 			for _, n := range tt.want {
@@ -79,5 +88,69 @@ func TestCount(t *testing.T) {
 				t.Errorf("Total, FirstSeq, LastSeq = %d, %d, %d; want %d, %d, %d", got.Total, got.FirstSeq, got.LastSeq, total, tt.first, tt.last)
 			}
 		})
+	}
+}
+
+// TestCountJobsNotMessages: a job enqueued twice (after the duplicate
+// window, here by publishing without a message id) is one job of two
+// messages; a dead-lettered job is counted as such, with its reason, and a
+// job enqueued again after its dead letter is not.
+func TestCountJobsNotMessages(t *testing.T) {
+	js, _ := startJetStream(t)
+	ctx := testContext(t)
+	a, err := jobs.Parse([]byte(`{"url":"http://127.0.0.1:18765/pub/hello.txt"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := jobs.Parse([]byte(`{"url":"http://127.0.0.1:18765/pub/other.txt"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := jobs.Parse([]byte(`{"url":"https://[::1]:8443/x"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := func(j jobs.Job) uint64 {
+		t.Helper()
+		data, err := json.Marshal(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := js.Publish(ctx, j.Subject(), data) // no Nats-Msg-Id: never a duplicate
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack.Sequence
+	}
+	pub(a)
+	seqB := pub(b)
+	pub(a) // a again: 3 messages, 2 jobs on this authority
+	pub(c)
+	seqC := pub(c)
+	pub(c) // c again after its dead letter below: not dead-lettered any more
+	for _, d := range []struct {
+		j   jobs.Job
+		seq uint64
+	}{{b, seqB}, {c, seqC}} {
+		dl := jobs.DeadLetter{JobID: d.j.ID, Authority: d.j.Authority.String(), Subject: d.j.Subject(), StreamSeq: d.seq, Reason: "destination_refused"}
+		dl.SetJob([]byte(`{}`))
+		if _, err := jobs.PublishDeadLetter(ctx, js, dl); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	got, err := replay.Count(ctx, js, replay.Start{}, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Total != 3 || got.Messages != 6 || got.DeadLettered != 1 {
+		t.Errorf("Total %d, Messages %d, DeadLettered %d; want 3 jobs, 6 messages, 1 dead-lettered", got.Total, got.Messages, got.DeadLettered)
+	}
+	want := map[string]replay.AuthorityCount{
+		"127.0.0.1:18765": {Jobs: 2, Messages: 3, DeadLettered: 1, Reasons: map[string]int{"destination_refused": 1}},
+		"[::1]:8443":      {Jobs: 1, Messages: 3},
+	}
+	if !reflect.DeepEqual(got.ByAuthority, want) {
+		t.Errorf("ByAuthority = %+v, want %+v", got.ByAuthority, want)
 	}
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // A crawler's domain backoff doubles its spacing on a 429 and ignores the
-// origin's Retry-After; at scale 0.01 its 2 s first step is 20 ms.
+// origin's Retry-After; at scale 0.01 its 2 s first step is 20 ms. Like the
+// HostPacer, it adds a start guard of a quarter of the floor (2.5 ms).
 func ExampleNew() {
 	p, err := strategy.New(strategy.Escalate, strategy.Options{Floor: 10 * time.Millisecond, Scale: 0.01})
 	if err != nil {
@@ -22,10 +23,10 @@ func ExampleNew() {
 	fmt.Println("throttled:", v.Throttled)
 	_, err = p.Acquire(now.Add(5*time.Millisecond), "origin.example:443", 0)
 	fmt.Println(err)
-	pm, _ = p.Acquire(now.Add(20*time.Millisecond), "origin.example:443", 0)
+	pm, _ = p.Acquire(now.Add(22500*time.Microsecond), "origin.example:443", 0)
 	fmt.Println("interval:", pm.Interval)
 	// Output:
 	// throttled: true
-	// pacer: origin.example:443 spacing, retry in 15ms
+	// pacer: origin.example:443 spacing, retry in 17.5ms
 	// interval: 20ms
 }

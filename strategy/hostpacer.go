@@ -7,7 +7,7 @@ import (
 )
 
 // newHostPacer maps Options onto the HostPacer's own options. Scale goes to
-// pacer.Options.Scale, which multiplies the HostPacer's SPEC section 3
+// pacer.Options.Scale, which multiplies the HostPacer's docs/contract.md section 3
 // constants (the 2 s first step, the 60 s cap and fallback, the 600 s pause
 // cap, the 1 s probe and in-flight waits) as the other strategies' are.
 func newHostPacer(o Options) (Pacer, error) {
@@ -35,5 +35,6 @@ func newHostPacer(o Options) (Pacer, error) {
 		QuietWindow: quiet,
 		Rand:        o.Rand,
 		Scale:       scale,
+		StartGuard:  o.StartGuard,
 	}), nil
 }

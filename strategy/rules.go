@@ -22,7 +22,7 @@ func (fixedRules) learnLocked(_ *engine, now time.Time, _ *entry, _ pacer.Permit
 	return pacer.Verdict{}
 }
 
-// throttleStatus is SPEC section 3's status test: 429, or 503 with a valid
+// throttleStatus is docs/contract.md section 3's status test: 429, or 503 with a valid
 // positive Retry-After.
 func throttleStatus(r pacer.Response, now time.Time) bool {
 	if r.Status == http.StatusTooManyRequests {

@@ -64,6 +64,11 @@ type Options struct {
 	Scale float64
 	// Rand returns a uniform float in [0, 1) for jitter; nil uses math/rand/v2.
 	Rand func() float64
+	// StartGuard is extra spacing added to the interval, as
+	// pacer.Options.StartGuard: zero means the HostPacer's default (a
+	// quarter of the floor, at most pacer.MaxStartGuard), negative none.
+	// Every strategy gets the same, so that only learning differs.
+	StartGuard time.Duration
 }
 
 // New returns the strategy called name. The result is safe for concurrent
@@ -142,6 +147,7 @@ const (
 type entry struct {
 	interval  time.Duration // spacing in force, never below the floor
 	lastStart time.Time     // the latest granted start (possibly reserved ahead)
+	started   time.Time     // the latest actual start (Confirm)
 	inFlight  int
 
 	until     time.Time // no request before this (cooldown or pause)
@@ -162,14 +168,15 @@ type rules interface {
 }
 
 // engine holds the decision common to every strategy (cooling, probe,
-// in-flight cap, floor spacing with short-wait reservation, in SPEC section
-// 3's order) and delegates learning to its rules. The decision copies the
+// in-flight cap, floor spacing with short-wait reservation, in docs/contract.md
+// section 3's order) and delegates learning to its rules. The decision copies the
 // HostPacer's, refusal waits included (pacer.ProbeWait,
 // pacer.InFlightMinWait, scaled as the HostPacer scales them), so that a side-by-side
 // run differs only in how each strategy learns. Safe for concurrent use.
 type engine struct {
 	rules       rules
 	floor       time.Duration
+	startGuard  time.Duration
 	maxInFlight int
 	scale       float64
 
@@ -181,7 +188,7 @@ type engine struct {
 }
 
 func newEngine(r rules, o Options) *engine {
-	e := &engine{rules: r, floor: o.Floor, maxInFlight: o.MaxInFlight, scale: o.Scale, rand: o.Rand, entries: map[string]*entry{}}
+	e := &engine{rules: r, floor: o.Floor, startGuard: o.StartGuard, maxInFlight: o.MaxInFlight, scale: o.Scale, rand: o.Rand, entries: map[string]*entry{}}
 	switch {
 	case e.floor == 0:
 		e.floor = time.Second
@@ -190,6 +197,12 @@ func newEngine(r rules, o Options) *engine {
 	}
 	if e.maxInFlight == 0 {
 		e.maxInFlight = 2
+	}
+	switch {
+	case e.startGuard == 0:
+		e.startGuard = min(e.floor/4, pacer.MaxStartGuard)
+	case e.startGuard < 0:
+		e.startGuard = 0
 	}
 	if e.scale == 0 {
 		e.scale = 1
@@ -237,7 +250,7 @@ func (e *engine) Acquire(now time.Time, auth string, maxWait time.Duration) (pac
 	}
 	var gap time.Duration
 	if !st.lastStart.IsZero() {
-		gap = st.lastStart.Add(st.interval).Sub(now)
+		gap = st.lastStart.Add(st.interval + e.guard()).Sub(now)
 	}
 	if st.inFlight >= e.maxInFlight {
 		return pacer.Permit{}, &pacer.RefusedError{Authority: auth, Reason: pacer.ReasonInFlight, Wait: max(gap, st.interval, e.d(pacer.InFlightMinWait)), Interval: st.interval}
@@ -255,6 +268,53 @@ func (e *engine) Acquire(now time.Time, auth string, maxWait time.Duration) (pac
 		st.probing = true
 	}
 	return pacer.Permit{Authority: auth, Start: start, Probe: probe, Interval: st.interval}, nil
+}
+
+// guard is the start guard (Options.StartGuard).
+func (e *engine) guard() time.Duration { return e.startGuard }
+
+var _ interface {
+	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
+} = (*engine)(nil)
+
+// Confirm re-checks a granted permit just before its request starts, as
+// the HostPacer's Confirm does: a pause learned since the grant refuses it,
+// and a request that would start closer than the interval (plus the start
+// guard) to the latest actual start gets a later Start to wait for. Without
+// it a request whose timer fired late and the next one, on time, leave
+// closer than the floor: the sent<floor the load test reported for every
+// strategy but hostpacer before the engine had this.
+func (e *engine) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.entries[pm.Authority]
+	if st == nil {
+		return pm, nil
+	}
+	if now.Before(st.until) {
+		return pm, &pacer.RefusedError{Authority: pm.Authority, Reason: pacer.ReasonCooling, Wait: st.until.Sub(now), Interval: st.interval, Until: st.until}
+	}
+	start := now
+	if pm.Start.After(start) {
+		start = pm.Start
+	}
+	if !st.started.IsZero() {
+		if next := st.started.Add(st.interval + e.guard()); next.After(start) {
+			start = next
+		}
+	}
+	if start.After(now) {
+		pm.Start = start
+		if start.After(st.lastStart) {
+			st.lastStart = start
+		}
+		return pm, nil
+	}
+	st.started = now
+	if now.After(st.lastStart) {
+		st.lastStart = now
+	}
+	return pm, nil
 }
 
 // Done reports what a granted request observed and returns the strategy's

@@ -95,6 +95,9 @@ func run(t *testing.T, p strategy.Pacer, steps []step) {
 
 func newStrategy(t *testing.T, name string, o strategy.Options) strategy.Pacer {
 	t.Helper()
+	if o.StartGuard == 0 && name != strategy.HostPacer {
+		o.StartGuard = -1 // the tables speak of the interval alone
+	}
 	p, err := strategy.New(name, o)
 	if err != nil {
 		t.Fatal(err)
@@ -417,6 +420,55 @@ func TestConcurrentGrantsKeepTheFloor(t *testing.T) {
 				if gap := starts[i].Sub(starts[i-1]); gap < floor {
 					t.Fatalf("grants %v apart, below the %v floor", gap, floor)
 				}
+			}
+		})
+	}
+}
+
+// TestConfirmSpacesFromActualStarts: a request whose timer fired late, and
+// the next one on time, would leave closer than the floor; Confirm moves the
+// second to the floor (plus the start guard) after the first's actual start,
+// for every strategy, as the HostPacer does.
+func TestConfirmSpacesFromActualStarts(t *testing.T) {
+	type confirmer interface {
+		Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
+	}
+	const floor = 100 * time.Millisecond
+	guard := floor / 4 // the default: a quarter of the floor, under pacer.MaxStartGuard
+	for _, name := range strategy.Names() {
+		t.Run(name, func(t *testing.T) {
+			p, err := strategy.New(name, strategy.Options{Floor: floor, MaxInFlight: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, ok := p.(confirmer)
+			if !ok {
+				t.Fatalf("%s has no Confirm: the worker would send on the grant's time alone", name)
+			}
+			a, err := p.Acquire(t0, auth, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := p.Acquire(t0, auth, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := t0.Add(floor + guard); !b.Start.Equal(want) {
+				t.Fatalf("second grant starts at %s, want %s", b.Start.Sub(t0), want.Sub(t0))
+			}
+			late := t0.Add(90 * time.Millisecond) // a's timer fired 90 ms late
+			if a2, err := c.Confirm(late, a); err != nil || !a2.Start.Equal(a.Start) {
+				t.Fatalf("Confirm(a) = %+v, %v; want a unchanged", a2, err)
+			}
+			b2, err := c.Confirm(b.Start, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := late.Add(floor + guard); !b2.Start.Equal(want) {
+				t.Fatalf("Confirm(b) at its Start moves it to %s, want %s (a floor and guard after a's actual start)", b2.Start.Sub(t0), want.Sub(t0))
+			}
+			if b3, err := c.Confirm(b2.Start, b2); err != nil || !b3.Start.Equal(b2.Start) {
+				t.Fatalf("Confirm(b) at its new Start = %+v, %v; want it to go", b3, err)
 			}
 		})
 	}

@@ -25,7 +25,7 @@ const DefaultHostLabelLimit = 500
 // OtherHost is the host label of every host past the limit.
 const OtherHost = "other"
 
-// Metrics are the worker's Prometheus metrics (SPEC section 7), built from
+// Metrics are the worker's Prometheus metrics (docs/contract.md section 7), built from
 // an injected Registerer. The worker and the EventSink share one Metrics so
 // that one registry serves both. Safe for concurrent use.
 type Metrics struct {

@@ -3,7 +3,7 @@
 // hands them to a fixed number of fetch slots in the order the pacer can
 // serve them (round robin between authorities, and between tenants within
 // one), stores what it fetched, and acks, retries, defers or dead-letters
-// each job (SPEC section 5; docs/adr/0001 for the deferral design).
+// each job (docs/contract.md section 5; docs/adr/0001 for the deferral design).
 //
 // It defines the small interfaces it needs (Fetcher, Target, Pacer, Msg)
 // and knows nothing of the concrete fetch, mirror and pacer types. It does
@@ -913,8 +913,11 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
 		}
 	}
-	w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status).
-		Msg("job dead-lettered")
+	ev := w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status)
+	if detail != "" { // says what to do where there is something (destination_refused)
+		ev = ev.Str("detail", truncate(detail, 512))
+	}
+	ev.Msg("job dead-lettered")
 	w.final(j, OutcomeDeadLettered, reason)
 }
 

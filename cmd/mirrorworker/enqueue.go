@@ -9,9 +9,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -25,7 +28,7 @@ const enqueueWindow = 256
 // jobFlags describe the job of a URL argument. They are read from the
 // command line only: MIRRORWORKER_TARGET, for one, configures the worker's
 // mirror target and must not become every enqueued job's target key.
-var jobFlags = []string{"tenant", "kind", "target"}
+var jobFlags = []string{"tenant", "kind", "target", "id"}
 
 // cmdEnqueue publishes jobs: `mirrorworker enqueue [flags] [URL...]`, or JSON
 // lines on stdin when no URL is given (or "-" is). Every job is validated;
@@ -37,14 +40,21 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	nf.register(fs, "NATS server URL (default "+defaultEnqueueURL+", the embedded server of a running 'mirrorworker run')")
 	tenant := fs.String("tenant", "", "tenant of the URL arguments (default \"default\"); command line only")
 	kind := fs.String("kind", "", "kind of the URL arguments: artifact (default), metadata or companion; command line only")
-	target := fs.String("target", "", "mirror target key of the single URL argument (default <host>/<path>); command line only")
+	target := fs.String("target", "", "mirror target `key` of the single URL argument (default <host>/<path>, with ':' as '_': 127.0.0.1_8000/a.txt); required for a URL with a query string; command line only")
+	id := fs.String("id", "", "job `id` of the single URL argument (default: derived from the URL and target, so the same job enqueued twice within the stream's duplicate window is one job); command line only")
 	dryRun := fs.Bool("dry-run", false, "validate only; connect to nothing and publish nothing")
-	connectTimeout := fs.Duration("connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
+	connectTimeout := fs.Duration("nats-connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
+	// --connect-timeout meant NATS here and the origin in run and replay;
+	// the old spelling keeps working for scripts that use it.
+	deprecate(fs, "connect-timeout", "nats-connect-timeout")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mirrorworker enqueue [flags] [URL...]")
 		fmt.Fprintln(stderr, "       mirrorworker enqueue [flags] < jobs.jsonl   (one JSON job per line, or '-' as an argument)")
 		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
+		fmt.Fprintln(stderr, "Flags may come before or after the URLs:")
+		fmt.Fprintln(stderr, "  mirrorworker enqueue 'https://go.dev/VERSION?m=text' --target go/VERSION")
+		fmt.Fprintln(stderr)
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
@@ -72,10 +82,12 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	switch {
 	case stdinCount > 1:
 		return usageError{"enqueue: '-' (standard input) may be given once"}
-	case stdinCount > 0 && (*tenant != "" || *kind != "" || *target != ""):
-		return usageError{"enqueue: --tenant, --kind and --target apply to URL arguments, not to JSON lines (put the fields in the JSON)"}
+	case stdinCount > 0 && (*tenant != "" || *kind != "" || *target != "" || *id != ""):
+		return usageError{"enqueue: --tenant, --kind, --target and --id apply to URL arguments, not to JSON lines (put the fields in the JSON)"}
 	case *target != "" && urls != 1:
-		return usageError{"enqueue: --target needs exactly one URL argument"}
+		return usageError{fmt.Sprintf("enqueue: --target needs exactly one URL argument, got %d (enqueue the URLs one by one, or as JSON lines with a \"target\" each)", urls)}
+	case *id != "" && urls != 1:
+		return usageError{fmt.Sprintf("enqueue: --id needs exactly one URL argument, got %d", urls)}
 	}
 
 	e := &enqueuer{stderr: stderr, dryRun: *dryRun}
@@ -110,7 +122,7 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 		}
 		argN++
 		fields := map[string]string{"url": in}
-		for k, v := range map[string]string{"tenant": *tenant, "kind": *kind, "target": *target} {
+		for k, v := range map[string]string{"tenant": *tenant, "kind": *kind, "target": *target, "id": *id} {
 			if v != "" {
 				fields[k] = v
 			}
@@ -126,12 +138,29 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	if err := e.flush(ctx); err != nil {
 		return err
 	}
+	if e.duplicates > 0 {
+		e.window = duplicateWindow(ctx, e.js)
+	}
 	return e.report(stdout)
+}
+
+// duplicateWindow is MIRROR_JOBS's duplicate window, for the message that
+// explains a duplicate; the default when the stream cannot be read.
+func duplicateWindow(ctx context.Context, js jetstream.JetStream) time.Duration {
+	if s, err := js.Stream(ctx, jobs.JobsStream); err == nil && s.CachedInfo().Config.Duplicates > 0 {
+		return s.CachedInfo().Config.Duplicates
+	}
+	return jobs.DefaultJobsDuplicates
 }
 
 // connectJobs connects to NATS and makes sure the job streams exist, without
 // changing the limits of streams that already do (the worker owns those).
 func connectJobs(ctx context.Context, nf *natsFlags) (jetstream.JetStream, func(), error) {
+	if nf.url == "" {
+		if err := probeDefaultNATS(ctx, nf.defaultTo); err != nil {
+			return nil, nil, err
+		}
+	}
 	nc, err := nf.connect(ctx, "mirrorworker-enqueue")
 	if err != nil {
 		if nf.url == "" {
@@ -162,6 +191,12 @@ type enqueuer struct {
 	stderr io.Writer
 
 	pending []pendingPub
+	// warned holds the hosts already warned about, one warning each.
+	warned map[string]bool
+	// window is the stream's duplicate window, known once duplicates were seen.
+	window time.Duration
+	// dupStdin: a duplicate came from a JSON line (the advice names "id").
+	dupStdin bool
 
 	accepted, duplicates, rejected, failed int
 }
@@ -173,7 +208,56 @@ type pendingPub struct {
 
 func (e *enqueuer) reject(label string, err error) {
 	e.rejected++
-	fmt.Fprintf(e.stderr, "%s: %v\n", label, err)
+	fmt.Fprintf(e.stderr, "%s: %v%s\n", label, err, rejectHint(label, err))
+}
+
+// rejectHint says what to do about a rejected job, where that is not plain
+// from the error: the mistakes a newcomer makes first.
+func rejectHint(label string, err error) string {
+	var inv *jobs.InvalidError
+	if !errors.As(err, &inv) {
+		return ""
+	}
+	arg := strings.HasPrefix(label, "argument ")
+	switch {
+	case inv.Field == "target" && strings.Contains(inv.Msg, "query string") && arg:
+		return " (pass --target KEY, the file's path in the mirror, e.g. --target go/VERSION; quote the URL in the shell)"
+	case inv.Field == "target" && strings.Contains(inv.Msg, "query string"):
+		return ` (add "target": "KEY", the file's path in the mirror)`
+	case inv.Field == "url" && arg:
+		return " (give absolute http:// or https:// URLs; flags start with --)"
+	}
+	return ""
+}
+
+// warnUnreachable warns, once per host, about a URL the worker refuses by
+// default: loopback and private addresses need --allow-private-networks on
+// the worker. Only literal addresses and localhost are judged here; a name
+// that resolves to one is refused by the worker all the same.
+func (e *enqueuer) warnUnreachable(label string, j jobs.Job) {
+	host := j.Authority.Host
+	if e.warned[host] {
+		return
+	}
+	reason := ""
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		reason = fetch.ReasonLoopback
+	} else if a, err := netip.ParseAddr(host); err == nil {
+		reason = fetch.CheckAddr(a, false)
+	}
+	if reason == "" {
+		return
+	}
+	if e.warned == nil {
+		e.warned = map[string]bool{}
+	}
+	e.warned[host] = true
+	what := map[string]string{fetch.ReasonLoopback: "a loopback address", fetch.ReasonPrivate: "a private address"}[reason]
+	if what == "" {
+		fmt.Fprintf(e.stderr, "warning: %s: %s is refused by every worker (%s); the job will be dead-lettered destination_refused\n", label, host, reason)
+		return
+	}
+	fmt.Fprintf(e.stderr, "warning: %s: %s is %s: a worker refuses it (dead letter destination_refused) unless it runs with --allow-private-networks (make run RUN_ARGS=--allow-private-networks)\n", label, host, what)
 }
 
 // add validates one job and, unless this is a dry run, starts publishing it.
@@ -184,6 +268,7 @@ func (e *enqueuer) add(ctx context.Context, label string, data []byte) error {
 		e.reject(label, err)
 		return nil
 	}
+	e.warnUnreachable(label, j)
 	if e.dryRun {
 		e.accepted++
 		return nil
@@ -216,6 +301,8 @@ func (e *enqueuer) flush(ctx context.Context) error {
 			e.accepted++
 			if ack.Duplicate {
 				e.duplicates++
+				e.dupStdin = e.dupStdin || strings.HasPrefix(p.label, "line ")
+				fmt.Fprintf(e.stderr, "%s: duplicate of job %s, already in the stream: nothing new queued\n", p.label, p.fut.Msg().Header.Get(jetstream.MsgIDHeader))
 			}
 		case err := <-p.fut.Err():
 			e.failed++
@@ -233,7 +320,13 @@ func (e *enqueuer) report(stdout io.Writer) error {
 	case e.dryRun:
 		fmt.Fprintf(stdout, "valid %d (dry run: nothing published)\n", e.accepted)
 	case e.duplicates > 0:
-		fmt.Fprintf(stdout, "accepted %d (%d duplicates)\n", e.accepted, e.duplicates)
+		fmt.Fprintf(stdout, "accepted %d (%d %s)\n", e.accepted, e.duplicates, plural(e.duplicates, "duplicate", "duplicates"))
+		fresh := "pass a new --id"
+		if e.dupStdin {
+			fresh = `give the job a new "id"`
+		}
+		fmt.Fprintf(e.stderr, "note: a duplicate is a job id enqueued within the last %s (the stream's duplicate window): it is not queued again, and if it was stored already nothing is fetched. To fetch it again now, %s; or wait %s and enqueue it again.\n",
+			e.window, fresh, e.window)
 	default:
 		fmt.Fprintf(stdout, "accepted %d\n", e.accepted)
 	}
@@ -285,4 +378,11 @@ func readLines(r io.Reader, max int, fn func(n int, line []byte, tooLong bool) e
 			return nil
 		}
 	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

@@ -157,6 +157,11 @@ func TestEnqueueUsageErrors(t *testing.T) {
 		{"tenant with dash", `{"url":"http://a.example/"}`, []string{"--tenant", "acme", "-"}, "JSON lines"},
 		{"stdin twice", "", []string{"-", "-"}, "once"},
 		{"unknown flag", "", []string{"--bogus"}, "bogus"},
+		{"unknown flag says where help is", "", []string{"http://a.example/", "--bogus"}, "run 'mirrorworker enqueue -h' for the flags"},
+		{"id with two URLs", "", []string{"http://a.example/", "--id", "x", "http://b.example/"}, "--id needs exactly one URL argument"},
+		{"id with stdin", `{"url":"http://a.example/"}`, []string{"--id", "x"}, "JSON lines"},
+		{"flag without its value at the end", "", []string{"http://a.example/", "--target"}, "flag needs an argument"},
+		{"deprecated spelling with a bad value", "", []string{"--connect-timeout", "soon", "http://a.example/"}, `--connect-timeout "soon"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -187,7 +192,7 @@ func TestEnqueueStdinLines(t *testing.T) {
 	if exitCode(r.err) != 1 {
 		t.Fatalf("exit %d (%v), want 1", exitCode(r.err), r.err)
 	}
-	if r.stdout != "accepted 4 (1 duplicates)\n" {
+	if r.stdout != "accepted 4 (1 duplicate)\n" {
 		t.Errorf("stdout %q", r.stdout)
 	}
 	wantStderr := []string{
@@ -195,6 +200,8 @@ func TestEnqueueStdinLines(t *testing.T) {
 		"line 5: malformed JSON",
 		"line 7: v: version 2 is newer",
 		`line 8: target: the default "h.example/a/../../etc/passwd"`,
+		"line 9: duplicate of job ",
+		`note: a duplicate is a job id enqueued within the last 2m0s (the stream's duplicate window): it is not queued again, and if it was stored already nothing is fetched. To fetch it again now, give the job a new "id"; or wait 2m0s`,
 	}
 	lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
 	if len(lines) != len(wantStderr) {
@@ -311,5 +318,100 @@ func TestReadLines(t *testing.T) {
 				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestEnqueueFlagsAnywhere: flags after the URL are flags (the README's
+// line), "--" ends them, and a query-string URL without --target says what
+// to pass.
+func TestEnqueueFlagsAnywhere(t *testing.T) {
+	url, js := enqueueServer(t)
+
+	r := runEnqueue(t, nil, "", "https://go.dev/VERSION?m=text", "--target", "go/VERSION", "--nats-url", url)
+	if r.err != nil || r.stdout != "accepted 1\n" || r.stderr != "" {
+		t.Fatalf("flags after the URL: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+	if j := streamJobs(t, js)["mirror.jobs.default.go_dev_443"]; len(j) != 1 || j[0].Target != "go/VERSION" || j[0].URL != "https://go.dev/VERSION?m=text" {
+		t.Fatalf("stream holds %+v", j)
+	}
+
+	// Flags between URLs, --flag=value, and a bool flag that takes no value.
+	r = runEnqueue(t, nil, "", "--nats-url="+url, "https://h.example/a", "--tenant", "acme", "--dry-run", "https://h.example/b")
+	if r.err != nil || r.stdout != "valid 2 (dry run: nothing published)\n" {
+		t.Fatalf("flags between URLs: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+
+	// After "--" a word starting with '-' is an argument (here a bad URL).
+	r = runEnqueue(t, nil, "", "--nats-url", url, "--dry-run", "--", "--target")
+	if exitCode(r.err) != 1 || !strings.Contains(r.stderr, "argument 1: url: ") {
+		t.Fatalf("after --: %v\nstderr %q", r.err, r.stderr)
+	}
+
+	r = runEnqueue(t, nil, "", "--nats-url", url, "--dry-run", "https://go.dev/VERSION?m=text")
+	if exitCode(r.err) != 1 || !strings.Contains(r.stderr, "argument 1: target: is required for a URL with a query string (pass --target KEY") {
+		t.Fatalf("query string without --target: %v\nstderr %q", r.err, r.stderr)
+	}
+	r = runEnqueue(t, nil, "", "--nats-url", url, "--dry-run", "go.dev/VERSION")
+	if exitCode(r.err) != 1 || !strings.Contains(r.stderr, "(give absolute http:// or https:// URLs") {
+		t.Fatalf("URL without a scheme: %v\nstderr %q", r.err, r.stderr)
+	}
+}
+
+// TestEnqueueWarnsAboutRefusedDestinations: a loopback or private URL is
+// enqueued, with one warning per host naming the flag the worker needs.
+func TestEnqueueWarnsAboutRefusedDestinations(t *testing.T) {
+	tests := []struct {
+		name, url, want string
+	}{
+		{"loopback", "http://127.0.0.1:8000/pub/hello.txt", "127.0.0.1 is a loopback address: a worker refuses it (dead letter destination_refused) unless it runs with --allow-private-networks (make run RUN_ARGS=--allow-private-networks)"},
+		{"localhost", "http://localhost:8000/a", "localhost is a loopback address"},
+		{"private", "http://10.1.2.3/a", "10.1.2.3 is a private address"},
+		{"IPv6 loopback", "http://[::1]:8000/a", "::1 is a loopback address"},
+		{"metadata is refused always", "http://169.254.169.254/latest", "169.254.169.254 is refused by every worker (metadata)"},
+		{"public", "https://files.example.org/a", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := runEnqueue(t, nil, "", "--dry-run", tt.url)
+			if tt.want == "" {
+				if r.stderr != "" {
+					t.Fatalf("unexpected stderr %q", r.stderr)
+				}
+				return
+			}
+			if !strings.Contains(r.stderr, "warning: argument 1: "+tt.want) {
+				t.Fatalf("stderr %q, want the warning %q", r.stderr, tt.want)
+			}
+		})
+	}
+	// One warning per host, however many jobs.
+	r := runEnqueue(t, nil, "", "--dry-run", "http://127.0.0.1:1/a", "http://127.0.0.1:1/b")
+	if r.err != nil || strings.Count(r.stderr, "warning:") != 1 {
+		t.Fatalf("%v; stderr %q, want one warning", r.err, r.stderr)
+	}
+}
+
+// TestEnqueueDuplicateSaysWhatToDo: the same URL again is a duplicate, said
+// so with what to do; a new --id queues it again.
+func TestEnqueueDuplicateSaysWhatToDo(t *testing.T) {
+	url, js := enqueueServer(t)
+	if r := runEnqueue(t, nil, "", "https://h.example/a", "--nats-url", url); r.err != nil {
+		t.Fatalf("%v: %s", r.err, r.stderr)
+	}
+	r := runEnqueue(t, nil, "", "https://h.example/a", "--nats-url", url)
+	if r.err != nil || r.stdout != "accepted 1 (1 duplicate)\n" {
+		t.Fatalf("again: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"argument 1: duplicate of job ", "To fetch it again now, pass a new --id; or wait 2m0s"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	r = runEnqueue(t, nil, "", "https://h.example/a", "--id", "again-1", "--nats-url", url)
+	if r.err != nil || r.stdout != "accepted 1\n" {
+		t.Fatalf("with --id: %v\nstdout %q\nstderr %q", r.err, r.stdout, r.stderr)
+	}
+	if got := streamJobs(t, js)["mirror.jobs.default.h_example_443"]; len(got) != 2 || got[1].ID != "again-1" {
+		t.Fatalf("stream holds %+v", got)
 	}
 }

@@ -5,11 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
-
-	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/strategy"
@@ -79,7 +76,7 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	if len(bad) > 0 {
 		return usageError{"loadtest: " + strings.Join(bad, "; ")}
 	}
-	log, err := newLogger(zerolog.SyncWriter(stderr), "console", logLevel)
+	log, err := newLogger(stderr, "console", logLevel)
 	if err != nil {
 		return usageError{"loadtest: " + err.Error()}
 	}
@@ -125,15 +122,4 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 		}
 	}
 	return nil
-}
-
-// isTerminal reports whether w is a character device (a terminal), where
-// the progress line can be rewritten in place.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -23,6 +23,7 @@ import (
 var version = "dev"
 
 func main() {
+	setLogFormats()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
@@ -71,17 +72,34 @@ func commands() map[string]command {
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		printUsage(stderr, cmds)
-		if len(args) == 0 {
-			return usageError{"missing subcommand"}
-		}
+		return usageError{"missing subcommand (see the list above)"}
+	}
+	switch args[0] {
+	case "-h", "-help", "--help":
+		printUsage(stderr, cmds)
 		return nil
+	case "help":
+		// `mirrorworker help enqueue` is `mirrorworker enqueue -h`.
+		if len(args) > 1 {
+			if _, ok := cmds[args[1]]; ok {
+				args = []string{args[1], "-h"}
+				break
+			}
+		}
+		printUsage(stderr, cmds)
+		return nil
+	case "-v", "-version", "--version":
+		args = []string{"version"}
 	}
 	c, ok := cmds[args[0]]
 	if !ok {
 		printUsage(stderr, cmds)
-		return usageError{fmt.Sprintf("unknown subcommand %q", args[0])}
+		if strings.HasPrefix(args[0], "-") {
+			return usageError{fmt.Sprintf("%q before the subcommand: flags go after it, as in 'mirrorworker run %s'", args[0], args[0])}
+		}
+		return usageError{fmt.Sprintf("unknown subcommand %q: want one of %s", args[0], strings.Join(sortedNames(cmds), ", "))}
 	}
 	err := c.run(ctx, args[1:], getenv, stdin, stdout, stderr)
 	if errors.Is(err, flag.ErrHelp) {
@@ -90,20 +108,27 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	return err
 }
 
-func printUsage(w io.Writer, cmds map[string]command) {
+func sortedNames(cmds map[string]command) []string {
 	names := make([]string, 0, len(cmds))
 	for n := range cmds {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Fprintln(w, "usage: mirrorworker <subcommand> [flags]")
+	return names
+}
+
+func printUsage(w io.Writer, cmds map[string]command) {
+	names := sortedNames(cmds)
+	fmt.Fprintln(w, "usage: mirrorworker <subcommand> [flags] [arguments]")
 	fmt.Fprintln(w)
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-12s %s\n", n, cmds[n].summary)
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Every flag can also be set from the environment: --data-dir is MIRRORWORKER_DATA_DIR.")
-	fmt.Fprintln(w, "Run 'mirrorworker <subcommand> -h' for its flags.")
+	fmt.Fprintln(w, "Flags may come before or after the arguments; '--' ends the flags.")
+	fmt.Fprintln(w, "Run 'mirrorworker <subcommand> -h' for its flags; 'mirrorworker --version' for the version.")
+	fmt.Fprintln(w, "The contract (job format, outcomes, metrics, command line): docs/contract.md.")
 }
 
 func cmdVersion(_ context.Context, _ []string, _ func(string) string, _ io.Reader, stdout, _ io.Writer) error {
@@ -121,11 +146,27 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 // parseFlags parses args and then fills every flag not given on the command
 // line from the environment variable MIRRORWORKER_<NAME> (upper case, '-' as
 // '_'). The command line wins over the environment.
+//
+// Flags may come anywhere on the line, before or after the arguments
+// (`enqueue URL --target key` is what people type); "--" ends the flags, so
+// an argument that starts with '-' can still be given. fs.Args() holds the
+// arguments in their order. A flag registered with deprecate is accepted,
+// with a warning on fs.Output(), and its value moves to its replacement.
 func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) error {
-	if err := fs.Parse(args); err != nil {
+	flags, positional := splitFlags(fs, args)
+	if err := fs.Parse(flags); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
+		return usageError{fmt.Sprintf("%v (run '%s -h' for the flags)", err, fs.Name())}
+	}
+	if fs.NArg() > 0 {
+		// Only an unknown bare word can stop Parse early; keep it in order.
+		positional = append(fs.Args(), positional...)
+	}
+	// Parse again with the flags already set and the arguments after "--",
+	// so that fs.Args() returns them all.
+	if err := fs.Parse(append([]string{"--"}, positional...)); err != nil {
 		return usageError{err.Error()}
 	}
 	set := map[string]bool{}
@@ -144,6 +185,117 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) err
 	})
 	if len(errs) > 0 {
 		return usageError{errors.Join(errs...).Error()}
+	}
+	return resolveDeprecated(fs, set, getenv)
+}
+
+// splitFlags separates args into the flags (with their values) and the
+// arguments, keeping each group's order. A word is a flag when it starts
+// with '-' and is more than "-"; the word after a flag that takes a value and
+// has no "=value" is its value. Unknown flags stay with the flags, for Parse
+// to report. Everything after "--" is an argument.
+func splitFlags(fs *flag.FlagSet, args []string) (flags, positional []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			return flags, append(positional, args[i+1:]...)
+		}
+		if len(a) < 2 || a[0] != '-' {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return flags, positional
+}
+
+// deprecatedValue marks a flag kept for old command lines and environments:
+// parseFlags moves its value to the flag named by replacement, unless that
+// one is given too, and warns either way.
+type deprecatedValue struct {
+	flag.Value
+	replacement string
+}
+
+// deprecate registers old as a deprecated spelling of the flag named
+// replacement (already registered), with the same type and default.
+func deprecate(fs *flag.FlagSet, old, replacement string) {
+	fs.Var(&deprecatedValue{Value: &stringValue{}, replacement: replacement}, old, "deprecated: use --"+replacement)
+}
+
+// printFlags is fs.PrintDefaults without the deprecated spellings, which
+// are named after the list instead: help shows what to type today.
+func printFlags(fs *flag.FlagSet) {
+	var old []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if d, ok := f.Value.(*deprecatedValue); ok {
+			old = append(old, fmt.Sprintf("--%s (use --%s)", f.Name, d.replacement))
+		}
+	})
+	if len(old) == 0 {
+		fs.PrintDefaults()
+		return
+	}
+	// PrintDefaults has no filter: print into a copy of the set without them.
+	shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+	shown.SetOutput(fs.Output())
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := f.Value.(*deprecatedValue); !ok {
+			shown.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+	shown.PrintDefaults()
+	fmt.Fprintf(fs.Output(), "\nDeprecated, still accepted with a warning: %s.\n", strings.Join(old, ", "))
+}
+
+// stringValue holds a deprecated flag's text until it is handed on; the
+// replacement's own Set checks it.
+type stringValue struct{ s string }
+
+func (s *stringValue) String() string     { return s.s }
+func (s *stringValue) Set(v string) error { s.s = v; return nil }
+
+// resolveDeprecated hands each deprecated flag given (on the command line,
+// in set, or in the environment) to its replacement, and warns.
+func resolveDeprecated(fs *flag.FlagSet, set map[string]bool, getenv func(string) string) error {
+	var errs []string
+	given := func(name string) bool { return set[name] || getenv(envName(name)) != "" }
+	fs.VisitAll(func(f *flag.Flag) {
+		d, ok := f.Value.(*deprecatedValue)
+		if !ok || !given(f.Name) {
+			return
+		}
+		where := "--" + f.Name
+		if !set[f.Name] {
+			where = envName(f.Name)
+		}
+		if given(d.replacement) {
+			fmt.Fprintf(fs.Output(), "warning: %s is deprecated and ignored: --%s is given too (%s)\n", where, d.replacement, envName(d.replacement))
+			return
+		}
+		if err := fs.Lookup(d.replacement).Value.Set(d.Value.String()); err != nil {
+			errs = append(errs, fmt.Sprintf("%s %q: %v", where, d.Value.String(), err))
+			return
+		}
+		fmt.Fprintf(fs.Output(), "warning: %s is deprecated: use --%s (or %s) instead\n", where, d.replacement, envName(d.replacement))
+	})
+	if len(errs) > 0 {
+		return usageError{strings.Join(errs, "; ")}
 	}
 	return nil
 }

@@ -49,6 +49,7 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	setLogFormats() // as main does, so in-process runs log alike
 	os.Exit(m.Run())
 }
 

@@ -6,7 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
+	"net"
+	"net/url"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -15,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	"golang.org/x/term"
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
@@ -54,8 +54,8 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.fromSeq, "from-seq", "", "replay from this stream sequence of MIRROR_JOBS")
 	fs.StringVar(&c.since, "since", "", "replay the jobs stored within this duration (90m, 24h, 7d)")
 	fs.StringVar(&c.fromTime, "from-time", "", "replay the jobs stored at or after this RFC 3339 time (2026-11-29T08:00:00Z)")
-	fs.Var(&c.tenants, "tenant", "replay only this tenant's jobs (repeatable, or comma-separated)")
-	fs.Var(&c.authorities, "authority", "replay only the jobs of this origin, as a URL or host:port (repeatable, or comma-separated)")
+	fs.Var(&c.tenants, "tenant", "replay only this `tenant`'s jobs (repeatable, or comma-separated)")
+	fs.Var(&c.authorities, "authority", "replay only the jobs of this `origin`, as a URL or host:port (repeatable, or comma-separated)")
 	fs.BoolVar(&c.dryRun, "dry-run", false, "count the jobs a replay would re-drive, per authority, and fetch nothing")
 
 	c.workerFlags.register(fs, workerDefaults{
@@ -144,7 +144,7 @@ func cmdReplay(ctx context.Context, args []string, getenv func(string) string, _
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: mirrorworker replay [--from-seq N | --since D | --from-time T] [--tenant T]... [--authority A]... [--target URL] [--dry-run] [flags]")
 		fmt.Fprintln(fs.Output())
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
@@ -191,6 +191,11 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	if natsURL == "" {
 		natsURL = c.nats.defaultTo
 	}
+	if c.nats.url == "" {
+		if err := probeDefaultNATS(ctx, c.nats.defaultTo); err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, c.natsTO)
 	nc, err := c.nats.connect(cctx, "mirrorworker "+c.workerID, natsLogHandlers(log)...)
 	cancel()
@@ -229,9 +234,9 @@ func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, stdout
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "dry run: %d jobs would be replayed (%s, %s)", counts.Total, plan.start, strings.Join(plan.subjects, " "))
+	fmt.Fprintf(stdout, "dry run: %d %s would be replayed (%s, %s)", counts.Total, plural(counts.Total, "job", "jobs"), plan.start, strings.Join(plan.subjects, " "))
 	if counts.Total > 0 {
-		fmt.Fprintf(stdout, ", stream sequences %d to %d", counts.FirstSeq, counts.LastSeq)
+		fmt.Fprintf(stdout, ": %d stream %s, sequences %d to %d", counts.Messages, plural(counts.Messages, "message", "messages"), counts.FirstSeq, counts.LastSeq)
 	}
 	fmt.Fprintln(stdout)
 	keys := make([]string, 0, len(counts.ByAuthority))
@@ -239,15 +244,47 @@ func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, stdout
 		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool {
-		if a, b := counts.ByAuthority[keys[i]], counts.ByAuthority[keys[j]]; a != b {
+		if a, b := counts.ByAuthority[keys[i]].Jobs, counts.ByAuthority[keys[j]].Jobs; a != b {
 			return a > b
 		}
 		return keys[i] < keys[j]
 	})
 	for _, k := range keys {
-		fmt.Fprintf(stdout, "  %-40s %d\n", k, counts.ByAuthority[k])
+		a := counts.ByAuthority[k]
+		line := fmt.Sprintf("  %-32s %d %s", k, a.Jobs, plural(a.Jobs, "job", "jobs"))
+		if a.Messages != a.Jobs {
+			line += fmt.Sprintf(" (%d messages: some enqueued more than once)", a.Messages)
+		}
+		if a.DeadLettered > 0 {
+			reasons := make([]string, 0, len(a.Reasons))
+			for r, n := range a.Reasons {
+				reasons = append(reasons, fmt.Sprintf("%s %d", r, n))
+			}
+			sort.Strings(reasons)
+			line += fmt.Sprintf(", %d dead-lettered (%s)", a.DeadLettered, strings.Join(reasons, ", "))
+		}
+		fmt.Fprintln(stdout, line)
+	}
+	if counts.DeadLettered > 0 {
+		fmt.Fprintf(stdout, "Dead-lettered jobs are replayed too, and fail the same way unless their cause is gone (see stream %s).\n", jobs.DLQStream)
 	}
 	return nil
+}
+
+// probeDefaultNATS fails at once, saying what to do, when nothing listens
+// at the default NATS address: connecting would otherwise retry until
+// --nats-connect-timeout for a server that is not there.
+func probeDefaultNATS(ctx context.Context, natsURL string) error {
+	u, err := url.Parse(natsURL)
+	if err != nil {
+		return nil // the connect reports it
+	}
+	d := net.Dialer{Timeout: 2 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", u.Host)
+	if err != nil {
+		return fmt.Errorf("no NATS server at %s (%v): start `mirrorworker run` first (its embedded server holds the jobs), or pass --nats-url", u.Host, err)
+	}
+	return conn.Close()
 }
 
 func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan,
@@ -308,7 +345,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 func newProgress(mode string, stderr io.Writer) replay.Progress {
 	if mode == "auto" {
 		mode = "lines"
-		if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		if isTerminal(stderr) {
 			mode = "bar"
 		}
 	}

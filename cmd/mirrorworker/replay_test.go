@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -146,8 +147,8 @@ func TestReplayCommand(t *testing.T) {
 	if r.err != nil {
 		t.Fatalf("dry run: %v\n%s", r.err, r.stderr)
 	}
-	for _, want := range []string{"dry run: 12 jobs would be replayed (from the beginning, mirror.jobs.>), stream sequences 1 to 12",
-		a.auth.Key() + " ", "8\n", b.auth.Key() + " ", "4\n"} {
+	for _, want := range []string{"dry run: 12 jobs would be replayed (from the beginning, mirror.jobs.>): 12 stream messages, sequences 1 to 12",
+		a.auth.String() + " ", " 8 jobs\n", b.auth.String() + " ", " 4 jobs\n"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, r.stdout)
 		}
@@ -193,5 +194,72 @@ func TestReplayCommand(t *testing.T) {
 	}
 	if h, c := b.counts(); h != 8 || c != 4 {
 		t.Errorf("origin b: %d requests (%d conditional), want 4 + 4 conditional", h, c)
+	}
+}
+
+// TestReplayDryRunCountsJobs: a job in the stream twice is one job (of two
+// messages), a dead-lettered one says so, and authorities read as
+// host:port.
+func TestReplayDryRunCountsJobs(t *testing.T) {
+	url, js := enqueueServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for _, raw := range []string{
+		`{"url":"http://127.0.0.1:18765/pub/hello.txt"}`,
+		`{"url":"http://127.0.0.1:18765/pub/refused.txt"}`,
+		`{"url":"http://127.0.0.1:18765/pub/hello.txt"}`, // again, after the duplicate window
+	} {
+		j, err := jobs.Parse([]byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := js.Publish(ctx, j.Subject(), []byte(raw)) // no message id: as after the window
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, ack.Sequence)
+	}
+	dl := jobs.DeadLetter{Authority: "127.0.0.1:18765", StreamSeq: seqs[1], Reason: "destination_refused"}
+	dl.SetJob([]byte(`{"url":"http://127.0.0.1:18765/pub/refused.txt"}`))
+	if _, err := jobs.PublishDeadLetter(ctx, js, dl); err != nil {
+		t.Fatal(err)
+	}
+	r := runReplayCmd(t, "--nats-url", url, "--dry-run")
+	if r.err != nil {
+		t.Fatalf("dry run: %v\n%s", r.err, r.stderr)
+	}
+	for _, want := range []string{
+		"dry run: 2 jobs would be replayed (from the beginning, mirror.jobs.>): 3 stream messages, sequences 1 to 3\n",
+		"  127.0.0.1:18765                  2 jobs (3 messages: some enqueued more than once), 1 dead-lettered (destination_refused 1)\n",
+		"Dead-lettered jobs are replayed too",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	if strings.Contains(r.stdout, "127_0_0_1") {
+		t.Errorf("an authority is shown as a subject token:\n%s", r.stdout)
+	}
+}
+
+// TestProbeDefaultNATS: with nothing listening, replay fails at once and
+// says to start the worker, instead of retrying for the connect timeout.
+func TestProbeDefaultNATS(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := probeDefaultNATS(context.Background(), "nats://"+addr); err != nil {
+		t.Fatalf("with a listener: %v", err)
+	}
+	ln.Close()
+	err = probeDefaultNATS(context.Background(), "nats://"+addr)
+	if err == nil || !strings.Contains(err.Error(), "no NATS server at "+addr) || !strings.Contains(err.Error(), "start `mirrorworker run` first") {
+		t.Fatalf("without a listener: %v", err)
 	}
 }

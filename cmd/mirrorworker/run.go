@@ -80,7 +80,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	})
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
 	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
-	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream (0: unlimited)")
+	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream, a `size` in bytes or with a unit (50GiB); 0: unlimited")
 	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_WORK: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed when the stream is created, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", jobs.DefaultLeaseTTL, "life of a partition lease without renewal: a killed pod's partitions move to the others after about this long (set when the leases bucket is created)")
 	fs.DurationVar(&c.parkAfter, "park-after", worker.DefaultParkAfter, "a job whose authority cannot take it for longer than this is parked in MIRROR_PARKED (no consumer slot, no memory, no redelivery) until it can")
@@ -136,7 +136,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 		fmt.Fprintln(stderr, "mirror target. Without --nats-url it runs an embedded JetStream server under --data-dir.")
 		fmt.Fprintln(stderr, "Every flag can also be set from the environment: --data-dir is MIRRORWORKER_DATA_DIR.")
 		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
@@ -550,7 +550,20 @@ func checkPortFree(addr string) error {
 // (KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).
 type byteSize int64
 
-func (b *byteSize) String() string { return strconv.FormatInt(int64(*b), 10) }
+// String is the size with the largest binary unit that divides it exactly
+// (16GiB, 1500B), so that help and errors read as people write sizes.
+func (b *byteSize) String() string {
+	n := int64(*b)
+	for _, u := range []struct {
+		name string
+		mult int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.mult == 0 {
+			return strconv.FormatInt(n/u.mult, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
 
 func (b *byteSize) Set(s string) error {
 	s = strings.TrimSpace(s)

@@ -69,8 +69,11 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.StringVar(&w.policy, "policy", "", d.policyHelp)
 	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
 	w.maxBodySize = 16 << 30
-	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, in bytes or with a unit (16GiB, 500MB)")
-	fs.DurationVar(&w.connectTO, "connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
+	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, a `size` in bytes or with a unit (16GiB, 500MB)")
+	fs.DurationVar(&w.connectTO, "origin-connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
+	// Until this flag had "origin" in its name, --connect-timeout meant the
+	// origin here and NATS in enqueue; old configurations keep working.
+	deprecate(fs, "connect-timeout", "origin-connect-timeout")
 	fs.DurationVar(&w.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
 	fs.DurationVar(&w.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
 	fs.IntVar(&w.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
@@ -117,7 +120,7 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	if w.maxBodySize <= 0 {
 		bad("--max-body-size %d: want more than 0", w.maxBodySize)
 	}
-	durations := append([]durationFlag{{"connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO}, {"ack-wait", w.ackWait}}, more...)
+	durations := append([]durationFlag{{"origin-connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO}, {"ack-wait", w.ackWait}}, more...)
 	for _, d := range durations {
 		if d.v <= 0 {
 			bad("--%s %s: want more than 0", d.name, d.v)
@@ -140,7 +143,7 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 // logger defaults the worker id to <prefix><hostname>-<pid> and builds the
 // command's logger, tagged with it.
 func (w *workerFlags) logger(stderr io.Writer) (zerolog.Logger, error) {
-	log, err := newLogger(zerolog.SyncWriter(stderr), w.logFormat, w.logLevel)
+	log, err := newLogger(stderr, w.logFormat, w.logLevel)
 	if err != nil {
 		return log, usageError{err.Error()}
 	}
