@@ -798,35 +798,41 @@ func (p *Pacer) Fence(now time.Time, auth string, at time.Time) {
 }
 
 // ReadyIn returns how long from now until a request to auth could start, as
-// far as cooldowns, pauses and spacing say (the in-flight cap aside), and
-// the reason when that is not at once. It changes nothing: the worker uses
-// it to decide when to bring parked jobs back, never to start a request.
-func (p *Pacer) ReadyIn(now time.Time, auth string) (time.Duration, Reason) {
+// far as pauses, cooldowns and spacing say (the in-flight cap aside), the
+// spacing between starts in force (interval plus start guard), and the
+// reason when the wait is not zero. A cooldown that is over but awaits its
+// probe reports a zero wait with ReasonProbing: one request may go, the
+// probe. ReadyIn changes nothing: the worker uses it to decide when to bring
+// parked jobs back, never to start a request.
+func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason Reason) {
 	n := now.UnixNano()
 	s := p.shardFor(auth)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[auth]
 	if e == nil {
-		return 0, ""
+		return 0, 0, ""
 	}
+	sp := p.decayedInterval(e, n) + p.guardFor(e)
 	if e.paused > n {
-		return time.Duration(e.paused - n), ReasonPaused
+		return time.Duration(e.paused - n), time.Duration(sp), ReasonPaused
 	}
 	if e.until != 0 {
-		if n < e.until {
-			return time.Duration(e.until - n), ReasonCooling
-		}
-		if e.probeSeq != 0 {
-			return time.Duration(p.probeWait), ReasonProbing
+		switch {
+		case n < e.until:
+			return time.Duration(e.until - n), time.Duration(sp), ReasonCooling
+		case e.probeSeq != 0:
+			return time.Duration(p.probeWait), time.Duration(sp), ReasonProbing
+		default:
+			return 0, time.Duration(sp), ReasonProbing
 		}
 	}
 	if e.lastStart != 0 {
-		if gap := e.lastStart + p.decayedInterval(e, n) + p.guardFor(e) - n; gap > 0 {
-			return time.Duration(gap), ReasonSpacing
+		if gap := e.lastStart + sp - n; gap > 0 {
+			return time.Duration(gap), time.Duration(sp), ReasonSpacing
 		}
 	}
-	return 0, ""
+	return 0, time.Duration(sp), ""
 }
 
 // Snapshot returns every tracked authority, sorted by authority, as

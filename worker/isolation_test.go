@@ -76,11 +76,6 @@ func TestIsolation(t *testing.T) {
 		return jobs.Job{ID: fmt.Sprintf("%s-%d", round, i), URL: o.url(fmt.Sprintf("/%s/%d", round, i)),
 			Target: fmt.Sprintf("%s/h%d/%d", round, i%healthyAuthorities, i), Tenant: []string{"t1", "t2", "t3"}[i%3]}
 	}
-	isRound := func(round string) func(worker.Final) bool {
-		return func(f worker.Final) bool {
-			return strings.HasPrefix(f.JobID, round+"-") && f.Outcome == worker.OutcomeStored
-		}
-	}
 
 	// Warm up (streams, connections, directories), then the baseline: the
 	// healthy half alone.

@@ -19,7 +19,7 @@ import (
 // readier is a Pacer that can say, without side effects, how long until an
 // authority could take a request (*pacer.Pacer is one).
 type readier interface {
-	ReadyIn(now time.Time, auth string) (time.Duration, pacer.Reason)
+	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
 }
 
 var _ readier = (*pacer.Pacer)(nil)
@@ -313,9 +313,14 @@ func (p *parking) unparkReady(ctx context.Context) {
 		}
 		room := want
 		if r, ok := w.d.Pacer.(readier); ok {
-			wait, reason := r.ReadyIn(now, auth)
+			wait, spacing, reason := r.ReadyIn(now, auth)
 			if wait > w.o.HoldMax {
 				continue
+			}
+			// Only what the authority can start within HoldMax: more would
+			// wait longer than that in memory, and be parked again.
+			if spacing > 0 {
+				room = min(room, 1+int((w.o.HoldMax-wait)/spacing))
 			}
 			if reason == pacer.ReasonProbing {
 				room = 1 // the probe first; the rest once it has answered
@@ -372,8 +377,17 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 		m.Header.Set(jobs.HeaderDeliveries, d)
 	}
 	m.Header.Set(jobs.HeaderUnparked, "1")
+	// Counted in transit before the publish: the job can be delivered (and
+	// counted as arrived) before PublishMsg returns.
+	p.mu.Lock()
+	pa.transit++
+	pa.transitAt = w.clk.Now()
+	p.mu.Unlock()
 	if _, err := w.d.JS.PublishMsg(rctx, m); err != nil {
 		w.log.Warn().Err(err).Str("authority", auth).Msg("bring parked job back")
+		p.mu.Lock()
+		pa.transit = max(pa.transit-1, 0)
+		p.mu.Unlock()
 		return false
 	}
 	w.fault("unparked-before-delete")
@@ -386,8 +400,6 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 		pa.n--
 		w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Dec()
 	}
-	pa.transit++
-	pa.transitAt = w.clk.Now()
 	p.mu.Unlock()
 	w.m.Parks.WithLabelValues("unparked").Inc()
 	return true

@@ -598,6 +598,10 @@ func (s *scheduler) finished(now time.Time, j *heldJob, took time.Duration, requ
 		s.setStateLocked(j, stateQueued)
 		j.queuedAt = now
 		s.enqueueLocked(a, j, true)
+		// A throttled answer: ask the pacer at once, which now knows the
+		// wait. A long one defers (parks) the queue instead of holding the
+		// job in memory until a stale hint's timer fires.
+		a.notBefore, a.waitRelease = time.Time{}, false
 	} else {
 		s.dropLocked(j)
 	}

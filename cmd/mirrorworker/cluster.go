@@ -97,7 +97,7 @@ func cmdPause(ctx context.Context, args []string, getenv func(string) string, _ 
 		fmt.Fprintln(stderr, "Stops every worker of the cluster from sending requests to one authority, within a second,")
 		fmt.Fprintln(stderr, "until the time is up or 'mirrorworker resume'. Its jobs wait (parked), none is lost.")
 		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
@@ -129,7 +129,7 @@ func cmdResume(ctx context.Context, args []string, getenv func(string) string, _
 		fmt.Fprintln(stderr, "Ends an operator's pause of an authority on every worker. A cooldown the origin asked")
 		fmt.Fprintln(stderr, "for (429, Retry-After) is not an operator's pause and stays in force.")
 		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
@@ -186,7 +186,7 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 		fmt.Fprintln(stderr, "its state, cooldown or pause deadline, interval, requests in flight, jobs queued in memory")
 		fmt.Fprintln(stderr, "and jobs parked, and the pod that serves it.")
 		fmt.Fprintln(stderr)
-		fs.PrintDefaults()
+		printFlags(fs)
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
