@@ -74,26 +74,14 @@ type Feedback struct {
 	Reset time.Duration
 	// Family names the family that gave Reset (one of the Family constants).
 	Family string
-	// Quotas[:NQuotas] are the announced quotas with a remaining count, each
-	// with its policy where one was announced, in header order (IETF items
-	// first); beyond MaxQuotas the rest are dropped. An array, so that
-	// reading them does not allocate.
-	Quotas  [MaxQuotas]Quota
-	NQuotas int
+	// Announces reports that the response carries a remaining count (the
+	// IETF RateLimit field, or a Remaining header of a pair family), which
+	// ParseQuotas reads.
+	Announces bool
 }
 
-// MaxQuotas is how many announced quotas a Feedback keeps.
+// MaxQuotas is how many announced quotas the pacer keeps per authority.
 const MaxQuotas = 4
-
-// Announced returns the announced quotas, Quotas[:NQuotas].
-func (f *Feedback) Announced() []Quota { return f.Quotas[:f.NQuotas] }
-
-func (f *Feedback) addQuota(q Quota) {
-	if f.NQuotas < MaxQuotas {
-		f.Quotas[f.NQuotas] = q
-		f.NQuotas++
-	}
-}
 
 // Exhausted reports whether some rate-limit family is exhausted.
 func (f Feedback) Exhausted() bool { return f.Reset > 0 }
@@ -160,6 +148,7 @@ func ParseFeedback(status int, h http.Header, now time.Time) Feedback {
 	if v := h[canonicalRA]; len(v) > 0 {
 		f.RetryAfter, f.RetryAfterValid = retryAfterAt(v[0], ref)
 	}
+	f.Announces = len(h[canonicalIETF]) > 0 || len(h[canonicalRLRem]) > 0 || len(h[canonicalXRLRem]) > 0 || len(h[canonicalXRDRem]) > 0
 	if v := h[canonicalIETF]; len(v) > 0 {
 		s := v[0]
 		if len(v) > 1 {
@@ -171,12 +160,20 @@ func ParseFeedback(status int, h http.Header, now time.Time) Feedback {
 	f.consider(pairReset(h, canonicalXRLRem, canonicalXRLReset, ref, false), FamilyXRateLimit)
 	f.consider(pairReset(h, canonicalXRDRem, canonicalXRDReset, ref, false), FamilyXRateDash)
 	f.consider(pairReset(h, canonicalXRLRem, canonicalXRLResetA, ref, true), FamilyXResetAfter)
-	f.quotas(h, ref)
 	return f
 }
 
-// quotas reads every announced remaining count with its reset and policy.
-func (f *Feedback) quotas(h http.Header, ref time.Time) {
+// ParseQuotas appends to dst every quota the response announces with a
+// remaining count, in header order (IETF items first), each with its reset
+// and, where announced, its policy. Resets are measured as ParseFeedback
+// measures them. It does not allocate when dst has room; h must be canonical.
+func ParseQuotas(h http.Header, now time.Time, dst []Quota) []Quota {
+	ref := now
+	if d := h[canonicalDate]; len(d) > 0 {
+		if t, err := http.ParseTime(trimOWS(d[0])); err == nil {
+			ref = t
+		}
+	}
 	if v := h[canonicalIETF]; len(v) > 0 {
 		var buf, pbuf [8]sfItem
 		items, ok := sfList(strings.Join(v, ","), buf[:0])
@@ -195,12 +192,13 @@ func (f *Feedback) quotas(h http.Header, ref time.Time) {
 				q.Reset = time.Duration(min(it.t, maxHeaderSeconds)) * time.Second
 			}
 			q.Limit, q.Window = policyOf(pols, it.name)
-			f.addQuota(q)
+			dst = append(dst, q)
 		}
 	}
-	f.pairQuota(h, FamilyRateLimit, canonicalRLRem, canonicalRLReset, "", canonicalRLLimit, ref)
-	f.pairQuota(h, FamilyXRateLimit, canonicalXRLRem, canonicalXRLReset, canonicalXRLResetA, canonicalXRLLimit, ref)
-	f.pairQuota(h, FamilyXRateDash, canonicalXRDRem, canonicalXRDReset, "", canonicalXRDLimit, ref)
+	dst = pairQuota(dst, h, FamilyRateLimit, canonicalRLRem, canonicalRLReset, "", canonicalRLLimit, ref)
+	dst = pairQuota(dst, h, FamilyXRateLimit, canonicalXRLRem, canonicalXRLReset, canonicalXRLResetA, canonicalXRLLimit, ref)
+	dst = pairQuota(dst, h, FamilyXRateDash, canonicalXRDRem, canonicalXRDReset, "", canonicalXRDLimit, ref)
+	return dst
 }
 
 // policyOf returns the policy named name among pols ("q" and "w", or the
@@ -241,14 +239,14 @@ func policyItem(p sfItem) (int64, time.Duration, bool) {
 // pairQuota appends the quota of a pair family when its Remaining header is
 // a valid count: its reset from resetName (or, failing that, the relative
 // resetAfter) and its policy from the Limit header's windowed items.
-func (f *Feedback) pairQuota(h http.Header, family, remName, resetName, resetAfter, limitName string, ref time.Time) {
+func pairQuota(dst []Quota, h http.Header, family, remName, resetName, resetAfter, limitName string, ref time.Time) []Quota {
 	rem := h[remName]
 	if len(rem) == 0 {
-		return
+		return dst
 	}
 	whole, frac, ok := parseDecimal(trimOWS(rem[0]))
 	if !ok || frac != 0 || whole > 1<<53 {
-		return
+		return dst
 	}
 	q := Quota{Family: family, Remaining: int64(whole)}
 	if v := h[resetName]; len(v) > 0 {
@@ -266,7 +264,7 @@ func (f *Feedback) pairQuota(h http.Header, family, remName, resetName, resetAft
 			q.Limit, q.Window = policyOf(items, "")
 		}
 	}
-	f.addQuota(q)
+	return append(dst, q)
 }
 
 func (f *Feedback) consider(reset time.Duration, family string) {

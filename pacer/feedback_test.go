@@ -218,8 +218,12 @@ func TestParseFeedbackQuotas(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := pacer.ParseFeedback(200, tt.h, now)
-			got := f.Announced()
+			got := pacer.ParseQuotas(tt.h, now, nil)
+			// Announces says a remaining field is present, valid or not:
+			// every row but the first has one.
+			if f := pacer.ParseFeedback(200, tt.h, now); f.Announces != (tt.name != "none") {
+				t.Errorf("Announces %v", f.Announces)
+			}
 			if len(got) != len(tt.want) {
 				t.Fatalf("quotas %+v, want %+v", got, tt.want)
 			}
@@ -229,6 +233,16 @@ func TestParseFeedbackQuotas(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestParseQuotasNoAllocs(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	h := hdr("X-RateLimit-Remaining", "7", "X-RateLimit-Reset", "20", "X-RateLimit-Limit", "60, 60;w=60",
+		"RateLimit", `"d";r=5;t=3`, "RateLimit-Policy", `"d";q=10;w=1`)
+	buf := make([]pacer.Quota, 0, pacer.MaxQuotas)
+	if n := testing.AllocsPerRun(100, func() { pacer.ParseQuotas(h, now, buf[:0]) }); n != 0 {
+		t.Fatalf("%v allocs per ParseQuotas, want 0", n)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -525,8 +526,8 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	if learn {
 		fb = ParseFeedback(r.Status, r.Header, now)
 	}
-	if pm.Probe || fb.Throttled() || fb.Exhausted() || fb.NQuotas > 0 {
-		return p.doneSlow(now, pm, learn, &fb)
+	if pm.Probe || fb.Throttled() || fb.Exhausted() || fb.Announces {
+		return p.doneSlow(now, pm, learn, &fb, r.Header)
 	}
 	// Nothing to learn: release the place, unless a decay is due.
 	n := now.UnixNano()
@@ -540,7 +541,7 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	// A copy made before Confirm promoted it is still the probe.
 	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) {
 		s.mu.Unlock()
-		return p.doneSlow(now, pm, learn, &fb)
+		return p.doneSlow(now, pm, learn, &fb, r.Header)
 	}
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
@@ -556,9 +557,14 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	return v
 }
 
-func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback) Verdict {
+func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr http.Header) Verdict {
 	n := now.UnixNano()
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
+	var buf [MaxQuotas]Quota
+	var qs []Quota
+	if learn && fb.Announces {
+		qs = ParseQuotas(hdr, now, buf[:0])
+	}
 	var fx facts
 	s := p.shardFor(pm.Authority)
 	s.mu.Lock()
@@ -576,11 +582,11 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback) Ver
 	if pm.seq != 0 && e.bud != nil {
 		e.bud.release(pm.seq)
 	}
-	if learn && fb.NQuotas > 0 {
+	if len(qs) > 0 {
 		if e.bud == nil {
 			e.bud = newBudget(s.seq, e.inFlight)
 		}
-		e.bud.read(n, pm.seq, fb.Announced(), p.maxPause)
+		e.bud.read(n, pm.seq, qs, p.maxPause)
 	}
 	probe := pm.seq != 0 && pm.seq == e.probeSeq
 	if probe {
