@@ -526,10 +526,16 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	if learn {
 		fb = ParseFeedback(r.Status, r.Header, now)
 	}
-	if pm.Probe || fb.Throttled() || fb.Exhausted() || fb.Announces {
+	if pm.Probe || fb.Throttled() || fb.Exhausted() {
 		return p.doneSlow(now, pm, learn, &fb, r.Header)
 	}
-	// Nothing to learn: release the place, unless a decay is due.
+	// Nothing to learn but an announced budget: release the place and take
+	// the reading, unless a decay is due. Parsed before the lock.
+	var buf [MaxQuotas]Quota
+	var qs []Quota
+	if learn && fb.Announces {
+		qs = ParseQuotas(r.Header, now, buf[:0])
+	}
 	n := now.UnixNano()
 	s := p.shardFor(pm.Authority)
 	s.mu.Lock()
@@ -546,9 +552,7 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
 	}
-	if pm.seq != 0 && e.bud != nil {
-		e.bud.release(pm.seq)
-	}
+	p.budgetLocked(s, e, pm.seq, n, qs)
 	var v Verdict
 	if e.until > n {
 		v.Until = time.Unix(0, e.until)
@@ -579,15 +583,7 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
 	}
-	if pm.seq != 0 && e.bud != nil {
-		e.bud.release(pm.seq)
-	}
-	if len(qs) > 0 {
-		if e.bud == nil {
-			e.bud = newBudget(s.seq, e.inFlight)
-		}
-		e.bud.read(n, pm.seq, qs, p.maxPause)
-	}
+	p.budgetLocked(s, e, pm.seq, n, qs)
 	probe := pm.seq != 0 && pm.seq == e.probeSeq
 	if probe {
 		e.probeSeq = 0
@@ -657,6 +653,21 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 	} else if asked > 0 {
 		// capped, but a longer pause was already in force: still worth a warning
 		fx.add(fact{ev: Event{Authority: auth}, asked: time.Duration(asked), pause: time.Duration(pause), family: fb.Family})
+	}
+}
+
+// budgetLocked gives permit seq's place in the budget back (its in-flight
+// place is already given back) and takes qs, the quotas its response
+// announced, as a reading (budget.go). s.mu must be held.
+func (p *Pacer) budgetLocked(s *shard, e *entry, seq uint64, n int64, qs []Quota) {
+	if seq != 0 && e.bud != nil {
+		e.bud.release(seq)
+	}
+	if len(qs) > 0 {
+		if e.bud == nil {
+			e.bud = newBudget(s.seq, e.inFlight)
+		}
+		e.bud.read(n, seq, qs, p.maxPause)
 	}
 }
 
