@@ -165,7 +165,7 @@ func notes(o Options) []string {
 	n := []string{
 		"cpu s and peak heap are the whole load-test process during that strategy's run: the workers run in-process with the stub origin and the embedded JetStream server, so the figures compare strategies but are not one worker's footprint (process CPU from getrusage, peak of /memory/classes/heap/objects:bytes sampled every 100 ms).",
 		"All workers call from 127.0.0.1, so the origin sees one anonymous identity per authority; the allowed rate is the profile's anonymous sustained quota times the authorities.",
-		fmt.Sprintf("Time is compressed: the strategies' constants (2 s first step, 60 s fallback and cap, 600 s ceiling, 30 min quiet window, 15 min pause cap, 1-30 s backoff) are multiplied by the profile's scale (%g). The HostPacer scales the same constants (pacer.Options.Scale); values the origin sends (Retry-After, rate-limit resets) are never scaled.", o.Profile.Scale),
+		scaleNote(o.Profile.Scale),
 	}
 	if o.Shared {
 		n = append(n, "Workers share one durable consumer: each authority is paced by every worker's pacer independently, so per-authority politeness holds per worker, not at the origin.")
@@ -173,6 +173,15 @@ func notes(o Options) []string {
 		n = append(n, "Each worker has its own durable consumer filtered to a partition of the authorities (by akey), so each authority is paced by exactly one pacer, as separate pods with partitioned consumers would be.")
 	}
 	return n
+}
+
+// scaleNote says what the time scale hides, or, at real time, what the
+// long constants cost.
+func scaleNote(scale float64) string {
+	if scale == 1 {
+		return "Real time (scale 1): the strategies run at their contract constants. One throttling answer costs the HostPacer a 2 s interval that only a 30 min quiet window halves, so within a run shorter than that it never decays: every later request to that authority waits at least 2 s; cooldowns run their full 60-600 s. Values the origin sends (Retry-After, rate-limit resets) are the origin's own time."
+	}
+	return fmt.Sprintf("Time is compressed: the strategies' constants (2 s first step, 60 s fallback and cap, 600 s ceiling, 30 min quiet window, 15 min pause cap, 1-30 s backoff) are multiplied by the profile's scale (%g), which hides their cost: at scale 1 (mirrorworker loadtest --real-time) one throttling answer holds an authority at a 2 s interval for 30 min. The HostPacer scales the same constants (pacer.Options.Scale); values the origin sends (Retry-After, rate-limit resets) are never scaled.", scale)
 }
 
 // runStrategy runs one strategy from a fresh JetStream, origin and mirror.

@@ -92,6 +92,47 @@ func TestRunComparesStrategies(t *testing.T) {
 	}
 }
 
+// At real time the HostPacer runs at scale 1, and what spending the
+// announced budget buys is visible: no 429, so none of the 2 s steps a
+// compressed run would shrink.
+func TestRunAtRealTime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a load test")
+	}
+	p, err := loadtest.ParseProfile([]byte(quickProfile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := p.RealTime()
+	if rt.Scale != 1 || p.Scale != 0.01 || rt.Origin != p.Origin || rt.Floor != p.Floor {
+		t.Fatalf("RealTime: scale %v (original %v), same origin %v; want 1, 0.01, true", rt.Scale, p.Scale, rt.Origin == p.Origin)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := loadtest.Run(ctx, loadtest.Options{
+		Jobs: 30, Authorities: 1, Workers: 1, Profile: rt,
+		Strategies: []string{"hostpacer"},
+		TimeLimit:  60 * time.Second, Dir: t.TempDir(),
+		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Setup.Scale != 1 {
+		t.Errorf("report scale %v, want 1", rep.Setup.Scale)
+	}
+	if !strings.Contains(strings.Join(rep.Notes, "\n"), "Real time (scale 1)") {
+		t.Errorf("notes do not say the run is at real time:\n%s", strings.Join(rep.Notes, "\n"))
+	}
+	r := rep.Results[0]
+	if r.Error != "" || !r.Drained || r.JobsStored != 30 {
+		t.Fatalf("error=%q drained=%v stored=%d; want all 30 stored", r.Error, r.Drained, r.JobsStored)
+	}
+	if r.Status429 != 0 || r.Early != 0 {
+		t.Errorf("%d throttled, %d early at real time; want none", r.Status429, r.Early)
+	}
+}
+
 func TestRunRejectsBadOptions(t *testing.T) {
 	p, err := loadtest.ParseProfile([]byte(quickProfile))
 	if err != nil {

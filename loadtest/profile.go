@@ -119,6 +119,16 @@ func ParseProfile(b []byte) (*Profile, error) {
 	return p, errors.Join(errs...)
 }
 
+// RealTime returns a copy of p whose strategies run at real time (Scale 1):
+// the contract's 2 s first step, 60-600 s cooldowns and 30 min quiet window,
+// so that compressing time cannot hide what they cost. The origin profile is
+// shared with p and unchanged: its quotas are the origin's own time.
+func (p *Profile) RealTime() *Profile {
+	q := *p
+	q.Scale = 1
+	return &q
+}
+
 // AllowedAdmissions is how many requests the profile admits in d from a
 // start with full buckets: per authority and identity, the anonymous
 // sustained bucket's capacity plus its rate times d, or the shared shard's

@@ -14,7 +14,12 @@
 //     throttling, quiet-window decay back toward the floor, cooldowns from
 //     Retry-After, provider rate-limit headers or a jittered fallback, capped
 //     at 600 s and never shortened;
-//   - header parsing usable on its own (ParseRetryAfter, ParseFeedback);
+//   - spending the budget an origin announces (RateLimit r, X-RateLimit-Remaining
+//     and kin): never more requests out than remain, and a quota down to its
+//     last request paced at its announced policy (RateLimit-Policy q/w, or a
+//     Limit with a window) instead of run to zero (budget.go, ADR 0006);
+//   - header parsing usable on its own (ParseRetryAfter, ParseFeedback,
+//     ParseQuotas);
 //   - the policy file (ParsePolicy, LoadPolicy): floors and in-flight caps;
 //   - state inspection (Snapshot, Counts), facts for publication
 //     (Options.OnEvent) and their replay after a cold start (Apply);

@@ -27,7 +27,39 @@ const (
 	canonicalXRDRem    = "X-Rate-Limit-Remaining"
 	canonicalXRDReset  = "X-Rate-Limit-Reset"
 	canonicalXRLResetA = "X-Ratelimit-Reset-After"
+	canonicalIETFPol   = "Ratelimit-Policy"
+	canonicalRLLimit   = "Ratelimit-Limit"
+	canonicalXRLLimit  = "X-Ratelimit-Limit"
+	canonicalXRDLimit  = "X-Rate-Limit-Limit"
 )
+
+// Quota is one quota a response announces with what remains of it: an item
+// of the IETF RateLimit field with r, or the Remaining header of a pair
+// family. Where the origin also announces the quota's policy (RateLimit-Policy
+// q and w, or a Limit header with a window such as "100;w=60"), Limit and
+// Window give its sustained rate.
+type Quota struct {
+	Family string // the family, one of the Family constants
+	Policy string // the IETF policy name; empty for the pair families
+	// Remaining is how many requests the quota allowed when the response
+	// was made, after this request.
+	Remaining int64
+	// Reset is how long until the quota resets (RateLimit t, or the
+	// family's reset); zero when absent or not valid.
+	Reset time.Duration
+	// Limit requests per Window: the announced policy, zero when none.
+	Limit  int64
+	Window time.Duration
+}
+
+// Interval is the sustained spacing the quota's policy allows (Window /
+// Limit, rounded up), or zero when no policy was announced.
+func (q Quota) Interval() time.Duration {
+	if q.Limit <= 0 || q.Window <= 0 {
+		return 0
+	}
+	return (q.Window + time.Duration(q.Limit) - 1) / time.Duration(q.Limit)
+}
 
 // Feedback is what one response says about the origin's limits. The zero
 // value says nothing.
@@ -42,7 +74,14 @@ type Feedback struct {
 	Reset time.Duration
 	// Family names the family that gave Reset (one of the Family constants).
 	Family string
+	// Announces reports that the response carries a remaining count (the
+	// IETF RateLimit field, or a Remaining header of a pair family), which
+	// ParseQuotas reads.
+	Announces bool
 }
+
+// MaxQuotas is how many announced quotas the pacer keeps per authority.
+const MaxQuotas = 4
 
 // Exhausted reports whether some rate-limit family is exhausted.
 func (f Feedback) Exhausted() bool { return f.Reset > 0 }
@@ -109,6 +148,7 @@ func ParseFeedback(status int, h http.Header, now time.Time) Feedback {
 	if v := h[canonicalRA]; len(v) > 0 {
 		f.RetryAfter, f.RetryAfterValid = retryAfterAt(v[0], ref)
 	}
+	f.Announces = len(h[canonicalIETF]) > 0 || len(h[canonicalRLRem]) > 0 || len(h[canonicalXRLRem]) > 0 || len(h[canonicalXRDRem]) > 0
 	if v := h[canonicalIETF]; len(v) > 0 {
 		s := v[0]
 		if len(v) > 1 {
@@ -121,6 +161,110 @@ func ParseFeedback(status int, h http.Header, now time.Time) Feedback {
 	f.consider(pairReset(h, canonicalXRDRem, canonicalXRDReset, ref, false), FamilyXRateDash)
 	f.consider(pairReset(h, canonicalXRLRem, canonicalXRLResetA, ref, true), FamilyXResetAfter)
 	return f
+}
+
+// ParseQuotas appends to dst every quota the response announces with a
+// remaining count, in header order (IETF items first), each with its reset
+// and, where announced, its policy. Resets are measured as ParseFeedback
+// measures them. It does not allocate when dst has room; h must be canonical.
+func ParseQuotas(h http.Header, now time.Time, dst []Quota) []Quota {
+	ref := now
+	if d := h[canonicalDate]; len(d) > 0 {
+		if t, err := http.ParseTime(trimOWS(d[0])); err == nil {
+			ref = t
+		}
+	}
+	if v := h[canonicalIETF]; len(v) > 0 {
+		var buf, pbuf [8]sfItem
+		items, ok := sfList(strings.Join(v, ","), buf[:0])
+		var pols []sfItem
+		if pv := h[canonicalIETFPol]; ok && len(pv) > 0 {
+			if pols, ok = sfList(strings.Join(pv, ","), pbuf[:0]); !ok {
+				pols, ok = nil, true // a malformed policy field hides no remaining count
+			}
+		}
+		for _, it := range items {
+			if !ok || !it.hasR {
+				continue
+			}
+			q := Quota{Family: FamilyIETF, Policy: it.name, Remaining: it.r}
+			if it.hasT {
+				q.Reset = time.Duration(min(it.t, maxHeaderSeconds)) * time.Second
+			}
+			q.Limit, q.Window = policyOf(pols, it.name)
+			dst = append(dst, q)
+		}
+	}
+	dst = pairQuota(dst, h, FamilyRateLimit, canonicalRLRem, canonicalRLReset, "", canonicalRLLimit, ref)
+	dst = pairQuota(dst, h, FamilyXRateLimit, canonicalXRLRem, canonicalXRLReset, canonicalXRLResetA, canonicalXRLLimit, ref)
+	dst = pairQuota(dst, h, FamilyXRateDash, canonicalXRDRem, canonicalXRDReset, "", canonicalXRDLimit, ref)
+	return dst
+}
+
+// policyOf returns the policy named name among pols ("q" and "w", or the
+// earlier drafts' Integer with "w"); failing a match, the only policy, or
+// else the slowest one, which is the safe reading of a quota whose policy
+// is not named.
+func policyOf(pols []sfItem, name string) (limit int64, window time.Duration) {
+	var best time.Duration
+	for _, p := range pols {
+		l, w, ok := policyItem(p)
+		if !ok {
+			continue
+		}
+		if name != "" && p.name == name {
+			return l, w
+		}
+		if iv := w / time.Duration(l); iv > best || limit == 0 {
+			best, limit, window = iv, l, w
+		}
+	}
+	return limit, window
+}
+
+func policyItem(p sfItem) (int64, time.Duration, bool) {
+	l := p.q
+	if !p.hasQ {
+		l = p.num
+		if !p.hasNum {
+			return 0, 0, false
+		}
+	}
+	if !p.hasW || p.w <= 0 || l <= 0 {
+		return 0, 0, false
+	}
+	return l, time.Duration(min(p.w, maxHeaderSeconds)) * time.Second, true
+}
+
+// pairQuota appends the quota of a pair family when its Remaining header is
+// a valid count: its reset from resetName (or, failing that, the relative
+// resetAfter) and its policy from the Limit header's windowed items.
+func pairQuota(dst []Quota, h http.Header, family, remName, resetName, resetAfter, limitName string, ref time.Time) []Quota {
+	rem := h[remName]
+	if len(rem) == 0 {
+		return dst
+	}
+	whole, frac, ok := parseDecimal(trimOWS(rem[0]))
+	if !ok || frac != 0 || whole > 1<<53 {
+		return dst
+	}
+	q := Quota{Family: family, Remaining: int64(whole)}
+	if v := h[resetName]; len(v) > 0 {
+		if d, ok := ParseReset(v[0], ref); ok {
+			q.Reset = d
+		}
+	} else if v := h[resetAfter]; resetAfter != "" && len(v) > 0 {
+		if d, ok := parseSeconds(trimOWS(v[0])); ok {
+			q.Reset = d
+		}
+	}
+	if v := h[limitName]; len(v) > 0 {
+		var buf [8]sfItem
+		if items, ok := sfList(strings.Join(v, ","), buf[:0]); ok {
+			q.Limit, q.Window = policyOf(items, "")
+		}
+	}
+	return append(dst, q)
 }
 
 func (f *Feedback) consider(reset time.Duration, family string) {

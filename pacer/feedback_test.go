@@ -175,3 +175,90 @@ func TestParseFeedbackNoAllocs(t *testing.T) {
 		t.Fatalf("%v allocs per ParseFeedback, want 0", n)
 	}
 }
+
+func TestParseFeedbackQuotas(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	epoch := strconv.FormatInt(now.Unix()+30, 10)
+	type q = pacer.Quota
+	tests := []struct {
+		name string
+		h    http.Header
+		want []pacer.Quota
+	}{
+		{"none", hdr("Content-Type", "text/plain"), nil},
+		{"ietf with its named policy",
+			hdr("RateLimit", `"sustained";r=3;t=7`, "RateLimit-Policy", `"burst";q=5;w=2, "sustained";q=20;w=10`),
+			[]q{{Family: pacer.FamilyIETF, Policy: "sustained", Remaining: 3, Reset: 7 * time.Second, Limit: 20, Window: 10 * time.Second}}},
+		{"ietf, two items, one policy each",
+			hdr("RateLimit", `"a";r=0;t=1, "b";r=9;t=60`, "RateLimit-Policy", `"b";q=100;w=60, "a";q=2;w=1`),
+			[]q{{Family: pacer.FamilyIETF, Policy: "a", Remaining: 0, Reset: time.Second, Limit: 2, Window: time.Second},
+				{Family: pacer.FamilyIETF, Policy: "b", Remaining: 9, Reset: time.Minute, Limit: 100, Window: time.Minute}}},
+		{"ietf, policy not named: the slowest announced",
+			hdr("RateLimit", `"x";r=4;t=5`, "RateLimit-Policy", `10;w=1, 100;w=60`),
+			[]q{{Family: pacer.FamilyIETF, Policy: "x", Remaining: 4, Reset: 5 * time.Second, Limit: 100, Window: time.Minute}}},
+		{"ietf without a policy", hdr("RateLimit", `"x";r=4;t=5`),
+			[]q{{Family: pacer.FamilyIETF, Policy: "x", Remaining: 4, Reset: 5 * time.Second}}},
+		{"ietf, malformed policy field: the count stays",
+			hdr("RateLimit", `"x";r=4;t=5`, "RateLimit-Policy", `"x";q=5;w=`),
+			[]q{{Family: pacer.FamilyIETF, Policy: "x", Remaining: 4, Reset: 5 * time.Second}}},
+		{"ietf, malformed RateLimit: ignored as a whole", hdr("RateLimit", `"x";r=4;t=5,`), nil},
+		{"ietf item without r", hdr("RateLimit", `"x";t=5`), nil},
+		{"x-ratelimit with an epoch reset and a windowed limit",
+			hdr("X-RateLimit-Remaining", "12", "X-RateLimit-Reset", epoch, "X-RateLimit-Limit", "60, 60;w=60"),
+			[]q{{Family: pacer.FamilyXRateLimit, Remaining: 12, Reset: 30 * time.Second, Limit: 60, Window: time.Minute}}},
+		{"x-ratelimit with reset-after", hdr("X-RateLimit-Remaining", "2", "X-RateLimit-Reset-After", "1.5"),
+			[]q{{Family: pacer.FamilyXRateLimit, Remaining: 2, Reset: 2 * time.Second}}},
+		{"ratelimit-* of the earlier drafts",
+			hdr("RateLimit-Remaining", "5", "RateLimit-Reset", "9", "RateLimit-Limit", "10, 10;w=20"),
+			[]q{{Family: pacer.FamilyRateLimit, Remaining: 5, Reset: 9 * time.Second, Limit: 10, Window: 20 * time.Second}}},
+		{"x-rate-limit-*", hdr("X-Rate-Limit-Remaining", "0", "X-Rate-Limit-Reset", "3"),
+			[]q{{Family: pacer.FamilyXRateDash, Remaining: 0, Reset: 3 * time.Second}}},
+		{"a remaining that is not a count", hdr("X-RateLimit-Remaining", "lots", "X-RateLimit-Reset", "3"), nil},
+		{"a fractional remaining", hdr("X-RateLimit-Remaining", "1.5"), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := pacer.ParseQuotas(tt.h, now, nil)
+			// Announces says a remaining field is present, valid or not:
+			// every row but the first has one.
+			if f := pacer.ParseFeedback(200, tt.h, now); f.Announces != (tt.name != "none") {
+				t.Errorf("Announces %v", f.Announces)
+			}
+			if len(got) != len(tt.want) {
+				t.Fatalf("quotas %+v, want %+v", got, tt.want)
+			}
+			for i := range got {
+				if got[i] != tt.want[i] {
+					t.Errorf("quota %d: %+v, want %+v", i, got[i], tt.want[i])
+				}
+			}
+		})
+	}
+}
+
+func TestParseQuotasNoAllocs(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	h := hdr("X-RateLimit-Remaining", "7", "X-RateLimit-Reset", "20", "X-RateLimit-Limit", "60, 60;w=60",
+		"RateLimit", `"d";r=5;t=3`, "RateLimit-Policy", `"d";q=10;w=1`)
+	buf := make([]pacer.Quota, 0, pacer.MaxQuotas)
+	if n := testing.AllocsPerRun(100, func() { pacer.ParseQuotas(h, now, buf[:0]) }); n != 0 {
+		t.Fatalf("%v allocs per ParseQuotas, want 0", n)
+	}
+}
+
+func TestQuotaInterval(t *testing.T) {
+	tests := []struct {
+		q    pacer.Quota
+		want time.Duration
+	}{
+		{pacer.Quota{Limit: 20, Window: 10 * time.Second}, 500 * time.Millisecond},
+		{pacer.Quota{Limit: 3, Window: time.Second}, 333333334 * time.Nanosecond}, // rounded up: never faster
+		{pacer.Quota{Limit: 0, Window: time.Second}, 0},
+		{pacer.Quota{Limit: 5}, 0},
+	}
+	for _, tt := range tests {
+		if got := tt.q.Interval(); got != tt.want {
+			t.Errorf("%+v: %v, want %v", tt.q, got, tt.want)
+		}
+	}
+}

@@ -27,6 +27,19 @@ func checkPacer(t *testing.T, status int, h http.Header) {
 	if !v.Until.IsZero() && (v.Until.Sub(fuzzNow) > 600*time.Second || !v.Until.After(fuzzNow)) {
 		t.Fatalf("pause %s", v.Until.Sub(fuzzNow))
 	}
+	for _, q := range pacer.ParseQuotas(h, fuzzNow, nil) {
+		if q.Remaining < 0 || q.Reset < 0 || q.Limit < 0 || q.Window < 0 || q.Interval() < 0 {
+			t.Fatalf("quota %+v", q)
+		}
+	}
+	// Whatever a budget reading said, an authority with nothing out is
+	// never stalled by it for longer than the cap of any pause.
+	later := fuzzNow.Add(601 * time.Second)
+	pm, err = p.Acquire(later, "fuzz.example:443", 0)
+	if err != nil {
+		t.Fatalf("after %v: %v", later.Sub(fuzzNow), err)
+	}
+	p.Done(later, pm, pacer.Response{Cancelled: true})
 }
 
 func FuzzParseRetryAfter(f *testing.F) {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -153,6 +154,10 @@ type entry struct {
 	pausedAt     int64  // when the latest pause was given, for EventResumed
 	inFlight     int32
 	maxFlight    int32
+	// bud is the budget the origin announces (budget.go); nil until a
+	// response announces one, so an authority without rate-limit headers
+	// pays one pointer for it.
+	bud *budget
 }
 
 // New returns a Pacer. A nil o means the defaults: default policy (floor 1 s,
@@ -259,7 +264,8 @@ func (p *Pacer) evictable(e *entry, now int64) bool {
 	return e.until == 0 && e.inFlight == 0 && e.probeSeq == 0 && e.paused <= now &&
 		e.ceiling == p.fallbackMin &&
 		p.decayedInterval(e, now) <= e.floor &&
-		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now)
+		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now) &&
+		(e.bud == nil || e.bud.idle(now))
 }
 
 // guardFor is the start guard of e's authority (Options.StartGuard).
@@ -369,22 +375,35 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 		}
 		probe = true
 	}
+	// The spacing: the interval, or the announced policy's pace when a
+	// quota is down to its last request (budget.go).
+	spacing, over := e.interval, false
+	if e.bud != nil {
+		var pace int64
+		over, pace = e.bud.limits(n, e.bud.sentAfter(e.bud.readSeq, 0))
+		spacing = max(spacing, pace)
+	}
 	var gap int64
 	if e.lastStart != 0 {
-		gap = e.lastStart + e.interval + p.guardFor(e) - n
+		gap = e.lastStart + spacing + p.guardFor(e) - n
 	}
-	if e.inFlight >= e.maxFlight {
-		w := max(gap, e.interval, p.inFlightMinWait)
-		return Permit{}, &RefusedError{Authority: auth, Reason: ReasonInFlight, Wait: time.Duration(w), Interval: time.Duration(e.interval)}
+	if e.inFlight >= e.maxFlight || over {
+		// Over the announced budget, as at the cap, the next response
+		// (a fresh reading) is what frees a place.
+		w := max(gap, spacing, p.inFlightMinWait)
+		return Permit{}, &RefusedError{Authority: auth, Reason: ReasonInFlight, Wait: time.Duration(w), Interval: time.Duration(spacing)}
 	}
 	start := n
 	if gap > 0 {
 		if gap > int64(maxWait) {
-			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonSpacing, Wait: time.Duration(gap), Interval: time.Duration(e.interval)}
+			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonSpacing, Wait: time.Duration(gap), Interval: time.Duration(spacing)}
 		}
 		start += gap
 	}
 	s.seq++
+	if e.bud != nil {
+		e.bud.granted(s.seq)
+	}
 	e.lastStart = start
 	if start == n {
 		// A start at now is an actual start; start >= e.started here, since
@@ -395,7 +414,7 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 	if probe {
 		e.probeSeq = s.seq
 	}
-	return Permit{Authority: auth, Start: now.Add(time.Duration(start - n)), Probe: probe, Interval: time.Duration(e.interval), seq: s.seq}, nil
+	return Permit{Authority: auth, Start: now.Add(time.Duration(start - n)), Probe: probe, Interval: time.Duration(spacing), seq: s.seq}, nil
 }
 
 // Confirm re-checks a granted Permit immediately before its request starts,
@@ -461,12 +480,24 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		e.probeSeq = pm.seq
 		pm.Probe = true
 	}
+	spacing := p.decayedInterval(e, n)
+	if e.bud != nil {
+		// A reading learned since the grant counts the other permits out;
+		// this one must not take more than remains, nor start faster than
+		// a quota down to its last request allows.
+		over, pace := e.bud.limits(n, e.bud.sentAfter(e.bud.readSeq, pm.seq))
+		if over {
+			return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonInFlight,
+				Wait: time.Duration(max(spacing, pace, p.inFlightMinWait)), Interval: time.Duration(max(spacing, pace))}
+		}
+		spacing = max(spacing, pace)
+	}
 	start := max(n, pm.Start.UnixNano())
 	other := e.started
 	if pm.seq == e.startedSeq {
 		other = e.startedOther
 	}
-	if sp := p.decayedInterval(e, n) + p.guardFor(e); other != 0 && sp > 0 {
+	if sp := spacing + p.guardFor(e); other != 0 && sp > 0 {
 		start = max(start, other+sp)
 	}
 	if start > n {
@@ -505,9 +536,15 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		fb = ParseFeedback(r.Status, r.Header, now)
 	}
 	if pm.Probe || fb.Throttled() || fb.Exhausted() {
-		return p.doneSlow(now, pm, learn, fb)
+		return p.doneSlow(now, pm, learn, &fb, r.Header)
 	}
-	// Nothing to learn: release the place, unless a decay is due.
+	// Nothing to learn but an announced budget: release the place and take
+	// the reading, unless a decay is due. Parsed before the lock.
+	var buf [MaxQuotas]Quota
+	var qs []Quota
+	if learn && fb.Announces {
+		qs = ParseQuotas(r.Header, now, buf[:0])
+	}
 	n := now.UnixNano()
 	s := p.shardFor(pm.Authority)
 	s.mu.Lock()
@@ -519,11 +556,12 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	// A copy made before Confirm promoted it is still the probe.
 	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) {
 		s.mu.Unlock()
-		return p.doneSlow(now, pm, learn, fb)
+		return p.doneSlow(now, pm, learn, &fb, r.Header)
 	}
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
 	}
+	p.budgetLocked(s, e, pm.seq, n, qs)
 	var v Verdict
 	if e.until > n {
 		v.Until = time.Unix(0, e.until)
@@ -532,9 +570,14 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	return v
 }
 
-func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb Feedback) Verdict {
+func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr http.Header) Verdict {
 	n := now.UnixNano()
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
+	var buf [MaxQuotas]Quota
+	var qs []Quota
+	if learn && fb.Announces {
+		qs = ParseQuotas(hdr, now, buf[:0])
+	}
 	var fx facts
 	s := p.shardFor(pm.Authority)
 	s.mu.Lock()
@@ -549,13 +592,14 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb Feedback) Verd
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
 	}
+	p.budgetLocked(s, e, pm.seq, n, qs)
 	probe := pm.seq != 0 && pm.seq == e.probeSeq
 	if probe {
 		e.probeSeq = 0
 	}
 	p.decayLocked(e, pm.Authority, n, &fx)
 	if learn {
-		p.learnLocked(e, pm.Authority, n, probe, fb, &fx)
+		p.learnLocked(e, pm.Authority, n, probe, *fb, &fx)
 	}
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
 	if e.until > n {
@@ -618,6 +662,21 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 	} else if asked > 0 {
 		// capped, but a longer pause was already in force: still worth a warning
 		fx.add(fact{ev: Event{Authority: auth}, asked: time.Duration(asked), pause: time.Duration(pause), family: fb.Family})
+	}
+}
+
+// budgetLocked gives permit seq's place in the budget back (its in-flight
+// place is already given back) and takes qs, the quotas its response
+// announced, as a reading (budget.go). s.mu must be held.
+func (p *Pacer) budgetLocked(s *shard, e *entry, seq uint64, n int64, qs []Quota) {
+	if seq != 0 && e.bud != nil {
+		e.bud.release(seq)
+	}
+	if len(qs) > 0 {
+		if e.bud == nil {
+			e.bud = newBudget(s.seq, e.inFlight)
+		}
+		e.bud.read(n, seq, qs, p.maxPause)
 	}
 }
 

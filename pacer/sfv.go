@@ -2,25 +2,52 @@ package pacer
 
 import "time"
 
-// This file reads the IETF RateLimit field (draft-ietf-httpapi-ratelimit-headers):
-// a Structured Field List (RFC 9651) whose items name a quota policy and carry
-// the parameters r (remaining, an Integer) and t (seconds until reset, an
-// Integer), for example
+// This file reads the IETF RateLimit fields (draft-ietf-httpapi-ratelimit-headers):
+// Structured Field Lists (RFC 9651). RateLimit items name a quota policy and
+// carry r (remaining, an Integer) and t (seconds until reset, an Integer);
+// RateLimit-Policy items name a policy and carry q (its quota) and w (its
+// window in seconds), for example
 //
 //	RateLimit: "default";r=0;t=30, "daily";r=412;t=80000
+//	RateLimit-Policy: "default";q=100;w=60, "daily";q=5000;w=86400
 //
-// A field that does not parse is ignored as a whole, as RFC 9651 requires.
-// RateLimit-Policy describes quotas (q, w) but says nothing about what
-// remains, so it never causes a pause and is not read.
+// Earlier drafts wrote a policy as an Integer quota with a w parameter
+// ("100;w=60", also in RateLimit-Limit and X-RateLimit-Limit); that form is
+// read too. A field that does not parse is ignored as a whole, as RFC 9651
+// requires.
+
+// sfItem is one top-level item of a list: its bare item when it is a String,
+// a Token or an Integer, and the integer parameters the pacer reads.
+type sfItem struct {
+	name       string // a String (unescaped only if it has no escapes) or Token bare item
+	num        int64  // an Integer bare item
+	hasNum     bool
+	r, t, q, w int64
+	hasR, hasT bool
+	hasQ, hasW bool
+}
 
 // ietfReset returns the longest t of the items with r=0 and t>0, or 0.
 func ietfReset(s string) time.Duration {
-	p := sfParser{s: s}
-	best, ok := p.list()
+	var buf [8]sfItem
+	items, ok := sfList(s, buf[:0])
 	if !ok {
 		return 0
 	}
+	var best time.Duration
+	for _, it := range items {
+		if it.hasR && it.hasT && it.r == 0 && it.t > 0 {
+			best = max(best, time.Duration(min(it.t, maxHeaderSeconds))*time.Second)
+		}
+	}
 	return best
+}
+
+// sfList parses s as a List and appends its items (inner lists skipped) to
+// items. ok is false when s does not parse; items is then unusable.
+func sfList(s string, items []sfItem) ([]sfItem, bool) {
+	p := sfParser{s: s}
+	return p.list(items)
 }
 
 type sfParser struct {
@@ -42,46 +69,43 @@ func (p *sfParser) skipOWS() {
 	}
 }
 
-// list parses the whole field and returns the longest exhausted reset.
-func (p *sfParser) list() (time.Duration, bool) {
-	var best time.Duration
+// list parses the whole field.
+func (p *sfParser) list(items []sfItem) ([]sfItem, bool) {
 	p.skipSP()
 	for !p.eof() {
-		var r, t int64
-		var hasR, hasT bool
 		if p.s[p.i] == '(' {
 			if !p.innerList() {
-				return 0, false
+				return items, false
 			}
-			if !p.params(nil, nil, nil, nil) {
-				return 0, false
+			if !p.params(nil) {
+				return items, false
 			}
 		} else {
-			if _, _, ok := p.bareItem(); !ok {
-				return 0, false
+			var it sfItem
+			v, isInt, name, ok := p.bareItem()
+			if !ok {
+				return items, false
 			}
-			if !p.params(&r, &hasR, &t, &hasT) {
-				return 0, false
+			it.num, it.hasNum, it.name = v, isInt, name
+			if !p.params(&it) {
+				return items, false
 			}
-		}
-		if hasR && hasT && r == 0 && t > 0 {
-			d := time.Duration(min(t, maxHeaderSeconds)) * time.Second
-			best = max(best, d)
+			items = append(items, it)
 		}
 		p.skipOWS()
 		if p.eof() {
-			return best, true
+			return items, true
 		}
 		if p.s[p.i] != ',' {
-			return 0, false
+			return items, false
 		}
 		p.i++
 		p.skipOWS()
 		if p.eof() {
-			return 0, false // trailing comma
+			return items, false // trailing comma
 		}
 	}
-	return best, true
+	return items, true
 }
 
 func (p *sfParser) innerList() bool {
@@ -95,10 +119,10 @@ func (p *sfParser) innerList() bool {
 			p.i++
 			return true
 		}
-		if _, _, ok := p.bareItem(); !ok {
+		if _, _, _, ok := p.bareItem(); !ok {
 			return false
 		}
-		if !p.params(nil, nil, nil, nil) {
+		if !p.params(nil) {
 			return false
 		}
 		if p.eof() {
@@ -111,9 +135,9 @@ func (p *sfParser) innerList() bool {
 	return false
 }
 
-// params parses parameters; the integer values of keys "r" and "t" are
-// reported through the pointers when they are not nil (the last one wins).
-func (p *sfParser) params(r *int64, hasR *bool, t *int64, hasT *bool) bool {
+// params parses parameters; the non-negative Integer values of the keys r,
+// t, q and w are recorded in it when it is not nil (the last one wins).
+func (p *sfParser) params(it *sfItem) bool {
 	for !p.eof() && p.s[p.i] == ';' {
 		p.i++
 		p.skipSP()
@@ -127,16 +151,24 @@ func (p *sfParser) params(r *int64, hasR *bool, t *int64, hasT *bool) bool {
 		if !p.eof() && p.s[p.i] == '=' {
 			p.i++
 			var ok bool
-			v, isInt, ok = p.bareItem()
+			v, isInt, _, ok = p.bareItem()
 			if !ok {
 				return false
 			}
 		}
-		switch {
-		case k == "r" && r != nil:
-			*r, *hasR = v, isInt && v >= 0
-		case k == "t" && t != nil:
-			*t, *hasT = v, isInt && v >= 0
+		if it == nil || len(k) != 1 {
+			continue
+		}
+		good := isInt && v >= 0
+		switch k[0] {
+		case 'r':
+			it.r, it.hasR = v, good
+		case 't':
+			it.t, it.hasT = v, good
+		case 'q':
+			it.q, it.hasQ = v, good
+		case 'w':
+			it.w, it.hasW = v, good
 		}
 	}
 	return true
@@ -163,36 +195,43 @@ func (p *sfParser) key() bool {
 }
 
 // bareItem parses one bare item; for an Integer it returns its value and
-// isInt true.
-func (p *sfParser) bareItem() (v int64, isInt bool, ok bool) {
+// isInt true, for a String or a Token its text (a String's text still
+// escaped, which only matters for names with a quote or a backslash).
+func (p *sfParser) bareItem() (v int64, isInt bool, name string, ok bool) {
 	if p.eof() {
-		return 0, false, false
+		return 0, false, "", false
 	}
 	switch c := p.s[p.i]; {
 	case c == '-' || c >= '0' && c <= '9':
-		return p.number()
+		v, isInt, ok = p.number()
+		return v, isInt, "", ok
 	case c == '"':
-		return 0, false, p.str()
+		start := p.i + 1
+		if !p.str() {
+			return 0, false, "", false
+		}
+		return 0, false, p.s[start : p.i-1], true
 	case c == '*' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z':
+		start := p.i
 		p.token()
-		return 0, false, true
+		return 0, false, p.s[start:p.i], true
 	case c == ':':
-		return 0, false, p.bytes()
+		return 0, false, "", p.bytes()
 	case c == '?':
 		if p.i+1 < len(p.s) && (p.s[p.i+1] == '0' || p.s[p.i+1] == '1') {
 			p.i += 2
-			return 0, false, true
+			return 0, false, "", true
 		}
-		return 0, false, false
+		return 0, false, "", false
 	case c == '@': // Date: an Integer after '@'
 		p.i++
 		if p.eof() {
-			return 0, false, false
+			return 0, false, "", false
 		}
 		_, isInt, ok := p.number()
-		return 0, false, ok && isInt
+		return 0, false, "", ok && isInt
 	}
-	return 0, false, false
+	return 0, false, "", false
 }
 
 func (p *sfParser) number() (int64, bool, bool) {

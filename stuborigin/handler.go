@@ -98,8 +98,12 @@ func (og *Origin) writeLimitHeaders(h http.Header, v *limitView, now time.Time) 
 	case HeadersIETF:
 		q := v.quota
 		burstW := ceilSeconds(time.Duration(q.burst.capacity) * q.burst.interval)
-		h.Set("RateLimit-Policy", `"burst";q=`+strconv.FormatInt(q.burst.capacity, 10)+`;w=`+strconv.FormatInt(max(burstW, 1), 10)+
-			`, "sustained";q=`+strconv.FormatInt(q.sustained.capacity, 10)+`;w=`+strconv.FormatInt(max(ceilSeconds(q.window), 1), 10))
+		pol := `"burst";q=` + strconv.FormatInt(q.burst.capacity, 10) + `;w=` + strconv.FormatInt(max(burstW, 1), 10) +
+			`, "sustained";q=` + strconv.FormatInt(q.sustained.capacity, 10) + `;w=` + strconv.FormatInt(max(ceilSeconds(q.window), 1), 10)
+		if v.share > 0 {
+			pol += `, "` + policyShare + `";q=` + strconv.FormatInt(v.share, 10) + `;w=` + strconv.FormatInt(max(ceilSeconds(v.shareWindow), 1), 10)
+		}
+		h.Set("RateLimit-Policy", pol)
 		hv := v.header()
 		h.Set("RateLimit", `"`+hv.policy+`";r=`+strconv.FormatInt(hv.remaining, 10)+`;t=`+strconv.FormatInt(hv.reset, 10))
 	case HeadersXRateLimit:

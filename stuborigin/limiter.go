@@ -94,11 +94,19 @@ const (
 	ReasonIdentityLimit = "identity_table_full"
 )
 
-// limitView is what the rate-limit headers say: the caller's own buckets.
+// limitView is what the rate-limit headers say: the caller's own buckets
+// and, when the authority has a shard, its own group's share of the shard
+// window (a quota of the caller's own tenant, which refuses it with a 429
+// like the buckets do, so it is announced like them).
 type limitView struct {
 	quota                 *quotaSpec
 	burstLeft, sustLeft   int64
 	burstReset, sustReset time.Duration
+	// share is the group's slots per shard window, 0 when there is no
+	// shard; shareLeft and shareReset are what remains of them and how long
+	// until the window ends; shareWindow is the window.
+	share, shareLeft        int64
+	shareReset, shareWindow time.Duration
 }
 
 // decision is the result of one admission.
@@ -115,9 +123,9 @@ type decision struct {
 }
 
 // headerValue is one rate-limit header reading: the caller's binding
-// bucket (fewest tokens left; on a tie the one that takes longer to reset).
+// quota (fewest requests left; on a tie the one that takes longer to reset).
 type headerValue struct {
-	policy           string // "burst" or "sustained"
+	policy           string // "burst", "sustained" or "tenant_share"
 	limit, remaining int64
 	reset            int64 // whole seconds, rounded up
 }
@@ -126,10 +134,20 @@ func (v *limitView) header() headerValue {
 	b := headerValue{policy: "burst", limit: v.quota.burst.capacity, remaining: v.burstLeft, reset: ceilSeconds(v.burstReset)}
 	s := headerValue{policy: "sustained", limit: v.quota.sustained.capacity, remaining: v.sustLeft, reset: ceilSeconds(v.sustReset)}
 	if b.remaining < s.remaining || (b.remaining == s.remaining && b.reset > s.reset) {
-		return b
+		s = b
+	}
+	if v.share > 0 {
+		t := headerValue{policy: policyShare, limit: v.share, remaining: v.shareLeft, reset: ceilSeconds(v.shareReset)}
+		if t.remaining < s.remaining || (t.remaining == s.remaining && t.reset > s.reset) {
+			s = t
+		}
 	}
 	return s
 }
+
+// policyShare names the tenant's share of the shard window in the
+// rate-limit headers.
+const policyShare = "tenant_share"
 
 // caller is the identity a request is admitted under.
 type caller struct {
@@ -217,13 +235,20 @@ func (s *shard) admitIdentityLocked(id *identity, now time.Time) decision {
 
 func (s *shard) viewLocked(id *identity, now time.Time) *limitView {
 	q := id.c.quota
-	return &limitView{
+	v := &limitView{
 		quota:      q,
 		burstLeft:  id.burst.remaining(q.burst, now),
 		sustLeft:   id.sustained.remaining(q.sustained, now),
 		burstReset: id.burst.reset(q.burst, now),
 		sustReset:  id.sustained.reset(q.sustained, now),
 	}
+	if s.spec.Capacity > 0 {
+		s.rollWindowLocked(now)
+		v.share, v.shareWindow = s.slots, s.spec.Window.Duration
+		v.shareLeft = max(s.slots-s.byGroup[id.c.group], 0)
+		v.shareReset = s.windowEndLocked().Sub(now)
+	}
+	return v
 }
 
 // rollWindowLocked starts a new fixed shard window when now has left the

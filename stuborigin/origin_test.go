@@ -499,6 +499,65 @@ func TestRateLimitHeadersAreTheCallersOwn(t *testing.T) {
 	}
 }
 
+// The tenant's share of the shard window refuses a caller with a 429 of its
+// own quota, so the headers announce it: a client that spends only what is
+// announced is never refused for it.
+func TestRateLimitHeadersAnnounceTheTenantShare(t *testing.T) {
+	tests := []struct {
+		family string
+		after1 map[string]string
+		after2 map[string]string
+	}{
+		{stuborigin.HeadersIETF,
+			map[string]string{"RateLimit": `"tenant_share";r=1;t=10`,
+				"RateLimit-Policy": `"burst";q=100;w=1, "sustained";q=100;w=100, "tenant_share";q=2;w=10`},
+			map[string]string{"RateLimit": `"tenant_share";r=0;t=10`}},
+		{stuborigin.HeadersXRateLimit,
+			map[string]string{"X-RateLimit-Limit": "2", "X-RateLimit-Remaining": "1", "X-RateLimit-Reset": "10"},
+			map[string]string{"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "10"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.family, func(t *testing.T) {
+			p := &stuborigin.Profile{Name: "t", RateLimitHeaders: tt.family,
+				Quotas: map[string]stuborigin.Quota{"anonymous": quota(100, 100, 100, 100*time.Second)},
+				Shard:  stuborigin.Shard{Capacity: 4, Window: dur(10 * time.Second), TenantShare: 0.5}}
+			// The store clock at the start of a shard window (windows are
+			// aligned on the epoch).
+			fc := clock.NewFake(time.Unix(1_800_000_000, 0))
+			og, err := stuborigin.New(p, &stuborigin.Options{Clock: fc})
+			if err != nil {
+				t.Fatal(err)
+			}
+			urls, err := og.Start(context.Background(), "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { og.Close() })
+			c := clientFrom(t, "127.0.0.1")
+			check := func(r reply, want map[string]string) {
+				t.Helper()
+				for k, v := range want {
+					if got := r.header.Get(k); got != v {
+						t.Errorf("%s: %q, want %q", k, got, v)
+					}
+				}
+			}
+			check(get(t, c, urls[0]+"/h"), tt.after1)
+			check(get(t, c, urls[0]+"/h"), tt.after2)
+			if r := get(t, c, urls[0]+"/h"); r.status != 429 || r.reason() != "tenant_share" {
+				t.Fatalf("third request: %d %s, want 429 tenant_share", r.status, r.reason())
+			}
+			if st := og.Stats().Authorities[0]; st.Early != 1 {
+				t.Errorf("early %d, want 1: the third came before the announced reset", st.Early)
+			}
+			fc.Advance(10 * time.Second)
+			if r := get(t, c, urls[0]+"/h"); r.status != 200 {
+				t.Errorf("after the announced reset: %d, want 200", r.status)
+			}
+		})
+	}
+}
+
 func TestStatsEarlyGapsAndTimeline(t *testing.T) {
 	p := &stuborigin.Profile{Name: "t", Quotas: map[string]stuborigin.Quota{"anonymous": quota(1, 0.5, 100, 100*time.Second)}}
 	fc := clock.NewFake(t0)

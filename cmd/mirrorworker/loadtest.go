@@ -25,7 +25,7 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 		profile, strategies, reportDir     string
 		scratch, logLevel, progressMode    string
 		timeLimit                          time.Duration
-		shared                             bool
+		shared, realTime                   bool
 	)
 	fs := newFlagSet("loadtest", stderr)
 	fs.IntVar(&jobsN, "jobs", 1000, "jobs to enqueue per strategy")
@@ -37,6 +37,7 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	fs.StringVar(&reportDir, "report", "loadtest-report", "directory for report.json and report.html")
 	fs.DurationVar(&timeLimit, "time-limit", 3*time.Minute, "longest run of one strategy")
 	fs.IntVar(&concurrency, "concurrency", 16, "fetch slots of each worker")
+	fs.BoolVar(&realTime, "real-time", false, "run the strategies at real time constants (scale 1: 2 s first step, 60-600 s cooldowns, 30 min quiet window) whatever the profile's scale")
 	fs.BoolVar(&shared, "shared-consumer", false, "all workers pull from one durable consumer instead of each from its own partition of the authorities")
 	fs.StringVar(&scratch, "scratch-dir", "", "where each strategy's JetStream store and mirror live during its run (default: the system temp dir)")
 	fs.StringVar(&logLevel, "log-level", "error", "level of the workers' and origin's logs on stderr: trace, debug, info, warn or error")
@@ -83,6 +84,9 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	p, err := loadtest.LoadProfile(profile)
 	if err != nil {
 		return fmt.Errorf("loadtest: %w", err)
+	}
+	if realTime {
+		p = p.RealTime()
 	}
 	o := loadtest.Options{
 		Jobs: jobsN, Authorities: auths, Workers: workers, Skew: skew,
