@@ -53,9 +53,14 @@ type runConfig struct {
 	adminAddr      string
 
 	workerFlags
-	shutdownGrace time.Duration
-	jobsMaxAge    time.Duration
-	jobsMaxBytes  byteSize
+	shutdownGrace  time.Duration
+	jobsMaxAge     time.Duration
+	jobsMaxBytes   byteSize
+	streamReplicas int
+
+	// onRegistry, when set (tests), is handed the metric registry before
+	// anything is registered with it but the process collectors.
+	onRegistry func(*metricRegistry)
 }
 
 func (c *runConfig) register(fs *flag.FlagSet) {
@@ -63,7 +68,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", "mirror target: file:///abs/dir or a directory (default file://<data-dir>/mirror)")
-	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:9090", "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer); port 0: any free port")
+	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port")
 
 	c.workerFlags.register(fs, workerDefaults{
 		policyHelp:        "policy file of per-authority floors and in-flight caps",
@@ -76,6 +81,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
 	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
 	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream (0: unlimited)")
+	registerReplicasFlag(fs, &c.streamReplicas)
 }
 
 // check rejects flag values that cannot work, as usage errors (exit 2).
@@ -99,6 +105,10 @@ func (c *runConfig) check() error {
 	}
 	if c.jobsMaxBytes < 0 {
 		bad("--jobs-max-bytes %d: want 0 (unlimited) or more", c.jobsMaxBytes)
+	}
+	checkReplicas(bad, c.streamReplicas)
+	if c.nats.url == "" && c.streamReplicas > 1 {
+		bad("--stream-replicas %d needs a NATS cluster: the embedded server is one node (pass --nats-url, or leave --stream-replicas unset)", c.streamReplicas)
 	}
 	if len(errs) > 0 {
 		return usageError{"run: " + strings.Join(errs, "; ")}
@@ -165,21 +175,37 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
+	reg := newMetricRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newBuildInfo(version))
+	conn := broker.NewConnCollector()
+	reg.MustRegister(conn)
+	if c.onRegistry != nil {
+		c.onRegistry(reg)
+	}
 
 	// The admin endpoint is bound before anything starts, so that a port in
 	// use is one clear error.
 	var state atomic.Pointer[liveState]
+	ready := func() error {
+		s := state.Load()
+		if s == nil {
+			return errors.New("starting: connecting to NATS and binding the consumer")
+		}
+		return s.ready()
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "mirrorworker_ready",
+		Help: "1 when /readyz answers 200 (NATS connected, consumer bound, mirror target working), else 0.",
+	}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
+	}))
 	adm, err := admin.Listen(c.adminAddr, admin.New(&admin.Options{
 		Gatherer: reg,
-		Ready: func() error {
-			s := state.Load()
-			if s == nil {
-				return errors.New("starting: connecting to NATS and binding the consumer")
-			}
-			return s.ready()
-		},
+		Ready:    ready,
 		Pacer: func() []pacer.State {
 			if s := state.Load(); s != nil {
 				return s.pacer.Snapshot(clock.Real{}.Now())
@@ -216,7 +242,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	}
 
 	p := &pipeline{
-		c: c, log: log, reg: reg, target: target, policy: policy,
+		c: c, log: log, reg: reg, conn: conn, target: target, policy: policy,
 		embedded: embedded, state: &state,
 		startFields: func(e *zerolog.Event) *zerolog.Event {
 			e = e.Str("mirror", mirrorRoot).Str("admin_url", adm.URL())
@@ -279,7 +305,8 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 type pipeline struct {
 	c        *runConfig
 	log      zerolog.Logger
-	reg      *prometheus.Registry
+	reg      prometheus.Registerer
+	conn     *broker.ConnCollector
 	target   *mirror.FileTarget
 	policy   *pacer.Policy
 	embedded *broker.Embedded // nil: join c.nats.url
@@ -310,6 +337,7 @@ func (p *pipeline) run(ctx context.Context) error {
 	if err != nil {
 		return stoppedOr(ctx, err)
 	}
+	p.conn.SetConn(nc)
 	defer func() {
 		// The acks and NAKs of the last jobs may still be buffered.
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
@@ -323,17 +351,28 @@ func (p *pipeline) run(ctx context.Context) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{
+		Replicas:     c.streamReplicas,
 		JobsMaxAge:   c.jobsMaxAge,
 		JobsMaxBytes: int64(c.jobsMaxBytes),
 	}); err != nil {
-		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", err))
+		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", replicasHint(err, c.streamReplicas)))
 	}
-	cons, err := jobs.EnsureConsumer(ctx, js, &jobs.ConsumerOptions{
+	consOpts := &jobs.ConsumerOptions{
 		AckWait:       c.ackWait,
 		MaxAckPending: c.maxAckPending,
-	})
+		Replicas:      c.streamReplicas,
+	}
+	cons, err := jobs.EnsureConsumer(ctx, js, consOpts)
 	if err != nil {
-		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", err))
+		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", replicasHint(err, c.streamReplicas)))
+	}
+	// The consumers this worker pulls from; a list, so that a layout of
+	// several consumers (partitions) reports each.
+	consumerRefs := []broker.ConsumerRef{{Stream: jobs.JobsStream, Consumer: jobs.ConsumerConfig(consOpts).Durable}}
+	if err := p.reg.Register(broker.NewConsumerLagCollector(js, broker.ConsumerLagOptions{
+		Consumers: func() []broker.ConsumerRef { return consumerRefs },
+	})); err != nil {
+		return fmt.Errorf("register consumer lag: %w", err)
 	}
 
 	parts, err := c.buildParts(js, p.reg, p.policy, log)
@@ -344,6 +383,9 @@ func (p *pipeline) run(ctx context.Context) error {
 	pc, sink := parts.pacer, parts.sink
 	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
 		return err
+	}
+	if err := p.reg.Register(worker.NewCoolingCollector(pc.Snapshot, clock.Real{})); err != nil {
+		return fmt.Errorf("register cooling gauge: %w", err)
 	}
 	// Cold start: come up with the cooldowns and intervals this worker (or
 	// another) learned recently, so a restart is never ruder than before.
