@@ -103,9 +103,24 @@ func TestRunInProcess(t *testing.T) {
 		"mirrorworker_fetched_bytes_total",
 		"mirrorworker_pacer_authorities",
 		"mirrorworker_inflight",
+		"mirrorworker_build_info",
+		"mirrorworker_dead_letters_total",
+		"mirrorworker_consumer_pending",
+		"mirrorworker_consumer_ack_pending",
+		"mirrorworker_pacer_longest_cooling_seconds",
 	} {
 		if !strings.Contains(metrics, "\n"+name) {
 			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	for _, line := range []string{
+		"mirrorworker_nats_connected 1",
+		"mirrorworker_ready 1",
+		`mirrorworker_consumer_pending{consumer="mirrorworker",stream="MIRROR_JOBS"} 0`,
+		`mirrorworker_dead_letters_total{reason="budget_exhausted"} 0`,
+	} {
+		if !strings.Contains(metrics, "\n"+line+"\n") {
+			t.Errorf("/metrics lacks %q:\n%s", line, grepLines(metrics, strings.Fields(strings.SplitN(line, "{", 2)[0])[0]))
 		}
 	}
 	if !strings.Contains(metrics, `mirrorworker_jobs_total{outcome="stored"} 12`) {
