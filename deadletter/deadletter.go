@@ -170,7 +170,7 @@ func decode(seq uint64, t time.Time, subject string, h map[string][]string, data
 
 // Provenance headers of a requeued job.
 const (
-	HeaderRequeuedFrom  = "Mirrorworker-Requeued-From"  // MIRROR_DLQ:<seq>
+	HeaderRequeuedFrom  = "Mirrorworker-Requeued-From"   // MIRROR_DLQ:<seq>
 	HeaderOriginalJobID = "Mirrorworker-Original-Job-Id" // the id the producer gave
 	HeaderRequeueReason = "Mirrorworker-Requeue-Reason"  // the reason of the record requeued
 )
