@@ -266,10 +266,31 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 		t.Errorf("consumer cluster info %+v, want a leader and 2 replicas", ci.Cluster)
 	}
 
+	// The hardest case: the killed server leads the consumer too, so acks
+	// and deliveries move with the stream. Ask the consumer's leader to
+	// step down in favour of the stream leader's server.
+	consLeader := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil && c.CachedInfo().Cluster != nil {
+			return c.CachedInfo().Cluster.Leader
+		}
+		return ""
+	}
+	_, leader := streamReplicas(t, js, jobs.JobsStream)
+	if consLeader() != leader {
+		req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, leader)
+		if _, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+jobs.JobsStream+"."+jobs.ConsumerName, []byte(req), 5*time.Second); err != nil {
+			t.Fatalf("consumer leader stepdown: %v", err)
+		}
+		waitFor(t, 20*time.Second, "the consumer led by "+leader, func() bool { return consLeader() == leader })
+	}
+
 	waitFor(t, 60*time.Second, "a quarter of the jobs stored", func() bool {
 		return len(mirrorFiles(t, root)) >= n/4
 	})
-	_, leader := streamReplicas(t, js, jobs.JobsStream)
+	_, leader = streamReplicas(t, js, jobs.JobsStream)
+	cl := consLeader()
 	var victim *natsNode
 	for _, nd := range nodes {
 		if nd.name == leader {
@@ -279,17 +300,13 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	if victim == nil {
 		t.Fatalf("stream leader %q is none of the nodes", leader)
 	}
-	consLeader := ""
-	if c, err := js.Consumer(context.Background(), jobs.JobsStream, jobs.ConsumerName); err == nil && c.CachedInfo().Cluster != nil {
-		consLeader = c.CachedInfo().Cluster.Leader
-	}
 	before := len(mirrorFiles(t, root))
 	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	<-victim.exited
 	t.Logf("killed %s, the %s leader (consumer leader %s), with %d/%d stored after %d origin requests",
-		victim.name, jobs.JobsStream, consLeader, before, n, origin.requests.Load())
+		victim.name, jobs.JobsStream, cl, before, n, origin.requests.Load())
 
 	if before >= n {
 		t.Fatal("every job was stored before the kill; the test proves nothing")
@@ -319,6 +336,22 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 		jobs.JobsStream, newLeader, reqs, n, ratio, origin.full200.Load(), origin.notModfied.Load())
 	if ratio > 1.1 {
 		t.Errorf("%.3f origin requests per job, want at most 1.1", ratio)
+	}
+
+	// Commands that do not say --stream-replicas leave replicated streams
+	// replicated: enqueue, and a worker started without the flag.
+	errOut.Reset()
+	if err := run(context.Background(), []string{"enqueue", "--nats-url", url}, noEnv, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
+	}
+	if strings.Contains(errOut.String(), "warning") {
+		t.Errorf("enqueue warned about R3 streams: %s", errOut.String())
+	}
+	workers = append(workers, startWorkerProcess(t, workerArgs(url, dataDir, "--worker-id", "w-noflag")...))
+	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket} {
+		if r, _ := streamReplicas(t, js, s); r != 3 {
+			t.Errorf("after a worker without --stream-replicas, %s has %d replicas, want 3", s, r)
+		}
 	}
 	for _, w := range workers {
 		if _, err := w.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
