@@ -16,7 +16,7 @@ const maxReplicas = 5
 // replay so that each sizes the streams, the bucket and the consumer alike.
 func registerReplicasFlag(fs *flag.FlagSet, v *int) {
 	fs.IntVar(v, "stream-replicas", 0, "JetStream replicas of every mirrorworker stream, the attempts bucket and the consumer "+
-		"(1 to 5; 3 on a 3-node NATS cluster); existing ones are raised or lowered to it. "+
+		"(1 to 5; 3 on a 3-node NATS cluster). run sets existing ones to it; enqueue and replay only raise them. "+
 		"Unset (0): new ones get 1 and existing ones keep theirs")
 }
 
