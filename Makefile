@@ -5,13 +5,13 @@ GO        ?= go
 DATA_DIR  ?= ./data
 RUN_ARGS  ?=
 # Packages with goroutines of their own run under the race detector in `make test`.
-RACE_PKGS := ./clock/... ./cluster/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/... ./replay/... ./admin/... ./strategy/...
+RACE_PKGS := ./clock/... ./cluster/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/... ./replay/... ./admin/... ./strategy/... ./broker/...
 PKGS      := ./...
 # Tests skipped for a missing optional dependency append a line here
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
 
-.PHONY: all build run test test-race test-plain lint fmt-check vet bench clean
+.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench clean image
 
 all: build
 
@@ -22,13 +22,29 @@ build:
 run: build
 	./bin/mirrorworker run --data-dir $(DATA_DIR) --log-format console $(RUN_ARGS)
 
-## test: vet, formatting, every test, and the race detector over the concurrent packages.
-test: vet fmt-check test-plain test-race
+## test: vet, formatting, every test, the race detector over the concurrent packages, and
+## the deploy module (manifests, dashboard, alerts, image; a module of its own, see deploy/).
+test: vet fmt-check test-plain test-race test-deploy
 	@if [ -s $(SKIPPED) ]; then \
 		echo; echo "make test: PASSED, BUT SOME TESTS WERE SKIPPED (an optional dependency is missing):"; \
 		sort -u $(SKIPPED) | sed 's/^/  SKIPPED /'; \
 		echo "  (CI=true never skips them: .ci/run installs Chromium and fails without it.)"; \
 	fi
+test-deploy:
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
+
+## image: the OCI image, built here with no Docker and no registry: a static binary appended
+## as one layer onto an empty base (deploy/cmd/mkimage). Writes bin/image (OCI layout) and
+## bin/mirrorworker-image.tar (docker load -i). IMAGE_ARCH picks the architecture.
+IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
+IMAGE_TAG  ?= mirrorworker:$(shell git describe --always --dirty 2>/dev/null || echo dev)
+image:
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath \
+	  -ldflags "-s -w -X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" \
+	  -o bin/mirrorworker-linux-$(IMAGE_ARCH) ./cmd/mirrorworker
+	cd deploy && $(GO) run ./cmd/mkimage --binary ../bin/mirrorworker-linux-$(IMAGE_ARCH) --arch $(IMAGE_ARCH) \
+	  --version "$$(git describe --always --dirty 2>/dev/null || echo dev)" --tag $(IMAGE_TAG) \
+	  --oci ../bin/image --tar ../bin/mirrorworker-image.tar
 
 test-plain:
 	@rm -f $(SKIPPED)
@@ -39,6 +55,7 @@ test-race:
 
 vet:
 	$(GO) vet $(PKGS)
+	cd deploy && $(GO) vet ./...
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -22,6 +22,15 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
+// DefaultPort is the admin endpoint's port: not Prometheus's 9090, and the
+// port Kubernetes operators commonly give health and metrics endpoints.
+const DefaultPort = "8081"
+
+// DefaultAddr is the admin endpoint's default address: every interface, so
+// that kubelet probes and Prometheus can reach it inside a pod. On a shared
+// host, bind it to 127.0.0.1 (--admin-addr, MIRRORWORKER_ADMIN_ADDR).
+const DefaultAddr = ":" + DefaultPort
+
 // Options configures the handler. A nil *Options, or a zero field, means the
 // default noted on the field.
 type Options struct {

@@ -34,7 +34,9 @@ const (
 // StreamOptions sizes the streams and the KV bucket. A nil *StreamOptions
 // and every zero field mean the defaults; a MaxBytes of 0 means unlimited.
 type StreamOptions struct {
-	// Replicas of every stream and of the bucket; 0 means 1.
+	// Replicas of every stream and of the bucket. 0 means 1 for what is
+	// created and the replicas already in force for what exists, so that a
+	// command that does not say leaves a replicated stream replicated.
 	Replicas int
 
 	JobsMaxAge     time.Duration // default 7 days
@@ -55,9 +57,10 @@ type StreamOptions struct {
 	AttemptsTTL time.Duration
 
 	// KeepExisting makes EnsureStreams create what is missing and leave an
-	// existing stream or bucket as it is. Producers such as enqueue set it:
-	// they do not know the limits the operator gave the worker and must not
-	// reset them to the defaults.
+	// existing stream or bucket as it is, except that a Replicas above its
+	// own raises it. Producers such as enqueue set it: they do not know the
+	// limits the operator gave the worker and must not reset them to the
+	// defaults, but they must not leave jobs on fewer replicas than asked.
 	KeepExisting bool
 }
 
@@ -175,19 +178,32 @@ func AttemptsConfig(o *StreamOptions) jetstream.KeyValueConfig {
 
 // EnsureStreams creates or updates MIRROR_JOBS, MIRROR_DLQ, MIRROR_EVENTS and
 // the MIRROR_ATTEMPTS bucket (with KeepExisting: only creates what is
-// missing). It is idempotent; changed limits are applied to existing streams.
+// missing, and raises replicas). It is idempotent; changed limits are
+// applied to existing streams.
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, o *StreamOptions) error {
 	cfgs, err := StreamConfigs(o)
 	if err != nil {
 		return err
 	}
 	keep := o != nil && o.KeepExisting
+	asked := 0
+	if o != nil {
+		asked = o.Replicas
+	}
 	for _, cfg := range cfgs {
+		existing, err := js.Stream(ctx, cfg.Name)
+		if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("stream %s: %w", cfg.Name, err)
+		}
+		if existing != nil && asked == 0 {
+			cfg.Replicas = existing.CachedInfo().Config.Replicas
+		}
 		if keep {
-			if _, err := js.Stream(ctx, cfg.Name); err == nil {
+			if existing != nil {
+				if err := raiseReplicas(ctx, js, existing.CachedInfo().Config, asked); err != nil {
+					return err
+				}
 				continue
-			} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-				return fmt.Errorf("stream %s: %w", cfg.Name, err)
 			}
 			_, err := js.CreateStream(ctx, cfg)
 			if err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) { // lost a race: fine
@@ -200,11 +216,17 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, o *StreamOptions
 		}
 	}
 	kv := AttemptsConfig(o)
+	// A bucket is the stream KV_<bucket>; its replicas are that stream's.
+	kvStream, err := js.Stream(ctx, "KV_"+kv.Bucket)
+	if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("bucket %s: %w", kv.Bucket, err)
+	}
+	if kvStream != nil && asked == 0 {
+		kv.Replicas = kvStream.CachedInfo().Config.Replicas
+	}
 	if keep {
-		if _, err := js.KeyValue(ctx, kv.Bucket); err == nil {
-			return nil
-		} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
-			return fmt.Errorf("bucket %s: %w", kv.Bucket, err)
+		if kvStream != nil {
+			return raiseReplicas(ctx, js, kvStream.CachedInfo().Config, asked)
 		}
 		if _, err := js.CreateKeyValue(ctx, kv); err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
 			return fmt.Errorf("create bucket %s: %w", kv.Bucket, err)
@@ -215,6 +237,42 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, o *StreamOptions
 		return fmt.Errorf("create or update bucket %s: %w", kv.Bucket, err)
 	}
 	return nil
+}
+
+// raiseReplicas updates the stream of cfg to n replicas when it has fewer,
+// changing nothing else.
+func raiseReplicas(ctx context.Context, js jetstream.JetStream, cfg jetstream.StreamConfig, n int) error {
+	if n <= cfg.Replicas {
+		return nil
+	}
+	cfg.Replicas = n
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("raise stream %s to %d replicas: %w", cfg.Name, n, err)
+	}
+	// The stream is moved to a new peer group: publishes time out until it
+	// has a leader and its new replicas have caught up.
+	for {
+		s, err := js.Stream(ctx, cfg.Name)
+		if err == nil {
+			if c := s.CachedInfo().Cluster; c != nil && c.Leader != "" && len(c.Replicas) == n-1 && allCurrent(c.Replicas) {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("raise stream %s to %d replicas: waiting for its replicas: %w", cfg.Name, n, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func allCurrent(peers []*jetstream.PeerInfo) bool {
+	for _, p := range peers {
+		if !p.Current {
+			return false
+		}
+	}
+	return true
 }
 
 // Consumer defaults.

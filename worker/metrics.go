@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -42,6 +44,9 @@ type Metrics struct {
 	Partitions       prometheus.Gauge       // partitions this pod serves
 	ParkedJobs       *prometheus.GaugeVec   // {host,port}: jobs parked in MIRROR_PARKED
 	Parks            *prometheus.CounterVec // {op}: parked, unparked
+	// DeadLetters counts dead-letter records published, by reason code
+	// (jobs.Reason*, http_NNN): a bounded set, so safe as a label.
+	DeadLetters *prometheus.CounterVec // {reason}
 
 	hosts hostLimiter
 }
@@ -129,10 +134,26 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		Namespace: ns, Name: "events_dropped_total",
 		Help: "Pacer events not published because the buffer was full or the publish failed.",
 	})).(prometheus.Counter)
+	m.DeadLetters = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "dead_letters_total",
+		Help: "Dead-letter records published, by reason (invalid_job, budget_exhausted, http_404, ...).",
+	}, []string{"reason"})).(*prometheus.CounterVec)
 	if err != nil {
 		return nil, err
 	}
+	// The reasons alerts name exist from the start at 0, so that increase()
+	// sees the first dead letter of each.
+	for _, r := range alertedReasons {
+		m.DeadLetters.WithLabelValues(r)
+	}
 	return m, nil
+}
+
+// alertedReasons are the dead-letter reasons exported at 0 before the
+// first one happens.
+var alertedReasons = []string{
+	jobs.ReasonInvalidJob, jobs.ReasonBudgetExhausted, jobs.ReasonDestinationRefused,
+	jobs.ReasonTooManyRedirects, jobs.ReasonBodyTooLarge,
 }
 
 // host returns the label value for host: itself while fewer than the limit
@@ -202,4 +223,64 @@ func (c *PacerCollector) Collect(ch chan<- prometheus.Metric) {
 	for state, n := range c.counts(c.clk.Now()) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
 	}
+}
+
+// CoolingCollector exports mirrorworker_pacer_longest_cooling_seconds: how
+// long the authority that has been cooling longest (cooling, or probing
+// between cooldowns, without a recovery in between) has been so, as far as
+// this process saw. One cooldown is capped at 600 s, so a value past an
+// hour means an origin that keeps refusing its probes. It reads the pacer's
+// snapshot at scrape time and remembers only the authorities cooling now.
+// Safe for concurrent use when snapshot is.
+type CoolingCollector struct {
+	snapshot func(now time.Time) []pacer.State
+	clk      clock.Clock
+	desc     *prometheus.Desc
+
+	mu    sync.Mutex
+	since map[string]time.Time // authority -> first scrape that saw it cooling
+}
+
+var _ prometheus.Collector = (*CoolingCollector)(nil)
+
+// NewCoolingCollector returns the collector; a nil clk is the wall clock.
+func NewCoolingCollector(snapshot func(now time.Time) []pacer.State, clk clock.Clock) *CoolingCollector {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	return &CoolingCollector{snapshot: snapshot, clk: clk, since: map[string]time.Time{},
+		desc: prometheus.NewDesc("mirrorworker_pacer_longest_cooling_seconds",
+			"How long the authority cooling longest has been cooling or probing without recovering, as seen by this process (0: none cooling).",
+			nil, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *CoolingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+// Collect implements prometheus.Collector.
+func (c *CoolingCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.clk.Now()
+	states := c.snapshot(now) // outside the lock: it takes the pacer's
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cooling := make(map[string]bool, len(c.since))
+	var longest time.Duration
+	for _, s := range states {
+		if s.State != pacer.StateCooling && s.State != pacer.StateProbing {
+			continue
+		}
+		cooling[s.Authority] = true
+		t, ok := c.since[s.Authority]
+		if !ok {
+			t = now
+			c.since[s.Authority] = now
+		}
+		longest = max(longest, now.Sub(t))
+	}
+	for a := range c.since {
+		if !cooling[a] {
+			delete(c.since, a)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, longest.Seconds())
 }

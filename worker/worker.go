@@ -96,6 +96,7 @@ type Msg interface {
 	Data() []byte
 	Subject() string
 	Ack() error
+	DoubleAck(ctx context.Context) error
 	Nak() error
 	NakWithDelay(delay time.Duration) error
 	InProgress() error
@@ -620,6 +621,27 @@ func (w *Worker) settle(j *heldJob, op func(Msg) error) error {
 	return op(w.sched.msgOf(j))
 }
 
+// ackRetryFor bounds how long a stored job's ack is retried: long enough
+// for a replicated consumer to elect a new leader after losing a server.
+const ackRetryFor = 30 * time.Second
+
+// confirmedAck acks m and waits for the server to confirm it, retrying
+// while no consumer leader answers (a NATS server lost, a leader election).
+// A plain ack sent then is lost silently, and the job, already stored, is
+// redelivered after AckWait and costs the origin a second request.
+func (w *Worker) confirmedAck(m Msg) error {
+	deadline := w.clk.Now().Add(ackRetryFor)
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := m.DoubleAck(ctx)
+		cancel()
+		if err == nil || errors.Is(err, jetstream.ErrMsgAlreadyAckd) || !w.clk.Now().Before(deadline) {
+			return err
+		}
+		clock.Sleep(w.clk, min(time.Duration(attempt)*100*time.Millisecond, time.Second), nil)
+	}
+}
+
 // deferJob NAKs a job with the calendar's delay, or parks it when the wait
 // is long or its authority already holds its share of the consumer's
 // slots; no failure budget is used. A job whose partition was lost is
@@ -820,7 +842,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 // complete acks a job that is stored or unchanged.
 func (w *Worker) complete(j *heldJob, outcome string) {
-	if err := w.settle(j, Msg.Ack); err != nil {
+	if err := w.settle(j, w.confirmedAck); err != nil {
 		// The job will be redelivered and answered with a 304: no loss.
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack")
 	}
@@ -913,6 +935,7 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
 		}
 	}
+	w.m.DeadLetters.WithLabelValues(reason).Inc()
 	ev := w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status)
 	if detail != "" { // says what to do where there is something (destination_refused)
 		ev = ev.Str("detail", truncate(detail, 512))

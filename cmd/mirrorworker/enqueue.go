@@ -47,6 +47,8 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	// --connect-timeout meant NATS here and the origin in run and replay;
 	// the old spelling keeps working for scripts that use it.
 	deprecate(fs, "connect-timeout", "nats-connect-timeout")
+	var replicas int
+	registerReplicasFlag(fs, &replicas)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mirrorworker enqueue [flags] [URL...]")
 		fmt.Fprintln(stderr, "       mirrorworker enqueue [flags] < jobs.jsonl   (one JSON job per line, or '-' as an argument)")
@@ -58,6 +60,11 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
+	}
+	var bad []string
+	checkReplicas(func(format string, a ...any) { bad = append(bad, fmt.Sprintf(format, a...)) }, replicas)
+	if len(bad) > 0 {
+		return usageError{"enqueue: " + bad[0]}
 	}
 	onCommandLine := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
@@ -93,7 +100,7 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	e := &enqueuer{stderr: stderr, dryRun: *dryRun}
 	if !*dryRun {
 		cctx, cancel := context.WithTimeout(ctx, *connectTimeout)
-		js, closeConn, err := connectJobs(cctx, &nf)
+		js, closeConn, err := connectJobs(cctx, &nf, replicas, stderr)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("enqueue: %w", err)
@@ -154,8 +161,11 @@ func duplicateWindow(ctx context.Context, js jetstream.JetStream) time.Duration 
 }
 
 // connectJobs connects to NATS and makes sure the job streams exist, without
-// changing the limits of streams that already do (the worker owns those).
-func connectJobs(ctx context.Context, nf *natsFlags) (jetstream.JetStream, func(), error) {
+// changing the limits of streams that already do (the worker owns those)
+// except for raising their replicas to replicas when given. On a NATS
+// cluster, jobs left on one replica are reported on stderr: that must not
+// happen silently.
+func connectJobs(ctx context.Context, nf *natsFlags, replicas int, stderr io.Writer) (jetstream.JetStream, func(), error) {
 	if nf.url == "" {
 		if err := probeDefaultNATS(ctx, nf.defaultTo); err != nil {
 			return nil, nil, err
@@ -175,9 +185,15 @@ func connectJobs(ctx context.Context, nf *natsFlags) (jetstream.JetStream, func(
 		nc.Close()
 		return nil, nil, err
 	}
-	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true, Replicas: replicas}); err != nil {
 		nc.Close()
-		return nil, nil, err
+		return nil, nil, replicasHint(err, replicas)
+	}
+	if cluster := nc.ConnectedClusterName(); cluster != "" {
+		if s, err := js.Stream(ctx, jobs.JobsStream); err == nil && s.CachedInfo().Config.Replicas < 2 {
+			fmt.Fprintf(stderr, "warning: stream %s has 1 replica on NATS cluster %q: losing one server loses the queued jobs; "+
+				"pass --stream-replicas 3 (here or to 'mirrorworker run') to replicate it\n", jobs.JobsStream, cluster)
+		}
 	}
 	// Drain so that nothing published is left in the client's buffers.
 	return js, func() { _ = nc.Drain() }, nil

@@ -63,6 +63,7 @@ func commands() map[string]command {
 		"replay":      {"re-drive jobs already in the stream into a mirror target", cmdReplay},
 		"stub-origin": {"serve a throttling origin for load tests", cmdStubOrigin},
 		"loadtest":    {"run the whole system against the stub origin and report", cmdLoadtest},
+		"dlq":         {"list, show and requeue dead letters (list|show|requeue)", cmdDLQ},
 		"version":     {"print the version", cmdVersion},
 		"pause":       {"stop every worker from sending requests to one authority for a while", cmdPause},
 		"resume":      {"end an operator's pause of an authority on every worker", cmdResume},

@@ -140,6 +140,7 @@ type objectOrigin struct {
 	// hang is cleared (set to nil).
 	hang atomic.Pointer[map[string]bool]
 
+	requests   atomic.Int64 // every request, whatever its answer
 	inflight   atomic.Int64
 	hungNow    atomic.Int64
 	full200    atomic.Int64 // 200s whose body was written completely
@@ -180,6 +181,7 @@ func (o *objectOrigin) release() {
 }
 
 func (o *objectOrigin) serve(w http.ResponseWriter, r *http.Request) {
+	o.requests.Add(1)
 	o.inflight.Add(1)
 	defer o.inflight.Add(-1)
 	n, err := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/obj/"))
@@ -410,7 +412,11 @@ func waitDrained(t *testing.T, natsURL, root string, n int, deadline time.Durati
 	)
 	for {
 		stored = len(mirrorFiles(t, root))
-		q, qerr = readQueue(ctx, js)
+		// Each read has its own timeout: a request lost while a stream or
+		// consumer elects a new leader is never answered.
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		q, qerr = readQueue(rctx, js)
+		rcancel()
 		if qerr == nil && stored == n && q.pending == 0 && q.ackPending == 0 {
 			break
 		}

@@ -37,9 +37,10 @@ type replayConfig struct {
 	dryRun                   bool
 
 	workerFlags
-	restoreWindow time.Duration
-	natsTO        time.Duration
-	progress      string
+	restoreWindow  time.Duration
+	natsTO         time.Duration
+	progress       string
+	streamReplicas int
 }
 
 // defaultNATS is where a running `mirrorworker run` listens by default.
@@ -70,6 +71,7 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.restoreWindow, "restore-window", replay.DefaultWindow, "pacer facts of MIRROR_EVENTS replayed before the first request: at least the longest pause (10m) and the quiet window (30m)")
 	fs.DurationVar(&c.natsTO, "nats-connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, else a line every 10 s), bar, lines or none")
+	registerReplicasFlag(fs, &c.streamReplicas)
 }
 
 // listFlag is a repeatable flag whose values may also be comma-separated
@@ -120,6 +122,7 @@ func (c *replayConfig) check(now time.Time) (replayPlan, error) {
 		bad("--data-dir must not be empty")
 	}
 	c.workerFlags.check(bad, durationFlag{"nats-connect-timeout", c.natsTO})
+	checkReplicas(bad, c.streamReplicas)
 	if c.restoreWindow < replay.DefaultWindow {
 		bad("--restore-window %s: want at least %s, or the replay could be ruder than the live worker", c.restoreWindow, replay.DefaultWindow)
 	}
@@ -213,7 +216,8 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	// Replay reads what the worker made; it never creates or resizes streams.
+	// Replay reads what the worker made; it never creates streams, and
+	// resizes them only to raise their replicas (--stream-replicas).
 	for _, name := range []string{jobs.JobsStream, jobs.EventsStream} {
 		if _, err := js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -225,6 +229,13 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 
 	if c.dryRun {
 		return dryRun(ctx, js, plan, stdout)
+	}
+	if c.streamReplicas > 0 {
+		// Raise only: limits stay the worker's. Dead letters and pacer
+		// facts the replay writes are then as safe as the live worker's.
+		if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true, Replicas: c.streamReplicas}); err != nil {
+			return replicasHint(err, c.streamReplicas)
+		}
 	}
 	return replayJobs(ctx, js, c, plan, target, policy, log, stdout, stderr)
 }
@@ -317,7 +328,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	res, err := replay.Run(ctx, js, work, &replay.Options{
 		Start:    plan.start,
 		Subjects: plan.subjects,
-		Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending},
+		Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
 		Progress: newProgress(c.progress, stderr),
 		Logger:   log,
 	})

@@ -54,13 +54,18 @@ type runConfig struct {
 	adminAddr      string
 
 	workerFlags
-	shutdownGrace time.Duration
-	jobsMaxAge    time.Duration
-	jobsMaxBytes  byteSize
+	shutdownGrace  time.Duration
+	jobsMaxAge     time.Duration
+	jobsMaxBytes   byteSize
+	streamReplicas int
 
 	partitions int
 	leaseTTL   time.Duration
 	parkAfter  time.Duration
+
+	// onRegistry, when set (tests), is handed the metric registry before
+	// anything is registered with it but the process collectors.
+	onRegistry func(*metricRegistry)
 }
 
 func (c *runConfig) register(fs *flag.FlagSet) {
@@ -68,7 +73,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", "mirror target: file:///abs/dir or a directory (default file://<data-dir>/mirror)")
-	fs.StringVar(&c.adminAddr, "admin-addr", "127.0.0.1:9090", "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer); port 0: any free port")
+	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
 
 	c.workerFlags.register(fs, workerDefaults{
 		policyHelp:        "policy file of per-authority floors and in-flight caps",
@@ -84,6 +89,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_WORK: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed when the stream is created, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", jobs.DefaultLeaseTTL, "life of a partition lease without renewal: a killed pod's partitions move to the others after about this long (set when the leases bucket is created)")
 	fs.DurationVar(&c.parkAfter, "park-after", worker.DefaultParkAfter, "a job whose authority cannot take it for longer than this is parked in MIRROR_PARKED (no consumer slot, no memory, no redelivery) until it can")
+	registerReplicasFlag(fs, &c.streamReplicas)
 }
 
 // check rejects flag values that cannot work, as usage errors (exit 2).
@@ -116,6 +122,10 @@ func (c *runConfig) check() error {
 	}
 	if c.parkAfter <= 0 {
 		bad("--park-after %s: want more than 0", c.parkAfter)
+	}
+	checkReplicas(bad, c.streamReplicas)
+	if c.nats.url == "" && c.streamReplicas > 1 {
+		bad("--stream-replicas %d needs a NATS cluster: the embedded server is one node (pass --nats-url, or leave --stream-replicas unset)", c.streamReplicas)
 	}
 	if len(errs) > 0 {
 		return usageError{"run: " + strings.Join(errs, "; ")}
@@ -182,21 +192,37 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
+	reg := newMetricRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newBuildInfo(version))
+	conn := broker.NewConnCollector()
+	reg.MustRegister(conn)
+	if c.onRegistry != nil {
+		c.onRegistry(reg)
+	}
 
 	// The admin endpoint is bound before anything starts, so that a port in
 	// use is one clear error.
 	var state atomic.Pointer[liveState]
+	ready := func() error {
+		s := state.Load()
+		if s == nil {
+			return errors.New("starting: connecting to NATS and binding the consumer")
+		}
+		return s.ready()
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "mirrorworker_ready",
+		Help: "1 when /readyz answers 200 (NATS connected, consumer bound, mirror target working), else 0.",
+	}, func() float64 {
+		if ready() != nil {
+			return 0
+		}
+		return 1
+	}))
 	adm, err := admin.Listen(c.adminAddr, admin.New(&admin.Options{
 		Gatherer: reg,
-		Ready: func() error {
-			s := state.Load()
-			if s == nil {
-				return errors.New("starting: connecting to NATS and binding the consumer")
-			}
-			return s.ready()
-		},
+		Ready:    ready,
 		Pacer: func() []pacer.State {
 			if s := state.Load(); s != nil {
 				return s.pacer.Snapshot(clock.Real{}.Now())
@@ -233,7 +259,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	}
 
 	p := &pipeline{
-		c: c, log: log, reg: reg, target: target, policy: policy,
+		c: c, log: log, reg: reg, conn: conn, target: target, policy: policy,
 		embedded: embedded, state: &state,
 		startFields: func(e *zerolog.Event) *zerolog.Event {
 			e = e.Str("mirror", mirrorRoot).Str("admin_url", adm.URL())
@@ -296,7 +322,8 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 type pipeline struct {
 	c        *runConfig
 	log      zerolog.Logger
-	reg      *prometheus.Registry
+	reg      prometheus.Registerer
+	conn     *broker.ConnCollector
 	target   *mirror.FileTarget
 	policy   *pacer.Policy
 	embedded *broker.Embedded // nil: join c.nats.url
@@ -327,6 +354,7 @@ func (p *pipeline) run(ctx context.Context) error {
 	if err != nil {
 		return stoppedOr(ctx, err)
 	}
+	p.conn.SetConn(nc)
 	defer func() {
 		// The acks and NAKs of the last jobs may still be buffered.
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
@@ -340,30 +368,54 @@ func (p *pipeline) run(ctx context.Context) error {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{
+		Replicas:     c.streamReplicas,
 		JobsMaxAge:   c.jobsMaxAge,
 		JobsMaxBytes: int64(c.jobsMaxBytes),
 	}); err != nil {
-		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", err))
+		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", replicasHint(err, c.streamReplicas)))
 	}
-	consOpts := &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending}
+	consOpts := &jobs.ConsumerOptions{
+		AckWait:       c.ackWait,
+		MaxAckPending: c.maxAckPending,
+		Replicas:      c.streamReplicas,
+	}
 	var (
 		cons       jetstream.Consumer
 		partitions int
+		mgrp       atomic.Pointer[cluster.Manager] // set once the manager is built
+		// The consumers this worker pulls from, for the consumer lag
+		// metrics: the partitions it serves, or the one shared consumer.
+		consumerRefs = func() []broker.ConsumerRef {
+			return []broker.ConsumerRef{{Stream: jobs.JobsStream, Consumer: jobs.ConsumerConfig(consOpts).Durable}}
+		}
 	)
 	if c.partitions > 0 {
 		if err := jobs.CheckServer(nc); err != nil {
 			return err
 		}
-		var wo jobs.WorkOptions
-		wo.LeaseTTL = c.leaseTTL
+		wo := jobs.WorkOptions{LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas}
 		if c.explicit["partitions"] {
 			wo.Partitions = c.partitions
 		}
 		if partitions, err = jobs.EnsureWork(ctx, js, &wo); err != nil {
-			return stoppedOr(ctx, fmt.Errorf("ensure work streams: %w", err))
+			return stoppedOr(ctx, fmt.Errorf("ensure work streams: %w", replicasHint(err, c.streamReplicas)))
+		}
+		consumerRefs = func() []broker.ConsumerRef {
+			var refs []broker.ConsumerRef
+			if mgr := mgrp.Load(); mgr != nil {
+				for _, p := range mgr.Owned() {
+					refs = append(refs, broker.ConsumerRef{Stream: jobs.WorkStream, Consumer: jobs.PartitionConsumer(p)})
+				}
+			}
+			return refs
 		}
 	} else if cons, err = jobs.EnsureConsumer(ctx, js, consOpts); err != nil {
-		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", err))
+		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", replicasHint(err, c.streamReplicas)))
+	}
+	if err := p.reg.Register(broker.NewConsumerLagCollector(js, broker.ConsumerLagOptions{
+		Consumers: func() []broker.ConsumerRef { return consumerRefs() },
+	})); err != nil {
+		return fmt.Errorf("register consumer lag: %w", err)
 	}
 
 	parts, err := c.buildParts(js, p.reg, p.policy, log)
@@ -374,6 +426,9 @@ func (p *pipeline) run(ctx context.Context) error {
 	pc, sink := parts.pacer, parts.sink
 	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
 		return err
+	}
+	if err := p.reg.Register(worker.NewCoolingCollector(pc.Snapshot, clock.Real{})); err != nil {
+		return fmt.Errorf("register cooling gauge: %w", err)
 	}
 	var follow func() error
 	fctx, stopFollow := context.WithCancel(context.WithoutCancel(ctx))
@@ -392,20 +447,21 @@ func (p *pipeline) run(ctx context.Context) error {
 	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
 	}
-	var mgr *cluster.Manager
 	w, err := parts.newWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
 		if partitions > 0 {
 			o.Partitions, o.ParkAfter = partitions, c.parkAfter
-			d.Owns = func(p int) bool { return mgr.Owns(p) }
+			d.Owns = func(p int) bool { m := mgrp.Load(); return m != nil && m.Owns(p) }
 		}
 	})
 	if err != nil {
 		return err
 	}
+	var mgr *cluster.Manager
 	if partitions > 0 {
 		if mgr, err = p.newManager(ctx, js, w, pc, partitions, consOpts); err != nil {
 			return stoppedOr(ctx, err)
 		}
+		mgrp.Store(mgr)
 	}
 	p.state.Store(&liveState{pacer: pc, ready: func() error {
 		if !nc.IsConnected() {

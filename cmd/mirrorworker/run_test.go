@@ -103,9 +103,24 @@ func TestRunInProcess(t *testing.T) {
 		"mirrorworker_fetched_bytes_total",
 		"mirrorworker_pacer_authorities",
 		"mirrorworker_inflight",
+		"mirrorworker_build_info",
+		"mirrorworker_dead_letters_total",
+		"mirrorworker_consumer_pending",
+		"mirrorworker_consumer_ack_pending",
+		"mirrorworker_pacer_longest_cooling_seconds",
 	} {
 		if !strings.Contains(metrics, "\n"+name) {
 			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	for _, line := range []string{
+		"mirrorworker_nats_connected 1",
+		"mirrorworker_ready 1",
+		`mirrorworker_consumer_pending{consumer="mirrorworker",stream="MIRROR_JOBS"} 0`,
+		`mirrorworker_dead_letters_total{reason="budget_exhausted"} 0`,
+	} {
+		if !strings.Contains(metrics, "\n"+line+"\n") {
+			t.Errorf("/metrics lacks %q:\n%s", line, grepLines(metrics, strings.Fields(strings.SplitN(line, "{", 2)[0])[0]))
 		}
 	}
 	if !strings.Contains(metrics, `mirrorworker_jobs_total{outcome="stored"} 12`) {
@@ -182,6 +197,9 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{name: "unknown flag", args: []string{"--bogus"}, wantCode: 2, wantMsg: "bogus"},
 		{name: "stray argument", args: []string{"extra"}, wantCode: 2, wantMsg: "unexpected arguments"},
 		{name: "concurrency zero", args: []string{"--concurrency", "0"}, wantCode: 2, wantMsg: "--concurrency"},
+		{name: "replicas on the embedded server", args: []string{"--stream-replicas", "3"}, wantCode: 2, wantMsg: "needs a NATS cluster"},
+		{name: "replicas from the environment", env: map[string]string{"MIRRORWORKER_STREAM_REPLICAS": "3"}, wantCode: 2, wantMsg: "--stream-replicas"},
+		{name: "too many replicas", args: []string{"--nats-url", "nats://127.0.0.1:1", "--stream-replicas", "6"}, wantCode: 2, wantMsg: "want 1 to 5"},
 		{name: "negative floor", args: []string{"--floor", "-1s"}, wantCode: 2, wantMsg: "--floor"},
 		{name: "log format", args: []string{"--log-format", "xml"}, wantCode: 2, wantMsg: "--log-format"},
 		{name: "log level", args: []string{"--log-level", "loud"}, wantCode: 2, wantMsg: "--log-level"},

@@ -1,0 +1,361 @@
+package main
+
+// A real 3-node JetStream cluster: three nats-server processes on loopback,
+// built from the nats-server module this project already depends on. It
+// tests --stream-replicas end to end and what a lost server costs.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+)
+
+var (
+	natsServerOnce sync.Once
+	natsServerBin  string
+	natsServerErr  error
+)
+
+// natsServerBinary builds nats-server from the module cache once per test
+// binary (the version in go.mod, so no download beyond the module itself).
+func natsServerBinary(t *testing.T) string {
+	t.Helper()
+	natsServerOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "mirrorworker-nats-server-")
+		if err != nil {
+			natsServerErr = err
+			return
+		}
+		bin := filepath.Join(dir, "nats-server")
+		cmd := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			natsServerErr = fmt.Errorf("go build nats-server: %v\n%s", err, out)
+			return
+		}
+		natsServerBin = bin
+	})
+	if natsServerErr != nil {
+		t.Fatal(natsServerErr)
+	}
+	return natsServerBin
+}
+
+// freePorts returns n distinct free loopback ports. They are released before
+// use, so another process could take one in between; on a test machine
+// that is rare, and the server then fails to start loudly.
+func freePorts(t *testing.T, n int) []int {
+	t.Helper()
+	var lns []net.Listener
+	var ports []int
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return ports
+}
+
+// natsNode is one nats-server process of a test cluster.
+type natsNode struct {
+	name   string
+	url    string
+	cmd    *exec.Cmd
+	out    *bytes.Buffer
+	exited chan struct{}
+}
+
+// natsCluster starts three clustered JetStream servers and waits until
+// JetStream answers (a meta leader is elected).
+func natsCluster(t *testing.T) []*natsNode {
+	t.Helper()
+	bin := natsServerBinary(t)
+	ports := freePorts(t, 6)
+	var routes []string
+	for i := range 3 {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[3+i]))
+	}
+	dir := t.TempDir()
+	var nodes []*natsNode
+	for i := range 3 {
+		name := fmt.Sprintf("n%d", i+1)
+		conf := fmt.Sprintf(`server_name: %s
+listen: 127.0.0.1:%d
+jetstream { store_dir: %q, max_file_store: 1GB, max_memory_store: 64MB }
+cluster {
+  name: mwtest
+  listen: 127.0.0.1:%d
+  routes: [%s]
+}
+`, name, ports[i], filepath.Join(dir, name), ports[3+i], strings.Join(routes, ", "))
+		cf := filepath.Join(dir, name+".conf")
+		if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		n := &natsNode{name: name, url: fmt.Sprintf("nats://127.0.0.1:%d", ports[i]), out: &bytes.Buffer{}, exited: make(chan struct{})}
+		n.cmd = exec.Command(bin, "-c", cf)
+		n.cmd.Stdout, n.cmd.Stderr = &syncWriter{w: n.out}, &syncWriter{w: n.out}
+		if err := n.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { n.cmd.Wait(); close(n.exited) }()
+		nodes = append(nodes, n)
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			select {
+			case <-n.exited:
+			default:
+				n.cmd.Process.Kill()
+				<-n.exited
+			}
+			if t.Failed() {
+				t.Logf("log of %s:\n%s", n.name, n.out)
+			}
+		}
+	})
+	var nc *nats.Conn
+	waitFor(t, 30*time.Second, "the servers accepting connections", func() bool {
+		c, err := nats.Connect(clusterURL(nodes))
+		nc = c
+		return err == nil
+	})
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	waitFor(t, 60*time.Second, "JetStream cluster ready", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil
+	})
+	return nodes
+}
+
+func clusterURL(nodes []*natsNode) string {
+	var urls []string
+	for _, n := range nodes {
+		urls = append(urls, n.url)
+	}
+	return strings.Join(urls, ",")
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
+}
+
+// streamReplicas returns the replicas (leader and followers) of a stream.
+func streamReplicas(t *testing.T, js jetstream.JetStream, name string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	si := s.CachedInfo()
+	if si.Cluster == nil {
+		return si.Config.Replicas, ""
+	}
+	return si.Config.Replicas, si.Cluster.Leader
+}
+
+// TestClusterStreamLeaderKilled: on a 3-node cluster, enqueue and two
+// workers with --stream-replicas 3 make every stream, the bucket and the
+// consumer R3; killing the jobs stream leader's server mid-run (it never
+// comes back) loses no job, costs at most 1.1 origin requests per job, and
+// both workers stay up and become ready again.
+func TestClusterStreamLeaderKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node nats-server cluster and worker processes")
+	}
+	const n = 300
+	nodes := natsCluster(t)
+	url := clusterURL(nodes)
+
+	origin := newObjectOrigin(t)
+	origin.delay.Store(int64(150 * time.Millisecond))
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, `{"url":%q,"target":%q}`+"\n", fmt.Sprintf("%s/obj/%d", origin.URL, i), objectKey(i))
+	}
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+
+	// Before any worker: enqueue without --stream-replicas creates R1
+	// streams and says so; with it, raises them to 3.
+	all := strings.SplitAfter(lines.String(), "\n")
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"enqueue", "--nats-url", url}, noEnv,
+		strings.NewReader(strings.Join(all[:10], "")), &out, &errOut); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
+	}
+	if !strings.Contains(errOut.String(), "--stream-replicas 3") {
+		t.Errorf("enqueue left R1 streams on a cluster without a word: stderr %q", errOut.String())
+	}
+	if r, _ := streamReplicas(t, js, jobs.JobsStream); r != 1 {
+		t.Fatalf("enqueue without --stream-replicas made %d replicas, want 1", r)
+	}
+	errOut.Reset()
+	if err := run(context.Background(), []string{"enqueue", "--nats-url", url, "--stream-replicas", "3"}, noEnv,
+		strings.NewReader(strings.Join(all[10:], "")), &out, &errOut); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
+	}
+	if strings.Contains(errOut.String(), "warning") {
+		t.Errorf("enqueue with --stream-replicas 3 warned: %s", errOut.String())
+	}
+	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket} {
+		if r, _ := streamReplicas(t, js, s); r != 3 {
+			t.Errorf("enqueue --stream-replicas 3 left %s with %d replicas, want 3", s, r)
+		}
+	}
+
+	dataDir := t.TempDir() // one mirror, shared as a ReadWriteMany volume would be
+	var workers []*workerProcess
+	for i := range 2 {
+		workers = append(workers, startWorkerProcess(t, workerArgs(url, dataDir,
+			"--stream-replicas", "3", "--worker-id", fmt.Sprintf("w%d", i),
+			"--concurrency", "4", "--max-in-flight", "8")...))
+	}
+	root := workers[0].start.Mirror
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	cons, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci := cons.CachedInfo(); ci.Cluster == nil || len(ci.Cluster.Replicas)+1 != 3 {
+		t.Errorf("consumer cluster info %+v, want a leader and 2 replicas", ci.Cluster)
+	}
+
+	// The hardest case: the killed server leads the consumer too, so acks
+	// and deliveries move with the stream. Ask the consumer's leader to
+	// step down in favour of the stream leader's server.
+	consLeader := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil && c.CachedInfo().Cluster != nil {
+			return c.CachedInfo().Cluster.Leader
+		}
+		return ""
+	}
+	_, leader := streamReplicas(t, js, jobs.JobsStream)
+	if consLeader() != leader {
+		req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, leader)
+		if _, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+jobs.JobsStream+"."+jobs.ConsumerName, []byte(req), 5*time.Second); err != nil {
+			t.Fatalf("consumer leader stepdown: %v", err)
+		}
+		waitFor(t, 20*time.Second, "the consumer led by "+leader, func() bool { return consLeader() == leader })
+	}
+
+	waitFor(t, 60*time.Second, "a quarter of the jobs stored", func() bool {
+		return len(mirrorFiles(t, root)) >= n/4
+	})
+	_, leader = streamReplicas(t, js, jobs.JobsStream)
+	cl := consLeader()
+	var victim *natsNode
+	for _, nd := range nodes {
+		if nd.name == leader {
+			victim = nd
+		}
+	}
+	if victim == nil {
+		t.Fatalf("stream leader %q is none of the nodes", leader)
+	}
+	before := len(mirrorFiles(t, root))
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.exited
+	t.Logf("killed %s, the %s leader (consumer leader %s), with %d/%d stored after %d origin requests",
+		victim.name, jobs.JobsStream, cl, before, n, origin.requests.Load())
+
+	if before >= n {
+		t.Fatal("every job was stored before the kill; the test proves nothing")
+	}
+
+	waitDrained(t, url, root, n, 120*time.Second, workers[0].log)
+	_, newLeader := streamReplicas(t, js, jobs.JobsStream)
+	for i, w := range workers {
+		select {
+		case <-w.exited:
+			t.Errorf("worker %d exited: %v", i, w.err)
+		default:
+		}
+		waitFor(t, 30*time.Second, fmt.Sprintf("worker %d ready", i), func() bool {
+			resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(w.start.AdminURL + "/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		})
+	}
+	checkMeta(t, root, origin, n)
+	reqs := origin.requests.Load()
+	ratio := float64(reqs) / n
+	t.Logf("new %s leader %s; origin requests %d for %d jobs (%.3f per job): %d complete 200s, %d 304s",
+		jobs.JobsStream, newLeader, reqs, n, ratio, origin.full200.Load(), origin.notModfied.Load())
+	if ratio > 1.1 {
+		t.Errorf("%.3f origin requests per job, want at most 1.1", ratio)
+	}
+
+	// Commands that do not say --stream-replicas leave replicated streams
+	// replicated: enqueue, and a worker started without the flag.
+	errOut.Reset()
+	if err := run(context.Background(), []string{"enqueue", "--nats-url", url}, noEnv, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
+	}
+	if strings.Contains(errOut.String(), "warning") {
+		t.Errorf("enqueue warned about R3 streams: %s", errOut.String())
+	}
+	workers = append(workers, startWorkerProcess(t, workerArgs(url, dataDir, "--worker-id", "w-noflag")...))
+	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket} {
+		if r, _ := streamReplicas(t, js, s); r != 3 {
+			t.Errorf("after a worker without --stream-replicas, %s has %d replicas, want 3", s, r)
+		}
+	}
+	for _, w := range workers {
+		if _, err := w.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Errorf("worker exit after SIGTERM: %v", err)
+		}
+	}
+}
