@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -425,4 +426,49 @@ func (l logsOf) String() string {
 		fmt.Fprintf(&b, "--- pod pid %d\n%s\n", p.cmd.Process.Pid, p.log)
 	}
 	return b.String()
+}
+
+// TestProcessCrashWhileParking kills a worker (SIGKILL, from inside, at the
+// exact step) between parking a job and acking its delivery, and between
+// bringing a parked job back and deleting its parked copy. A second worker
+// then stores every job, byte-exact: none is lost at either step, and the
+// parking lot ends empty.
+func TestProcessCrashWhileParking(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	for _, point := range []string{"parked-before-ack", "unparked-before-delete"} {
+		t.Run(point, func(t *testing.T) {
+			const n = 5 // the 429 escalates the interval to 2 s
+			natsURL := externalNATS(t)
+			origin := newClusterOrigin(t, 4, "429")
+			a := origin.auths[origin.named("429")]
+			a.every, a.wait = 1000, 3*time.Second // only the first answer is a 429
+			origin.mu.Lock()
+			a.n = a.every - 1
+			origin.mu.Unlock()
+			targets, urls := origin.urls(n)
+			publishURLs(t, natsURL, targets, urls)
+			root := t.TempDir()
+			args := workerArgs(natsURL, t.TempDir(), "--target", root, "--partitions", "4",
+				"--park-after", "1s", "--ack-wait", "2s", "--lease-ttl", "2s")
+			t.Setenv(faultEnv, point)
+			first := startWorkerProcess(t, args...)
+			select {
+			case <-first.exited:
+			case <-time.After(60 * time.Second):
+				t.Fatalf("the worker never reached %s; log:\n%s", point, first.log)
+			}
+			if first.err == nil || !strings.Contains(first.err.Error(), "killed") {
+				t.Fatalf("first worker exited with %v, want killed at %s", first.err, point)
+			}
+			os.Unsetenv(faultEnv)
+			second := startWorkerProcess(t, args...)
+			waitQueueEmpty(t, natsURL, root, len(urls), 90*time.Second, multiLog([]*workerProcess{first, second}))
+			if _, err := second.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+				t.Errorf("second worker exit: %v", err)
+			}
+			checkClusterMirror(t, root, targets)
+		})
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -450,6 +451,7 @@ func (p *pipeline) run(ctx context.Context) error {
 	w, err := parts.newWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
 		if partitions > 0 {
 			o.Partitions, o.ParkAfter = partitions, c.parkAfter
+			o.FaultHook = faultHook(os.Getenv(faultEnv))
 			d.Owns = func(p int) bool { m := mgrp.Load(); return m != nil && m.Owns(p) }
 		}
 	})
@@ -690,4 +692,21 @@ func (h *podHooks) Status() []byte {
 		owned = m.Owned()
 	}
 	return h.w.StatusJSON(h.pod, version, owned, h.pc.Snapshot(time.Now()))
+}
+
+// faultEnv names a parking step at which the process kills itself with
+// SIGKILL, for the crash tests (never a flag: it is not a MIRRORWORKER_
+// variable, and only tests set it).
+const faultEnv = "MW_FAULT_POINT"
+
+func faultHook(point string) func(string) {
+	if point == "" {
+		return nil
+	}
+	return func(p string) {
+		if p == point {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never continue past the fault point
+		}
+	}
 }
