@@ -273,6 +273,12 @@ func EnsureWork(ctx context.Context, js jetstream.JetStream, o *WorkOptions) (in
 			return 0, fmt.Errorf("stream %s has %d partitions; --partitions %d cannot change that (delete the stream when no job is in it to change it)", WorkStream, have, o.Partitions)
 		}
 		n = have
+		if cfg := s.CachedInfo().Config; o != nil && o.Replicas > cfg.Replicas {
+			cfg.Replicas = o.Replicas
+			if _, err := js.UpdateStream(ctx, cfg); err != nil {
+				return 0, fmt.Errorf("raise %s to %d replicas: %w", WorkStream, o.Replicas, err)
+			}
+		}
 	} else if errors.Is(err, jetstream.ErrStreamNotFound) {
 		var start uint64
 		if c, err := js.Consumer(ctx, JobsStream, ConsumerName); err == nil {
@@ -284,13 +290,27 @@ func EnsureWork(ctx context.Context, js jetstream.JetStream, o *WorkOptions) (in
 	} else {
 		return 0, fmt.Errorf("stream %s: %w", WorkStream, err)
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, ParkStreamConfig(&r)); err != nil {
+	// Replicas unset keeps what an existing stream has (a flagless start
+	// must not shrink an R3 deployment), as EnsureStreams does.
+	replicas := func(stream string) int {
+		if o != nil && o.Replicas > 0 {
+			return o.Replicas
+		}
+		if s, err := js.Stream(ctx, stream); err == nil {
+			return s.CachedInfo().Config.Replicas
+		}
+		return 1
+	}
+	pc := ParkStreamConfig(&r)
+	pc.Replicas = replicas(ParkStream)
+	if _, err := js.CreateOrUpdateStream(ctx, pc); err != nil {
 		return 0, fmt.Errorf("create or update stream %s: %w", ParkStream, err)
 	}
 	for _, kv := range []jetstream.KeyValueConfig{
-		{Bucket: LeasesBucket, Description: "mirrorworker partition leases", History: 1, TTL: r.LeaseTTL, Storage: jetstream.FileStorage, Replicas: r.Replicas},
-		{Bucket: PodsBucket, Description: "mirrorworker live pods and their status", History: 1, TTL: r.LeaseTTL, Storage: jetstream.FileStorage, Replicas: r.Replicas},
+		{Bucket: LeasesBucket, Description: "mirrorworker partition leases", History: 1, TTL: r.LeaseTTL, Storage: jetstream.FileStorage},
+		{Bucket: PodsBucket, Description: "mirrorworker live pods and their status", History: 1, TTL: r.LeaseTTL, Storage: jetstream.FileStorage},
 	} {
+		kv.Replicas = replicas("KV_" + kv.Bucket)
 		if _, err := js.CreateOrUpdateKeyValue(ctx, kv); err != nil {
 			return 0, fmt.Errorf("create or update bucket %s: %w", kv.Bucket, err)
 		}
