@@ -140,14 +140,20 @@ type Options struct {
 	// PullBatch bounds one pull request; 256. PullWait is its expiry; 1 s.
 	PullBatch int
 	PullWait  time.Duration
-	WorkerID  string // in dead letters; hostname-pid
-	Clock     clock.Clock
-	Logger    zerolog.Logger
+	// TargetProbeInitial is the first delay before the mirror target is
+	// probed after it failed (full, read-only, broken: mirror.FailureCode),
+	// and the delay of every job handed back meanwhile; the delay doubles
+	// up to TargetProbeMax. 1 s and 1 min.
+	TargetProbeInitial time.Duration
+	TargetProbeMax     time.Duration
+	WorkerID           string // in dead letters; hostname-pid
+	Clock              clock.Clock
+	Logger             zerolog.Logger
 	// Metrics, if set, is used as is; otherwise metrics are created on
 	// Registerer (nil: a private registry).
 	Metrics        *Metrics
 	Registerer     prometheus.Registerer
-	HostLabelLimit int // 500
+	HostLabelLimit int // distinct (host, port) label pairs; DefaultHostLabelLimit
 }
 
 func (o *Options) withDefaults() Options {
@@ -177,6 +183,9 @@ func (o *Options) withDefaults() Options {
 	defDur(&r.DeferSpread, 5*time.Minute)
 	defInt(&r.PullBatch, 256)
 	defDur(&r.PullWait, time.Second)
+	defDur(&r.TargetProbeInitial, time.Second)
+	defDur(&r.TargetProbeMax, time.Minute)
+	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
 	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
 	if r.WorkerID == "" {
 		h, _ := os.Hostname()
@@ -197,6 +206,8 @@ type Worker struct {
 	clk   clock.Clock
 	m     *Metrics
 	sched *scheduler
+
+	health targetHealth // whether the mirror target takes writes (targethealth.go)
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -259,11 +270,12 @@ func New(d Deps, o *Options) (*Worker, error) {
 // Metrics returns the worker's metrics.
 func (w *Worker) Metrics() *Metrics { return w.m }
 
-// Ready reports nil once the worker is bound to the consumer and pulling.
+// Ready reports nil once the worker is bound to the consumer and pulling,
+// and the cause while the mirror target fails (it pulls nothing then).
 func (w *Worker) Ready() error {
 	switch w.state.Load() {
 	case 2:
-		return nil
+		return w.health.err(w.clk.Now())
 	case 3:
 		return errors.New("worker: stopped")
 	}
@@ -316,6 +328,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer loops.Done(); w.dispatchLoop(ctx, fctx) }()
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); w.heartbeatLoop(hbCtx) }()
+	probeDone := make(chan struct{})
+	go func() { defer close(probeDone); w.targetProbeLoop(hbCtx) }()
 
 	<-ctx.Done()
 	loops.Wait()
@@ -324,13 +338,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	slotsDone := make(chan struct{})
 	go func() { w.slots.Wait(); close(slotsDone) }()
 	if clock.Sleep(w.clk, w.o.ShutdownGrace, slotsDone) { // the grace period ran out
-		w.log.Warn().Dur("grace", w.o.ShutdownGrace).Msg("in-flight fetches cancelled at the end of the grace period")
+		w.log.Warn().Str("grace", w.o.ShutdownGrace.String()).Msg("in-flight fetches cancelled at the end of the grace period")
 		cancelFetch()
 		<-slotsDone
 	}
 	handed += w.handBackQueued() // throttled jobs requeued during the grace period
 	stopHB()
 	<-hbDone
+	<-probeDone
 	if nc := w.d.JS.Conn(); nc != nil {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			w.log.Warn().Err(err).Msg("flush acks at shutdown")
@@ -367,6 +382,9 @@ func (w *Worker) intakeLoop(ctx context.Context) {
 	// is free rather than pulling one message per round trip.
 	lowWater := max(1, min(w.o.PullBatch, w.o.MaxHeld/8))
 	for ctx.Err() == nil {
+		if !w.waitTargetUp(ctx) { // targethealth.go: no pulling while the target fails
+			return
+		}
 		free := w.o.MaxHeld - w.sched.held()
 		if free < lowWater {
 			// Woken when jobs leave memory; the timeout is a safety net
@@ -544,7 +562,7 @@ func (w *Worker) deferJob(d deferral) {
 	}
 	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
 	w.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
-		Dur("delay", d.delay).Msg("job deferred")
+		Str("delay", d.delay.String()).Msg("job deferred")
 }
 
 // runSlot is one fetch slot working on a granted job.
@@ -562,6 +580,10 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 		// A cooldown arrived between the grant and now: back to the queue,
 		// where the pacer's refusal defers it.
 		w.finish(j, 0, true)
+		return
+	}
+	if w.skipWhileTargetDown(j, pm) { // targethealth.go
+		w.finish(j, 0, false)
 		return
 	}
 	start := w.clk.Now()
@@ -583,6 +605,9 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	hops := &hopSet{w: w, first: pm, kind: j.job.Kind}
 	defer hops.close()
 	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo}
+	if j.job.Size != nil {
+		req.Size, req.HasSize = *j.job.Size, true
+	}
 	if len(j.job.Headers) > 0 {
 		req.Header = http.Header{}
 		for k, v := range j.job.Headers {
@@ -600,6 +625,10 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			w.deferJob(deferral{job: j, delay: delay, reason: "redirect_" + string(re.Reason)})
 		case ctx.Err() != nil:
 			w.handBack(j)
+		case errors.Is(err, fetch.ErrSizeMismatch):
+			// A Content-Length other than the job's size: not one body byte
+			// was read.
+			w.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
 		case fetch.IsPermanent(err):
 			w.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
 		default:
@@ -667,16 +696,24 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
 	resp.Body.Close()
 	if err == nil {
 		w.m.FetchedBytes.Add(float64(body.n))
+		w.m.BodyReadBytes.WithLabelValues("stored").Observe(float64(body.n))
 		w.complete(j, OutcomeStored)
 		return
 	}
+	w.m.BodyReadBytes.WithLabelValues("discarded").Observe(float64(body.n))
 	switch {
 	case ctx.Err() != nil:
 		w.handBack(j)
+	case body.err != nil && errors.Is(body.err, fetch.ErrSizeMismatch):
+		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
 	case body.err != nil && fetch.IsPermanent(body.err):
 		w.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
 	case body.err != nil:
 		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
+	case mirror.FailureCode(err) != "":
+		// The target itself failed (full, read-only, broken): the worker's
+		// problem, not the job's (targethealth.go).
+		w.targetFailed(j, mirror.FailureCode(err), err)
 	case errors.Is(err, mirror.ErrDigestMismatch):
 		w.transient(ctx, j, "digest_mismatch", resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrSizeMismatch):
@@ -741,8 +778,20 @@ func (w *Worker) final(j *heldJob, outcome, reason string) {
 	}
 }
 
+// MaxContentMismatches is how many answers with other bytes than the job's
+// size or sha256 a job takes before it is dead-lettered content_mismatch:
+// one retry, in case the origin changed the object in between (SPEC
+// section 5).
+const MaxContentMismatches = 2
+
+// mismatchReasons are the attempt reasons that count as content mismatches.
+var mismatchReasons = map[string]bool{"size_mismatch": true, "digest_mismatch": true}
+
 // transient records a failed attempt against the job's budget and retries
-// it with backoff, or dead-letters it when the budget is spent.
+// it with backoff, or dead-letters it when the budget is spent. A content
+// mismatch (reason size_mismatch or digest_mismatch: the origin answered
+// with other bytes than the job expects) is such a failure too, and the
+// MaxContentMismatches-th one dead-letters the job content_mismatch.
 func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, status int, detail string) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -754,9 +803,22 @@ func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, statu
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("record failed attempt")
 		rec = attemptRecord{Count: 1, Attempts: []jobs.Attempt{a}}
 	}
+	if mismatchReasons[reason] {
+		n := 0
+		for _, a := range rec.Attempts {
+			if mismatchReasons[a.Reason] {
+				n++
+			}
+		}
+		if n >= MaxContentMismatches {
+			w.deadLetter(ctx, j, jobs.ReasonContentMismatch,
+				fmt.Sprintf("%d answers with other bytes than the job expects, last: %s", n, detail), status, rec.Attempts)
+			return
+		}
+	}
 	if rec.Count >= w.o.FailureBudget {
 		w.deadLetter(ctx, j, jobs.ReasonBudgetExhausted,
-			fmt.Sprintf("%d failed attempts, last %s", rec.Count, reason), status, rec.Attempts)
+			fmt.Sprintf("%d failed attempts, last %s: %s", rec.Count, reason, detail), status, rec.Attempts)
 		return
 	}
 	delay := w.backoff(rec.Count)
@@ -764,8 +826,15 @@ func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, statu
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
 	}
 	w.m.Jobs.WithLabelValues(OutcomeRetried).Inc()
-	w.log.Info().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("attempt", rec.Count).
-		Dur("retry_in", delay).Msg("job failed, retrying")
+	ev := w.log.Info().Str("job", j.job.ID).Str("url", logURL(j.job.URL)).Str("authority", j.auth).Str("reason", reason)
+	if status != 0 {
+		ev = ev.Int("status", status)
+	}
+	if detail != "" {
+		ev = ev.Str("error", detail)
+	}
+	ev.Int("attempt", rec.Count).Int("failure_budget", w.o.FailureBudget).Str("retry_in", delay.Round(time.Millisecond).String()).
+		Msg("job failed, retrying")
 }
 
 // deadLetter publishes the job's dead-letter record and terminates it. If
@@ -809,8 +878,14 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
 		}
 	}
-	w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status).
-		Msg("job dead-lettered")
+	ev := w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status)
+	if j.job.URL != "" {
+		ev = ev.Str("url", logURL(j.job.URL))
+	}
+	if detail != "" {
+		ev = ev.Str("error", truncate(detail, 1024))
+	}
+	ev.Msg("job dead-lettered")
 	w.final(j, OutcomeDeadLettered, reason)
 }
 
