@@ -128,7 +128,9 @@ func TestTrickleDoesNotStallHealthyOrigins(t *testing.T) {
 		js = append(js, jobs.Job{ID: fmt.Sprintf("ok-%d", i), URL: healthy.url(fmt.Sprintf("/ok/%d", i)), Target: fmt.Sprintf("ok/%d", i)})
 	}
 	e.publish(js...)
-	r.f.waitFor(t, 10, func(x worker.Final) bool { return strings.HasPrefix(x.JobID, "ok-") && x.Outcome == worker.OutcomeStored }, 60*time.Second)
+	r.f.waitFor(t, 10, func(x worker.Final) bool {
+		return strings.HasPrefix(x.JobID, "ok-") && x.Outcome == worker.OutcomeStored
+	}, 60*time.Second)
 	for i := range 10 {
 		e.checkStored(fmt.Sprintf("ok/%d", i), body(fmt.Sprintf("/ok/%d", i)))
 	}
