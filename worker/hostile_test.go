@@ -385,3 +385,22 @@ func TestLabelCapCountsAuthorities(t *testing.T) {
 		}
 	}
 }
+
+// Issue 13, case 6: the dead letter of an invalid job names the job's id
+// when it carries a valid one.
+func TestInvalidJobDeadLetterNamesItsID(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{})
+	a := strings.NewReplacer(".", "_", ":", "_").Replace(o.auth)
+	e.publishRaw("mirror.jobs.default."+a, []byte(`{"id":"bad-header-7","url":"`+o.url("/x")+`","headers":{"Cookie":"c"}}`))
+	e.publishRaw("mirror.jobs.default."+a, []byte(`{"id":"not valid!","url":"ftp://x"}`))
+	r.f.waitFor(t, 2, nil, 30*time.Second)
+	ids := map[string]string{}
+	for _, d := range e.deadLetters() {
+		ids[d.JobID] = d.Reason
+	}
+	if ids["bad-header-7"] != jobs.ReasonInvalidJob || ids[""] != jobs.ReasonInvalidJob || len(ids) != 2 {
+		t.Errorf("dead letters by job id %v, want bad-header-7 and one without an id, both invalid_job", ids)
+	}
+}
