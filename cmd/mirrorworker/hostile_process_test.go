@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -203,5 +204,95 @@ func checkMirrorObjects(t *testing.T, root string, n int) {
 		if got, want := files[objectKey(i)], objectBody(i); string(got) != string(want) {
 			t.Errorf("%s: %d bytes, want %d exactly as served", objectKey(i), len(got), len(want))
 		}
+	}
+}
+
+// TestProcessFullDiskCostsNoBudget is issue 13's case 2 at the process
+// level, with a real full file system: the mirror target is a 2 MiB tmpfs
+// that ten 512 KiB objects cannot fit. The worker dead-letters nothing
+// (with a failure budget of 3), /readyz answers 503 naming "no space left
+// on device", the log and the metrics name ENOSPC; once the tmpfs is grown
+// the worker resumes by itself and stores everything. Mounting needs root,
+// so elsewhere the test is skipped; worker.TestFullTargetCostsNoBudget
+// covers the same behaviour with a fault-injecting target everywhere.
+func TestProcessFullDiskCostsNoBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	mnt := t.TempDir()
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=2m"); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root): %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(mnt, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	const n, size = 10, 512 << 10
+	bodyOf := func(i int) []byte { return []byte(strings.Repeat(string(rune('a'+i)), size)) }
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var i int
+		if _, err := fmt.Sscanf(r.URL.Path, "/big/%d", &i); err != nil || i < 0 || i >= n {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		w.Write(bodyOf(i))
+	}))
+	t.Cleanup(origin.Close)
+	natsURL := externalNATS(t)
+	var raws []string
+	for i := range n {
+		raws = append(raws, fmt.Sprintf(`{"id":"big-%d","url":"%s/big/%d","target":"big/%d.bin"}`, i, origin.URL, i, i))
+	}
+	publishRawJobs(t, natsURL, raws)
+
+	p := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", "file://"+mnt,
+		"--failure-budget", "3", "--log-level", "info")...)
+	get := func(path string) (int, string) {
+		resp, err := http.Get(p.start.AdminURL + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	waitFor(t, 60*time.Second, "/readyz to answer 503 naming the full disk", func() bool {
+		code, body := get("/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "no space left on device")
+	})
+	if _, m := get("/metrics"); !strings.Contains(m, `mirrorworker_target_failures_total{error="ENOSPC"}`) || !strings.Contains(m, "mirrorworker_target_up 0") {
+		t.Errorf("metrics do not show the full disk")
+	}
+	if !strings.Contains(p.log.String(), `"error_code":"ENOSPC"`) || !strings.Contains(p.log.String(), "no space left on device") {
+		t.Errorf("the log does not name the error")
+	}
+	if dls := deadLetters(t, natsURL); len(dls) != 0 {
+		t.Fatalf("%d dead letters while the disk was full, first %+v", len(dls), dls[0])
+	}
+
+	// Free space: grow the tmpfs. The worker finds out by probing.
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", syscall.MS_REMOUNT, "size=64m"); err != nil {
+		t.Fatalf("grow the tmpfs: %v", err)
+	}
+	waitFor(t, 120*time.Second, "every object stored after space was freed", func() bool {
+		return len(mirrorFiles(t, mnt)) == n
+	})
+	for i := range n {
+		if got := mirrorFiles(t, mnt)[fmt.Sprintf("big/%d.bin", i)]; string(got) != string(bodyOf(i)) {
+			t.Errorf("big/%d.bin: %d bytes, want %d exactly as served", i, len(got), size)
+		}
+	}
+	waitFor(t, 30*time.Second, "/readyz to answer 200 again", func() bool {
+		code, _ := get("/readyz")
+		return code == http.StatusOK
+	})
+	if dls := deadLetters(t, natsURL); len(dls) != 0 {
+		t.Fatalf("%d dead letters, first %+v", len(dls), dls[0])
+	}
+	if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 }
