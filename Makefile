@@ -3,10 +3,10 @@ GO        ?= go
 DATA_DIR  ?= ./data
 RUN_ARGS  ?=
 # Packages with goroutines of their own run under the race detector in `make test`.
-RACE_PKGS := ./clock/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/... ./replay/... ./admin/... ./strategy/...
+RACE_PKGS := ./clock/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/... ./replay/... ./admin/... ./strategy/... ./broker/...
 PKGS      := ./...
 
-.PHONY: all build run test test-race test-plain lint fmt-check vet bench clean
+.PHONY: all build run test test-race test-plain lint fmt-check vet bench soak clean
 
 all: build
 
@@ -38,6 +38,11 @@ lint: vet fmt-check
 ## bench: benchmarks of every package (end-to-end jobs/s, pacer ns/op, stub origin req/s).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s $(PKGS)
+
+## soak: the crash soak (issue 13, R1): SIGKILLs at random moments of a 10,000-job run of a
+## real worker process, then 0 lost, 0 corrupt, no partial or temporary file. ~5 GB of disk.
+soak:
+	$(GO) test -tags soak -count=1 -run TestSoakCrash -v -timeout 60m ./cmd/mirrorworker/
 
 clean:
 	rm -rf bin
