@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -81,7 +82,7 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	e := &enqueuer{stderr: stderr, dryRun: *dryRun}
 	if !*dryRun {
 		cctx, cancel := context.WithTimeout(ctx, *connectTimeout)
-		js, closeConn, err := connectJobs(cctx, &nf)
+		js, closeConn, err := connectJobs(cctx, &nf, stderr)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("enqueue: %w", err)
@@ -131,8 +132,11 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 
 // connectJobs connects to NATS and makes sure the job streams exist, without
 // changing the limits of streams that already do (the worker owns those).
-func connectJobs(ctx context.Context, nf *natsFlags) (jetstream.JetStream, func(), error) {
-	nc, err := nf.connect(ctx, "mirrorworker-enqueue")
+// NATS's asynchronous errors (a permissions violation, say) go to stderr as
+// warnings through zerolog, like every other library's reports.
+func connectJobs(ctx context.Context, nf *natsFlags, stderr io.Writer) (jetstream.JetStream, func(), error) {
+	log, _ := newLogger(stderr, "console", "warn")
+	nc, err := nf.connect(ctx, "mirrorworker-enqueue", broker.ClientLogOptions(log)...)
 	if err != nil {
 		if nf.url == "" {
 			err = fmt.Errorf("%w (is 'mirrorworker run' running? otherwise pass --nats-url)", err)
