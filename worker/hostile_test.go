@@ -404,3 +404,28 @@ func TestInvalidJobDeadLetterNamesItsID(t *testing.T) {
 		t.Errorf("dead letters by job id %v, want bad-header-7 and one without an id, both invalid_job", ids)
 	}
 }
+
+// A job cut as too slow waits at least SlowRetryFactor times as long as it
+// held its slot before its next attempt, so that trickles leave most of the
+// slot time to healthy origins.
+func TestSlowTransferRetryWaitsInProportion(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	const window = 200 * time.Millisecond
+	f := fetch.New(&fetch.Options{AllowPrivate: true, MinRate: 1 << 10, MinRateWindow: window})
+	r := e.startWith(testPacer(0, 2, nil, 0, nil), worker.Options{
+		FailureBudget: 2, BackoffInitial: 10 * time.Millisecond, BackoffMax: time.Minute,
+	}, f, e.target)
+	base := trickleOrigin(t)
+	e.publish(jobs.Job{ID: "slow", URL: base + "/slow", Target: "slow"})
+	r.f.waitFor(t, 1, nil, 60*time.Second)
+	dls := e.deadLetters()
+	if len(dls) != 1 || len(dls[0].Attempts) != 2 {
+		t.Fatalf("dead letters %+v, want one with 2 attempts", dls)
+	}
+	a := dls[0].Attempts
+	// Each attempt held its slot for at least one window of reads; the
+	// second failed no sooner than the retry delay plus its own window.
+	if gap, least := a[1].Time.Sub(a[0].Time), (worker.SlowRetryFactor+1)*window; gap < least {
+		t.Errorf("attempts %v apart, want at least %v (retry after %d x the time the first held its slot)", gap, least, worker.SlowRetryFactor)
+	}
+}

@@ -602,6 +602,7 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // returns true when the job must go back to its authority's queue (a
 // throttled answer: the pacer now knows when the next request may go).
 func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
+	began := w.clk.Now()
 	hops := &hopSet{w: w, first: pm, kind: j.job.Kind}
 	defer hops.close()
 	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo}
@@ -650,7 +651,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	}
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp)
+		w.store(ctx, j, resp, began)
 	case fetch.ClassNotModified:
 		w.complete(j, OutcomeUnchanged)
 	case fetch.ClassTransient:
@@ -677,7 +678,8 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 }
 
 // store writes a 2xx body to the target and acks once it is durable.
-func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
+// began is when the fetch started, for the retry delay of a slow transfer.
+func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time) {
 	want := mirror.Expect{SHA256: j.job.SHA256}
 	if j.job.Size != nil {
 		want.Size, want.HasSize = *j.job.Size, true
@@ -708,6 +710,11 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
 		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
 	case body.err != nil && fetch.IsPermanent(body.err):
 		w.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
+	case body.err != nil && errors.Is(body.err, fetch.ErrTooSlow):
+		// A trickle held a fetch slot all this time: it waits SlowRetryFactor
+		// times as long before it may hold one again.
+		held := w.clk.Now().Sub(began)
+		w.retry(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error(), SlowRetryFactor*held)
 	case body.err != nil:
 		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
 	case mirror.FailureCode(err) != "":
@@ -793,6 +800,18 @@ var mismatchReasons = map[string]bool{"size_mismatch": true, "digest_mismatch": 
 // with other bytes than the job expects) is such a failure too, and the
 // MaxContentMismatches-th one dead-letters the job content_mismatch.
 func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, status int, detail string) {
+	w.retry(ctx, j, reason, status, detail, 0)
+}
+
+// SlowRetryFactor: a job whose transfer was cut as too slow (fetch.ErrTooSlow)
+// is retried no sooner than this many times the time its attempt held a
+// fetch slot (within BackoffMax), so that a trickling job spends at most
+// about a tenth of its time in a slot, and healthy origins keep flowing
+// beside trickling ones.
+const SlowRetryFactor = 9
+
+// retry is transient with a least retry delay (within BackoffMax).
+func (w *Worker) retry(ctx context.Context, j *heldJob, reason string, status int, detail string, least time.Duration) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: truncate(detail, 512)}
@@ -821,7 +840,7 @@ func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, statu
 			fmt.Sprintf("%d failed attempts, last %s: %s", rec.Count, reason, detail), status, rec.Attempts)
 		return
 	}
-	delay := w.backoff(rec.Count)
+	delay := max(w.backoff(rec.Count), min(least, w.o.BackoffMax))
 	if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
 	}
