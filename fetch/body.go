@@ -46,12 +46,13 @@ type body struct {
 	deadlineIn  time.Duration // the total deadline, for its error message
 	sizeLimited bool          // max is the job's expected size, not MaxBodySize
 
-	mu     sync.Mutex
-	n      int64
-	err    error  // sticky read error
-	res    Result // reported on Close; res.Err is a transport failure only
-	eof    bool
-	closed bool
+	mu      sync.Mutex
+	reading bool // a read of rc is blocked; only then may the slow timer cut
+	n       int64
+	err     error  // sticky read error
+	res     Result // reported on Close; res.Err is a transport failure only
+	eof     bool
+	closed  bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -72,9 +73,15 @@ func (b *body) Read(p []byte) (int, error) {
 	if b.slow != nil && b.wBytes < b.need {
 		b.slow.Reset(max(b.window-b.wTime, 0))
 	}
+	b.mu.Lock()
+	b.reading = true
+	b.mu.Unlock()
 	t0 := b.now()
 	n, err := b.rc.Read(p)
 	took := b.now().Sub(t0)
+	b.mu.Lock()
+	b.reading = false // from here the window is judged below, not by the slow timer
+	b.mu.Unlock()
 	b.timer.Stop()
 	if b.slow != nil {
 		b.slow.Stop()
@@ -117,6 +124,17 @@ func (b *body) Read(p []byte) (int, error) {
 		b.err = err
 	}
 	return n, err
+}
+
+// slowCut is the slow timer's function: a window ended while a read was
+// still waiting for bytes it lacked. A read that returned in the meantime
+// judges its window itself (bytes may have arrived at the last moment).
+func (b *body) slowCut() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.reading {
+		b.cancel(errRateCut)
+	}
 }
 
 // mapErrLocked names a transport read error. b.mu is held.

@@ -290,7 +290,7 @@ func (c *Client) send(ctx context.Context, u *url.URL, r Request, firstAuthority
 	if c.opt.MinRate > 0 {
 		b.minRate, b.window = c.opt.MinRate, c.opt.MinRateWindow
 		b.need = int64(float64(c.opt.MinRate) * c.opt.MinRateWindow.Seconds())
-		b.slow = time.AfterFunc(b.window, func() { cancel(errRateCut) })
+		b.slow = time.AfterFunc(b.window, b.slowCut)
 		b.slow.Stop()
 	}
 	if hr.StatusCode < 200 || hr.StatusCode > 299 {
