@@ -1,7 +1,9 @@
 // Package fetch makes the worker's upstream HTTP requests: a GET with
 // per-hop admission (each redirect hop is admitted by its own authority
 // through a Gate), manual redirects, a destination check on every resolved
-// address, connect/TLS/header/body-idle timeouts, a maximum body size, and
+// address, connect/TLS/header/body-idle timeouts, a minimum transfer rate
+// and a total deadline that grows with the expected size, a maximum body
+// size (and the job's expected size, checked before and while reading), and
 // classification of the final status.
 //
 // It stores bodies as sent (no transparent decompression), follows no proxy
