@@ -11,7 +11,7 @@ PKGS      := ./...
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
 
-.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench clean image
+.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench soak clean image
 
 all: build
 
@@ -66,6 +66,11 @@ lint: vet fmt-check
 ## bench: benchmarks of every package (end-to-end jobs/s, pacer ns/op, stub origin req/s).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s $(PKGS)
+
+## soak: the crash soak (issue 13, R1): SIGKILLs at random moments of a 10,000-job run of a
+## real worker process, then 0 lost, 0 corrupt, no partial or temporary file. ~5 GB of disk.
+soak:
+	$(GO) test -tags soak -count=1 -run TestSoakCrash -v -timeout 60m ./cmd/mirrorworker/
 
 clean:
 	rm -rf bin

@@ -11,8 +11,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	stdlog "log"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -129,6 +131,21 @@ func Listen(addr string, h http.Handler) (*Server, error) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       60 * time.Second,
 	}}, nil
+}
+
+// LogErrorsTo sends the HTTP server's own errors (a failed accept, a
+// panicking handler) to l as warnings, instead of net/http's plain-text
+// default on stderr. Call it before Run.
+func (s *Server) LogErrorsTo(l zerolog.Logger) {
+	s.srv.ErrorLog = stdlog.New(warnWriter{l}, "", 0)
+}
+
+// warnWriter writes each line it is given as a warning.
+type warnWriter struct{ l zerolog.Logger }
+
+func (w warnWriter) Write(p []byte) (int, error) {
+	w.l.Warn().Str("component", "admin-http").Msg(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // Addr is the bound address (with the real port when ":0" was asked for).

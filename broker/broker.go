@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 )
 
 // EmbeddedOptions configures an embedded server. StoreDir is required; with
@@ -31,6 +32,10 @@ type EmbeddedOptions struct {
 	MaxStore int64
 	// ReadyTimeout bounds start-up; default 30 s.
 	ReadyTimeout time.Duration
+	// Logger receives the server's warnings and errors (notices at debug
+	// level); the zero Logger discards them. The server never writes to
+	// stderr itself.
+	Logger zerolog.Logger
 }
 
 // Embedded is a running in-process NATS server with JetStream enabled. It is
@@ -77,6 +82,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
+	srv.SetLoggerV2(serverLogger{opts.Logger}, false, false, false)
 	go srv.Start()
 	timeout := opts.ReadyTimeout
 	if timeout == 0 {

@@ -21,6 +21,13 @@ type Request struct {
 	// request conditional; a 304 answers it.
 	ETag         string
 	LastModified string
+	// Size, when HasSize is set, is the body length the job expects. A
+	// Content-Length that differs fails Do with ErrSizeMismatch before the
+	// body is read, and reads stop one byte past Size (ErrSizeMismatch), so
+	// an oversized answer costs at most Size+1 bytes. It also sets the
+	// total deadline when the answer has no Content-Length.
+	Size    int64
+	HasSize bool
 }
 
 // Result is what one hop's request produced, reported to the Gate's done func.
@@ -93,4 +100,14 @@ var (
 	// ErrIdleTimeout: a body read made no progress within the idle timeout.
 	// Transient.
 	ErrIdleTimeout = errors.New("fetch: body idle timeout")
+	// ErrTooSlow: the body arrived below the minimum transfer rate over a
+	// window, or was not done by the total deadline its expected size
+	// allows. Transient (the origin may be faster later), but the fetch
+	// slot is freed rather than held by a trickle.
+	ErrTooSlow = errors.New("fetch: transfer too slow")
+	// ErrSizeMismatch: the answer's Content-Length, or its body, differs
+	// from Request.Size. Neither permanent nor transient on its own: the
+	// caller decides how often an origin may answer with other bytes than
+	// the job expects (SPEC section 5: content_mismatch).
+	ErrSizeMismatch = errors.New("fetch: body size differs from the expected size")
 )

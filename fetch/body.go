@@ -9,6 +9,13 @@ import (
 	"time"
 )
 
+// The causes with which a body's request context is cancelled by its rate
+// timers; mapErrLocked turns them into ErrTooSlow with the figures.
+var (
+	errRateCut     = errors.New("below the minimum rate")
+	errDeadlineCut = errors.New("past the total deadline")
+)
+
 // body wraps a response body: it enforces the size limit and the idle
 // timeout, turns a short body into ErrTruncated, and reports the hop to the
 // gate's done func when closed. Read is not safe for concurrent use (as any
@@ -23,13 +30,29 @@ type body struct {
 	cancel context.CancelCauseFunc
 	done   func(Result)
 	timer  *time.Timer // cancels hctx with ErrIdleTimeout; armed during each Read
+	now    func() time.Time
 
-	mu     sync.Mutex
-	n      int64
-	err    error  // sticky read error
-	res    Result // reported on Close; res.Err is a transport failure only
-	eof    bool
-	closed bool
+	// The minimum rate: need bytes per window of time spent in reads. The
+	// slow timer cancels hctx with errRateCut when a read would carry the
+	// window past its end without the bytes; nil: no minimum. wBytes and
+	// wTime are the current window's, touched by Read only.
+	minRate     int64
+	window      time.Duration
+	need        int64
+	slow        *time.Timer
+	wBytes      int64
+	wTime       time.Duration
+	deadline    *time.Timer   // cancels hctx with errDeadlineCut; nil: none
+	deadlineIn  time.Duration // the total deadline, for its error message
+	sizeLimited bool          // max is the job's expected size, not MaxBodySize
+
+	mu      sync.Mutex
+	reading bool // a read of rc is blocked; only then may the slow timer cut
+	n       int64
+	err     error  // sticky read error
+	res     Result // reported on Close; res.Err is a transport failure only
+	eof     bool
+	closed  bool
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -47,13 +70,40 @@ func (b *body) Read(p []byte) (int, error) {
 		p = p[:rem]
 	}
 	b.timer.Reset(b.idle)
+	if b.slow != nil && b.wBytes < b.need {
+		b.slow.Reset(max(b.window-b.wTime, 0))
+	}
+	b.mu.Lock()
+	b.reading = true
+	b.mu.Unlock()
+	t0 := b.now()
 	n, err := b.rc.Read(p)
+	took := b.now().Sub(t0)
+	b.mu.Lock()
+	b.reading = false // from here the window is judged below, not by the slow timer
+	b.mu.Unlock()
 	b.timer.Stop()
+	if b.slow != nil {
+		b.slow.Stop()
+		b.wBytes += int64(n)
+		b.wTime += took
+		if b.wTime >= b.window {
+			if b.wBytes < b.need && err == nil {
+				b.cancel(errRateCut)
+				err = errRateCut
+			}
+			b.wBytes, b.wTime = 0, 0
+		}
+	}
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.n += int64(n)
 	switch {
+	case b.n > b.max && b.sizeLimited:
+		n -= int(b.n - b.max)
+		b.n = b.max
+		err = fmt.Errorf("more than the expected %d bytes: %w", b.max, ErrSizeMismatch)
 	case b.n > b.max:
 		n -= int(b.n - b.max)
 		b.n = b.max
@@ -76,11 +126,27 @@ func (b *body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// slowCut is the slow timer's function: a window ended while a read was
+// still waiting for bytes it lacked. A read that returned in the meantime
+// judges its window itself (bytes may have arrived at the last moment).
+func (b *body) slowCut() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.reading {
+		b.cancel(errRateCut)
+	}
+}
+
 // mapErrLocked names a transport read error. b.mu is held.
 func (b *body) mapErrLocked(err error) error {
-	switch {
-	case context.Cause(b.hctx) == ErrIdleTimeout:
+	switch cause := context.Cause(b.hctx); {
+	case cause == ErrIdleTimeout:
 		return fmt.Errorf("no data for %v after %d bytes: %w", b.idle, b.n, ErrIdleTimeout)
+	case cause == errRateCut:
+		return fmt.Errorf("fewer than %d bytes in %v after %d bytes, below the minimum %d B/s: %w",
+			b.need, b.window, b.n, b.minRate, ErrTooSlow)
+	case cause == errDeadlineCut:
+		return fmt.Errorf("not done within the total deadline of %v (%d bytes read): %w", b.deadlineIn, b.n, ErrTooSlow)
 	case b.ctx.Err() != nil:
 		if errors.Is(err, b.ctx.Err()) {
 			return err
@@ -110,6 +176,12 @@ func (b *body) Close() error {
 	b.mu.Unlock()
 
 	b.timer.Stop()
+	if b.slow != nil {
+		b.slow.Stop()
+	}
+	if b.deadline != nil {
+		b.deadline.Stop()
+	}
 	err := b.rc.Close()
 	b.done(res)
 	b.cancel(nil)

@@ -60,8 +60,8 @@ func IsPermanent(err error) bool {
 // ReasonCode returns a stable code for an outcome, for dead-letter records
 // and metrics: "http_<status>" when err is nil and status is set, else one
 // of "destination_refused", "too_many_redirects", "body_too_large",
-// "truncated", "invalid_url", "timeout", "cancelled", "dns", "tls" or
-// "network". It returns "" for a nil err with no status. A gate's own error
+// "truncated", "size_mismatch", "too_slow", "invalid_url", "timeout",
+// "cancelled", "dns", "tls" or "network". It returns "" for a nil err with no status. A gate's own error
 // is the caller's to name.
 func ReasonCode(err error, status int) string {
 	if err == nil {
@@ -84,6 +84,10 @@ func ReasonCode(err error, status int) string {
 		return "body_too_large"
 	case errors.Is(err, ErrTruncated):
 		return "truncated"
+	case errors.Is(err, ErrSizeMismatch):
+		return "size_mismatch"
+	case errors.Is(err, ErrTooSlow):
+		return "too_slow"
 	case errors.Is(err, ErrInvalidURL):
 		return "invalid_url"
 	case errors.Is(err, ErrIdleTimeout), errors.Is(err, context.DeadlineExceeded):

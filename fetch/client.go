@@ -1,7 +1,9 @@
 // Package fetch makes the worker's upstream HTTP requests: a GET with
 // per-hop admission (each redirect hop is admitted by its own authority
 // through a Gate), manual redirects, a destination check on every resolved
-// address, connect/TLS/header/body-idle timeouts, a maximum body size, and
+// address, connect/TLS/header/body-idle timeouts, a minimum transfer rate
+// and a total deadline that grows with the expected size, a maximum body
+// size (and the job's expected size, checked before and while reading), and
 // classification of the final status.
 //
 // It stores bodies as sent (no transparent decompression), follows no proxy
@@ -31,6 +33,20 @@ func UserAgent(version string) string {
 	return "mirrorworker/" + version + " (+https://github.com/mirrorworker/mirrorworker)"
 }
 
+// Defaults of the transfer-rate options (Options.MinRate and the rest).
+const (
+	// DefaultMinRate is the slowest transfer kept, in bytes per second: a
+	// body trickling below it frees its fetch slot (ErrTooSlow).
+	DefaultMinRate = 1 << 10
+	// DefaultMinRateWindow is the time over which the rate is judged; a
+	// pause shorter than it costs nothing if the window's bytes arrive.
+	DefaultMinRateWindow = 30 * time.Second
+	// DefaultDeadlineBase and DefaultDeadlineRate make the total deadline
+	// of a body: 5 min plus its expected size at 16 KiB/s (1 GiB: ~18 h).
+	DefaultDeadlineBase = 5 * time.Minute
+	DefaultDeadlineRate = 16 << 10
+)
+
 // drainLimit bounds how much of a redirect or non-2xx body is read so its
 // connection can be reused; a longer body costs its connection instead.
 const drainLimit = 64 << 10
@@ -44,7 +60,24 @@ type Options struct {
 	// IdleTimeout bounds the wait for each read of a body to make progress
 	// (a slow but moving transfer is never cut). 60s.
 	IdleTimeout time.Duration
-	MaxBodySize int64 // 16 GiB
+	// MinRate is the slowest body transfer kept, in bytes per second,
+	// judged over each MinRateWindow of time spent waiting on the origin
+	// (time the caller spends elsewhere, say writing to a slow disk, does
+	// not count). A window that brings fewer than MinRate x MinRateWindow
+	// bytes fails the read with ErrTooSlow, so a trickle cannot hold a
+	// fetch slot while every read still makes progress within IdleTimeout.
+	// DefaultMinRate; negative: no minimum.
+	MinRate       int64
+	MinRateWindow time.Duration // DefaultMinRateWindow
+	// DeadlineBase and DeadlineRate make the total deadline of a body,
+	// counted from its response headers: DeadlineBase plus the expected
+	// size (Content-Length, else Request.Size, else MaxBodySize) at
+	// DeadlineRate bytes per second. Past it reads fail with ErrTooSlow.
+	// DefaultDeadlineBase and DefaultDeadlineRate; a negative DeadlineRate:
+	// no total deadline.
+	DeadlineBase time.Duration
+	DeadlineRate int64
+	MaxBodySize  int64 // 16 GiB
 	// MaxRedirects is the number of redirects followed (10). Negative: none.
 	MaxRedirects int
 	UserAgent    string // DefaultUserAgent
@@ -70,6 +103,14 @@ func (o *Options) withDefaults() Options {
 	def(&r.TLSHandshakeTimeout, 10*time.Second)
 	def(&r.ResponseHeaderTimeout, 30*time.Second)
 	def(&r.IdleTimeout, 60*time.Second)
+	def(&r.MinRateWindow, DefaultMinRateWindow)
+	def(&r.DeadlineBase, DefaultDeadlineBase)
+	if r.MinRate == 0 {
+		r.MinRate = DefaultMinRate
+	}
+	if r.DeadlineRate == 0 {
+		r.DeadlineRate = DefaultDeadlineRate
+	}
 	if r.MaxBodySize <= 0 {
 		r.MaxBodySize = 16 << 30
 	}
@@ -141,9 +182,10 @@ func (c *Client) CloseIdleConnections() { c.transport.CloseIdleConnections() }
 //
 // On success the Response holds the final status and headers; Body is set
 // only for a 2xx status and must be closed. Its reads fail with
-// ErrBodyTooLarge, ErrTruncated or ErrIdleTimeout. Errors from Do: a
-// *RefusedError, ErrTooManyRedirects, ErrInvalidURL, ErrBodyTooLarge (from
-// Content-Length), the gate's error, or a transport error (see ReasonCode).
+// ErrBodyTooLarge, ErrSizeMismatch, ErrTruncated, ErrIdleTimeout or
+// ErrTooSlow. Errors from Do: a *RefusedError, ErrTooManyRedirects,
+// ErrInvalidURL, ErrBodyTooLarge or ErrSizeMismatch (from Content-Length),
+// the gate's error, or a transport error (see ReasonCode).
 func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error) {
 	u, err := url.Parse(r.URL)
 	if err != nil {
@@ -243,19 +285,54 @@ func (c *Client) send(ctx context.Context, u *url.URL, r Request, firstAuthority
 		cancel: cancel,
 		done:   done,
 		res:    Result{Status: hr.StatusCode, Header: hr.Header},
+		now:    time.Now,
 	}
 	b.timer = time.AfterFunc(b.idle, func() { cancel(ErrIdleTimeout) })
 	b.timer.Stop()
+	if c.opt.MinRate > 0 {
+		b.minRate, b.window = c.opt.MinRate, c.opt.MinRateWindow
+		b.need = int64(float64(c.opt.MinRate) * c.opt.MinRateWindow.Seconds())
+		b.slow = time.AfterFunc(b.window, b.slowCut)
+		b.slow.Stop()
+	}
 	if hr.StatusCode < 200 || hr.StatusCode > 299 {
 		b.drain()
 		return resp, nil
+	}
+	// The expected size is checked before a byte of the body is read: an
+	// origin that announces other bytes than the job expects costs nothing.
+	if r.HasSize && hr.ContentLength >= 0 && hr.ContentLength != r.Size {
+		b.Close()
+		return nil, fmt.Errorf("content-length %d, the job expects %d bytes: %w", hr.ContentLength, r.Size, ErrSizeMismatch)
 	}
 	if hr.ContentLength > c.opt.MaxBodySize {
 		b.Close()
 		return nil, fmt.Errorf("content-length %d > %d: %w", hr.ContentLength, c.opt.MaxBodySize, ErrBodyTooLarge)
 	}
+	if r.HasSize && r.Size >= 0 && r.Size < b.max {
+		b.max, b.sizeLimited = r.Size, true
+	}
+	if c.opt.DeadlineRate > 0 {
+		expected := hr.ContentLength
+		if expected < 0 {
+			expected = b.max
+		}
+		b.deadlineIn = totalDeadline(c.opt.DeadlineBase, c.opt.DeadlineRate, expected)
+		b.deadline = time.AfterFunc(b.deadlineIn, func() { cancel(errDeadlineCut) })
+	}
 	resp.Body = b
 	return resp, nil
+}
+
+// totalDeadline is base plus size bytes at rate bytes per second, capped so
+// that it never overflows.
+func totalDeadline(base time.Duration, rate, size int64) time.Duration {
+	const maxD = time.Duration(1<<62 - 1)
+	d := float64(size) / float64(rate) * float64(time.Second)
+	if d >= float64(maxD-base) {
+		return maxD
+	}
+	return base + time.Duration(d)
 }
 
 func isRedirect(status int) bool {

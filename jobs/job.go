@@ -119,8 +119,34 @@ var allowedHeaders = map[string]bool{
 // (docs/contract.md section 2). Unknown top-level fields are ignored; malformed JSON,
 // duplicate keys (at any depth), a value of the wrong type and a broken rule
 // are errors. A JSON null counts as an absent field. Every error is an
-// *InvalidError; Parse never panics.
+// *InvalidError; Parse never panics. With an error, the Job returned holds
+// only the id, when the message carries a valid one, so that the dead
+// letter of an invalid job names it.
 func Parse(data []byte) (Job, error) {
+	j, err := parse(data)
+	if err != nil {
+		return Job{ID: peekID(data)}, err
+	}
+	return j, nil
+}
+
+// peekID returns the "id" of a message that may be invalid in other ways,
+// or "" when it has none that is valid. A hostile message gets no further
+// than an id that passes the id rule.
+func peekID(data []byte) string {
+	if len(data) > MaxJobLen || !utf8.Valid(data) {
+		return ""
+	}
+	var v struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(data, &v) != nil || !validID(v.ID) {
+		return ""
+	}
+	return v.ID
+}
+
+func parse(data []byte) (Job, error) {
 	if len(data) > MaxJobLen {
 		return Job{}, invalid("", "job is %d bytes, more than the %d allowed", len(data), MaxJobLen)
 	}

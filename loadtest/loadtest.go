@@ -199,12 +199,12 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 	}
 	defer os.RemoveAll(dir)
 
-	emb, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats")})
+	emb, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats"), Logger: o.Logger.With().Str("component", "nats-server").Logger()})
 	if err != nil {
 		return fail(err)
 	}
 	defer emb.Shutdown()
-	nc, err := emb.Connect("loadtest " + name)
+	nc, err := emb.Connect("loadtest "+name, broker.ClientLogOptions(o.Logger)...)
 	if err != nil {
 		return fail(err)
 	}
@@ -292,7 +292,7 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		if durable == "" {
 			continue
 		}
-		wnc, err := emb.Connect(fmt.Sprintf("loadtest %s worker %d", name, w))
+		wnc, err := emb.Connect(fmt.Sprintf("loadtest %s worker %d", name, w), broker.ClientLogOptions(o.Logger)...)
 		if err != nil {
 			return fail(err)
 		}

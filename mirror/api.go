@@ -3,6 +3,7 @@ package mirror
 
 import (
 	"errors"
+	"syscall"
 	"time"
 )
 
@@ -39,4 +40,36 @@ var (
 	ErrSizeMismatch = errors.New("mirror: size mismatch")
 	// ErrInvalidKey: the key is not a safe relative path.
 	ErrInvalidKey = errors.New("mirror: invalid key")
+	// ErrUnavailable: the target itself cannot store anything now (an
+	// object store that cannot be reached, say). A target wraps it around
+	// failures of its own, as opposed to failures of one object or key.
+	ErrUnavailable = errors.New("mirror: target unavailable")
 )
+
+// targetFailures are the errors that say the target itself is failing,
+// whatever is being stored: full, over quota, read-only or broken.
+var targetFailures = []struct {
+	err  error
+	code string
+}{
+	{syscall.ENOSPC, "ENOSPC"},
+	{syscall.EDQUOT, "EDQUOT"},
+	{syscall.EROFS, "EROFS"},
+	{syscall.EIO, "EIO"},
+	{ErrUnavailable, "unavailable"},
+}
+
+// FailureCode names an error of the target itself, one no job caused and
+// no retry of the job can cure: "ENOSPC", "EDQUOT", "EROFS", "EIO" or
+// "unavailable" (ErrUnavailable). It returns "" for every other error.
+func FailureCode(err error) string {
+	if err == nil {
+		return ""
+	}
+	for _, f := range targetFailures {
+		if errors.Is(err, f.err) {
+			return f.code
+		}
+	}
+	return ""
+}

@@ -293,6 +293,27 @@ func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want E
 	return m, nil
 }
 
+// ProbeSize is how many bytes Probe writes: enough to need fresh blocks on
+// a disk that is full, little enough to cost nothing on one that is not.
+const ProbeSize = 64 << 10
+
+// Probe proves that the target can store data now: it writes ProbeSize
+// bytes to a temporary file under the reserved directory, syncs it and
+// removes it. Its error is the one a Put would meet; FailureCode names it.
+func (t *FileTarget) Probe(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	path, err := t.writeTempBytes(make([]byte, ProbeSize))
+	if err != nil {
+		return fmt.Errorf("probe %s: %w", t.root, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("probe %s: %w", t.root, err)
+	}
+	return nil
+}
+
 // writeTemp streams r into a new temporary file, synced and closed, and
 // returns its path, the hex sha256 and the size. On error nothing is left.
 func (t *FileTarget) writeTemp(ctx context.Context, r io.Reader) (path, sum string, size int64, err error) {

@@ -147,7 +147,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 		return res, fmt.Errorf("restore pacer: %w", err)
 	}
 	log.Info().Int("facts", res.Facts).Int("authorities", res.Authorities).Int("skipped", res.Skipped).
-		Dur("window", window).Dur("took", clk.Now().Sub(began)).
+		Str("window", window.String()).Str("took", clk.Now().Sub(began).Round(time.Millisecond).String()).
 		Msg("restore pacer: replayed pacer facts from " + jobs.EventsStream)
 	return res, nil
 }

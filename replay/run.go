@@ -193,7 +193,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 			if o.Progress != nil {
 				o.Progress.Set(res.Jobs)
 			}
-			log.Info().Str("consumer", res.Consumer).Int64("jobs", res.Jobs).Dur("took", res.Elapsed).Msg("replay: complete")
+			log.Info().Str("consumer", res.Consumer).Int64("jobs", res.Jobs).Str("took", res.Elapsed.Round(time.Millisecond).String()).Msg("replay: complete")
 			return res, nil
 		}
 		t.Reset(poll)

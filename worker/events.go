@@ -59,7 +59,7 @@ func (s *EventSink) Handle(ev pacer.Event) {
 	}
 	// The pacer logs cooldown entry and recovery itself; the sink counts.
 	if ev.Type == pacer.EventCooldown {
-		s.m.Cooldowns.WithLabelValues(s.m.host(host), port, ev.Reason).Inc()
+		s.m.CountCooldown(host, port, ev.Reason)
 	}
 	if s.js == nil {
 		return

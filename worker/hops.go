@@ -67,7 +67,7 @@ func (h *hopSet) done(p *hop, r fetch.Result) {
 		h.mu.Unlock()
 		if r.Status != 0 || (r.Err != nil && !r.Cancelled) {
 			host, port := splitAuth(p.pm.Authority)
-			w.m.UpstreamRequests.WithLabelValues(w.m.host(host), port, h.kind, upstreamOutcome(r, v)).Inc()
+			w.m.CountUpstreamRequest(host, port, h.kind, upstreamOutcome(r, v))
 		}
 		w.sched.released(now, p.pm.Authority)
 		w.poke()
@@ -179,6 +179,17 @@ func splitAuth(auth string) (host, port string) {
 		return auth, ""
 	}
 	return a.Host, a.Port
+}
+
+// logURL returns rawURL fit for a log line (SPEC section 7): without
+// credentials, query string or fragment.
+func logURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return ""
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	return u.String()
 }
 
 // stripUserinfo returns rawURL without credentials.

@@ -21,10 +21,11 @@ const (
 	OutcomeDeadLettered = "dead_lettered"
 )
 
-// DefaultHostLabelLimit is how many distinct hosts get their own label value.
+// DefaultHostLabelLimit is how many distinct (host, port) pairs get their
+// own label values; the rest are counted as host and port OtherHost.
 const DefaultHostLabelLimit = 500
 
-// OtherHost is the host label of every host past the limit.
+// OtherHost is the host and port label of every authority past the limit.
 const OtherHost = "other"
 
 // Metrics are the worker's Prometheus metrics (docs/contract.md section 7), built from
@@ -47,6 +48,14 @@ type Metrics struct {
 	// DeadLetters counts dead-letter records published, by reason code
 	// (jobs.Reason*, http_NNN): a bounded set, so safe as a label.
 	DeadLetters *prometheus.CounterVec // {reason}
+	// BodyReadBytes is the body bytes read from origins per attempt,
+	// stored or not, so that bytes fetched for nothing show.
+	BodyReadBytes *prometheus.HistogramVec // {result}
+	// TargetFailures counts writes and probes that failed because of the
+	// mirror target itself, by mirror.FailureCode; TargetUp is 0 while it
+	// fails (the worker pulls nothing then).
+	TargetFailures *prometheus.CounterVec // {error}
+	TargetUp       prometheus.Gauge
 
 	hosts hostLimiter
 }
@@ -55,7 +64,7 @@ type Metrics struct {
 // means a private registry. A collector that reg already holds (a second
 // NewMetrics on one registry) is reused rather than refused, so a command
 // may build the worker's and the event sink's metrics independently.
-// hostLimit caps the distinct host label values (0: DefaultHostLabelLimit).
+// hostLimit caps the distinct (host, port) label pairs (0: DefaultHostLabelLimit).
 func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
@@ -64,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		hostLimit = DefaultHostLabelLimit
 	}
 	const ns = "mirrorworker"
-	m := &Metrics{hosts: hostLimiter{limit: hostLimit, seen: map[string]bool{}}}
+	m := &Metrics{hosts: hostLimiter{limit: hostLimit, seen: map[[2]string]bool{}}}
 	var err error
 	reg1 := func(c prometheus.Collector) prometheus.Collector {
 		if err != nil {
@@ -138,9 +147,23 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		Namespace: ns, Name: "dead_letters_total",
 		Help: "Dead-letter records published, by reason (invalid_job, budget_exhausted, http_404, ...).",
 	}, []string{"reason"})).(*prometheus.CounterVec)
+	m.BodyReadBytes = reg1(prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Name: "body_read_bytes",
+		Help:    "Body bytes read from origins per attempt, by result (stored, discarded): _sum by result shows bytes fetched for nothing.",
+		Buckets: prometheus.ExponentialBuckets(1024, 4, 12), // 1 KiB to 4 GiB
+	}, []string{"result"})).(*prometheus.HistogramVec)
+	m.TargetFailures = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "target_failures_total",
+		Help: "Writes and probes that failed because of the mirror target itself (ENOSPC, EDQUOT, EROFS, EIO, unavailable); they cost jobs no budget.",
+	}, []string{"error"})).(*prometheus.CounterVec)
+	m.TargetUp = reg1(prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "target_up",
+		Help: "1 while the mirror target takes writes; 0 while it fails and the worker pulls no jobs.",
+	})).(prometheus.Gauge)
 	if err != nil {
 		return nil, err
 	}
+	m.TargetUp.Set(1)
 	// The reasons alerts name exist from the start at 0, so that increase()
 	// sees the first dead letter of each.
 	for _, r := range alertedReasons {
@@ -156,9 +179,20 @@ var alertedReasons = []string{
 	jobs.ReasonTooManyRedirects, jobs.ReasonBodyTooLarge,
 }
 
-// host returns the label value for host: itself while fewer than the limit
-// of distinct hosts were seen, else OtherHost.
-func (m *Metrics) host(h string) string { return m.hosts.label(h) }
+// CountUpstreamRequest counts one request to an origin in
+// upstream_requests_total, its host and port labels capped at the
+// limit of distinct pairs (OtherHost past it).
+func (m *Metrics) CountUpstreamRequest(host, port, kind, outcome string) {
+	host, port = m.hosts.labels(host, port)
+	m.UpstreamRequests.WithLabelValues(host, port, kind, outcome).Inc()
+}
+
+// CountCooldown counts one cooldown in cooldowns_total, its host and port
+// labels capped as in CountUpstreamRequest.
+func (m *Metrics) CountCooldown(host, port, reason string) {
+	host, port = m.hosts.labels(host, port)
+	m.Cooldowns.WithLabelValues(host, port, reason).Inc()
+}
 
 func (m *Metrics) setHeld(counts [3]int, busy int) {
 	for i, n := range counts {
@@ -167,24 +201,29 @@ func (m *Metrics) setHeld(counts [3]int, busy int) {
 	m.Inflight.Set(float64(busy))
 }
 
-// hostLimiter caps label cardinality. Safe for concurrent use.
+// hostLimiter caps label cardinality by (host, port) pair: a series is
+// labelled by one pair, so capping hosts alone lets one host with many
+// ports make a series per port. Safe for concurrent use.
 type hostLimiter struct {
 	mu    sync.Mutex
 	limit int
-	seen  map[string]bool
+	seen  map[[2]string]bool
 }
 
-func (l *hostLimiter) label(h string) string {
+// labels returns host and port while fewer than the limit of distinct
+// pairs were seen (or this pair was), else OtherHost for both.
+func (l *hostLimiter) labels(host, port string) (string, string) {
+	k := [2]string{host, port}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.seen[h] {
-		return h
+	if l.seen[k] {
+		return host, port
 	}
 	if len(l.seen) >= l.limit {
-		return OtherHost
+		return OtherHost, OtherHost
 	}
-	l.seen[h] = true
-	return h
+	l.seen[k] = true
+	return host, port
 }
 
 // PacerCollector exports mirrorworker_pacer_authorities{state} from a

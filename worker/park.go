@@ -450,7 +450,7 @@ func (w *Worker) hostPort(auth string) (string, string) {
 	if err != nil {
 		host, port = auth, ""
 	}
-	return w.m.host(host), port
+	return w.m.hosts.labels(host, port)
 }
 
 // fault calls the test fault hook at a named point, if one is set.

@@ -158,7 +158,13 @@ type Options struct {
 	// ParkShare: an authority with more jobs than this deferred by NAK (and
 	// so holding ack-pending slots) parks the rest. DefaultParkShare.
 	ParkShare int
-	WorkerID  string // in dead letters; hostname-pid
+	// TargetProbeInitial is the first delay before the mirror target is
+	// probed after it failed (full, read-only, broken: mirror.FailureCode),
+	// and the delay of every job handed back meanwhile; the delay doubles
+	// up to TargetProbeMax. 1 s and 1 min.
+	TargetProbeInitial time.Duration
+	TargetProbeMax     time.Duration
+	WorkerID           string // in dead letters; hostname-pid
 	// FaultHook, if set, is called at named points of the parking protocol
 	// ("parked-before-ack", "unparked-before-delete"), for crash tests.
 	FaultHook func(point string)
@@ -168,7 +174,7 @@ type Options struct {
 	// Registerer (nil: a private registry).
 	Metrics        *Metrics
 	Registerer     prometheus.Registerer
-	HostLabelLimit int // 500
+	HostLabelLimit int // distinct (host, port) label pairs; DefaultHostLabelLimit
 }
 
 func (o *Options) withDefaults() Options {
@@ -200,6 +206,9 @@ func (o *Options) withDefaults() Options {
 	defDur(&r.PullWait, time.Second)
 	defDur(&r.ParkAfter, DefaultParkAfter)
 	defInt(&r.ParkShare, DefaultParkShare)
+	defDur(&r.TargetProbeInitial, time.Second)
+	defDur(&r.TargetProbeMax, time.Minute)
+	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
 	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
 	if r.WorkerID == "" {
 		h, _ := os.Hostname()
@@ -220,6 +229,8 @@ type Worker struct {
 	clk   clock.Clock
 	m     *Metrics
 	sched *scheduler
+
+	health targetHealth // whether the mirror target takes writes (targethealth.go)
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -300,11 +311,12 @@ func New(d Deps, o *Options) (*Worker, error) {
 // Metrics returns the worker's metrics.
 func (w *Worker) Metrics() *Metrics { return w.m }
 
-// Ready reports nil once the worker is bound to the consumer and pulling.
+// Ready reports nil once the worker is bound to the consumer and pulling,
+// and the cause while the mirror target fails (it pulls nothing then).
 func (w *Worker) Ready() error {
 	switch w.state.Load() {
 	case 2:
-		return nil
+		return w.health.err(w.clk.Now())
 	case 3:
 		return errors.New("worker: stopped")
 	}
@@ -370,6 +382,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer loops.Done(); w.dispatchLoop(ctx, fctx) }()
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); w.heartbeatLoop(hbCtx) }()
+	probeDone := make(chan struct{})
+	go func() { defer close(probeDone); w.targetProbeLoop(hbCtx) }()
 
 	<-ctx.Done()
 	loops.Wait()
@@ -379,7 +393,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	slotsDone := make(chan struct{})
 	go func() { w.slots.Wait(); close(slotsDone) }()
 	if clock.Sleep(w.clk, w.o.ShutdownGrace, slotsDone) { // the grace period ran out
-		w.log.Warn().Dur("grace", w.o.ShutdownGrace).Msg("in-flight fetches cancelled at the end of the grace period")
+		w.log.Warn().Str("grace", w.o.ShutdownGrace.String()).Msg("in-flight fetches cancelled at the end of the grace period")
 		cancelFetch()
 		<-slotsDone
 	}
@@ -387,6 +401,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.parking.wait()             // parks in progress end with an ack or a NAK
 	stopHB()
 	<-hbDone
+	<-probeDone
 	if nc := w.d.JS.Conn(); nc != nil {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			w.log.Warn().Err(err).Msg("flush acks at shutdown")
@@ -424,6 +439,9 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 	// is free rather than pulling one message per round trip.
 	lowWater := max(1, min(w.o.PullBatch, w.o.MaxHeld/8))
 	for ctx.Err() == nil {
+		if !w.waitTargetUp(ctx) { // targethealth.go: no pulling while the target fails
+			return
+		}
 		batchMax := w.o.PullBatch
 		if w.o.Partitions > 0 {
 			// A pull holds its room for up to PullWait while it waits for
@@ -662,7 +680,7 @@ func (w *Worker) deferJob(d deferral) {
 	}
 	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
 	w.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
-		Dur("delay", d.delay).Msg("job deferred")
+		Str("delay", d.delay.String()).Msg("job deferred")
 }
 
 // runSlot is one fetch slot working on a granted job.
@@ -680,6 +698,10 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 		// A cooldown arrived between the grant and now: back to the queue,
 		// where the pacer's refusal defers it.
 		w.finish(j, 0, true)
+		return
+	}
+	if w.skipWhileTargetDown(j, pm) { // targethealth.go
+		w.finish(j, 0, false)
 		return
 	}
 	if !w.owns(j.part) {
@@ -706,9 +728,13 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // returns true when the job must go back to its authority's queue (a
 // throttled answer: the pacer now knows when the next request may go).
 func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
+	began := w.clk.Now()
 	hops := &hopSet{w: w, first: pm, kind: j.job.Kind}
 	defer hops.close()
 	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo}
+	if j.job.Size != nil {
+		req.Size, req.HasSize = *j.job.Size, true
+	}
 	if len(j.job.Headers) > 0 {
 		req.Header = http.Header{}
 		for k, v := range j.job.Headers {
@@ -726,6 +752,10 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			w.deferJob(deferral{job: j, delay: delay, reason: "redirect_" + string(re.Reason)})
 		case ctx.Err() != nil:
 			w.handBack(j)
+		case errors.Is(err, fetch.ErrSizeMismatch):
+			// A Content-Length other than the job's size: not one body byte
+			// was read.
+			w.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
 		case fetch.IsPermanent(err):
 			w.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
 		default:
@@ -747,7 +777,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	}
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp)
+		w.store(ctx, j, resp, began)
 	case fetch.ClassNotModified:
 		w.complete(j, OutcomeUnchanged)
 	case fetch.ClassTransient:
@@ -774,7 +804,8 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 }
 
 // store writes a 2xx body to the target and acks once it is durable.
-func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
+// began is when the fetch started, for the retry delay of a slow transfer.
+func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time) {
 	want := mirror.Expect{SHA256: j.job.SHA256}
 	if j.job.Size != nil {
 		want.Size, want.HasSize = *j.job.Size, true
@@ -793,16 +824,29 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response) {
 	resp.Body.Close()
 	if err == nil {
 		w.m.FetchedBytes.Add(float64(body.n))
+		w.m.BodyReadBytes.WithLabelValues("stored").Observe(float64(body.n))
 		w.complete(j, OutcomeStored)
 		return
 	}
+	w.m.BodyReadBytes.WithLabelValues("discarded").Observe(float64(body.n))
 	switch {
 	case ctx.Err() != nil:
 		w.handBack(j)
+	case body.err != nil && errors.Is(body.err, fetch.ErrSizeMismatch):
+		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
 	case body.err != nil && fetch.IsPermanent(body.err):
 		w.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
+	case body.err != nil && errors.Is(body.err, fetch.ErrTooSlow):
+		// A trickle held a fetch slot all this time: it waits SlowRetryFactor
+		// times as long before it may hold one again.
+		held := w.clk.Now().Sub(began)
+		w.retry(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error(), SlowRetryFactor*held)
 	case body.err != nil:
 		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
+	case mirror.FailureCode(err) != "":
+		// The target itself failed (full, read-only, broken): the worker's
+		// problem, not the job's (targethealth.go).
+		w.targetFailed(j, mirror.FailureCode(err), err)
 	case errors.Is(err, mirror.ErrDigestMismatch):
 		w.transient(ctx, j, "digest_mismatch", resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrSizeMismatch):
@@ -867,9 +911,33 @@ func (w *Worker) final(j *heldJob, outcome, reason string) {
 	}
 }
 
+// MaxContentMismatches is how many answers with other bytes than the job's
+// size or sha256 a job takes before it is dead-lettered content_mismatch:
+// one retry, in case the origin changed the object in between (SPEC
+// section 5).
+const MaxContentMismatches = 2
+
+// mismatchReasons are the attempt reasons that count as content mismatches.
+var mismatchReasons = map[string]bool{"size_mismatch": true, "digest_mismatch": true}
+
 // transient records a failed attempt against the job's budget and retries
-// it with backoff, or dead-letters it when the budget is spent.
+// it with backoff, or dead-letters it when the budget is spent. A content
+// mismatch (reason size_mismatch or digest_mismatch: the origin answered
+// with other bytes than the job expects) is such a failure too, and the
+// MaxContentMismatches-th one dead-letters the job content_mismatch.
 func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, status int, detail string) {
+	w.retry(ctx, j, reason, status, detail, 0)
+}
+
+// SlowRetryFactor: a job whose transfer was cut as too slow (fetch.ErrTooSlow)
+// is retried no sooner than this many times the time its attempt held a
+// fetch slot (within BackoffMax), so that a trickling job spends at most
+// about a tenth of its time in a slot, and healthy origins keep flowing
+// beside trickling ones.
+const SlowRetryFactor = 9
+
+// retry is transient with a least retry delay (within BackoffMax).
+func (w *Worker) retry(ctx context.Context, j *heldJob, reason string, status int, detail string, least time.Duration) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: truncate(detail, 512)}
@@ -880,18 +948,38 @@ func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, statu
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("record failed attempt")
 		rec = attemptRecord{Count: 1, Attempts: []jobs.Attempt{a}}
 	}
+	if mismatchReasons[reason] {
+		n := 0
+		for _, a := range rec.Attempts {
+			if mismatchReasons[a.Reason] {
+				n++
+			}
+		}
+		if n >= MaxContentMismatches {
+			w.deadLetter(ctx, j, jobs.ReasonContentMismatch,
+				fmt.Sprintf("%d answers with other bytes than the job expects, last: %s", n, detail), status, rec.Attempts)
+			return
+		}
+	}
 	if rec.Count >= w.o.FailureBudget {
 		w.deadLetter(ctx, j, jobs.ReasonBudgetExhausted,
-			fmt.Sprintf("%d failed attempts, last %s", rec.Count, reason), status, rec.Attempts)
+			fmt.Sprintf("%d failed attempts, last %s: %s", rec.Count, reason, detail), status, rec.Attempts)
 		return
 	}
-	delay := w.backoff(rec.Count)
+	delay := max(w.backoff(rec.Count), min(least, w.o.BackoffMax))
 	if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
 	}
 	w.m.Jobs.WithLabelValues(OutcomeRetried).Inc()
-	w.log.Info().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("attempt", rec.Count).
-		Dur("retry_in", delay).Msg("job failed, retrying")
+	ev := w.log.Info().Str("job", j.job.ID).Str("url", logURL(j.job.URL)).Str("authority", j.auth).Str("reason", reason)
+	if status != 0 {
+		ev = ev.Int("status", status)
+	}
+	if detail != "" {
+		ev = ev.Str("error", detail)
+	}
+	ev.Int("attempt", rec.Count).Int("failure_budget", w.o.FailureBudget).Str("retry_in", delay.Round(time.Millisecond).String()).
+		Msg("job failed, retrying")
 }
 
 // deadLetter publishes the job's dead-letter record and terminates it. If
@@ -937,8 +1025,11 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 	}
 	w.m.DeadLetters.WithLabelValues(reason).Inc()
 	ev := w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status)
-	if detail != "" { // says what to do where there is something (destination_refused)
-		ev = ev.Str("detail", truncate(detail, 512))
+	if j.job.URL != "" {
+		ev = ev.Str("url", logURL(j.job.URL))
+	}
+	if detail != "" {
+		ev = ev.Str("error", truncate(detail, 1024))
 	}
 	ev.Msg("job dead-lettered")
 	w.final(j, OutcomeDeadLettered, reason)

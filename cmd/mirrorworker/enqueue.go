@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -164,14 +165,17 @@ func duplicateWindow(ctx context.Context, js jetstream.JetStream) time.Duration 
 // changing the limits of streams that already do (the worker owns those)
 // except for raising their replicas to replicas when given. On a NATS
 // cluster, jobs left on one replica are reported on stderr: that must not
-// happen silently.
+// happen silently. NATS's asynchronous errors (a permissions violation,
+// say) go to stderr as warnings through zerolog, like every other library's
+// reports.
 func connectJobs(ctx context.Context, nf *natsFlags, replicas int, stderr io.Writer) (jetstream.JetStream, func(), error) {
 	if nf.url == "" {
 		if err := probeDefaultNATS(ctx, nf.defaultTo); err != nil {
 			return nil, nil, err
 		}
 	}
-	nc, err := nf.connect(ctx, "mirrorworker-enqueue")
+	log, _ := newLogger(stderr, "console", "warn")
+	nc, err := nf.connect(ctx, "mirrorworker-enqueue", broker.ClientLogOptions(log)...)
 	if err != nil {
 		if nf.url == "" {
 			err = fmt.Errorf("%w (is 'mirrorworker run' running? otherwise pass --nats-url)", err)

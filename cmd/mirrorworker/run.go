@@ -236,6 +236,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		return fmt.Errorf("%w (pass --admin-addr)", err)
 	}
 	defer adm.Close()
+	adm.LogErrorsTo(log)
 	log.Debug().Str("admin_url", adm.URL()).Msg("admin endpoint listening")
 
 	// The embedded server starts here, before the group: it is local, so a
@@ -250,6 +251,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		embedded, err = broker.StartEmbedded(broker.EmbeddedOptions{
 			StoreDir: filepath.Join(dataDir, "nats"),
 			Listen:   c.embeddedListen,
+			Logger:   log.With().Str("component", "nats-server").Logger(),
 		})
 		if err != nil {
 			return err
@@ -561,18 +563,10 @@ func stoppedOr(ctx context.Context, err error) error {
 }
 
 // natsLogHandlers reports connection trouble, which the worker otherwise
-// only sees as stalled pulls.
+// only sees as stalled pulls, and every asynchronous error of nats.go,
+// through the worker's logger (never as plain text on stderr).
 func natsLogHandlers(log zerolog.Logger) []nats.Option {
-	return []nats.Option{
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil { // nil: our own Close at exit
-				log.Warn().Err(err).Msg("NATS disconnected")
-			}
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			log.Info().Str("nats_url", broker.RedactURL(nc.ConnectedUrl())).Msg("NATS reconnected")
-		}),
-	}
+	return broker.ClientLogOptions(log)
 }
 
 // checkWritableDir creates dir if needed and proves a file can be created

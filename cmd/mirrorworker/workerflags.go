@@ -35,6 +35,10 @@ type workerFlags struct {
 	connectTO     time.Duration
 	headerTO      time.Duration
 	idleTO        time.Duration
+	minRate       byteSize
+	minRateWindow time.Duration
+	deadlineBase  time.Duration
+	deadlineRate  byteSize
 	failureBudget int
 	ackWait       time.Duration
 	maxAckPending int
@@ -76,6 +80,12 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	deprecate(fs, "connect-timeout", "origin-connect-timeout")
 	fs.DurationVar(&w.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
 	fs.DurationVar(&w.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
+	w.minRate = fetch.DefaultMinRate
+	fs.Var(&w.minRate, "min-transfer-rate", "slowest body transfer kept, in bytes per second (with a unit: 1KiB); judged over --min-transfer-window, a slower fetch frees its slot and is retried (too_slow); 0: no minimum")
+	fs.DurationVar(&w.minRateWindow, "min-transfer-window", fetch.DefaultMinRateWindow, "time over which --min-transfer-rate is judged")
+	fs.DurationVar(&w.deadlineBase, "body-deadline-base", fetch.DefaultDeadlineBase, "total deadline of a body: this plus its expected size at --body-deadline-rate")
+	w.deadlineRate = fetch.DefaultDeadlineRate
+	fs.Var(&w.deadlineRate, "body-deadline-rate", "bytes per second the total deadline of a body allows for its expected size (Content-Length, else the job's size, else --max-body-size); 0: no total deadline")
 	fs.IntVar(&w.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
 	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
 	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
@@ -120,7 +130,8 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	if w.maxBodySize <= 0 {
 		bad("--max-body-size %d: want more than 0", w.maxBodySize)
 	}
-	durations := append([]durationFlag{{"origin-connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO}, {"ack-wait", w.ackWait}}, more...)
+	durations := append([]durationFlag{{"origin-connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO},
+		{"min-transfer-window", w.minRateWindow}, {"body-deadline-base", w.deadlineBase}, {"ack-wait", w.ackWait}}, more...)
 	for _, d := range durations {
 		if d.v <= 0 {
 			bad("--%s %s: want more than 0", d.name, d.v)
@@ -180,11 +191,21 @@ func (w *workerFlags) pacerPolicy() (*pacer.Policy, error) {
 }
 
 func (w *workerFlags) fetchOptions() *fetch.Options {
+	orNone := func(b byteSize) int64 { // a flag's 0 is fetch's "none"
+		if b == 0 {
+			return -1
+		}
+		return int64(b)
+	}
 	return &fetch.Options{
 		ConnectTimeout:        w.connectTO,
 		TLSHandshakeTimeout:   w.connectTO,
 		ResponseHeaderTimeout: w.headerTO,
 		IdleTimeout:           w.idleTO,
+		MinRate:               orNone(w.minRate),
+		MinRateWindow:         w.minRateWindow,
+		DeadlineBase:          w.deadlineBase,
+		DeadlineRate:          orNone(w.deadlineRate),
 		MaxBodySize:           int64(w.maxBodySize),
 		AllowPrivate:          w.allowPrivate,
 		UserAgent:             fetch.UserAgent(version),
