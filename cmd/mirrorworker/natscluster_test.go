@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -238,8 +239,8 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 		strings.NewReader(strings.Join(all[10:], "")), &out, &errOut); err != nil {
 		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
 	}
-	if strings.Contains(errOut.String(), "warning") {
-		t.Errorf("enqueue with --stream-replicas 3 warned: %s", errOut.String())
+	if strings.Contains(errOut.String(), "replica") {
+		t.Errorf("enqueue with --stream-replicas 3 warned about replicas: %s", errOut.String())
 	}
 	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket} {
 		if r, _ := streamReplicas(t, js, s); r != 3 {
@@ -256,31 +257,46 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	}
 	root := workers[0].start.Mirror
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	cons, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName)
-	cancel()
-	if err != nil {
-		t.Fatal(err)
+	// The workers' own assets (the partitioned layout, ADR 0007) are
+	// replicated too: the work queue, the parking lot, the two buckets and
+	// every partition consumer.
+	for _, s := range []string{jobs.WorkStream, jobs.ParkStream, "KV_" + jobs.LeasesBucket, "KV_" + jobs.PodsBucket} {
+		if r, _ := streamReplicas(t, js, s); r != 3 {
+			t.Errorf("%s has %d replicas, want 3", s, r)
+		}
 	}
-	if ci := cons.CachedInfo(); ci.Cluster == nil || len(ci.Cluster.Replicas)+1 != 3 {
+	// The partition consumer of the origin's authority (all jobs are its).
+	part := jobs.PartitionConsumer(jobs.Partition(authority.KeyOf(strings.TrimPrefix(origin.URL, "http://")), jobs.DefaultPartitions))
+	var ci *jetstream.ConsumerInfo
+	waitFor(t, 30*time.Second, "the partition consumer "+part+" with a leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := js.Consumer(ctx, jobs.WorkStream, part)
+		if err != nil {
+			return false
+		}
+		ci = c.CachedInfo()
+		return ci.Cluster != nil && ci.Cluster.Leader != ""
+	})
+	if len(ci.Cluster.Replicas)+1 != 3 {
 		t.Errorf("consumer cluster info %+v, want a leader and 2 replicas", ci.Cluster)
 	}
 
-	// The hardest case: the killed server leads the consumer too, so acks
-	// and deliveries move with the stream. Ask the consumer's leader to
-	// step down in favour of the stream leader's server.
+	// The hardest case: the killed server leads the work stream and the
+	// consumer, so acks and deliveries move with the stream. Ask the
+	// consumer's leader to step down in favour of the stream leader's server.
 	consLeader := func() string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil && c.CachedInfo().Cluster != nil {
+		if c, err := js.Consumer(ctx, jobs.WorkStream, part); err == nil && c.CachedInfo().Cluster != nil {
 			return c.CachedInfo().Cluster.Leader
 		}
 		return ""
 	}
-	_, leader := streamReplicas(t, js, jobs.JobsStream)
+	_, leader := streamReplicas(t, js, jobs.WorkStream)
 	if consLeader() != leader {
 		req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, leader)
-		if _, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+jobs.JobsStream+"."+jobs.ConsumerName, []byte(req), 5*time.Second); err != nil {
+		if _, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+jobs.WorkStream+"."+part, []byte(req), 5*time.Second); err != nil {
 			t.Fatalf("consumer leader stepdown: %v", err)
 		}
 		waitFor(t, 20*time.Second, "the consumer led by "+leader, func() bool { return consLeader() == leader })
@@ -289,7 +305,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	waitFor(t, 60*time.Second, "a quarter of the jobs stored", func() bool {
 		return len(mirrorFiles(t, root)) >= n/4
 	})
-	_, leader = streamReplicas(t, js, jobs.JobsStream)
+	_, leader = streamReplicas(t, js, jobs.WorkStream)
 	cl := consLeader()
 	var victim *natsNode
 	for _, nd := range nodes {
@@ -306,14 +322,14 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	}
 	<-victim.exited
 	t.Logf("killed %s, the %s leader (consumer leader %s), with %d/%d stored after %d origin requests",
-		victim.name, jobs.JobsStream, cl, before, n, origin.requests.Load())
+		victim.name, jobs.WorkStream, cl, before, n, origin.requests.Load())
 
 	if before >= n {
 		t.Fatal("every job was stored before the kill; the test proves nothing")
 	}
 
 	waitDrained(t, url, root, n, 120*time.Second, workers[0].log)
-	_, newLeader := streamReplicas(t, js, jobs.JobsStream)
+	_, newLeader := streamReplicas(t, js, jobs.WorkStream)
 	for i, w := range workers {
 		select {
 		case <-w.exited:
@@ -333,7 +349,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	reqs := origin.requests.Load()
 	ratio := float64(reqs) / n
 	t.Logf("new %s leader %s; origin requests %d for %d jobs (%.3f per job): %d complete 200s, %d 304s",
-		jobs.JobsStream, newLeader, reqs, n, ratio, origin.full200.Load(), origin.notModfied.Load())
+		jobs.WorkStream, newLeader, reqs, n, ratio, origin.full200.Load(), origin.notModfied.Load())
 	if ratio > 1.1 {
 		t.Errorf("%.3f origin requests per job, want at most 1.1", ratio)
 	}
@@ -344,11 +360,11 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	if err := run(context.Background(), []string{"enqueue", "--nats-url", url}, noEnv, strings.NewReader(""), &out, &errOut); err != nil {
 		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
 	}
-	if strings.Contains(errOut.String(), "warning") {
+	if strings.Contains(errOut.String(), "replica") {
 		t.Errorf("enqueue warned about R3 streams: %s", errOut.String())
 	}
 	workers = append(workers, startWorkerProcess(t, workerArgs(url, dataDir, "--worker-id", "w-noflag")...))
-	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket} {
+	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket, jobs.WorkStream, jobs.ParkStream, "KV_" + jobs.LeasesBucket} {
 		if r, _ := streamReplicas(t, js, s); r != 3 {
 			t.Errorf("after a worker without --stream-replicas, %s has %d replicas, want 3", s, r)
 		}
