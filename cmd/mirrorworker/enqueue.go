@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/nats-io/nats.go/jetstream"
 )
