@@ -107,7 +107,7 @@ func TestProcessNewcomerQuickStart(t *testing.T) {
 		dead = w1.log.logLine("job dead-lettered", map[string]string{"reason": "destination_refused"})
 		return dead != nil
 	})
-	if d, _ := dead["detail"].(string); !strings.Contains(d, "run the worker with --allow-private-networks") {
+	if d, _ := dead["error"].(string); !strings.Contains(d, "run the worker with --allow-private-networks") {
 		t.Errorf("the dead-letter line does not say how to allow it: %v", dead)
 	}
 	if _, err := w1.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {

@@ -81,11 +81,11 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.DurationVar(&w.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
 	fs.DurationVar(&w.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
 	w.minRate = fetch.DefaultMinRate
-	fs.Var(&w.minRate, "min-transfer-rate", "slowest body transfer kept, in bytes per second (with a unit: 1KiB); judged over --min-transfer-window, a slower fetch frees its slot and is retried (too_slow); 0: no minimum")
+	fs.Var(&w.minRate, "min-transfer-rate", "slowest body transfer kept, in `bytes` per second (with a unit: 1KiB); judged over --min-transfer-window, a slower fetch frees its slot and is retried (too_slow); 0: no minimum")
 	fs.DurationVar(&w.minRateWindow, "min-transfer-window", fetch.DefaultMinRateWindow, "time over which --min-transfer-rate is judged")
 	fs.DurationVar(&w.deadlineBase, "body-deadline-base", fetch.DefaultDeadlineBase, "total deadline of a body: this plus its expected size at --body-deadline-rate")
 	w.deadlineRate = fetch.DefaultDeadlineRate
-	fs.Var(&w.deadlineRate, "body-deadline-rate", "bytes per second the total deadline of a body allows for its expected size (Content-Length, else the job's size, else --max-body-size); 0: no total deadline")
+	fs.Var(&w.deadlineRate, "body-deadline-rate", "`bytes` per second the total deadline of a body allows for its expected size (Content-Length, else the job's size, else --max-body-size); 0: no total deadline")
 	fs.IntVar(&w.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
 	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
 	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
