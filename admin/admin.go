@@ -45,6 +45,9 @@ type Options struct {
 	// Pacer returns the tracked authorities for /debug/pacer; nil serves an
 	// empty array.
 	Pacer func() []pacer.State
+	// Parked returns the jobs parked per authority (partitioned mode), shown
+	// as "parked" beside each authority in /debug/pacer; nil: none.
+	Parked func() map[string]int64
 	// Logger receives promhttp's errors; zero value logs nothing.
 	Logger zerolog.Logger
 }
@@ -84,9 +87,21 @@ func New(o *Options) http.Handler {
 		writeText(w, http.StatusOK, "ready")
 	})
 	mux.HandleFunc("GET /debug/pacer", func(w http.ResponseWriter, _ *http.Request) {
-		states := snap()
-		if states == nil {
-			states = []pacer.State{} // "[]", never "null"
+		type entry struct {
+			pacer.State
+			Parked int64 `json:"parked,omitempty"`
+		}
+		var parked map[string]int64
+		if o.Parked != nil {
+			parked = o.Parked()
+		}
+		states := []entry{} // "[]", never "null"
+		for _, st := range snap() {
+			states = append(states, entry{State: st, Parked: parked[st.Authority]})
+			delete(parked, st.Authority)
+		}
+		for a, n := range parked { // parked for an authority the pacer has forgotten
+			states = append(states, entry{State: pacer.State{Authority: a, State: pacer.StateIdle}, Parked: n})
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -407,6 +406,9 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 
 // counts returns the parked jobs per authority (a hint, see parkedAuth.n).
 func (p *parking) counts() map[string]int64 {
+	if p == nil {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make(map[string]int64, len(p.auths))
@@ -418,31 +420,9 @@ func (p *parking) counts() map[string]int64 {
 	return out
 }
 
-// ParkedCounts returns how many jobs each authority of the partitions this
-// worker serves has parked, largest first, at most limit (0: all).
-func (w *Worker) ParkedCounts(limit int) []AuthorityCount {
-	c := w.parking.counts()
-	out := make([]AuthorityCount, 0, len(c))
-	for a, n := range c {
-		out = append(out, AuthorityCount{Authority: a, N: n})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].N != out[j].N {
-			return out[i].N > out[j].N
-		}
-		return out[i].Authority < out[j].Authority
-	})
-	if limit > 0 && len(out) > limit {
-		out = out[:limit]
-	}
-	return out
-}
-
-// AuthorityCount is a count of jobs for one authority.
-type AuthorityCount struct {
-	Authority string `json:"authority"`
-	N         int64  `json:"n"`
-}
+// Parked returns how many jobs each authority of the partitions this worker
+// serves has parked (a hint kept in memory, see parkedAuth.n).
+func (w *Worker) Parked() map[string]int64 { return w.parking.counts() }
 
 // hostPort returns the capped metric labels of an authority.
 func (w *Worker) hostPort(auth string) (string, string) {

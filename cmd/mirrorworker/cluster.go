@@ -214,26 +214,43 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 	if err != nil {
 		return err
 	}
-	var rows []statusRow
+	// One row per authority. Every pod knows every authority's cooldowns
+	// and pauses (they share pacer facts), but only the lease holder of its
+	// partition serves it: its view wins, and the jobs any pod still holds
+	// or has parked are added up.
+	byAuth := map[string]*statusRow{}
 	for _, ps := range pods {
 		for _, a := range ps.Authorities {
 			if only != "" && a.Authority != only {
 				continue
 			}
-			rows = append(rows, statusRow{AuthorityStatus: a, Pod: ps.Pod, Partition: jobs.Partition(authority.KeyOf(a.Authority), partitions)})
+			part := jobs.Partition(authority.KeyOf(a.Authority), partitions)
+			r := byAuth[a.Authority]
+			if r == nil {
+				r = &statusRow{AuthorityStatus: a, Pod: leases[part], Partition: part}
+				r.Queued, r.Parked, r.InFlight = 0, 0, 0
+				byAuth[a.Authority] = r
+			}
+			if ps.Pod == leases[part] {
+				q, pk, in := r.Queued, r.Parked, r.InFlight
+				r.AuthorityStatus = a
+				r.Queued, r.Parked, r.InFlight = q, pk, in
+			}
+			r.Queued += a.Queued
+			r.Parked += a.Parked
+			r.InFlight += a.InFlight
 		}
+	}
+	var rows []statusRow
+	for _, r := range byAuth {
+		rows = append(rows, *r)
 	}
 	if only != "" && len(rows) == 0 {
 		p := jobs.Partition(authority.KeyOf(only), partitions)
 		rows = append(rows, statusRow{AuthorityStatus: worker.AuthorityStatus{State: pacer.State{Authority: only, State: pacer.StateIdle}},
 			Pod: leases[p], Partition: p})
 	}
-	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].Authority != rows[j].Authority {
-			return rows[i].Authority < rows[j].Authority
-		}
-		return rows[i].Pod < rows[j].Pod
-	})
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Authority < rows[j].Authority })
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -470,5 +471,99 @@ func TestProcessCrashWhileParking(t *testing.T) {
 			}
 			checkClusterMirror(t, root, targets)
 		})
+	}
+}
+
+// TestProcessPauseResumeStatus: an operator's pause reaches every pod within
+// a second and holds the authority's jobs (parked, no request) while the
+// other authorities flow; status shows it paused, with its parked jobs and
+// the pod serving it; resume lets them through.
+func TestProcessPauseResumeStatus(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	natsURL := externalNATS(t)
+	origin := newClusterOrigin(t, 8, "paused", "plain")
+	origin.auths[origin.named("paused")].every = 1 << 30 // never throttles by itself
+	targets, urls := origin.urls(6)
+	root := t.TempDir()
+	args := func() []string {
+		return workerArgs(natsURL, t.TempDir(), "--target", root, "--partitions", "8", "--lease-ttl", "2s", "--park-after", "2s")
+	}
+	pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+	paused := origin.named("paused")
+
+	var out, errOut strings.Builder
+	pausedAt := time.Now()
+	if err := run(context.Background(), []string{"pause", "--nats-url", natsURL, "--authority", paused, "--for", "10m", "--reason", "test"},
+		noEnv, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("pause: %v; %s", err, errOut.String())
+	}
+	if !strings.Contains(out.String(), "paused "+paused+" until") {
+		t.Errorf("pause printed %q", out.String())
+	}
+	for _, p := range pods {
+		waitFor(t, 10*time.Second, "the pause applied by every pod", func() bool {
+			return p.log.logLine("operator paused authority", map[string]string{"authority": paused}) != nil
+		})
+		line := p.log.logLine("operator paused authority", map[string]string{"authority": paused})
+		at, err := time.Parse(time.RFC3339Nano, line["time"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := at.Sub(pausedAt); d > time.Second {
+			t.Errorf("a pod applied the pause %v after it was given, want within 1s", d)
+		}
+	}
+	publishURLs(t, natsURL, targets, urls)
+	waitFor(t, 60*time.Second, "the other authority's jobs stored", func() bool {
+		n := 0
+		for u, key := range targets {
+			if strings.Contains(u, origin.named("plain")) {
+				if _, err := os.Stat(root + "/" + key); err == nil {
+					n++
+				}
+			}
+		}
+		return n == 6
+	})
+	// status: the paused authority, its jobs waiting, the pod serving it.
+	var st struct {
+		Authorities []statusRow `json:"authorities"`
+	}
+	waitFor(t, 30*time.Second, "status showing the paused authority with its jobs waiting", func() bool {
+		out.Reset()
+		if err := run(context.Background(), []string{"status", "--nats-url", natsURL, "--authority", paused, "--json"},
+			noEnv, strings.NewReader(""), &out, &errOut); err != nil {
+			t.Fatalf("status: %v; %s", err, errOut.String())
+		}
+		if err := json.Unmarshal([]byte(out.String()), &st); err != nil {
+			t.Fatalf("status --json: %v: %s", err, out.String())
+		}
+		return len(st.Authorities) == 1 && st.Authorities[0].State.State == "paused" &&
+			int64(st.Authorities[0].Queued)+st.Authorities[0].Parked == 6 && st.Authorities[0].Pod != ""
+	})
+	if n := len(origin.auths[paused].arrivals); n != 0 {
+		t.Errorf("the paused authority got %d requests", n)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"status", "--nats-url", natsURL}, noEnv, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	t.Logf("status while paused:\n%s", out.String())
+	if !strings.Contains(out.String(), paused) || !strings.Contains(out.String(), "(paused)") {
+		t.Errorf("status table lacks the paused authority:\n%s", out.String())
+	}
+
+	if err := run(context.Background(), []string{"resume", "--nats-url", natsURL, "--authority", paused}, noEnv,
+		strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	waitQueueEmpty(t, natsURL, root, len(urls), 60*time.Second, multiLog(pods))
+	checkClusterMirror(t, root, targets)
+	for _, p := range pods {
+		if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Errorf("pod exit: %v", err)
+		}
 	}
 }

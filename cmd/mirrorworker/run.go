@@ -230,6 +230,12 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 			}
 			return nil
 		},
+		Parked: func() map[string]int64 {
+			if s := state.Load(); s != nil && s.parked != nil {
+				return s.parked()
+			}
+			return nil
+		},
 		Logger: log,
 	}))
 	if err != nil {
@@ -472,7 +478,7 @@ func (p *pipeline) run(ctx context.Context) error {
 			return fmt.Errorf("NATS connection %s", strings.ToLower(nc.Status().String()))
 		}
 		return w.Ready()
-	}})
+	}, parked: w.Parked})
 
 	ev := p.startFields(log.Info())
 	switch {
@@ -549,8 +555,9 @@ func (p *pipeline) run(ctx context.Context) error {
 
 // liveState is what the admin endpoint reads once the worker is wired.
 type liveState struct {
-	pacer *pacer.Pacer
-	ready func() error
+	pacer  *pacer.Pacer
+	ready  func() error
+	parked func() map[string]int64 // parked jobs per authority
 }
 
 // stoppedOr returns nil when ctx was cancelled (a stop asked for during
