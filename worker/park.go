@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,6 +40,7 @@ type parking struct {
 
 	pending sync.WaitGroup // parks published, not yet settled
 	kick    chan struct{}
+	started atomic.Int64 // parks begun, for the intake's pacing
 }
 
 // parkedAuth is what the worker knows of one authority's parked jobs.
@@ -125,6 +127,7 @@ func (p *parking) park(d deferral) {
 	m.Data = j.data
 	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(w.sched.deliveries(j), 10))
 	m.Header.Set(jobs.HeaderParkedAt, w.clk.Now().UTC().Format(time.RFC3339Nano))
+	p.started.Add(1)
 	fut, err := w.d.JS.PublishMsgAsync(m)
 	if err != nil {
 		p.parkFailed(d, err)

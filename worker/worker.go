@@ -488,7 +488,9 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		w.state.CompareAndSwap(1, 2)
 		// Drain the whole batch even after ctx is done: a message the server
 		// already sent must be handed back, not left to its ack wait.
+		got, parks0, t0 := 0, w.parking.started.Load(), w.clk.Now()
 		for m := range batch.Messages() {
+			got++
 			if ctx.Err() != nil {
 				w.handBackMsg(m)
 				continue
@@ -499,7 +501,20 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
 			w.log.Debug().Err(err).Msg("pull ended")
 		}
+		w.yieldToOthers(ctx, got, int(w.parking.started.Load()-parks0), w.clk.Now().Sub(t0))
 	}
+}
+
+// yieldToOthers paces a partition whose deliveries all went to the parking
+// lot (a cooling authority's backlog) while other jobs are held: parking
+// costs CPU and NATS operations that the healthy authorities need, and the
+// backlog waits anyway. Such a partition then spends at most a tenth of
+// its time pulling and parking; alone, it parks at full speed.
+func (w *Worker) yieldToOthers(ctx context.Context, got, parked int, took time.Duration) {
+	if w.o.Partitions <= 0 || got == 0 || parked*10 < got*9 || w.sched.held() == 0 {
+		return
+	}
+	clock.Sleep(w.clk, min(9*took, w.o.PullWait), ctx.Done())
 }
 
 // intake validates one delivery and queues or defers it. Nothing here may
