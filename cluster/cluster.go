@@ -1,6 +1,6 @@
 // Package cluster shares the work of several mirrorworker pods through
 // partition leases in NATS KV (docs/adr/0007). Each partition of
-// MIRROR_WORK, and so each authority, is served by exactly one pod at a
+// MIRROR_JOBS, and so each authority, is served by exactly one pod at a
 // time: the one holding its lease in MIRROR_LEASES. Pods announce
 // themselves in MIRROR_PODS; each takes about its share of the partitions
 // and gives back what is over its share, gracefully, so that the number of

@@ -97,6 +97,7 @@ func (d DeadLetter) subject() string {
 	}
 	if rest, ok := strings.CutPrefix(d.Subject, JobsSubjectPrefix); ok {
 		st, sa, _ := strings.Cut(rest, ".")
+		sa, _, _ = strings.Cut(sa, ".") // stored subjects end with the partition
 		if !ValidTenant(tenant) {
 			tenant = st
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -187,7 +188,7 @@ func TestEnsureConsumer(t *testing.T) {
 
 	// Updating an existing consumer: same durable, new limits and a narrower filter.
 	o := &jobs.ConsumerOptions{AckWait: 30 * time.Second, MaxAckPending: 100,
-		FilterSubjects: []string{jobs.JobsSubjectFilter("*", "h_example_80"), jobs.JobsSubjectFilter("*", "h_example_443")}}
+		FilterSubjects: append(jobs.JobsSubjectFilters("*", "h_example_80"), jobs.JobsSubjectFilters("*", "h_example_443")...)}
 	for range 2 {
 		if c, err = jobs.EnsureConsumer(ctx, js, o); err != nil {
 			t.Fatalf("update consumer: %v", err)
@@ -196,7 +197,7 @@ func TestEnsureConsumer(t *testing.T) {
 	if info, err = c.Info(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if info.Config.AckWait != 30*time.Second || info.Config.MaxAckPending != 100 || len(info.Config.FilterSubjects) != 2 || info.Config.MaxDeliver != -1 {
+	if info.Config.AckWait != 30*time.Second || info.Config.MaxAckPending != 100 || len(info.Config.FilterSubjects) != 4 || info.Config.MaxDeliver != -1 {
 		t.Errorf("updated consumer config %+v", info.Config)
 	}
 	s, err := js.Stream(ctx, jobs.JobsStream)
@@ -252,7 +253,9 @@ func TestPublish(t *testing.T) {
 		t.Fatalf("consumer got %d messages, want 1 (deduplicated)", len(got))
 	}
 	m := got[0]
-	if m.Subject() != "mirror.jobs.acme.h_example_443" || m.Headers().Get(jetstream.MsgIDHeader) != j.ID {
+	// Stored with the authority's partition as a fifth token.
+	want := fmt.Sprintf("mirror.jobs.acme.h_example_443.%d", jobs.Partition("h_example_443", jobs.DefaultPartitions))
+	if m.Subject() != want || m.Headers().Get(jetstream.MsgIDHeader) != j.ID {
 		t.Errorf("subject %q, Nats-Msg-Id %q", m.Subject(), m.Headers().Get(jetstream.MsgIDHeader))
 	}
 	back, err := jobs.Parse(m.Data())

@@ -56,6 +56,12 @@ type StreamOptions struct {
 	// jobs' MaxAge, so a counter outlives every delivery of its job.
 	AttemptsTTL time.Duration
 
+	// Partitions is how many partitions the MIRROR_JOBS subject transform
+	// spreads authorities over (docs/adr/0007); 0 keeps an existing
+	// stream's and gives a new one DefaultPartitions. It is fixed once the
+	// stream holds partitioned jobs: asking for another count is an error.
+	Partitions int
+
 	// KeepExisting makes EnsureStreams create what is missing and leave an
 	// existing stream or bucket as it is, except that a Replicas above its
 	// own raises it. Producers such as enqueue set it: they do not know the
@@ -84,6 +90,9 @@ func (o *StreamOptions) withDefaults() StreamOptions {
 	}
 	if r.EventsPerSubject == 0 {
 		r.EventsPerSubject = DefaultEventsPerSubject
+	}
+	if r.Partitions <= 0 {
+		r.Partitions = DefaultPartitions
 	}
 	return r
 }
@@ -131,6 +140,14 @@ func StreamConfigs(o *StreamOptions) ([]jetstream.StreamConfig, error) {
 			// and a job must leave only as a stored object or a dead letter.
 			Discard:  jetstream.DiscardNew,
 			Replicas: r.Replicas,
+			// Each job is stored with its authority's partition as a fifth
+			// token, so that one consumer per partition reads the stream
+			// itself: no copy, and no job waits behind another
+			// partition's backlog. Producers publish four tokens.
+			SubjectTransform: &jetstream.SubjectTransformConfig{
+				Source:      JobsSubjectPrefix + "*.*",
+				Destination: jobsTransformDest(max(r.Partitions, 1)),
+			},
 		},
 		{
 			Name:        DLQStream,
@@ -197,6 +214,15 @@ func EnsureStreams(ctx context.Context, js jetstream.JetStream, o *StreamOptions
 		}
 		if existing != nil && asked == 0 {
 			cfg.Replicas = existing.CachedInfo().Config.Replicas
+		}
+		if cfg.Name == JobsStream && existing != nil {
+			// The partition count is the stream's once it has one.
+			if have, err := PartitionsOf(existing.CachedInfo().Config); err == nil {
+				if o != nil && o.Partitions > 0 && o.Partitions != have {
+					return fmt.Errorf("stream %s spreads jobs over %d partitions; --partitions %d cannot change that (leave --partitions unset, or start with a new stream)", JobsStream, have, o.Partitions)
+				}
+				cfg.SubjectTransform.Destination = jobsTransformDest(have)
+			}
 		}
 		if keep {
 			if existing != nil {

@@ -25,19 +25,21 @@ func (j Job) Subject() string {
 	return JobsSubjectPrefix + j.Tenant + "." + j.Authority.Key()
 }
 
-// JobsSubjectFilter returns the subject filter of one tenant's jobs to one
-// authority; "*" for either is a wildcard (JobsSubjectFilter("*", akey)
-// selects one authority's jobs of every tenant, for replay or partitioning).
-func JobsSubjectFilter(tenant, akey string) string {
-	return JobsSubjectPrefix + tenant + "." + akey
+// JobsSubjectFilters returns the subject filters of one tenant's jobs to one
+// authority as MIRROR_JOBS stores them: with their partition token, and
+// without it (jobs stored by an earlier version); "*" for either is a
+// wildcard (JobsSubjectFilters("*", akey) selects one authority's jobs of
+// every tenant, for replay).
+func JobsSubjectFilters(tenant, akey string) []string {
+	return []string{JobsSubjectPrefix + tenant + "." + akey, JobsSubjectPrefix + tenant + "." + akey + ".*"}
 }
 
-// ParseSubject splits mirror.jobs.<tenant>.<akey> (or the same job's
-// mirror.work.<p>.<tenant>.<akey> or mirror.parked.<p>.<tenant>.<akey>). The error is an
+// ParseSubject splits mirror.jobs.<tenant>.<akey> (or the same job as stored,
+// mirror.jobs.<tenant>.<akey>.<p>, or parked, mirror.parked.<p>.<tenant>.<akey>). The error is an
 // *InvalidError for field "subject".
 func ParseSubject(subject string) (tenant, akey string, err error) {
-	if strings.HasPrefix(subject, WorkSubjectPrefix) || strings.HasPrefix(subject, ParkSubjectPrefix) {
-		// The same job in a partition of MIRROR_WORK or MIRROR_PARKED.
+	if strings.HasPrefix(subject, ParkSubjectPrefix) || strings.Count(subject, ".") == 4 {
+		// As stored, with its partition, or parked.
 		_, tenant, akey, err = ParsePartitionSubject(subject)
 		return tenant, akey, err
 	}

@@ -14,33 +14,31 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// The cluster layout (docs/adr/0007): MIRROR_JOBS stays the clean log of
-// submitted jobs. MIRROR_WORK sources it through a subject transform that
-// puts each job in one of a fixed number of partitions by its authority, so
-// that every authority's jobs go to exactly one partition consumer and so to
-// the one pod that holds that partition's lease. MIRROR_PARKED holds the
-// jobs of authorities that cannot take them for a long while, outside any
-// consumer. MIRROR_LEASES holds the partition leases and MIRROR_PODS one
-// entry per live pod (its status).
+// The cluster layout (docs/adr/0007): MIRROR_JOBS stores each job with its
+// authority's partition as a fifth token (a subject transform at ingest:
+// producers publish mirror.jobs.<tenant>.<akey>, the stream keeps
+// mirror.jobs.<tenant>.<akey>.<partition>), so that every authority's jobs
+// go to exactly one partition consumer and so to the one pod that holds
+// that partition's lease. MIRROR_PARKED holds the jobs of authorities that
+// cannot take them for a long while, outside any consumer. MIRROR_LEASES
+// holds the partition leases and MIRROR_PODS one entry per live pod.
 const (
-	WorkStream   = "MIRROR_WORK"   // subjects mirror.work.<partition>.<tenant>.<akey>
 	ParkStream   = "MIRROR_PARKED" // subjects mirror.parked.<partition>.<tenant>.<akey>
 	LeasesBucket = "MIRROR_LEASES" // KV: partition -> owning pod, expiring
 	PodsBucket   = "MIRROR_PODS"   // KV: pod id -> status, expiring
 
-	WorkSubjectPrefix = "mirror.work."
 	ParkSubjectPrefix = "mirror.parked."
 
 	// PartitionConsumerPrefix names the durable consumer of one partition
-	// on MIRROR_WORK: mirrorworker-p<NN>.
+	// on MIRROR_JOBS: mirrorworker-p<NN>.
 	PartitionConsumerPrefix = ConsumerName + "-p"
 )
 
 // Cluster defaults.
 const (
-	// DefaultPartitions is how many partitions MIRROR_WORK has. It bounds
-	// how many pods can share the work (each pod serves whole partitions)
-	// and is fixed when MIRROR_WORK is created.
+	// DefaultPartitions is how many partitions MIRROR_JOBS spreads the
+	// authorities over. It bounds how many pods can share the work (each
+	// pod serves whole partitions) and is fixed once the stream has it.
 	DefaultPartitions = 32
 	MaxPartitions     = 1024
 	// DefaultLeaseTTL is how long a partition lease lives without renewal;
@@ -55,7 +53,10 @@ const (
 	HeaderDeliveries = "Mirror-Deliveries"
 	// HeaderParkedAt is when a job was parked (RFC 3339), for diagnosis.
 	HeaderParkedAt = "Mirror-Parked-At"
-	// HeaderUnparked marks a job brought back from MIRROR_PARKED.
+	// HeaderUnparked marks a copy of a job that the worker wrote into
+	// MIRROR_JOBS itself: brought back from MIRROR_PARKED ("parked"), or moved
+	// from an unpartitioned subject of an earlier version ("moved"). Replay
+	// skips such copies: it sees each submitted job once.
 	HeaderUnparked = "Mirror-Unparked"
 	// HeaderPod names the pod that published a pacer fact, so that pods
 	// following MIRROR_EVENTS skip their own.
@@ -63,7 +64,7 @@ const (
 )
 
 // MinServerVersion is the oldest nats-server the cluster layout works with:
-// stream sources with subject transforms and the partition() mapping.
+// stream subject transforms with the partition() mapping.
 const MinServerVersion = "2.10.0"
 
 // Partition returns the partition of an authority key among n, the same
@@ -78,13 +79,18 @@ func Partition(akey string, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-// WorkSubject returns mirror.work.<p>.<tenant>.<akey>.
-func WorkSubject(p int, tenant, akey string) string {
-	return WorkSubjectPrefix + strconv.Itoa(p) + "." + tenant + "." + akey
+// PartitionedSubject returns mirror.jobs.<tenant>.<akey>.<p>, the subject a
+// job is stored under in MIRROR_JOBS.
+func PartitionedSubject(p int, tenant, akey string) string {
+	return JobsSubjectPrefix + tenant + "." + akey + "." + strconv.Itoa(p)
 }
 
-// PartitionFilter returns the subject filter of partition p on MIRROR_WORK.
-func PartitionFilter(p int) string { return WorkSubjectPrefix + strconv.Itoa(p) + ".>" }
+// PartitionFilter returns the subject filter of partition p on MIRROR_JOBS.
+func PartitionFilter(p int) string { return JobsSubjectPrefix + "*.*." + strconv.Itoa(p) }
+
+// LegacyFilter selects the jobs stored without a partition token (by an
+// earlier version, before MIRROR_JOBS had its subject transform).
+const LegacyFilter = JobsSubjectPrefix + "*.*"
 
 // ParkSubject returns mirror.parked.<p>.<tenant>.<akey>.
 func ParkSubject(p int, tenant, akey string) string {
@@ -106,13 +112,19 @@ func PartitionConsumer(p int) string { return fmt.Sprintf("%s%02d", PartitionCon
 // LeaseKey returns the MIRROR_LEASES key of partition p.
 func LeaseKey(p int) string { return fmt.Sprintf("p%02d", p) }
 
-// ParsePartitionSubject splits mirror.work.<p>.<tenant>.<akey> or
+// ParsePartitionSubject splits mirror.jobs.<tenant>.<akey>.<p> or
 // mirror.parked.<p>.<tenant>.<akey>.
 func ParsePartitionSubject(subject string) (p int, tenant, akey string, err error) {
-	rest, ok := strings.CutPrefix(subject, WorkSubjectPrefix)
-	if !ok {
-		rest, ok = strings.CutPrefix(subject, ParkSubjectPrefix)
+	if rest, ok := strings.CutPrefix(subject, JobsSubjectPrefix); ok {
+		tok := strings.Split(rest, ".")
+		if len(tok) == 3 {
+			if p, err := strconv.Atoi(tok[2]); err == nil && p >= 0 && ValidTenant(tok[0]) && validAkey(tok[1]) {
+				return p, tok[0], tok[1], nil
+			}
+		}
+		return 0, "", "", invalid("subject", "%q is not %s<tenant>.<akey>.<partition>", truncate(subject, 300), JobsSubjectPrefix)
 	}
+	rest, ok := strings.CutPrefix(subject, ParkSubjectPrefix)
 	if !ok {
 		return 0, "", "", invalid("subject", "%q is not a partition subject", truncate(subject, 300))
 	}
@@ -127,74 +139,30 @@ func ParsePartitionSubject(subject string) (p int, tenant, akey string, err erro
 
 // WorkOptions configure the cluster layout. Zero fields mean the defaults.
 type WorkOptions struct {
-	Partitions int           // DefaultPartitions; fixed once MIRROR_WORK exists
-	LeaseTTL   time.Duration // DefaultLeaseTTL
-	Replicas   int           // of the streams and buckets; 0 means 1
+	LeaseTTL time.Duration // DefaultLeaseTTL
+	Replicas int           // of the parking stream and the buckets; 0 keeps what exists, else 1
 	// ParkMaxBytes bounds MIRROR_PARKED; 0 is unlimited. A full parking
 	// stream refuses a park, and the job is then deferred by NAK instead.
 	ParkMaxBytes int64
-}
-
-func (o *WorkOptions) withDefaults() WorkOptions {
-	var r WorkOptions
-	if o != nil {
-		r = *o
-	}
-	if r.Partitions <= 0 {
-		r.Partitions = DefaultPartitions
-	}
-	if r.LeaseTTL <= 0 {
-		r.LeaseTTL = DefaultLeaseTTL
-	}
-	if r.Replicas <= 0 {
-		r.Replicas = 1
-	}
-	return r
+	// Consumer configures every partition consumer (AckWait, MaxAckPending,
+	// replicas).
+	Consumer *ConsumerOptions
 }
 
 var partitionRE = regexp.MustCompile(`\{\{\s*[pP]artition\((\d+),\s*2\)\s*\}\}`)
 
-// transformDest is the subject transform of the MIRROR_JOBS source.
-func transformDest(n int) string {
-	return fmt.Sprintf("%s{{partition(%d,2)}}.{{wildcard(1)}}.{{wildcard(2)}}", WorkSubjectPrefix, n)
-}
-
-// WorkStreamConfig returns MIRROR_WORK's configuration: a work queue (a job
-// leaves it when acked; MIRROR_JOBS keeps the log) sourcing MIRROR_JOBS from
-// startSeq (0: from its first message).
-func WorkStreamConfig(o *WorkOptions, startSeq uint64) jetstream.StreamConfig {
-	r := o.withDefaults()
-	src := &jetstream.StreamSource{
-		Name: JobsStream,
-		SubjectTransforms: []jetstream.SubjectTransformConfig{
-			{Source: JobsSubjectPrefix + "*.*", Destination: transformDest(r.Partitions)},
-		},
-	}
-	if startSeq > 1 {
-		src.OptStartSeq = startSeq
-	}
-	return jetstream.StreamConfig{
-		Name:        WorkStream,
-		Description: fmt.Sprintf("mirrorworker jobs to do, in %d partitions by authority", r.Partitions),
-		Subjects:    []string{WorkSubjectPrefix + ">"},
-		Retention:   jetstream.WorkQueuePolicy,
-		Storage:     jetstream.FileStorage,
-		MaxMsgs:     -1,
-		MaxBytes:    -1,
-		MaxMsgSize:  MaxJobLen,
-		// Jobs brought back from parking carry no message id; sourced ones
-		// were deduplicated by MIRROR_JOBS already.
-		Duplicates: time.Second,
-		Discard:    jetstream.DiscardNew,
-		Sources:    []*jetstream.StreamSource{src},
-		Replicas:   r.Replicas,
-	}
+// jobsTransformDest is MIRROR_JOBS's subject transform destination.
+func jobsTransformDest(n int) string {
+	return fmt.Sprintf("%s{{wildcard(1)}}.{{wildcard(2)}}.{{partition(%d,2)}}", JobsSubjectPrefix, n)
 }
 
 // ParkStreamConfig returns MIRROR_PARKED's configuration. It has no age
 // limit: a parked job is a job, and leaves only when brought back.
 func ParkStreamConfig(o *WorkOptions) jetstream.StreamConfig {
-	r := o.withDefaults()
+	var r WorkOptions
+	if o != nil {
+		r = *o
+	}
 	return jetstream.StreamConfig{
 		Name:        ParkStream,
 		Description: "mirrorworker jobs parked while their authority cannot take them",
@@ -206,20 +174,19 @@ func ParkStreamConfig(o *WorkOptions) jetstream.StreamConfig {
 		MaxMsgSize:  MaxJobLen + 4096,
 		Discard:     jetstream.DiscardNew,
 		AllowDirect: true,
-		Replicas:    r.Replicas,
+		Replicas:    max(r.Replicas, 1),
 	}
 }
 
-// PartitionsOf reads the partition count from MIRROR_WORK's configuration.
+// PartitionsOf reads the partition count from MIRROR_JOBS's subject
+// transform.
 func PartitionsOf(cfg jetstream.StreamConfig) (int, error) {
-	for _, s := range cfg.Sources {
-		for _, t := range s.SubjectTransforms {
-			if m := partitionRE.FindStringSubmatch(t.Destination); m != nil {
-				return strconv.Atoi(m[1])
-			}
+	if t := cfg.SubjectTransform; t != nil {
+		if m := partitionRE.FindStringSubmatch(t.Destination); m != nil {
+			return strconv.Atoi(m[1])
 		}
 	}
-	return 0, fmt.Errorf("stream %s has no partition transform", cfg.Name)
+	return 0, fmt.Errorf("stream %s has no partition transform (start a current 'mirrorworker run' once)", cfg.Name)
 }
 
 // CheckServer returns an error naming the server's version when it is older
@@ -253,48 +220,34 @@ func versionAtLeast(v, min string) bool {
 	return true
 }
 
-// EnsureWork creates MIRROR_WORK, MIRROR_PARKED and the two buckets when
-// missing, and returns the partition count in force (an existing MIRROR_WORK
-// keeps its own; asking for another is an error). A new MIRROR_WORK starts
-// sourcing after what the single consumer of earlier versions had acked, so
-// an upgrade neither loses nor redoes the backlog.
+// EnsureWork makes the cluster layout ready on top of EnsureStreams (which
+// gives MIRROR_JOBS its partition transform): MIRROR_PARKED, the two
+// buckets and every partition's consumer. It returns the partition count.
+// A partition consumer created on a stream that an earlier version's single
+// consumer was reading starts after what that consumer had acked, so an
+// upgrade neither loses nor redoes the backlog; jobs of that backlog stored
+// without a partition token are moved by the worker (LegacyFilter).
 func EnsureWork(ctx context.Context, js jetstream.JetStream, o *WorkOptions) (int, error) {
-	r := o.withDefaults()
-	if r.Partitions > MaxPartitions {
-		return 0, fmt.Errorf("partitions %d: at most %d", r.Partitions, MaxPartitions)
+	var r WorkOptions
+	if o != nil {
+		r = *o
 	}
-	n := r.Partitions
-	if s, err := js.Stream(ctx, WorkStream); err == nil {
-		have, err := PartitionsOf(s.CachedInfo().Config)
-		if err != nil {
-			return 0, err
-		}
-		if o != nil && o.Partitions > 0 && o.Partitions != have {
-			return 0, fmt.Errorf("stream %s has %d partitions; --partitions %d cannot change that (delete the stream when no job is in it to change it)", WorkStream, have, o.Partitions)
-		}
-		n = have
-		if cfg := s.CachedInfo().Config; o != nil && o.Replicas > cfg.Replicas {
-			cfg.Replicas = o.Replicas
-			if _, err := js.UpdateStream(ctx, cfg); err != nil {
-				return 0, fmt.Errorf("raise %s to %d replicas: %w", WorkStream, o.Replicas, err)
-			}
-		}
-	} else if errors.Is(err, jetstream.ErrStreamNotFound) {
-		var start uint64
-		if c, err := js.Consumer(ctx, JobsStream, ConsumerName); err == nil {
-			start = c.CachedInfo().AckFloor.Stream + 1
-		}
-		if _, err := js.CreateStream(ctx, WorkStreamConfig(&r, start)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return 0, fmt.Errorf("create stream %s: %w", WorkStream, err)
-		}
-	} else {
-		return 0, fmt.Errorf("stream %s: %w", WorkStream, err)
+	if r.LeaseTTL <= 0 {
+		r.LeaseTTL = DefaultLeaseTTL
+	}
+	s, err := js.Stream(ctx, JobsStream)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", JobsStream, err)
+	}
+	n, err := PartitionsOf(s.CachedInfo().Config)
+	if err != nil {
+		return 0, err
 	}
 	// Replicas unset keeps what an existing stream has (a flagless start
 	// must not shrink an R3 deployment), as EnsureStreams does.
 	replicas := func(stream string) int {
-		if o != nil && o.Replicas > 0 {
-			return o.Replicas
+		if r.Replicas > 0 {
+			return r.Replicas
 		}
 		if s, err := js.Stream(ctx, stream); err == nil {
 			return s.CachedInfo().Config.Replicas
@@ -315,13 +268,32 @@ func EnsureWork(ctx context.Context, js jetstream.JetStream, o *WorkOptions) (in
 			return 0, fmt.Errorf("create or update bucket %s: %w", kv.Bucket, err)
 		}
 	}
+	var start uint64
+	legacy, err := js.Consumer(ctx, JobsStream, ConsumerName)
+	if err == nil {
+		start = legacy.CachedInfo().AckFloor.Stream + 1
+		// From now on the single consumer sees only unpartitioned jobs, for
+		// the worker to move into their partitions.
+		cfg := legacy.CachedInfo().Config
+		if cfg.FilterSubject != LegacyFilter {
+			cfg.FilterSubject, cfg.FilterSubjects = LegacyFilter, nil
+			if _, err := js.UpdateConsumer(ctx, JobsStream, cfg); err != nil {
+				return 0, fmt.Errorf("narrow consumer %s to unpartitioned jobs: %w", ConsumerName, err)
+			}
+		}
+	}
+	for p := range n {
+		if _, err := EnsurePartitionConsumer(ctx, js, p, r.Consumer, start); err != nil {
+			return 0, err
+		}
+	}
 	return n, nil
 }
 
 // PartitionConsumerConfig returns the configuration of partition p's
-// durable consumer on MIRROR_WORK (the single consumer's settings, narrowed
-// to the partition).
-func PartitionConsumerConfig(p int, o *ConsumerOptions) jetstream.ConsumerConfig {
+// durable consumer on MIRROR_JOBS (the single consumer's settings, narrowed
+// to the partition), starting at stream sequence start (0: the first).
+func PartitionConsumerConfig(p int, o *ConsumerOptions, start uint64) jetstream.ConsumerConfig {
 	var r ConsumerOptions
 	if o != nil {
 		r = *o
@@ -330,15 +302,33 @@ func PartitionConsumerConfig(p int, o *ConsumerOptions) jetstream.ConsumerConfig
 	r.FilterSubjects = []string{PartitionFilter(p)}
 	cfg := ConsumerConfig(&r)
 	cfg.Description = fmt.Sprintf("mirrorworker jobs of partition %d", p)
+	if start > 1 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
 	return cfg
 }
 
-// EnsurePartitionConsumer creates or updates partition p's consumer.
-func EnsurePartitionConsumer(ctx context.Context, js jetstream.JetStream, p int, o *ConsumerOptions) (jetstream.Consumer, error) {
-	cfg := PartitionConsumerConfig(p, o)
-	c, err := js.CreateOrUpdateConsumer(ctx, WorkStream, cfg)
+// EnsurePartitionConsumer creates partition p's consumer, or updates the
+// settings of an existing one (keeping where it started).
+func EnsurePartitionConsumer(ctx context.Context, js jetstream.JetStream, p int, o *ConsumerOptions, start uint64) (jetstream.Consumer, error) {
+	cfg := PartitionConsumerConfig(p, o, start)
+	if c, err := js.Consumer(ctx, JobsStream, cfg.Durable); err == nil {
+		have := c.CachedInfo().Config
+		cfg.DeliverPolicy, cfg.OptStartSeq = have.DeliverPolicy, have.OptStartSeq
+		if cfg.AckWait == have.AckWait && cfg.MaxAckPending == have.MaxAckPending && (cfg.Replicas == 0 || cfg.Replicas == have.Replicas) {
+			return c, nil
+		}
+		if c, err = js.UpdateConsumer(ctx, JobsStream, cfg); err != nil {
+			return nil, fmt.Errorf("update consumer %s: %w", cfg.Durable, err)
+		}
+		return c, nil
+	}
+	c, err := js.CreateConsumer(ctx, JobsStream, cfg)
+	if errors.Is(err, jetstream.ErrConsumerExists) {
+		return js.Consumer(ctx, JobsStream, cfg.Durable)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("create or update consumer %s: %w", cfg.Durable, err)
+		return nil, fmt.Errorf("create consumer %s: %w", cfg.Durable, err)
 	}
 	return c, nil
 }

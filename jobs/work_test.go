@@ -3,24 +3,23 @@ package jobs_test
 import (
 	"fmt"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
-// TestWorkStreamPartitionsLikeTheServer: every job published to MIRROR_JOBS
-// reaches MIRROR_WORK in the partition jobs.Partition computes, so the
-// worker, the parking lot and `status` agree with the server's mapping.
-func TestWorkStreamPartitionsLikeTheServer(t *testing.T) {
+// TestJobsStreamPartitionsLikeTheServer: every job published to
+// mirror.jobs.<tenant>.<akey> is stored with the partition jobs.Partition
+// computes as its fifth token, so the worker, the parking lot and `status`
+// agree with the server's mapping; EnsureWork creates a consumer per
+// partition, and the partition count cannot change.
+func TestJobsStreamPartitionsLikeTheServer(t *testing.T) {
 	js := startJetStream(t)
 	ctx := testContext(t)
-	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+	const parts = 7
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{Partitions: parts}); err != nil {
 		t.Fatal(err)
 	}
-	const parts = 7
-	n, err := jobs.EnsureWork(ctx, js, &jobs.WorkOptions{Partitions: parts})
+	n, err := jobs.EnsureWork(ctx, js, nil)
 	if err != nil || n != parts {
 		t.Fatalf("EnsureWork = %d, %v", n, err)
 	}
@@ -31,31 +30,16 @@ func TestWorkStreamPartitionsLikeTheServer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ws, err := js.Stream(ctx, jobs.WorkStream)
+	s, err := js.Stream(ctx, jobs.JobsStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		info, err := ws.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.State.Msgs == jobsN {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("MIRROR_WORK has %d messages, want %d (sources %+v)", info.State.Msgs, jobsN, info.Sources)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	seen := 0
-	for seq := uint64(1); seen < jobsN; seq++ {
-		m, err := ws.GetMsg(ctx, seq)
+	perPart := map[int]int{}
+	for seq := uint64(1); seq <= jobsN; seq++ {
+		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
 			t.Fatalf("seq %d: %v", seq, err)
 		}
-		seen++
 		p, tenant, akey, err := jobs.ParsePartitionSubject(m.Subject)
 		if err != nil {
 			t.Fatal(err)
@@ -73,13 +57,34 @@ func TestWorkStreamPartitionsLikeTheServer(t *testing.T) {
 		if want := jobs.Partition(akey, parts); p != want {
 			t.Errorf("%s: server put it in partition %d, jobs.Partition says %d", m.Subject, p, want)
 		}
+		perPart[p]++
 	}
-	// A second EnsureWork keeps the partition count; asking for another fails.
+	total := 0
+	for p := range parts {
+		c, err := js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(p))
+		if err != nil {
+			t.Fatalf("partition %d: %v", p, err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int(info.NumPending) != perPart[p] {
+			t.Errorf("partition %d consumer has %d pending, %d stored", p, info.NumPending, perPart[p])
+		}
+		total += int(info.NumPending)
+	}
+	if total != jobsN {
+		t.Errorf("partition consumers see %d jobs, want %d", total, jobsN)
+	}
+	// The count stays; asking for another fails, and says so.
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		t.Fatal(err)
+	}
 	if n, err := jobs.EnsureWork(ctx, js, nil); err != nil || n != parts {
 		t.Errorf("EnsureWork again = %d, %v; want %d", n, err, parts)
 	}
-	if _, err := jobs.EnsureWork(ctx, js, &jobs.WorkOptions{Partitions: parts + 1}); err == nil {
-		t.Error("EnsureWork with another partition count succeeded")
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{Partitions: parts + 1}); err == nil {
+		t.Error("EnsureStreams with another partition count succeeded")
 	}
-	_ = jetstream.WorkQueuePolicy
 }

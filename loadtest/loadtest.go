@@ -251,7 +251,7 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		if !o.Shared {
 			co.Durable = "loadtest-w" + strconv.Itoa(w)
 			for a := w; a < len(akeys); a += o.Workers {
-				co.FilterSubjects = append(co.FilterSubjects, jobs.JobsSubjectFilter("*", akeys[a]))
+				co.FilterSubjects = append(co.FilterSubjects, jobs.JobsSubjectFilters("*", akeys[a])...)
 			}
 			if len(co.FilterSubjects) == 0 {
 				continue // more workers than authorities: this one has nothing to do

@@ -65,6 +65,9 @@ func Count(ctx context.Context, js jetstream.JetStream, start Start, subjects []
 		OptStartSeq:    seq,
 		OptStartTime:   at,
 	}, func(m jetstream.Msg, md *jetstream.MsgMetadata) error {
+		if m.Headers().Get(jobs.HeaderUnparked) != "" {
+			return nil // a copy the workers wrote (parking, partitioning), not a submitted job
+		}
 		s := md.Sequence.Stream
 		auth, id := InvalidJobs, ""
 		if j, err := jobs.Parse(m.Data()); err == nil && jobs.CheckSubject(j, m.Subject()) == nil {

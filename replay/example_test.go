@@ -37,7 +37,7 @@ func ExampleFilter_Subjects() {
 	subjects, _ := f.Subjects()
 	fmt.Println(subjects)
 	// Output:
-	// [mirror.jobs.acme.files_example_org_443 mirror.jobs.acme.mirror_example_net_8443]
+	// [mirror.jobs.acme.files_example_org_443 mirror.jobs.acme.files_example_org_443.* mirror.jobs.acme.mirror_example_net_8443 mirror.jobs.acme.mirror_example_net_8443.*]
 }
 
 // The worker restores its pacer before it takes its first job.

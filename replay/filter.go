@@ -49,7 +49,8 @@ func ParseAuthority(s string) (authority.Authority, error) {
 }
 
 // Subjects returns the subject filters of f on MIRROR_JOBS, sorted and
-// without duplicates: one per tenant and authority pair, "*" standing for
+// without duplicates: two per tenant and authority pair (jobs as stored,
+// with their partition token, and as an earlier version stored them), "*" standing for
 // every tenant or every authority when f names none. The zero Filter gives
 // mirror.jobs.>.
 //
@@ -68,10 +69,11 @@ func (f Filter) Subjects() ([]string, error) {
 	var out []string
 	for _, t := range tenants {
 		for _, k := range akeys {
-			s := jobs.JobsSubjectFilter(t, k)
-			if !seen[s] {
-				seen[s] = true
-				out = append(out, s)
+			for _, s := range jobs.JobsSubjectFilters(t, k) {
+				if !seen[s] {
+					seen[s] = true
+					out = append(out, s)
+				}
 			}
 		}
 	}

@@ -64,12 +64,12 @@ func TestFilterSubjects(t *testing.T) {
 		wantErr string
 	}{
 		{name: "everything", f: Filter{}, want: []string{"mirror.jobs.>"}},
-		{name: "one tenant", f: Filter{Tenants: []string{"acme"}}, want: []string{"mirror.jobs.acme.*"}},
-		{name: "one authority", f: Filter{Authorities: []authority.Authority{a}}, want: []string{"mirror.jobs.*.a_example_443"}},
+		{name: "one tenant", f: Filter{Tenants: []string{"acme"}}, want: []string{"mirror.jobs.acme.*", "mirror.jobs.acme.*.*"}},
+		{name: "one authority", f: Filter{Authorities: []authority.Authority{a}}, want: []string{"mirror.jobs.*.a_example_443", "mirror.jobs.*.a_example_443.*"}},
 		{name: "tenants by authorities", f: Filter{Tenants: []string{"zeta", "acme"}, Authorities: []authority.Authority{b, a}},
-			want: []string{"mirror.jobs.acme.a_example_443", "mirror.jobs.acme.b_example_8080", "mirror.jobs.zeta.a_example_443", "mirror.jobs.zeta.b_example_8080"}},
-		{name: "two spellings of one authority", f: Filter{Authorities: []authority.Authority{a, aAgain}}, want: []string{"mirror.jobs.*.a_example_443"}},
-		{name: "tenant twice", f: Filter{Tenants: []string{"acme", "acme"}}, want: []string{"mirror.jobs.acme.*"}},
+			want: []string{"mirror.jobs.acme.a_example_443", "mirror.jobs.acme.a_example_443.*", "mirror.jobs.acme.b_example_8080", "mirror.jobs.acme.b_example_8080.*", "mirror.jobs.zeta.a_example_443", "mirror.jobs.zeta.a_example_443.*", "mirror.jobs.zeta.b_example_8080", "mirror.jobs.zeta.b_example_8080.*"}},
+		{name: "two spellings of one authority", f: Filter{Authorities: []authority.Authority{a, aAgain}}, want: []string{"mirror.jobs.*.a_example_443", "mirror.jobs.*.a_example_443.*"}},
+		{name: "tenant twice", f: Filter{Tenants: []string{"acme", "acme"}}, want: []string{"mirror.jobs.acme.*", "mirror.jobs.acme.*.*"}},
 		{name: "wildcard tenant refused", f: Filter{Tenants: []string{"*"}}, wantErr: `--tenant "*"`},
 		{name: "upper case tenant refused", f: Filter{Tenants: []string{"Acme"}}, wantErr: `--tenant "Acme"`},
 		{name: "dotted tenant refused", f: Filter{Tenants: []string{"a.b"}, Authorities: []authority.Authority{a}}, wantErr: `--tenant "a.b"`},

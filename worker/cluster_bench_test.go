@@ -79,7 +79,7 @@ func BenchmarkParking(b *testing.B) {
 			}
 			return js
 		}
-		r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{}, jobs.DefaultPartitions)
+		r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{})
 		start := time.Now()
 		e.publish(round("alone")...)
 		tAlone := r.f.waitFor(b, 1000, isRound("alone"), 5*time.Minute).Sub(start)
@@ -125,7 +125,7 @@ type podHooks struct {
 }
 
 func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
-	c, err := jobs.EnsurePartitionConsumer(ctx, h.e.js, p, &jobs.ConsumerOptions{AckWait: 30 * time.Second})
+	c, err := jobs.EnsurePartitionConsumer(ctx, h.e.js, p, &jobs.ConsumerOptions{AckWait: 30 * time.Second}, 0)
 	if err != nil {
 		return err
 	}

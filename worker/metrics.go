@@ -125,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	}, []string{"state"})).(*prometheus.GaugeVec)
 	m.Partitions = reg1(prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: ns, Name: "partitions_owned",
-		Help: "Partitions of MIRROR_WORK this pod serves (partitioned mode).",
+		Help: "Partitions of MIRROR_JOBS this pod serves (partitioned mode).",
 	})).(prometheus.Gauge)
 	m.ParkedJobs = reg1(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "parked_jobs",

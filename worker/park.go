@@ -27,7 +27,8 @@ var _ readier = (*pacer.Pacer)(nil)
 // parking moves the jobs of an authority that cannot take them for a long
 // while out of the consumer, into MIRROR_PARKED, where they hold no
 // ack-pending slot, no memory and are not redelivered; and brings them back
-// into the authority's partition, a few at a time, when the pacer says the
+// into the authority's partition of MIRROR_JOBS (marked as a copy, which
+// replay skips), a few at a time, when the pacer says the
 // authority can take requests again (docs/adr/0007). Only in partitioned
 // mode; otherwise every method is a no-op. Safe for concurrent use.
 type parking struct {
@@ -373,12 +374,12 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 	if err != nil {
 		tenant = jobs.InvalidToken
 	}
-	m := nats.NewMsg(jobs.WorkSubject(part, tenant, akey))
+	m := nats.NewMsg(jobs.PartitionedSubject(part, tenant, akey))
 	m.Data = rm.Data
 	if d := rm.Header.Get(jobs.HeaderDeliveries); d != "" {
 		m.Header.Set(jobs.HeaderDeliveries, d)
 	}
-	m.Header.Set(jobs.HeaderUnparked, "1")
+	m.Header.Set(jobs.HeaderUnparked, "parked")
 	// Counted in transit before the publish: the job can be delivered (and
 	// counted as arrived) before PublishMsg returns.
 	p.mu.Lock()

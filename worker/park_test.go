@@ -59,7 +59,7 @@ func TestParkedJobsComeBackProbeFirstThenFloor(t *testing.T) {
 	for i := range n {
 		js = append(js, jobs.Job{ID: fmt.Sprint("park-", i), URL: o.url(fmt.Sprint("/park/", i)), Target: fmt.Sprint("park/", i)})
 	}
-	r := e.startPartitioned(testPacer(floor, 2, nil, 0, nil), worker.Options{ParkAfter: time.Second}, 4)
+	r := e.startPartitioned(testPacer(floor, 2, nil, 0, nil), worker.Options{ParkAfter: time.Second})
 	e.publish(js...)
 	waitCond(t, 20*time.Second, "jobs parked", func() bool { return streamMsgs(t, e, jobs.ParkStream) >= n-2 })
 	if held := counter(t, r.reg, "mirrorworker_held_jobs", nil); held > 2 {
@@ -131,7 +131,7 @@ func TestParkingIsolationAtScale(t *testing.T) {
 		}
 		return js
 	}
-	r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{}, jobs.DefaultPartitions)
+	r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{})
 
 	start := time.Now()
 	e.publish(round("alone")...)
@@ -158,7 +158,7 @@ func TestParkingIsolationAtScale(t *testing.T) {
 	// Nothing of the backlog holds the consumers or memory.
 	ackPending := 0
 	for p := range jobs.DefaultPartitions {
-		c, err := e.js.Consumer(context.Background(), jobs.WorkStream, jobs.PartitionConsumer(p))
+		c, err := e.js.Consumer(context.Background(), jobs.JobsStream, jobs.PartitionConsumer(p))
 		if err != nil {
 			t.Fatal(err)
 		}

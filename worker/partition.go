@@ -3,11 +3,14 @@ package worker
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
 // DefaultParkAfter and DefaultParkShare are the defaults of Options.ParkAfter
@@ -17,7 +20,7 @@ const (
 	DefaultParkShare = 1000
 )
 
-// partition is one partition of MIRROR_WORK this worker serves.
+// partition is one partition of MIRROR_JOBS this worker serves.
 type partition struct {
 	stop        context.CancelFunc // ends its intake
 	done        chan struct{}      // closed when its intake has returned
@@ -48,6 +51,9 @@ func (w *Worker) AddPartition(p int, c jetstream.Consumer, since time.Time) erro
 	go func() {
 		defer w.intakes.Done()
 		defer close(pt.done)
+		if p == 0 && w.d.Legacy != nil {
+			go w.moveLegacy(ictx, w.d.Legacy)
+		}
 		w.intakeLoop(ictx, c, p)
 	}()
 	w.parking.partitionAdded(p)
@@ -109,4 +115,59 @@ func (w *Worker) fetchContext(fctx context.Context, p int) context.Context {
 		return pt.fctx
 	}
 	return fctx
+}
+
+// moveLegacy moves the jobs an earlier version stored without a partition
+// token (and that its consumer had not acked) into their partitions, as
+// copies marked "moved" that replay skips, acking each original once its
+// copy is stored. It runs while this worker serves partition 0, and stops
+// once the legacy consumer has nothing left.
+func (w *Worker) moveLegacy(ctx context.Context, c jetstream.Consumer) {
+	moved := 0
+	for ctx.Err() == nil {
+		batch, err := c.Fetch(256, jetstream.FetchMaxWait(w.o.PullWait))
+		if err != nil {
+			if !clock.Sleep(w.clk, time.Second, ctx.Done()) {
+				return
+			}
+			continue
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			tenant, akey, err := jobs.ParseSubject(m.Subject())
+			if err != nil {
+				tenant, akey = jobs.InvalidToken, jobs.InvalidToken // dead-lettered as invalid where it lands
+			}
+			cp := nats.NewMsg(jobs.PartitionedSubject(jobs.Partition(akey, w.o.Partitions), tenant, akey))
+			cp.Data = m.Data()
+			cp.Header.Set(jobs.HeaderUnparked, "moved")
+			if md, err := m.Metadata(); err == nil {
+				cp.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(md.NumDelivered, 10))
+			}
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			_, err = w.d.JS.PublishMsg(pctx, cp)
+			cancel()
+			if err != nil {
+				w.log.Warn().Err(err).Str("subject", m.Subject()).Msg("move an unpartitioned job; it comes back after its ack wait")
+				continue
+			}
+			if err := m.Ack(); err != nil {
+				w.log.Debug().Err(err).Msg("ack moved job (a duplicate at worst)")
+			}
+			moved++
+		}
+		if n > 0 {
+			continue
+		}
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := c.Info(ictx)
+		cancel()
+		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
+			if moved > 0 {
+				w.log.Info().Int("jobs", moved).Msg("moved the jobs stored without a partition into their partitions")
+			}
+			return
+		}
+	}
 }

@@ -22,10 +22,11 @@ type partitioned struct {
 	owned []atomic.Bool
 }
 
-func (e *env) startPartitioned(p worker.Pacer, o worker.Options, parts int) *partitioned {
+func (e *env) startPartitioned(p worker.Pacer, o worker.Options) *partitioned {
 	e.t.Helper()
 	ctx := context.Background()
-	if _, err := jobs.EnsureWork(ctx, e.js, &jobs.WorkOptions{Partitions: parts}); err != nil {
+	parts, err := jobs.EnsureWork(ctx, e.js, &jobs.WorkOptions{Consumer: &jobs.ConsumerOptions{AckWait: 30 * time.Second}})
+	if err != nil {
 		e.t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
@@ -57,7 +58,7 @@ func (e *env) startPartitioned(p worker.Pacer, o worker.Options, parts int) *par
 		time.Sleep(5 * time.Millisecond)
 	}
 	for i := range parts {
-		c, err := jobs.EnsurePartitionConsumer(ctx, e.js, i, &jobs.ConsumerOptions{AckWait: 30 * time.Second})
+		c, err := jobs.EnsurePartitionConsumer(ctx, e.js, i, &jobs.ConsumerOptions{AckWait: 30 * time.Second}, 0)
 		if err != nil {
 			e.t.Fatal(err)
 		}
@@ -81,9 +82,9 @@ func TestPartitionedDrains(t *testing.T) {
 			js = append(js, jobs.Job{ID: fmt.Sprint("p", k, "-", i), URL: o.url(fmt.Sprint("/p/", i)), Target: fmt.Sprint("o", k, "/p/", i)})
 		}
 	}
-	// Published before the work stream exists, as after an upgrade.
+	// Published before any partition consumer exists.
 	e.publish(js...)
-	r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{Concurrency: 8}, 32)
+	r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{Concurrency: 8})
 	r.f.waitFor(t, len(js), nil, 30*time.Second)
 	for k := range origins {
 		for i := range per {

@@ -31,7 +31,7 @@ type heldJob struct {
 	job  jobs.Job
 	data []byte
 	seq  uint64 // stream sequence: identifies the job across deliveries
-	part int    // partition of MIRROR_WORK it came from (0 with one consumer)
+	part int    // its authority's partition (0 with one consumer)
 	// prior is the deliveries the job had before it was parked
 	// (jobs.HeaderDeliveries), so deliveries per job count across parking.
 	prior  uint64
@@ -327,7 +327,17 @@ func (s *scheduler) tryDefer(now time.Time, j *heldJob) (deferral, bool) {
 
 func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (deferral, bool) {
 	if wait := a.notBefore.Sub(now); wait > s.o.holdMax && !a.waitRelease {
-		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, a.interval), reason: a.reason}, true
+		// The hint may be stale: a pause resumed, or a recovery learned from
+		// another pod. The pacer has the last word (ReadyIn changes nothing).
+		if r, ok := s.pacer.(readier); ok {
+			if pw, _, _ := r.ReadyIn(now, a.name); pw <= s.o.holdMax {
+				a.notBefore = time.Time{}
+				wait = 0
+			}
+		}
+		if wait > s.o.holdMax {
+			return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, a.interval), reason: a.reason}, true
+		}
 	}
 	if a.n >= s.o.maxPerAuth {
 		// The queue ahead takes about n×perJob; that estimate rests on the

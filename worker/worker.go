@@ -118,6 +118,11 @@ type Deps struct {
 	// Owns reports whether this worker may start a request of partition p
 	// now (cluster.Manager.Owns); partitioned mode only.
 	Owns func(p int) bool
+	// Legacy, if set (partitioned mode), is the single consumer of an
+	// earlier version, narrowed to jobs stored without a partition token
+	// (jobs.LegacyFilter): the worker serving partition 0 moves them into
+	// their partitions.
+	Legacy jetstream.Consumer
 }
 
 // Options tune a Worker. A nil *Options, and every zero field, means the
@@ -165,6 +170,10 @@ type Options struct {
 	TargetProbeInitial time.Duration
 	TargetProbeMax     time.Duration
 	WorkerID           string // in dead letters; hostname-pid
+	// SkipCopies acks, without doing them, the copies the worker itself
+	// wrote into MIRROR_JOBS (jobs.HeaderUnparked): replay sets it, so that
+	// it does each submitted job once.
+	SkipCopies bool
 	// FaultHook, if set, is called at named points of the parking protocol
 	// ("parked-before-ack", "unparked-before-delete"), for crash tests.
 	FaultHook func(point string)
@@ -526,6 +535,11 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		if h := hm.Headers(); h != nil {
 			j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
 			if h.Get(jobs.HeaderUnparked) != "" {
+				if w.o.SkipCopies {
+					// A replay: the submitted job itself is in the stream too.
+					w.settle(j, Msg.Ack)
+					return
+				}
 				defer func() { w.parking.arrived(j.auth) }()
 			}
 		}
@@ -560,6 +574,13 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	j.job, j.auth = job, job.Authority.String()
 	if w.o.Partitions > 0 {
 		j.part = jobs.Partition(job.Authority.Key(), w.o.Partitions)
+		// A job published straight onto a stored subject could name
+		// another partition than its authority's, and be served by a pod
+		// that does not own the authority.
+		if p, _, _, err := jobs.ParsePartitionSubject(m.Subject()); err == nil && p != j.part {
+			w.deadLetter(ctx, j, jobs.ReasonInvalidJob, fmt.Sprintf("subject %s names partition %d; the authority's is %d", m.Subject(), p, j.part), 0, nil)
+			return
+		}
 	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
 		w.deferJob(d)

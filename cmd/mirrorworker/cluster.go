@@ -315,7 +315,7 @@ func readPods(ctx context.Context, js jetstream.JetStream) ([]worker.PodStatus, 
 // partitions.
 func readLeases(ctx context.Context, js jetstream.JetStream) (map[int]string, int, error) {
 	n := jobs.DefaultPartitions
-	if s, err := js.Stream(ctx, jobs.WorkStream); err == nil {
+	if s, err := js.Stream(ctx, jobs.JobsStream); err == nil {
 		if have, err := jobs.PartitionsOf(s.CachedInfo().Config); err == nil {
 			n = have
 		}

@@ -263,7 +263,7 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 	for _, kill := range []bool{false, true} {
 		t.Run(map[bool]string{false: "three pods", true: "kill one, start one"}[kill], func(t *testing.T) {
 			const (
-				partitions = 8
+				partitions = jobs.DefaultPartitions
 				perAuth    = 12
 				floor      = 300 * time.Millisecond
 			)
@@ -274,7 +274,7 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 			root := t.TempDir()
 			args := func() []string {
 				return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(),
-					"--max-in-flight", "2", "--partitions", strconv.Itoa(partitions), "--lease-ttl", "2s",
+					"--max-in-flight", "2", "--lease-ttl", "2s",
 					"--ack-wait", "3s", "--log-level", "info")
 			}
 			pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
@@ -442,7 +442,7 @@ func TestProcessCrashWhileParking(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			const n = 5 // the 429 escalates the interval to 2 s
 			natsURL := externalNATS(t)
-			origin := newClusterOrigin(t, 4, "429")
+			origin := newClusterOrigin(t, jobs.DefaultPartitions, "429")
 			a := origin.auths[origin.named("429")]
 			a.every, a.wait = 1000, 3*time.Second // only the first answer is a 429
 			origin.mu.Lock()
@@ -451,7 +451,7 @@ func TestProcessCrashWhileParking(t *testing.T) {
 			targets, urls := origin.urls(n)
 			publishURLs(t, natsURL, targets, urls)
 			root := t.TempDir()
-			args := workerArgs(natsURL, t.TempDir(), "--target", root, "--partitions", "4",
+			args := workerArgs(natsURL, t.TempDir(), "--target", root,
 				"--park-after", "1s", "--ack-wait", "2s", "--lease-ttl", "2s")
 			t.Setenv(faultEnv, point)
 			first := startWorkerProcess(t, args...)
@@ -483,12 +483,12 @@ func TestProcessPauseResumeStatus(t *testing.T) {
 		t.Skip("starts worker processes")
 	}
 	natsURL := externalNATS(t)
-	origin := newClusterOrigin(t, 8, "paused", "plain")
+	origin := newClusterOrigin(t, jobs.DefaultPartitions, "paused", "plain")
 	origin.auths[origin.named("paused")].every = 1 << 30 // never throttles by itself
 	targets, urls := origin.urls(6)
 	root := t.TempDir()
 	args := func() []string {
-		return workerArgs(natsURL, t.TempDir(), "--target", root, "--partitions", "8", "--lease-ttl", "2s", "--park-after", "2s")
+		return workerArgs(natsURL, t.TempDir(), "--target", root, "--lease-ttl", "2s", "--park-after", "2s")
 	}
 	pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
 	paused := origin.named("paused")

@@ -80,7 +80,14 @@ func streamJobs(t *testing.T, js jetstream.JetStream) map[string][]jobs.Job {
 		if got := m.Header.Get(jetstream.MsgIDHeader); got != j.ID {
 			t.Fatalf("message %d: Nats-Msg-Id %q, want %q", seq, got, j.ID)
 		}
-		out[m.Subject] = append(out[m.Subject], j)
+		// Keyed by the subject the job was published on: the stream stores
+		// it with its partition as a fifth token.
+		tenant, akey, err := jobs.ParseSubject(m.Subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub := jobs.JobsSubjectPrefix + tenant + "." + akey
+		out[pub] = append(out[pub], j)
 	}
 	return out
 }

@@ -260,7 +260,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	// The workers' own assets (the partitioned layout, ADR 0007) are
 	// replicated too: the work queue, the parking lot, the two buckets and
 	// every partition consumer.
-	for _, s := range []string{jobs.WorkStream, jobs.ParkStream, "KV_" + jobs.LeasesBucket, "KV_" + jobs.PodsBucket} {
+	for _, s := range []string{jobs.ParkStream, "KV_" + jobs.LeasesBucket, "KV_" + jobs.PodsBucket} {
 		if r, _ := streamReplicas(t, js, s); r != 3 {
 			t.Errorf("%s has %d replicas, want 3", s, r)
 		}
@@ -271,7 +271,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	waitFor(t, 30*time.Second, "the partition consumer "+part+" with a leader", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		c, err := js.Consumer(ctx, jobs.WorkStream, part)
+		c, err := js.Consumer(ctx, jobs.JobsStream, part)
 		if err != nil {
 			return false
 		}
@@ -288,15 +288,15 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	consLeader := func() string {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if c, err := js.Consumer(ctx, jobs.WorkStream, part); err == nil && c.CachedInfo().Cluster != nil {
+		if c, err := js.Consumer(ctx, jobs.JobsStream, part); err == nil && c.CachedInfo().Cluster != nil {
 			return c.CachedInfo().Cluster.Leader
 		}
 		return ""
 	}
-	_, leader := streamReplicas(t, js, jobs.WorkStream)
+	_, leader := streamReplicas(t, js, jobs.JobsStream)
 	if consLeader() != leader {
 		req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, leader)
-		if _, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+jobs.WorkStream+"."+part, []byte(req), 5*time.Second); err != nil {
+		if _, err := nc.Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+jobs.JobsStream+"."+part, []byte(req), 5*time.Second); err != nil {
 			t.Fatalf("consumer leader stepdown: %v", err)
 		}
 		waitFor(t, 20*time.Second, "the consumer led by "+leader, func() bool { return consLeader() == leader })
@@ -305,7 +305,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	waitFor(t, 60*time.Second, "a quarter of the jobs stored", func() bool {
 		return len(mirrorFiles(t, root)) >= n/4
 	})
-	_, leader = streamReplicas(t, js, jobs.WorkStream)
+	_, leader = streamReplicas(t, js, jobs.JobsStream)
 	cl := consLeader()
 	var victim *natsNode
 	for _, nd := range nodes {
@@ -322,14 +322,14 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	}
 	<-victim.exited
 	t.Logf("killed %s, the %s leader (consumer leader %s), with %d/%d stored after %d origin requests",
-		victim.name, jobs.WorkStream, cl, before, n, origin.requests.Load())
+		victim.name, jobs.JobsStream, cl, before, n, origin.requests.Load())
 
 	if before >= n {
 		t.Fatal("every job was stored before the kill; the test proves nothing")
 	}
 
 	waitDrained(t, url, root, n, 120*time.Second, workers[0].log)
-	_, newLeader := streamReplicas(t, js, jobs.WorkStream)
+	_, newLeader := streamReplicas(t, js, jobs.JobsStream)
 	for i, w := range workers {
 		select {
 		case <-w.exited:
@@ -349,7 +349,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	reqs := origin.requests.Load()
 	ratio := float64(reqs) / n
 	t.Logf("new %s leader %s; origin requests %d for %d jobs (%.3f per job): %d complete 200s, %d 304s",
-		jobs.WorkStream, newLeader, reqs, n, ratio, origin.full200.Load(), origin.notModfied.Load())
+		jobs.JobsStream, newLeader, reqs, n, ratio, origin.full200.Load(), origin.notModfied.Load())
 	if ratio > 1.1 {
 		t.Errorf("%.3f origin requests per job, want at most 1.1", ratio)
 	}
@@ -364,7 +364,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 		t.Errorf("enqueue warned about R3 streams: %s", errOut.String())
 	}
 	workers = append(workers, startWorkerProcess(t, workerArgs(url, dataDir, "--worker-id", "w-noflag")...))
-	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket, jobs.WorkStream, jobs.ParkStream, "KV_" + jobs.LeasesBucket} {
+	for _, s := range []string{jobs.JobsStream, jobs.DLQStream, jobs.EventsStream, "KV_" + jobs.AttemptsBucket, jobs.ParkStream, "KV_" + jobs.LeasesBucket} {
 		if r, _ := streamReplicas(t, js, s); r != 3 {
 			t.Errorf("after a worker without --stream-replicas, %s has %d replicas, want 3", s, r)
 		}

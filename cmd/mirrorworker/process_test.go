@@ -347,16 +347,28 @@ type queueState struct {
 
 func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) {
 	var q queueState
-	if ws, err := js.Stream(ctx, jobs.WorkStream); err == nil {
-		// Partitioned mode: MIRROR_WORK is a work queue (a job leaves it when
-		// acked), fed from MIRROR_JOBS; parked jobs wait in MIRROR_PARKED.
-		wi, err := ws.Info(ctx)
+	if _, err := js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(0)); err == nil {
+		// Partitioned mode: one consumer per partition on MIRROR_JOBS, and
+		// parked jobs wait in MIRROR_PARKED.
+		s, err := js.Stream(ctx, jobs.JobsStream)
 		if err != nil {
 			return q, err
 		}
-		q.pending = wi.State.Msgs
-		for _, src := range wi.Sources {
-			q.pending += src.Lag
+		n, err := jobs.PartitionsOf(s.CachedInfo().Config)
+		if err != nil {
+			return q, err
+		}
+		for p := range n {
+			c, err := js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(p))
+			if err != nil {
+				return q, err
+			}
+			ci, err := c.Info(ctx)
+			if err != nil {
+				return q, err
+			}
+			q.pending += ci.NumPending
+			q.ackPending += uint64(ci.NumAckPending)
 		}
 		ps, err := js.Stream(ctx, jobs.ParkStream)
 		if err != nil {

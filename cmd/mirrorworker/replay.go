@@ -23,6 +23,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/replay"
+	"github.com/mirrorworker/mirrorworker/worker"
 )
 
 // replayConfig is every flag of `mirrorworker replay`.
@@ -319,7 +320,9 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	defer func() { stopSink(); <-sinkDone }() // flushes the last facts
 
 	work := func(ctx context.Context, cons jetstream.Consumer) error {
-		w, err := parts.newWorker(cons, target, 0)
+		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
+		// parking, or moved into a partition) are not submitted jobs.
+		w, err := parts.newWorker(cons, target, 0, func(o *worker.Options, _ *worker.Deps) { o.SkipCopies = true })
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}

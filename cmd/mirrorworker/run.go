@@ -87,7 +87,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
 	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
 	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream, a `size` in bytes or with a unit (50GiB); 0: unlimited")
-	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_WORK: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed when the stream is created, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
+	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_JOBS: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed once the stream has them, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", jobs.DefaultLeaseTTL, "life of a partition lease without renewal: a killed pod's partitions move to the others after about this long (set when the leases bucket is created)")
 	fs.DurationVar(&c.parkAfter, "park-after", worker.DefaultParkAfter, "a job whose authority cannot take it for longer than this is parked in MIRROR_PARKED (no consumer slot, no memory, no redelivery) until it can")
 	registerReplicasFlag(fs, &c.streamReplicas)
@@ -376,11 +376,15 @@ func (p *pipeline) run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{
+	so := &jobs.StreamOptions{
 		Replicas:     c.streamReplicas,
 		JobsMaxAge:   c.jobsMaxAge,
 		JobsMaxBytes: int64(c.jobsMaxBytes),
-	}); err != nil {
+	}
+	if c.explicit["partitions"] && c.partitions > 0 {
+		so.Partitions = c.partitions
+	}
+	if err := jobs.EnsureStreams(ctx, js, so); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", replicasHint(err, c.streamReplicas)))
 	}
 	consOpts := &jobs.ConsumerOptions{
@@ -402,10 +406,7 @@ func (p *pipeline) run(ctx context.Context) error {
 		if err := jobs.CheckServer(nc); err != nil {
 			return err
 		}
-		wo := jobs.WorkOptions{LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas}
-		if c.explicit["partitions"] {
-			wo.Partitions = c.partitions
-		}
+		wo := jobs.WorkOptions{LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas, Consumer: consOpts}
 		if partitions, err = jobs.EnsureWork(ctx, js, &wo); err != nil {
 			return stoppedOr(ctx, fmt.Errorf("ensure work streams: %w", replicasHint(err, c.streamReplicas)))
 		}
@@ -413,7 +414,7 @@ func (p *pipeline) run(ctx context.Context) error {
 			var refs []broker.ConsumerRef
 			if mgr := mgrp.Load(); mgr != nil {
 				for _, p := range mgr.Owned() {
-					refs = append(refs, broker.ConsumerRef{Stream: jobs.WorkStream, Consumer: jobs.PartitionConsumer(p)})
+					refs = append(refs, broker.ConsumerRef{Stream: jobs.JobsStream, Consumer: jobs.PartitionConsumer(p)})
 				}
 			}
 			return refs
@@ -459,6 +460,9 @@ func (p *pipeline) run(ctx context.Context) error {
 	w, err := parts.newWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
 		if partitions > 0 {
 			o.Partitions, o.ParkAfter = partitions, c.parkAfter
+			if legacy, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil {
+				d.Legacy = legacy // EnsureWork narrowed it to the unpartitioned jobs
+			}
 			o.FaultHook = faultHook(os.Getenv(faultEnv))
 			d.Owns = func(p int) bool { m := mgrp.Load(); return m != nil && m.Owns(p) }
 		}
@@ -678,7 +682,9 @@ type podHooks struct {
 }
 
 func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
-	c, err := jobs.EnsurePartitionConsumer(ctx, h.js, p, h.consOpts)
+	// EnsureWork created every partition's consumer; bind to it (and
+	// apply changed settings).
+	c, err := jobs.EnsurePartitionConsumer(ctx, h.js, p, h.consOpts, 0)
 	if err != nil {
 		return err
 	}

@@ -117,7 +117,7 @@ func TestRunInProcess(t *testing.T) {
 		"mirrorworker_nats_connected 1",
 		"mirrorworker_ready 1",
 		"mirrorworker_partitions_owned 32",
-		`mirrorworker_consumer_pending{consumer="mirrorworker-p00",stream="MIRROR_WORK"} 0`,
+		`mirrorworker_consumer_pending{consumer="mirrorworker-p00",stream="MIRROR_JOBS"} 0`,
 		`mirrorworker_dead_letters_total{reason="budget_exhausted"} 0`,
 	} {
 		if !strings.Contains(metrics, "\n"+line+"\n") {
