@@ -54,16 +54,16 @@ func sampleReport() *loadtest.Report {
 		Notes: []string{"CPU seconds and peak heap are the whole process <shared>."},
 		Results: []loadtest.Result{
 			{
-				Strategy: "hostpacer", Drained: true, DrainSeconds: 25.4, JobsStored: 200, JobsPerSec: 7.87,
+				Strategy: "hostpacer", Mode: loadtest.ModeProcesses, Drained: true, DrainSeconds: 25.4, JobsStored: 200, JobsPerSec: 7.87,
 				AdmittedPerSec: 7.9, Goodput: 0.987, Requests: 210, Status429: 9, Status503: 1,
 				DeliveriesPerJob: 1.12, CPUSeconds: 3.2, PeakHeapBytes: 48 << 20, Series: series(26, 8, 1),
 			},
 			{
-				Strategy: "fixed", Drained: true, DrainSeconds: 27.9, JobsStored: 200, JobsPerSec: 7.17,
+				Strategy: "fixed", Mode: loadtest.ModeInProcess, Drained: true, DrainSeconds: 27.9, JobsStored: 200, JobsPerSec: 7.17,
 				AdmittedPerSec: 7.2, Goodput: 0.9, Requests: 600, Status429: 400, Early: 310, GapsBelowFloor: 0,
 				DeliveriesPerJob: 3.4, DeadLettered: 0, CPUSeconds: 5.5, PeakHeapBytes: 52 << 20, Series: series(28, 7, 15),
 			},
-			{Strategy: "cooldown", Error: "start origin: listen tcp 127.0.0.1:0: <refused>"},
+			{Strategy: "cooldown", Mode: loadtest.ModeInProcess, Error: "start origin: listen tcp 127.0.0.1:0: <refused>"},
 		},
 	}
 }
