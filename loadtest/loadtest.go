@@ -459,6 +459,7 @@ func (r *run) pods(ctx context.Context, res *Result) error {
 	defer stopAll()
 
 	m := r.startMeasure()
+	defer m.peak.stop() // on an error before finish
 	if err := enqueue(ctx, js, r.urls, spread(o.Jobs, len(r.urls), o.Skew), o.Profile.ObjectSize); err != nil {
 		return err
 	}

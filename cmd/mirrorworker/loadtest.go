@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/strategy"
 )
@@ -63,6 +65,9 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	}
 	if workers < 1 {
 		bad = append(bad, "--workers: want at least 1")
+	}
+	if !inProcess && workers > jobs.DefaultPartitions && slices.Contains(names, strategy.HostPacer) {
+		bad = append(bad, fmt.Sprintf("--workers %d: the hostpacer's pods serve whole partitions, at most %d pods (or pass --in-process)", workers, jobs.DefaultPartitions))
 	}
 	if timeLimit <= 0 {
 		bad = append(bad, "--time-limit: want more than 0")

@@ -179,6 +179,7 @@ func TestLoadtestUsageErrors(t *testing.T) {
 		{"--jobs", "0"},
 		{"--progress", "fancy"},
 		{"--authorities", "2", "--skew", "0.1"},
+		{"--workers", "33"}, // more pods than partitions
 		{"stray"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
