@@ -206,6 +206,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if res.Error != "" {
 			fmt.Fprintf(w, "%s: %s\n", res.Strategy, res.Error)
 		}
+		if len(res.Pods) > 0 {
+			var each []string
+			for _, p := range res.Pods {
+				each = append(each, fmt.Sprintf("%s %d", p.ID, p.Requests))
+			}
+			fmt.Fprintf(w, "%s: %d pods, sharing the partitions %.1f s after they started; requests sent: %s\n",
+				res.Strategy, len(res.Pods), res.StartupSeconds, strings.Join(each, ", "))
+		}
 	}
 	return nil
 }
