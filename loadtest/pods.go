@@ -181,10 +181,10 @@ func (p *pod) result(d *departures) (PodResult, error) {
 	return r, err
 }
 
-// startPods starts n pods and waits until each holds its share of the
-// partition leases, so that the run measures the cluster serving, not one
-// pod serving alone until the others have joined. On error every pod
-// started is stopped.
+// startPods starts o.Workers pods and waits until the partition leases are
+// spread over them and stop moving, so that the run measures the cluster
+// serving, not one pod serving alone until the others have joined, nor
+// hand-overs of the start-up. On error every pod started is stopped.
 func startPods(ctx context.Context, o *Options, js jetstream.JetStream, name, natsURL, dir, mirrorDir string, partitions int) ([]*pod, error) {
 	var pods []*pod
 	stopAll := func() {
@@ -209,7 +209,11 @@ func startPods(ctx context.Context, o *Options, js jetstream.JetStream, name, na
 		return nil, fmt.Errorf("bucket %s: %w", jobs.LeasesBucket, err)
 	}
 	deadline := time.Now().Add(podsBalanceTimeout)
-	share := partitions / o.Workers
+	// Every pod aims at ⌈P/W⌉ partitions and gives back what is over it,
+	// so the leases stop moving once every partition is held and each pod
+	// holds ⌊P/W⌋ or ⌈P/W⌉ of them: a hand-over after that would happen
+	// inside the measured run.
+	low, high := partitions/o.Workers, (partitions+o.Workers-1)/o.Workers
 	var held map[string]int
 	for {
 		for _, p := range pods {
@@ -222,10 +226,12 @@ func startPods(ctx context.Context, o *Options, js jetstream.JetStream, name, na
 			}
 		}
 		held = leaseHolders(ctx, leases)
-		balanced := len(held) == o.Workers
+		balanced, total := len(held) == o.Workers, 0
 		for _, n := range held {
-			balanced = balanced && n >= share
+			balanced = balanced && n >= low && n <= high
+			total += n
 		}
+		balanced = balanced && total == partitions
 		if balanced {
 			return pods, nil
 		}
