@@ -146,7 +146,13 @@ type Manager struct {
 	mu    sync.Mutex
 	owned map[int]*lease
 	live  int // pods seen at the last step
+
+	stopping atomic.Bool // StopTaking: renew and give back, take no more
 }
+
+// StopTaking stops taking partitions (the pod is shutting down); leases
+// held are still renewed until Close.
+func (m *Manager) StopTaking() { m.stopping.Store(true) }
 
 // New returns a Manager using the two buckets (jobs.EnsureWork creates them).
 func New(leases, pods Store, h Hooks, o Options) (*Manager, error) {
@@ -253,7 +259,7 @@ func (m *Manager) Step(ctx context.Context) {
 	switch {
 	case held > target:
 		m.giveBack(ctx, held-target)
-	case held < target:
+	case held < target && !m.stopping.Load():
 		m.take(sctx, target-held)
 	}
 }

@@ -51,11 +51,24 @@ type Options struct {
 	TimeLimit time.Duration
 	// Concurrency is each worker's fetch slots; default 16.
 	Concurrency int
-	// Shared makes every worker pull from one durable consumer, as
-	// `mirrorworker run` instances sharing a deployment do. By default each
-	// worker has its own consumer filtered to a partition of the
-	// authorities (by akey, docs/contract.md section 8), so that each authority is paced
-	// by exactly one pacer.
+	// InProcess runs the hostpacer strategy's workers in this process like
+	// the other strategies'. By default the hostpacer runs as Workers
+	// `mirrorworker run` processes (pods) on the partitioned cluster layout
+	// of docs/adr/0007, as a deployment runs it; the other strategies are
+	// not what `run` runs and are always in-process.
+	InProcess bool
+	// PodBinary is the mirrorworker executable the pods run; required
+	// unless InProcess or no strategy is hostpacer.
+	PodBinary string
+	// PodLogLevel is the pods' --log-level; their log lines go to Logger at
+	// their own level. Default "warn".
+	PodLogLevel string
+	// Shared makes every in-process worker pull from one durable consumer,
+	// as `mirrorworker run` instances of earlier versions sharing a
+	// deployment did. By default each in-process worker has its own
+	// consumer filtered to a static share of the authorities (by akey,
+	// docs/contract.md section 8), so that each authority is paced by
+	// exactly one pacer. It does not apply to pods.
 	Shared bool
 	// Dir holds the per-strategy scratch directories (JetStream store,
 	// mirror), each removed after its run; default the system temp dir.
@@ -102,7 +115,23 @@ func (o *Options) check() error {
 	if o.TimeLimit < 0 || o.Concurrency < 0 {
 		bad("time limit and concurrency must not be negative")
 	}
+	if o.podsRun() && o.PodBinary == "" {
+		bad("pod binary: the hostpacer runs as mirrorworker run processes; name the executable (or run in-process)")
+	}
 	return errors.Join(errs...)
+}
+
+// podsRun reports whether some strategy runs as pods.
+func (o *Options) podsRun() bool {
+	if o.InProcess {
+		return false
+	}
+	for _, n := range o.Strategies {
+		if n == strategy.HostPacer {
+			return true
+		}
+	}
+	return false
 }
 
 // Run runs one load test per strategy, one after the other, and returns the
@@ -130,6 +159,9 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.Title == "" {
 		o.Title = "mirrorworker load test"
+	}
+	if o.PodLogLevel == "" {
+		o.PodLogLevel = "warn"
 	}
 	skew := o.Skew
 	if skew == 0 {
@@ -163,14 +195,19 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 func notes(o Options) []string {
 	n := []string{
-		"cpu s and peak heap are the whole load-test process during that strategy's run: the workers run in-process with the stub origin and the embedded JetStream server, so the figures compare strategies but are not one worker's footprint (process CPU from getrusage, peak of /memory/classes/heap/objects:bytes sampled every 100 ms).",
+		"cpu s and peak heap are the whole load-test process during that strategy's run: in-process workers run with the stub origin and the embedded JetStream server, so the figures compare strategies but are not one worker's footprint (process CPU from getrusage, peak of /memory/classes/heap/objects:bytes sampled every 100 ms).",
 		"All workers call from 127.0.0.1, so the origin sees one anonymous identity per authority; the allowed rate is the profile's anonymous sustained quota times the authorities.",
 		scaleNote(o.Profile.Scale),
 	}
+	if o.podsRun() {
+		n = append(n, fmt.Sprintf("hostpacer runs as %d mirrorworker run processes (pods, mode processes) on the partitioned cluster layout a deployment uses: MIRROR_JOBS in partitions by authority, one pod per partition through leases in MIRROR_LEASES, pacer facts shared through MIRROR_EVENTS, long waits parked in MIRROR_PARKED. Its run is measured from the first job published, once every pod holds its share of the partitions (startup s in report.json: process start, NATS connection, lease balancing). Its cpu s adds the pods' own CPU time (from their exit status) to the load-test process's; its heap MiB is the load-test process only (origin and JetStream), and each pod's peak RSS is in report.json (pods).", o.Workers),
+			"sent<floor of the pods' row is timed by the pods themselves: each appends the wall-clock instant of every request it sends to a file, and the load test merges them per authority (one host, one clock), so it counts pairs closer than the floor across pods as well as within one.",
+			"The other strategies are not what mirrorworker run runs: they stay in-process (mode in-process), each worker with its own pacer state.")
+	}
 	if o.Shared {
-		n = append(n, "Workers share one durable consumer: each authority is paced by every worker's pacer independently, so per-authority politeness holds per worker, not at the origin.")
+		n = append(n, "In-process workers share one durable consumer: each authority is paced by every worker's pacer independently, so per-authority politeness holds per worker, not at the origin.")
 	} else {
-		n = append(n, "Each worker has its own durable consumer filtered to a partition of the authorities (by akey), so each authority is paced by exactly one pacer, as separate pods with partitioned consumers would be.")
+		n = append(n, "Each in-process worker has its own durable consumer filtered to a static share of the authorities (by akey), so each authority is paced by exactly one pacer.")
 	}
 	return n
 }
@@ -184,9 +221,15 @@ func scaleNote(scale float64) string {
 	return fmt.Sprintf("Time is compressed: the strategies' constants (2 s first step, 60 s fallback and cap, 600 s ceiling, 30 min quiet window, 15 min pause cap, 1-30 s backoff) are multiplied by the profile's scale (%g), which hides their cost: at scale 1 (mirrorworker loadtest --real-time) one throttling answer holds an authority at a 2 s interval for 30 min. The HostPacer scales the same constants (pacer.Options.Scale); values the origin sends (Retry-After, rate-limit resets) are never scaled.", scale)
 }
 
-// runStrategy runs one strategy from a fresh JetStream, origin and mirror.
+// runStrategy runs one strategy from a fresh JetStream, origin and mirror:
+// the HostPacer as pods (runPods) unless o.InProcess, every other strategy
+// as in-process workers (runInProcess).
 func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
-	res := Result{Strategy: name}
+	res := Result{Strategy: name, Mode: ModeInProcess}
+	pods := name == strategy.HostPacer && !o.InProcess
+	if pods {
+		res.Mode = ModeProcesses
+	}
 	fail := func(err error) Result {
 		res.Error = err.Error()
 		fmt.Fprintf(o.Progress, "%s: %v\n", name, err)
@@ -199,7 +242,11 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 	}
 	defer os.RemoveAll(dir)
 
-	emb, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats"), Logger: o.Logger.With().Str("component", "nats-server").Logger()})
+	eo := broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "nats"), Logger: o.Logger.With().Str("component", "nats-server").Logger()}
+	if pods {
+		eo.Listen = "127.0.0.1:0" // the pods connect with --nats-url
+	}
+	emb, err := broker.StartEmbedded(eo)
 	if err != nil {
 		return fail(err)
 	}
@@ -241,7 +288,36 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		}
 		akeys[i] = a.Key()
 	}
+	r := &run{o: o, name: name, ordinal: ordinal, dir: dir, emb: emb, js: js, og: og, urls: urls, akeys: akeys, sent: newDepartures()}
+	if pods {
+		err = r.pods(ctx, &res)
+	} else {
+		err = r.inProcess(ctx, &res)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return res
+}
 
+// run is one strategy's run once its JetStream and origin are up.
+type run struct {
+	o             *Options
+	name, ordinal string
+	dir           string
+	emb           *broker.Embedded
+	js            jetstream.JetStream
+	og            *stuborigin.Origin
+	urls, akeys   []string
+	sent          *departures
+}
+
+// inProcess runs the strategy's workers in this process, each on its own
+// durable consumer over a static share of the authorities, or all on one
+// shared consumer.
+func (r *run) inProcess(ctx context.Context, res *Result) error {
+	o, js, name := r.o, r.js, r.name
+	p := o.Profile
 	// One durable consumer per worker over its partition of the
 	// authorities, or one shared by all.
 	durables := make([]string, o.Workers)
@@ -250,8 +326,8 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		co := &jobs.ConsumerOptions{Durable: jobs.ConsumerName}
 		if !o.Shared {
 			co.Durable = "loadtest-w" + strconv.Itoa(w)
-			for a := w; a < len(akeys); a += o.Workers {
-				co.FilterSubjects = append(co.FilterSubjects, jobs.JobsSubjectFilters("*", akeys[a])...)
+			for a := w; a < len(r.akeys); a += o.Workers {
+				co.FilterSubjects = append(co.FilterSubjects, jobs.JobsSubjectFilters("*", r.akeys[a])...)
 			}
 			if len(co.FilterSubjects) == 0 {
 				continue // more workers than authorities: this one has nothing to do
@@ -262,25 +338,24 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 			continue
 		}
 		if _, err := jobs.EnsureConsumer(ctx, js, co); err != nil {
-			return fail(err)
+			return err
 		}
 		created[co.Durable] = true
 	}
 
-	if err := enqueue(ctx, js, urls, spread(o.Jobs, len(urls), o.Skew), p.ObjectSize); err != nil {
-		return fail(err)
+	if err := enqueue(ctx, js, r.urls, spread(o.Jobs, len(r.urls), o.Skew), p.ObjectSize); err != nil {
+		return err
 	}
 
-	target, err := mirror.Open(filepath.Join(dir, "mirror"))
+	target, err := mirror.Open(filepath.Join(r.dir, "mirror"))
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	type instance struct {
 		w  *worker.Worker
 		nc *nats.Conn
 		fc *fetch.Client
 	}
-	sent := newDepartures()
 	var insts []instance
 	defer func() {
 		for _, in := range insts {
@@ -292,42 +367,39 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		if durable == "" {
 			continue
 		}
-		wnc, err := emb.Connect(fmt.Sprintf("loadtest %s worker %d", name, w), broker.ClientLogOptions(o.Logger)...)
+		wnc, err := r.emb.Connect(fmt.Sprintf("loadtest %s worker %d", name, w), broker.ClientLogOptions(o.Logger)...)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		fc := fetch.New(&fetch.Options{AllowPrivate: true, UserAgent: "mirrorworker-loadtest"})
 		insts = append(insts, instance{nc: wnc, fc: fc})
 		wjs, err := jetstream.New(wnc)
 		if err != nil {
-			return fail(fmt.Errorf("jetstream: %w", err))
+			return fmt.Errorf("jetstream: %w", err)
 		}
 		cons, err := wjs.Consumer(ctx, jobs.JobsStream, durable)
 		if err != nil {
-			return fail(fmt.Errorf("consumer %s: %w", durable, err))
+			return fmt.Errorf("consumer %s: %w", durable, err)
 		}
 		pc, err := strategy.New(name, strategy.Options{Floor: floorOption(p.Floor), MaxInFlight: p.MaxInFlight, Scale: p.Scale})
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		id := fmt.Sprintf("loadtest-%s-%d", name, w)
-		wk, err := worker.New(worker.Deps{JS: wjs, Consumer: cons, Fetcher: sent.fetcher(fc), Target: target, Pacer: pc}, &worker.Options{
+		wk, err := worker.New(worker.Deps{JS: wjs, Consumer: cons, Fetcher: r.sent.fetcher(fc), Target: target, Pacer: pc}, &worker.Options{
 			Concurrency:   o.Concurrency,
 			ShutdownGrace: 2 * time.Second,
 			WorkerID:      id,
 			Logger:        o.Logger.With().Str("worker_id", id).Logger(),
 		})
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		insts[len(insts)-1].w = wk
 	}
 
 	// Measure from here: the workers start on a queue that is full.
-	runtime.GC()
-	cpu0 := cpuSeconds()
-	peak := startHeapSampler()
-	start := time.Now()
+	m := r.startMeasure()
 	wctx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	for _, in := range insts {
@@ -339,36 +411,146 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 			}
 		}()
 	}
-	prog := &progress{w: o.Progress, live: o.Live, every: o.ProgressEvery, name: name, ordinal: ordinal, total: o.Jobs, start: start}
-	drained, snap := watch(ctx, js, created, og, o.Jobs, start.Add(o.TimeLimit), prog)
-	drain := time.Since(start)
+	read := func(ctx context.Context) (queueSnap, error) { return queueState(ctx, js, created) }
+	m.watch(ctx, read)
 	stopWorkers()
 	wg.Wait()
-	res.CPUSeconds = cpuSeconds() - cpu0
-	res.PeakHeapBytes = peak.stop()
-	prog.finish(snap, drained)
+	m.finish(ctx, res, read, 0)
+	return nil
+}
+
+// pods runs the HostPacer as o.Workers `mirrorworker run` processes on the
+// partitioned cluster layout (docs/adr/0007), as a deployment runs it:
+// they share the load test's JetStream, the mirror and one pace per origin.
+// The run is measured from the first job published, once every pod holds
+// its share of the partitions.
+func (r *run) pods(ctx context.Context, res *Result) error {
+	o, js := r.o, r.js
+	if o.PodBinary == "" {
+		return errNoBinary
+	}
+	partitions, err := jobs.EnsureWork(ctx, js, nil)
+	if err != nil {
+		return fmt.Errorf("ensure work streams: %w", err)
+	}
+	if o.Workers > partitions {
+		return fmt.Errorf("%d pods: at most %d (one partition each at least); use --in-process for more workers", o.Workers, partitions)
+	}
+	mirrorDir := filepath.Join(r.dir, "mirror")
+	podsDir := filepath.Join(r.dir, "pods")
+	t0 := time.Now()
+	pods, err := startPods(ctx, o, js, r.name, r.emb.ClientURL(), podsDir, mirrorDir, partitions)
+	if err != nil {
+		return err
+	}
+	res.StartupSeconds = time.Since(t0).Seconds()
+	stopped := false
+	stopAll := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		var wg sync.WaitGroup
+		for _, p := range pods {
+			wg.Go(p.stop)
+		}
+		wg.Wait()
+	}
+	defer stopAll()
+
+	m := r.startMeasure()
+	defer m.peak.stop() // on an error before finish
+	if err := enqueue(ctx, js, r.urls, spread(o.Jobs, len(r.urls), o.Skew), o.Profile.ObjectSize); err != nil {
+		return err
+	}
+	read := partitionedQueue(js)
+	exited := func() error {
+		for _, p := range pods {
+			select {
+			case <-p.exited:
+				return p.failure()
+			default:
+			}
+		}
+		return nil
+	}
+	m.exited = exited
+	m.watch(ctx, read)
+	stopAll()
+	var podCPU float64
+	for _, p := range pods {
+		pr, err := p.result(r.sent)
+		if err != nil {
+			return err
+		}
+		podCPU += pr.CPUSeconds
+		res.Pods = append(res.Pods, pr)
+	}
+	m.finish(ctx, res, read, podCPU)
+	if m.died != nil {
+		res.Error = m.died.Error()
+	}
+	return nil
+}
+
+// measure is one run's measurement, from startMeasure to finish.
+type measure struct {
+	r     *run
+	start time.Time
+	cpu0  float64
+	peak  *heapSampler
+	prog  *progress
+	// exited, if set, reports a worker process that died; the watch stops.
+	exited func() error
+	died   error
+
+	drained bool
+	drain   time.Duration
+	snap    queueSnap
+}
+
+func (r *run) startMeasure() *measure {
+	runtime.GC()
+	m := &measure{r: r, cpu0: cpuSeconds(), peak: startHeapSampler(), start: time.Now()}
+	m.prog = &progress{w: r.o.Progress, live: r.o.Live, every: r.o.ProgressEvery, name: r.name, ordinal: r.ordinal, total: r.o.Jobs, start: m.start}
+	return m
+}
+
+func (m *measure) watch(ctx context.Context, read func(context.Context) (queueSnap, error)) {
+	m.drained, m.snap, m.died = watch(ctx, read, m.exited, m.r.og, m.r.o.Jobs, m.start.Add(m.r.o.TimeLimit), m.prog)
+	m.drain = time.Since(m.start)
+}
+
+// finish fills res once the workers have stopped; extraCPU is CPU time
+// spent outside this process (the pods').
+func (m *measure) finish(ctx context.Context, res *Result, read func(context.Context) (queueSnap, error), extraCPU float64) {
+	o, p := m.r.o, m.r.o.Profile
+	res.CPUSeconds = cpuSeconds() - m.cpu0 + extraCPU
+	res.PeakHeapBytes = m.peak.stop()
+	m.prog.finish(m.snap, m.drained)
 
 	// The final counts, after the workers handed their jobs back.
-	if s, err := queueState(context.WithoutCancel(ctx), js, created); err == nil {
+	snap := m.snap
+	if s, err := read(context.WithoutCancel(ctx)); err == nil {
 		snap = s
 	}
-	st := og.Stats()
-	res.Drained = drained
+	st := m.r.og.Stats()
+	drain := m.drain
+	res.Drained = m.drained
 	res.DrainSeconds = drain.Seconds()
 	res.DeadLettered = snap.dead
 	res.JobsStored = snap.finished(o.Jobs) - snap.dead
 	res.JobsPerSec = float64(res.JobsStored) / drain.Seconds()
 	res.DeliveriesPerJob = float64(snap.deliveries) / float64(o.Jobs)
-	fillOrigin(&res, st, start, drain)
+	fillOrigin(res, st, m.start, drain)
 	if allowed := p.AllowedAdmissions(o.Authorities, 1, drain); allowed > 0 {
 		res.Goodput = float64(res.Admitted) / allowed
 	}
 	var minSent time.Duration
-	res.SentGapsBelowFloor, minSent = sent.belowFloor(p.Floor)
+	res.SentGapsBelowFloor, minSent = m.r.sent.belowFloor(p.Floor)
 	if minSent >= 0 {
 		res.MinSentGapSeconds = minSent.Seconds()
 	}
-	return res
 }
 
 // floorOption maps a policy floor onto strategy.Options, where zero means
@@ -466,6 +648,7 @@ func (s queueSnap) finished(total int) int {
 	return max(f, 0)
 }
 
+// queueState reads the in-process workers' consumers on MIRROR_JOBS.
 func queueState(ctx context.Context, js jetstream.JetStream, durables map[string]bool) (queueSnap, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -483,22 +666,28 @@ func queueState(ctx context.Context, js jetstream.JetStream, durables map[string
 		s.ackPending += uint64(ci.NumAckPending)
 		s.deliveries += ci.Delivered.Consumer
 	}
+	return s, readDead(ctx, js, &s)
+}
+
+// readDead sets s.dead from the dead-letter stream.
+func readDead(ctx context.Context, js jetstream.JetStream, s *queueSnap) error {
 	dlq, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
-		return s, fmt.Errorf("stream %s: %w", jobs.DLQStream, err)
+		return fmt.Errorf("stream %s: %w", jobs.DLQStream, err)
 	}
 	si, err := dlq.Info(ctx)
 	if err != nil {
-		return s, fmt.Errorf("stream %s info: %w", jobs.DLQStream, err)
+		return fmt.Errorf("stream %s info: %w", jobs.DLQStream, err)
 	}
 	s.dead = int(si.State.Msgs)
-	return s, nil
+	return nil
 }
 
-// watch polls the queue until every job has left it, the deadline passes or
-// ctx is cancelled, updating the progress line. It reports whether the queue
-// drained.
-func watch(ctx context.Context, js jetstream.JetStream, durables map[string]bool, og *stuborigin.Origin, total int, deadline time.Time, prog *progress) (bool, queueSnap) {
+// watch polls the queue until every job has left it, the deadline passes,
+// ctx is cancelled or exited (if set) reports a dead worker process,
+// updating the progress line. It reports whether the queue drained, and the
+// error of a dead worker process.
+func watch(ctx context.Context, read func(context.Context) (queueSnap, error), exited func() error, og *stuborigin.Origin, total int, deadline time.Time, prog *progress) (bool, queueSnap, error) {
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	var (
@@ -506,15 +695,20 @@ func watch(ctx context.Context, js jetstream.JetStream, durables map[string]bool
 		seen bool // last holds a real reading: a zero queueSnap looks drained
 	)
 	for {
-		if s, err := queueState(ctx, js, durables); err == nil {
+		if s, err := read(ctx); err == nil {
 			last, seen = s, true
 		}
 		if seen && last.pending == 0 && last.ackPending == 0 {
-			return true, last
+			return true, last, nil
+		}
+		if exited != nil {
+			if err := exited(); err != nil {
+				return false, last, err
+			}
 		}
 		now := time.Now()
 		if !now.Before(deadline) {
-			return false, last
+			return false, last, nil
 		}
 		if prog.due(now) {
 			last.rateLimited, last.unavailable = originRejections(og)
@@ -522,7 +716,7 @@ func watch(ctx context.Context, js jetstream.JetStream, durables map[string]bool
 		}
 		select {
 		case <-ctx.Done():
-			return false, last
+			return false, last, nil
 		case <-tick.C:
 		}
 	}

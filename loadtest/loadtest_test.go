@@ -43,7 +43,7 @@ func TestRunComparesStrategies(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := loadtest.Run(ctx, loadtest.Options{
-		Jobs: 60, Authorities: 3, Workers: 2, Profile: p,
+		Jobs: 60, Authorities: 3, Workers: 2, Profile: p, InProcess: true,
 		Strategies: []string{"hostpacer", "fixed"},
 		TimeLimit:  60 * time.Second, Dir: t.TempDir(),
 		Progress: &progress, ProgressEvery: time.Second,
@@ -79,6 +79,9 @@ func TestRunComparesStrategies(t *testing.T) {
 		}
 	}
 	host, fixed := rep.Results[0], rep.Results[1]
+	if host.Mode != loadtest.ModeInProcess || fixed.Mode != loadtest.ModeInProcess || host.Pods != nil {
+		t.Errorf("modes %q and %q (pods %v), want both in-process", host.Mode, fixed.Mode, host.Pods)
+	}
 	// A 50 ms floor is 20/s per authority against 6/s allowed: the fixed
 	// pacer must be refused, and the HostPacer must never go early.
 	if fixed.Status429 == 0 {
@@ -110,7 +113,7 @@ func TestRunAtRealTime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := loadtest.Run(ctx, loadtest.Options{
-		Jobs: 30, Authorities: 1, Workers: 1, Profile: rt,
+		Jobs: 30, Authorities: 1, Workers: 1, Profile: rt, InProcess: true,
 		Strategies: []string{"hostpacer"},
 		TimeLimit:  60 * time.Second, Dir: t.TempDir(),
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
@@ -143,6 +146,8 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		{Jobs: 1, Authorities: 4, Workers: 1, Profile: p, Strategies: []string{"fixed"}, Skew: 0.1},
 		{Jobs: 1, Authorities: 1, Workers: 1, Strategies: []string{"fixed"}},
 		{Jobs: 1, Authorities: 1, Workers: 1, Profile: p},
+		// The hostpacer runs as pods unless in-process: it needs their binary.
+		{Jobs: 1, Authorities: 1, Workers: 1, Profile: p, Strategies: []string{"hostpacer"}},
 	} {
 		if _, err := loadtest.Run(context.Background(), o); err == nil {
 			t.Errorf("Run(%+v) accepted bad options", o)

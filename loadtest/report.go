@@ -54,9 +54,17 @@ type Setup struct {
 	CPUs             int     `json:"cpus"`
 }
 
+// Modes of Result.Mode.
+const (
+	ModeInProcess = "in-process" // workers in the load-test process
+	ModeProcesses = "processes"  // `mirrorworker run` pods
+)
+
 // Result is one strategy's run.
 type Result struct {
 	Strategy string `json:"strategy"`
+	// Mode is how the workers ran: ModeInProcess or ModeProcesses.
+	Mode string `json:"mode"`
 	// Drained: every job left the queue (stored or dead-lettered) before the
 	// time limit.
 	Drained      bool    `json:"drained"`
@@ -97,11 +105,28 @@ type Result struct {
 	// this strategy's run (workers, origin and JetStream share it).
 	CPUSeconds    float64 `json:"cpu_seconds"`
 	PeakHeapBytes uint64  `json:"peak_heap_bytes"`
+	// StartupSeconds (pods only) is from starting the pods to every pod
+	// holding its share of the partitions, before the run is measured.
+	StartupSeconds float64 `json:"startup_seconds,omitempty"`
+	// Pods is what each pod did (pods only).
+	Pods []PodResult `json:"pods,omitempty"`
 	// Series is the origin's timeline, one point per second, summed over
 	// authorities.
 	Series []Point `json:"series"`
 	// Error is set when the run could not complete (setup failure).
 	Error string `json:"error,omitempty"`
+}
+
+// PodResult is one `mirrorworker run` process of a pods run.
+type PodResult struct {
+	ID string `json:"id"`
+	// Requests it sent (its departure log).
+	Requests int64 `json:"requests"`
+	// CPUSeconds (user and system) and MaxRSSBytes (peak resident set) over
+	// its whole life, from its exit status.
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	MaxRSSBytes uint64  `json:"max_rss_bytes"`
+	ExitCode    int     `json:"exit_code"`
 }
 
 // Point is one second of the origin's timeline.
@@ -147,7 +172,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // tableHeader names the summary columns, shared by the text table and the
 // HTML table so the two never disagree.
 var tableHeader = []string{
-	"strategy", "drained", "drain s", "jobs/s", "goodput", "429s", "503s", "early",
+	"strategy", "mode", "drained", "drain s", "jobs/s", "goodput", "429s", "503s", "early",
 	"gaps<floor", "min gap ms", "sent<floor", "deliv/job", "dead", "cpu s", "heap MiB",
 }
 
@@ -160,7 +185,7 @@ func (r Result) row() []string {
 		drained = "error"
 	}
 	return []string{
-		r.Strategy, drained, f1(r.DrainSeconds), f1(r.JobsPerSec), f2(r.Goodput),
+		r.Strategy, r.Mode, drained, f1(r.DrainSeconds), f1(r.JobsPerSec), f2(r.Goodput),
 		itoa(r.Status429), itoa(r.Status503), itoa(r.Early), itoa(r.GapsBelowFloor), f1(r.MinGapSeconds * 1000), itoa(r.SentGapsBelowFloor),
 		f2(r.DeliveriesPerJob), strconv.Itoa(r.DeadLettered), f1(r.CPUSeconds),
 		f1(float64(r.PeakHeapBytes) / (1 << 20)),
@@ -180,6 +205,14 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, res := range r.Results {
 		if res.Error != "" {
 			fmt.Fprintf(w, "%s: %s\n", res.Strategy, res.Error)
+		}
+		if len(res.Pods) > 0 {
+			var each []string
+			for _, p := range res.Pods {
+				each = append(each, fmt.Sprintf("%s %d", p.ID, p.Requests))
+			}
+			fmt.Fprintf(w, "%s: %d pods, sharing the partitions %.1f s after they started; requests sent: %s\n",
+				res.Strategy, len(res.Pods), res.StartupSeconds, strings.Join(each, ", "))
 		}
 	}
 	return nil
@@ -432,7 +465,7 @@ ul.notes li{margin:.3rem 0}
 <p class="meta">Generated {{stamp .GeneratedAt}} · <code>{{.Command}}</code></p>
 <dl class="setup">
 <dt>jobs</dt><dd>{{.Setup.Jobs}} over {{.Setup.Authorities}} authorities, {{pct .Setup.Skew}} on the hottest</dd>
-<dt>workers</dt><dd>{{.Setup.Workers}} in-process instances, each with its own pacer state</dd>
+<dt>workers</dt><dd>{{.Setup.Workers}} per strategy: <b>processes</b> are <code>mirrorworker run</code> pods sharing one pace per origin (the hostpacer), <b>in-process</b> are instances each with its own pacer state</dd>
 <dt>profile</dt><dd>{{.Setup.Profile}}{{if .Setup.ProfileFile}} (<code>{{.Setup.ProfileFile}}</code>){{end}}, time scale {{fmtG .Setup.Scale}}</dd>
 <dt>politeness</dt><dd>floor {{fmtG .Setup.FloorSeconds}} s, at most {{.Setup.MaxInFlight}} in flight per authority</dd>
 <dt>allowed rate</dt><dd>{{fmtG .Setup.AllowedRate}} admitted requests/s ({{.Setup.Identities}} caller {{if eq .Setup.Identities 1}}identity{{else}}identities{{end}} per authority)</dd>
@@ -444,16 +477,17 @@ ul.notes li{margin:.3rem 0}
 <thead><tr>{{range .Header}}<th scope="col">{{.}}</th>{{end}}</tr></thead>
 <tbody>
 {{range .Rows}}<tr class="{{.Strategy}}">{{range .Cells}}<td>{{.}}</td>{{end}}</tr>
-{{if .Error}}<tr><td class="err" colspan="15">{{.Strategy}}: {{.Error}}</td></tr>
+{{if .Error}}<tr><td class="err" colspan="{{len $.Header}}">{{.Strategy}}: {{.Error}}</td></tr>
 {{end}}{{end}}</tbody>
 </table></div>
 <h2>How to read this</h2>
 <ul class="notes">
+<li><b>mode</b>: <b>processes</b> ran the strategy as <code>mirrorworker run</code> pods on the partitioned cluster layout, as a deployment runs it; <b>in-process</b> ran worker instances in the load-test process.</li>
 <li><b>drained</b>, <b>drain s</b> and <b>jobs/s</b>: whether every job left the queue (stored or dead-lettered) before the time limit, how long that took, and stored jobs per second.</li>
 <li><b>goodput</b> is what the origin admitted during the run as a fraction of what the profile allows in that time: per authority and caller identity, the sustained bucket's capacity plus its rate times the drain time (less when the shared shard's tenant share binds first). Near 1, the strategy used what the origin offered; well below 1, it waited longer than it had to. With a skew, authorities that ran out of jobs early still count in the denominator.</li>
 <li><b>429s</b>, <b>503s</b> and <b>early</b> come from the origin's own statistics. <b>early</b> counts requests sent while their caller had been told to wait (Retry-After or an exhausted rate-limit reset): the rudest kind of request, which a polite client keeps at 0.</li>
-<li><b>gaps&lt;floor</b> counts arrivals from one caller closer than the policy floor to its previous one, as the origin timed them, and <b>min gap ms</b> is the closest pair; <b>sent&lt;floor</b> counts the same gaps as the workers timed their departures. Short gaps at the origin with none sent are timing noise between the two (a busy CPU, a new connection), not a pacer granting too early. Every strategy spaces each departure from the previous request's actual start, as the HostPacer does, so sent&lt;floor is 0 for all of them unless workers share a consumer (<code>--shared-consumer</code>: several pacers per authority).</li>
-<li><b>deliv/job</b> is JetStream deliveries per job: every deferral and retry is one more. <b>dead</b> is jobs dead-lettered. <b>cpu s</b> and <b>heap MiB</b> (peak) are the whole process, origin and JetStream included: they compare strategies, they are not one worker's footprint.</li>
+<li><b>gaps&lt;floor</b> counts arrivals from one caller closer than the policy floor to its previous one, as the origin timed them, and <b>min gap ms</b> is the closest pair; <b>sent&lt;floor</b> counts the same gaps as the workers timed their departures (pods log theirs; pairs from two pods count). Short gaps at the origin with none sent are timing noise between the two (a busy CPU, a new connection), not a pacer granting too early. Every strategy spaces each departure from the previous request's actual start, as the HostPacer does, so sent&lt;floor is 0 for all of them unless workers share a consumer (<code>--shared-consumer</code>: several pacers per authority).</li>
+<li><b>deliv/job</b> is JetStream deliveries per job: every deferral and retry is one more. <b>dead</b> is jobs dead-lettered. <b>cpu s</b> and <b>heap MiB</b> (peak) are the whole process, origin and JetStream included (for pods, cpu s adds the pods' CPU time, and heap is the load-test process only): they compare strategies, they are not one worker's footprint.</li>
 <li>In the charts, blue is admitted, yellow 503 and red 429 per second, stacked; the dashed line is the allowed rate; red ticks under the axis mark seconds with throttling answers. Hover a bar for its numbers.</li>
 {{range .Notes}}<li>{{.}}</li>
 {{end}}</ul>

@@ -54,16 +54,20 @@ func sampleReport() *loadtest.Report {
 		Notes: []string{"CPU seconds and peak heap are the whole process <shared>."},
 		Results: []loadtest.Result{
 			{
-				Strategy: "hostpacer", Drained: true, DrainSeconds: 25.4, JobsStored: 200, JobsPerSec: 7.87,
+				Strategy: "hostpacer", Mode: loadtest.ModeProcesses, Drained: true, DrainSeconds: 25.4, JobsStored: 200, JobsPerSec: 7.87,
 				AdmittedPerSec: 7.9, Goodput: 0.987, Requests: 210, Status429: 9, Status503: 1,
 				DeliveriesPerJob: 1.12, CPUSeconds: 3.2, PeakHeapBytes: 48 << 20, Series: series(26, 8, 1),
+				StartupSeconds: 4.25, Pods: []loadtest.PodResult{
+					{ID: "loadtest-hostpacer-pod1", Requests: 110, CPUSeconds: 0.5, MaxRSSBytes: 30 << 20},
+					{ID: "loadtest-hostpacer-pod2", Requests: 100, CPUSeconds: 0.4, MaxRSSBytes: 29 << 20},
+				},
 			},
 			{
-				Strategy: "fixed", Drained: true, DrainSeconds: 27.9, JobsStored: 200, JobsPerSec: 7.17,
+				Strategy: "fixed", Mode: loadtest.ModeInProcess, Drained: true, DrainSeconds: 27.9, JobsStored: 200, JobsPerSec: 7.17,
 				AdmittedPerSec: 7.2, Goodput: 0.9, Requests: 600, Status429: 400, Early: 310, GapsBelowFloor: 0,
 				DeliveriesPerJob: 3.4, DeadLettered: 0, CPUSeconds: 5.5, PeakHeapBytes: 52 << 20, Series: series(28, 7, 15),
 			},
-			{Strategy: "cooldown", Error: "start origin: listen tcp 127.0.0.1:0: <refused>"},
+			{Strategy: "cooldown", Mode: loadtest.ModeInProcess, Error: "start origin: listen tcp 127.0.0.1:0: <refused>"},
 		},
 	}
 }
@@ -134,10 +138,11 @@ func TestReportTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 5 { // header, 3 rows, the error line
+	if len(lines) != 6 { // header, 3 rows, the pods line, the error line
 		t.Fatalf("table has %d lines:\n%s", len(lines), b.String())
 	}
-	for _, want := range []string{"goodput", "hostpacer", "0.99", "error", "cooldown: start origin"} {
+	for _, want := range []string{"goodput", "hostpacer", "processes", "0.99", "error", "cooldown: start origin",
+		"hostpacer: 2 pods, sharing the partitions 4.2 s after they started; requests sent: loadtest-hostpacer-pod1 110, loadtest-hostpacer-pod2 100"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}

@@ -14,6 +14,7 @@ const heapMetric = "/memory/classes/heap/objects:bytes"
 // heapSampler records the peak of heapMetric until stop.
 type heapSampler struct {
 	stopc chan struct{}
+	once  sync.Once
 	wg    sync.WaitGroup
 	mu    sync.Mutex
 	peak  uint64
@@ -51,9 +52,9 @@ func (h *heapSampler) sample() {
 	h.mu.Unlock()
 }
 
-// stop ends sampling and returns the peak.
+// stop ends sampling and returns the peak; it may be called more than once.
 func (h *heapSampler) stop() uint64 {
-	close(h.stopc)
+	h.once.Do(func() { close(h.stopc) })
 	h.wg.Wait()
 	h.sample()
 	h.mu.Lock()

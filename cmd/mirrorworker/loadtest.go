@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/strategy"
 )
@@ -25,12 +28,12 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 		profile, strategies, reportDir     string
 		scratch, logLevel, progressMode    string
 		timeLimit                          time.Duration
-		shared, realTime                   bool
+		shared, realTime, inProcess        bool
 	)
 	fs := newFlagSet("loadtest", stderr)
 	fs.IntVar(&jobsN, "jobs", 1000, "jobs to enqueue per strategy")
 	fs.IntVar(&auths, "authorities", 10, "authorities the stub origin serves (one listener each)")
-	fs.IntVar(&workers, "workers", 2, "worker instances, each with its own pacer state")
+	fs.IntVar(&workers, "workers", 3, "workers per strategy: the hostpacer runs as this many mirrorworker run processes (pods) sharing one pace per origin through the cluster layout, as a deployment does; the other strategies as in-process instances, each with its own pacer state")
 	fs.Float64Var(&skew, "skew", 0, "share of the jobs on the hottest authority (0: spread evenly)")
 	fs.StringVar(&profile, "profile", defaultLoadtestProfile, "load-test profile (or a plain stub origin profile)")
 	fs.StringVar(&strategies, "strategy", strategy.HostPacer, "strategies to compare, comma-separated, or all: "+strings.Join(strategy.Names(), ", "))
@@ -38,7 +41,8 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	fs.DurationVar(&timeLimit, "time-limit", 3*time.Minute, "longest run of one strategy")
 	fs.IntVar(&concurrency, "concurrency", 16, "fetch slots of each worker")
 	fs.BoolVar(&realTime, "real-time", false, "run the strategies at real time constants (scale 1: 2 s first step, 60-600 s cooldowns, 30 min quiet window) whatever the profile's scale")
-	fs.BoolVar(&shared, "shared-consumer", false, "all workers pull from one durable consumer instead of each from its own partition of the authorities")
+	fs.BoolVar(&inProcess, "in-process", false, "run the hostpacer's workers in this process like the other strategies' (quicker to start; not the cluster layout)")
+	fs.BoolVar(&shared, "shared-consumer", false, "in-process workers pull from one durable consumer instead of each from its own share of the authorities")
 	fs.StringVar(&scratch, "scratch-dir", "", "where each strategy's JetStream store and mirror live during its run (default: the system temp dir)")
 	fs.StringVar(&logLevel, "log-level", "error", "level of the workers' and origin's logs on stderr: trace, debug, info, warn or error")
 	fs.StringVar(&progressMode, "progress", "auto", "progress display: auto (one updating line on a terminal), line (a line every 5 s) or none")
@@ -61,6 +65,9 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	}
 	if workers < 1 {
 		bad = append(bad, "--workers: want at least 1")
+	}
+	if !inProcess && workers > jobs.DefaultPartitions && slices.Contains(names, strategy.HostPacer) {
+		bad = append(bad, fmt.Sprintf("--workers %d: the hostpacer's pods serve whole partitions, at most %d pods (or pass --in-process)", workers, jobs.DefaultPartitions))
 	}
 	if timeLimit <= 0 {
 		bad = append(bad, "--time-limit: want more than 0")
@@ -92,8 +99,15 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 		Jobs: jobsN, Authorities: auths, Workers: workers, Skew: skew,
 		Profile: p, ProfileFile: profile, Strategies: names,
 		TimeLimit: timeLimit, Concurrency: concurrency, Shared: shared, Dir: scratch,
+		InProcess: inProcess, PodLogLevel: logLevel,
 		Command:  "mirrorworker loadtest " + strings.Join(args, " "),
 		Progress: stderr, Logger: log,
+	}
+	if !inProcess {
+		// The pods are this same executable's `run`.
+		if o.PodBinary, err = os.Executable(); err != nil {
+			return fmt.Errorf("loadtest: find this executable for the pods: %w (pass --in-process)", err)
+		}
 	}
 	switch progressMode {
 	case "auto":
@@ -101,8 +115,12 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	case "none":
 		o.Progress = io.Discard
 	}
-	fmt.Fprintf(stderr, "loadtest: %d jobs over %d authorities, %d workers, profile %s (allowed %.4g req/s), strategies %s\n",
-		jobsN, auths, workers, p.Name, p.AllowedRate(auths, 1), strings.Join(names, ","))
+	mode := "hostpacer as pods"
+	if inProcess {
+		mode = "all in-process"
+	}
+	fmt.Fprintf(stderr, "loadtest: %d jobs over %d authorities, %d workers (%s), profile %s (allowed %.4g req/s), strategies %s\n",
+		jobsN, auths, workers, mode, p.Name, p.AllowedRate(auths, 1), strings.Join(names, ","))
 	rep, runErr := loadtest.Run(ctx, o)
 	if rep == nil {
 		return usageError{"loadtest: " + runErr.Error()}

@@ -28,6 +28,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/replay"
@@ -91,6 +92,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", jobs.DefaultLeaseTTL, "life of a partition lease without renewal: a killed pod's partitions move to the others after about this long (set when the leases bucket is created)")
 	fs.DurationVar(&c.parkAfter, "park-after", worker.DefaultParkAfter, "a job whose authority cannot take it for longer than this is parked in MIRROR_PARKED (no consumer slot, no memory, no redelivery) until it can")
 	registerReplicasFlag(fs, &c.streamReplicas)
+	fs.Float64Var(&c.timeScale, "time-scale", 1, "for load tests only (mirrorworker loadtest sets it): multiply the pacer's fixed durations (2 s first step, 60 s cap and fallback, 600 s pause cap, 30 min quiet window, 1 s waits) by this, in (0, 1]; floors and the origin's own delays are not scaled. Leave it at 1 against real origins")
 }
 
 // check rejects flag values that cannot work, as usage errors (exit 2).
@@ -123,6 +125,9 @@ func (c *runConfig) check() error {
 	}
 	if c.parkAfter <= 0 {
 		bad("--park-after %s: want more than 0", c.parkAfter)
+	}
+	if !(c.timeScale > 0 && c.timeScale <= 1) {
+		bad("--time-scale %v: want more than 0 and at most 1 (1 is real time)", c.timeScale)
 	}
 	checkReplicas(bad, c.streamReplicas)
 	if c.nats.url == "" && c.streamReplicas > 1 {
@@ -433,6 +438,13 @@ func (p *pipeline) run(ctx context.Context) error {
 		return err
 	}
 	defer parts.fetch.CloseIdleConnections()
+	// The pods of `mirrorworker loadtest` record when each request leaves,
+	// so the load test can time departures across processes; nil otherwise.
+	departures, err := loadtest.OpenDepartureLog(os.Getenv(loadtest.DeparturesEnv))
+	if err != nil {
+		return err
+	}
+	defer departures.Close()
 	pc, sink := parts.pacer, parts.sink
 	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
 		return err
@@ -458,6 +470,7 @@ func (p *pipeline) run(ctx context.Context) error {
 		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
 	}
 	w, err := parts.newWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
+		d.Fetcher = departures.Fetcher(d.Fetcher)
 		if partitions > 0 {
 			o.Partitions, o.ParkAfter = partitions, c.parkAfter
 			if legacy, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil {
@@ -525,7 +538,12 @@ func (p *pipeline) run(ctx context.Context) error {
 			return errors.New("worker: stopped on its own")
 		}
 		return nil
-	}, func(error) { stopWorker() })
+	}, func(error) {
+		if mgr != nil {
+			mgr.StopTaking() // a stopping pod takes no partition another pod just gave up
+		}
+		stopWorker()
+	})
 	g.Add(func() error {
 		return sink.Run(sctx)
 	}, func(error) { stopWorker() }) // sctx ends when the worker has stopped

@@ -205,6 +205,8 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{name: "log format", args: []string{"--log-format", "xml"}, wantCode: 2, wantMsg: "--log-format"},
 		{name: "log level", args: []string{"--log-level", "loud"}, wantCode: 2, wantMsg: "--log-level"},
 		{name: "no shutdown grace", args: []string{"--shutdown-grace", "0s"}, wantCode: 2, wantMsg: "--shutdown-grace"},
+		{name: "time scale above 1", args: []string{"--time-scale", "2"}, wantCode: 2, wantMsg: "--time-scale"},
+		{name: "time scale zero", args: []string{"--time-scale", "0"}, wantCode: 2, wantMsg: "--time-scale"},
 		{name: "body size unit", args: []string{"--max-body-size", "12XB"}, wantCode: 2, wantMsg: "max-body-size"},
 		{name: "admin address", args: []string{"--admin-addr", "9090"}, wantCode: 2, wantMsg: "--admin-addr"},
 		{name: "bad env value", env: map[string]string{"MIRRORWORKER_CONCURRENCY": "many"}, wantCode: 2, wantMsg: "MIRRORWORKER_CONCURRENCY"},

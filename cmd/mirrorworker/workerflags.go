@@ -48,6 +48,10 @@ type workerFlags struct {
 
 	workerIDPrefix string // of the default worker id, <prefix><hostname>-<pid>
 
+	// timeScale is pacer.Options.Scale: run's --time-scale, for load tests
+	// only; 0 (replay, which has no such flag) is real time.
+	timeScale float64
+
 	// explicit holds the flags given on the command line or in the
 	// environment: --floor and --max-in-flight override a policy file's
 	// default only when given.
@@ -236,7 +240,7 @@ func (w *workerFlags) buildParts(js jetstream.JetStream, reg prometheus.Register
 	sink := worker.NewEventSink(js, log, metrics)
 	return &workerParts{
 		w: w, log: log, js: js, metrics: metrics, sink: sink,
-		pacer: pacer.New(&pacer.Options{Policy: policy, Logger: log, OnEvent: sink.Handle}),
+		pacer: pacer.New(&pacer.Options{Policy: policy, Logger: log, OnEvent: sink.Handle, Scale: w.timeScale}),
 		fetch: fetch.New(w.fetchOptions()),
 	}, nil
 }
