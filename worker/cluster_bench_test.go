@@ -113,7 +113,7 @@ func BenchmarkParking(b *testing.B) {
 		b.ReportMetric(rssMiB()-rss0, "rss-growth-MiB")
 		b.ReportMetric(float64(pi.State.Bytes)/(1<<20), "parked-store-MiB")
 		b.ReportMetric(tAlone.Seconds()/tMixed.Seconds(), "healthy-drain-ratio")
-		b.Logf("%d parked: cpu %.1fs (%.0f µs each, publish, sourcing, parking and acks, server included), store %.1f MiB, RSS %.0f MiB (+%.0f); healthy 1000 jobs alone %v, behind the backlog %v",
+		b.Logf("%d parked: cpu %.1fs (%.0f µs each: publish, delivery, parking and acks, server included), store %.1f MiB, RSS %.0f MiB (+%.0f); healthy 1000 jobs alone %v, behind the backlog %v",
 			backlogN, cpu, cpu/float64(backlogN)*1e6, float64(pi.State.Bytes)/(1<<20), rssMiB(), rssMiB()-rss0, tAlone.Round(time.Millisecond), tMixed.Round(time.Millisecond))
 	}
 }
