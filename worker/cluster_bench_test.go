@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -107,12 +108,23 @@ func BenchmarkParking(b *testing.B) {
 		tAlone = min(tAlone, r.f.waitFor(b, 1000, isRound("after"), 5*time.Minute).Sub(start))
 		ps, _ := e.js.Stream(context.Background(), jobs.ParkStream)
 		pi, _ := ps.Info(context.Background())
+		// A healthy authority in the cooling one's partition waits behind its
+		// backlog in that partition's consumer until the backlog is parked.
+		shared := 0
+		coolingPart := jobs.Partition(authority.KeyOf(slow.auth), jobs.DefaultPartitions)
+		for _, o := range healthy {
+			if jobs.Partition(authority.KeyOf(o.auth), jobs.DefaultPartitions) == coolingPart {
+				shared++
+			}
+		}
+		b.ReportMetric(float64(shared), "healthy-auths-in-cooling-partition")
 		b.ReportMetric(float64(backlogN), "parked")
 		b.ReportMetric(cpu/float64(backlogN)*1e6, "cpu-µs/parked-job")
 		b.ReportMetric(rssMiB(), "rss-MiB")
 		b.ReportMetric(rssMiB()-rss0, "rss-growth-MiB")
 		b.ReportMetric(float64(pi.State.Bytes)/(1<<20), "parked-store-MiB")
 		b.ReportMetric(tAlone.Seconds()/tMixed.Seconds(), "healthy-drain-ratio")
+		b.Logf("%d of 10 healthy authorities share the cooling one's partition", shared)
 		b.Logf("%d parked: cpu %.1fs (%.0f µs each: publish, delivery, parking and acks, server included), store %.1f MiB, RSS %.0f MiB (+%.0f); healthy 1000 jobs alone %v, behind the backlog %v",
 			backlogN, cpu, cpu/float64(backlogN)*1e6, float64(pi.State.Bytes)/(1<<20), rssMiB(), rssMiB()-rss0, tAlone.Round(time.Millisecond), tMixed.Round(time.Millisecond))
 	}

@@ -211,15 +211,7 @@ func publishURLs(t *testing.T, natsURL string, targets map[string]string, urls [
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := connectJS(t, natsURL)
 	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -324,15 +316,7 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 // in the queue (pending, unacked or parked), with no dead letter.
 func waitQueueEmpty(t *testing.T, natsURL, root string, n int, deadline time.Duration, logs fmt.Stringer) {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := connectJS(t, natsURL)
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	for {
@@ -392,15 +376,7 @@ func (o *clusterOrigin) firstArrivalAfter(auth string, after time.Time) time.Tim
 // partition.
 func podServing(t *testing.T, natsURL, auth string, partitions int, pods []*workerProcess) int {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := connectJS(t, natsURL)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	leases, _, err := readLeases(ctx, js)
@@ -566,4 +542,19 @@ func TestProcessPauseResumeStatus(t *testing.T) {
 			t.Errorf("pod exit: %v", err)
 		}
 	}
+}
+
+// connectJS connects to natsURL for the length of the test.
+func connectJS(t *testing.T, natsURL string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
