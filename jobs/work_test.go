@@ -88,3 +88,80 @@ func TestJobsStreamPartitionsLikeTheServer(t *testing.T) {
 		t.Error("EnsureStreams with another partition count succeeded")
 	}
 }
+
+// TestUpgradeAddsThePartitionTransform: a MIRROR_JOBS created by an earlier
+// version (no transform), with a single consumer that acked part of it,
+// gets the transform; the partition consumers start after what that
+// consumer acked, and the single consumer is narrowed to the unpartitioned
+// jobs (which the worker moves).
+func TestUpgradeAddsThePartitionTransform(t *testing.T) {
+	js := startJetStream(t)
+	ctx := testContext(t)
+	cfgs, err := jobs.StreamConfigs(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := cfgs[0]
+	old.SubjectTransform = nil
+	if _, err := js.CreateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil { // the other streams, and the transform
+		t.Fatal(err)
+	}
+	// Undo the transform to publish as an earlier version did.
+	if _, err := js.UpdateStream(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	legacy, err := jobs.EnsureConsumer(ctx, js, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		if _, err := jobs.Publish(ctx, js, jobs.Job{URL: fmt.Sprintf("https://old.example/%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := legacy.Fetch(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range b.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The upgrade: run's EnsureStreams, then EnsureWork.
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		t.Fatalf("add the transform to an existing stream: %v", err)
+	}
+	if _, err := jobs.EnsureWork(ctx, js, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jobs.Publish(ctx, js, jobs.Job{URL: "https://new.example/x"}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := legacy.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.FilterSubject != jobs.LegacyFilter || info.NumPending+uint64(info.NumAckPending) != 2 {
+		t.Errorf("single consumer after the upgrade: filter %q, %d pending, %d unacked; want %q and the 2 old jobs it had not acked",
+			info.Config.FilterSubject, info.NumPending, info.NumAckPending, jobs.LegacyFilter)
+	}
+	total := 0
+	for p := range jobs.DefaultPartitions {
+		c, err := js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ci, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += int(ci.NumPending)
+	}
+	if total != 1 {
+		t.Errorf("partition consumers see %d jobs, want only the one published after the upgrade", total)
+	}
+}

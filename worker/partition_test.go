@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mirrorworker/mirrorworker/fetch"
@@ -23,6 +24,12 @@ type partitioned struct {
 }
 
 func (e *env) startPartitioned(p worker.Pacer, o worker.Options) *partitioned {
+	return e.startPartitionedWith(p, o, nil)
+}
+
+// startPartitionedWith is startPartitioned with the single consumer of an
+// earlier version to move unpartitioned jobs from (nil: none).
+func (e *env) startPartitionedWith(p worker.Pacer, o worker.Options, legacy jetstream.Consumer) *partitioned {
 	e.t.Helper()
 	ctx := context.Background()
 	parts, err := jobs.EnsureWork(ctx, e.js, &jobs.WorkOptions{Consumer: &jobs.ConsumerOptions{AckWait: 30 * time.Second}})
@@ -36,7 +43,7 @@ func (e *env) startPartitioned(p worker.Pacer, o worker.Options) *partitioned {
 	pw := &partitioned{owned: make([]atomic.Bool, parts)}
 	f := fetch.New(&fetch.Options{AllowPrivate: true})
 	w, err := worker.New(worker.Deps{JS: e.js, Fetcher: f, Target: e.target, Pacer: p,
-		Owns: func(i int) bool { return pw.owned[i].Load() }}, &o)
+		Owns: func(i int) bool { return pw.owned[i].Load() }, Legacy: legacy}, &o)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -92,4 +99,48 @@ func TestPartitionedDrains(t *testing.T) {
 		}
 	}
 	_ = http.StatusOK
+}
+
+// TestPartitionedMovesJobsOfAnEarlierVersion: jobs an earlier version stored
+// without a partition token, and that its single consumer had not acked,
+// are moved into their partitions and stored after an upgrade; the ones it
+// had acked are not done again.
+func TestPartitionedMovesJobsOfAnEarlierVersion(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.SubjectTransform = nil // as an earlier version created it
+	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var js []jobs.Job
+	for i := range 6 {
+		js = append(js, jobs.Job{ID: fmt.Sprint("old-", i), URL: o.url(fmt.Sprint("/old/", i)), Target: fmt.Sprint("old/", i)})
+	}
+	e.publish(js...)
+	b, err := e.cons.Fetch(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range b.Messages() { // an earlier worker did these two
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := jobs.EnsureStreams(ctx, e.js, nil); err != nil { // the upgrade
+		t.Fatal(err)
+	}
+	r := e.startPartitionedWith(testPacer(0, 2, nil, 0, nil), worker.Options{}, e.cons)
+	r.f.waitFor(t, 4, nil, 30*time.Second)
+	for i := 2; i < 6; i++ {
+		e.checkStored(fmt.Sprint("old/", i), body(fmt.Sprint("/old/", i)))
+	}
+	if n := len(o.log()); n != 4 {
+		t.Errorf("origin got %d requests, want the 4 jobs not done before", n)
+	}
 }
