@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -54,57 +54,50 @@ func (o *opFlags) connect(ctx context.Context) (jetstream.JetStream, func(), err
 	return js, func() { nc.Drain() }, nil
 }
 
-// normAuthority turns what an operator types (a host, host:port or a URL)
-// into the pacer's authority key.
-func normAuthority(s string) (string, error) {
-	if s == "" {
-		return "", errors.New("--authority is required (host:port, or a URL)")
-	}
-	in := s
-	if !strings.Contains(s, "://") {
-		if _, _, err := splitHostPortLoose(s); err != nil {
-			return "", err
+// parse sets fs's usage (the usage line, then the description lines, then
+// the flags), parses args and reads --authority, which is required unless
+// optional. Errors are usage errors that name the command.
+func (o *opFlags) parse(fs *flag.FlagSet, args []string, getenv func(string) string, stderr io.Writer, optional bool, usage ...string) (string, error) {
+	fs.Usage = func() {
+		for i, l := range usage {
+			fmt.Fprintln(stderr, l)
+			if i == 0 {
+				fmt.Fprintln(stderr)
+			}
 		}
-		in = "https://" + s
-		if strings.HasSuffix(s, ":80") {
-			in = "http://" + s
-		}
+		fmt.Fprintln(stderr)
+		printFlags(fs)
 	}
-	a, err := authority.Parse(in)
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return "", err
+	}
+	name := strings.TrimPrefix(fs.Name(), "mirrorworker ")
+	if o.authority == "" {
+		if optional {
+			return "", nil
+		}
+		return "", usageError{name + ": --authority is required (host:port, or a URL)"}
+	}
+	a, err := replay.ParseAuthority(o.authority)
 	if err != nil {
-		return "", fmt.Errorf("--authority %q: %w", s, err)
+		return "", usageError{name + ": " + strings.TrimPrefix(err.Error(), replay.ErrFilter.Error()+": ")}
 	}
 	return a.String(), nil
-}
-
-func splitHostPortLoose(s string) (string, string, error) {
-	if strings.ContainsAny(s, "/?#@ ") {
-		return "", "", fmt.Errorf("--authority %q: want host:port or a URL", s)
-	}
-	return s, "", nil
 }
 
 // cmdPause is `mirrorworker pause --authority A --for D`.
 func cmdPause(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, stdout, stderr io.Writer) error {
 	var o opFlags
 	fs := newFlagSet("pause", stderr)
-	o.register(fs, "authority to pause: host:port, or a URL (https://h/ means h:443)")
+	o.register(fs, "authority to pause: host:port, or a URL (https://h/x means h:443)")
 	forD := fs.Duration("for", 0, "how long to pause it (required; not capped: it is your decision)")
 	reason := fs.String("reason", "", "why, for the logs and status")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: mirrorworker pause --authority HOST:PORT --for DURATION [--reason TEXT]")
-		fmt.Fprintln(stderr)
-		fmt.Fprintln(stderr, "Stops every worker of the cluster from sending requests to one authority, within a second,")
-		fmt.Fprintln(stderr, "until the time is up or 'mirrorworker resume'. Its jobs wait (parked), none is lost.")
-		fmt.Fprintln(stderr)
-		printFlags(fs)
-	}
-	if err := parseFlags(fs, args, getenv); err != nil {
-		return err
-	}
-	auth, err := normAuthority(o.authority)
+	auth, err := o.parse(fs, args, getenv, stderr, false,
+		"usage: mirrorworker pause --authority HOST:PORT --for DURATION [--reason TEXT]",
+		"Stops every worker of the cluster from sending requests to one authority, within a second,",
+		"until the time is up or 'mirrorworker resume'. Its jobs wait (parked), none is lost.")
 	if err != nil {
-		return usageError{"pause: " + err.Error()}
+		return err
 	}
 	if *forD <= 0 {
 		return usageError{"pause: --for is required and must be positive (e.g. --for 30m)"}
@@ -123,20 +116,12 @@ func cmdResume(ctx context.Context, args []string, getenv func(string) string, _
 	var o opFlags
 	fs := newFlagSet("resume", stderr)
 	o.register(fs, "authority to resume: host:port, or a URL")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: mirrorworker resume --authority HOST:PORT")
-		fmt.Fprintln(stderr)
-		fmt.Fprintln(stderr, "Ends an operator's pause of an authority on every worker. A cooldown the origin asked")
-		fmt.Fprintln(stderr, "for (429, Retry-After) is not an operator's pause and stays in force.")
-		fmt.Fprintln(stderr)
-		printFlags(fs)
-	}
-	if err := parseFlags(fs, args, getenv); err != nil {
-		return err
-	}
-	auth, err := normAuthority(o.authority)
+	auth, err := o.parse(fs, args, getenv, stderr, false,
+		"usage: mirrorworker resume --authority HOST:PORT",
+		"Ends an operator's pause of an authority on every worker. A cooldown the origin asked",
+		"for (429, Retry-After) is not an operator's pause and stays in force.")
 	if err != nil {
-		return usageError{"resume: " + err.Error()}
+		return err
 	}
 	if err := publishOperatorFact(ctx, &o, pacer.Event{Type: pacer.EventResumed, Authority: auth, At: time.Now()}); err != nil {
 		return err
@@ -179,25 +164,13 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 	fs := newFlagSet("status", stderr)
 	o.register(fs, "show only this authority (host:port, or a URL)")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: mirrorworker status [--authority HOST:PORT] [--json]")
-		fmt.Fprintln(stderr)
-		fmt.Fprintln(stderr, "Shows the live pods, which partitions each serves, and every authority that is not idle:")
-		fmt.Fprintln(stderr, "its state, cooldown or pause deadline, interval, requests in flight, jobs queued in memory")
-		fmt.Fprintln(stderr, "and jobs parked, and the pod that serves it.")
-		fmt.Fprintln(stderr)
-		printFlags(fs)
-	}
-	if err := parseFlags(fs, args, getenv); err != nil {
+	only, err := o.parse(fs, args, getenv, stderr, true,
+		"usage: mirrorworker status [--authority HOST:PORT] [--json]",
+		"Shows the live pods, which partitions each serves, and every authority that is not idle:",
+		"its state, cooldown or pause deadline, interval, requests in flight, jobs queued in memory",
+		"and jobs parked, and the pod that serves it.")
+	if err != nil {
 		return err
-	}
-	var only string
-	if o.authority != "" {
-		a, err := normAuthority(o.authority)
-		if err != nil {
-			return usageError{"status: " + err.Error()}
-		}
-		only = a
 	}
 	js, closeConn, err := o.connect(ctx)
 	if err != nil {

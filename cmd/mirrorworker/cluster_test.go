@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -557,4 +558,27 @@ func connectJS(t *testing.T, natsURL string) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// TestOperatorCommandsCheckTheAuthority: pause, resume and status read
+// --authority like replay and dlq do, and say what is wrong before they
+// reach for NATS.
+func TestOperatorCommandsCheckTheAuthority(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pause", "--for", "1m"}, "pause: --authority is required"},
+		{[]string{"pause", "--authority", "files.example.org", "--for", "1m"}, `pause: --authority "files.example.org": give a URL`},
+		{[]string{"pause", "--authority", "files.example.org:443"}, "pause: --for is required"},
+		{[]string{"resume"}, "resume: --authority is required"},
+		{[]string{"status", "--authority", "nohost"}, `status: --authority "nohost": give a URL`},
+	} {
+		var out, errOut strings.Builder
+		err := run(context.Background(), c.args, noEnv, strings.NewReader(""), &out, &errOut)
+		var ue usageError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want a usage error containing %q", c.args, err, c.want)
+		}
+	}
 }
