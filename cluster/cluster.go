@@ -145,7 +145,6 @@ type Manager struct {
 
 	mu    sync.Mutex
 	owned map[int]*lease
-	live  int // pods seen at the last step
 
 	stopping atomic.Bool // StopTaking: renew and give back, take no more
 }
@@ -204,13 +203,6 @@ func (m *Manager) Owned() []int {
 	return out
 }
 
-// Pods returns how many live pods the last step saw.
-func (m *Manager) Pods() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.live
-}
-
 func (m *Manager) setValid(p int, sent time.Time) {
 	m.valid[p].Store(int64(sent.Sub(m.epoch) + m.o.TTL*3/4))
 }
@@ -248,7 +240,6 @@ func (m *Manager) Step(ctx context.Context) {
 	}
 	target := (m.o.Partitions + n - 1) / n
 	m.mu.Lock()
-	m.live = n
 	held := 0
 	for _, l := range m.owned {
 		if !l.releasing {

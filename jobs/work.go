@@ -141,9 +141,6 @@ func ParsePartitionSubject(subject string) (p int, tenant, akey string, err erro
 type WorkOptions struct {
 	LeaseTTL time.Duration // DefaultLeaseTTL
 	Replicas int           // of the parking stream and the buckets; 0 keeps what exists, else 1
-	// ParkMaxBytes bounds MIRROR_PARKED; 0 is unlimited. A full parking
-	// stream refuses a park, and the job is then deferred by NAK instead.
-	ParkMaxBytes int64
 	// Consumer configures every partition consumer (AckWait, MaxAckPending,
 	// replicas).
 	Consumer *ConsumerOptions
@@ -156,13 +153,9 @@ func jobsTransformDest(n int) string {
 	return fmt.Sprintf("%s{{wildcard(1)}}.{{wildcard(2)}}.{{partition(%d,2)}}", JobsSubjectPrefix, n)
 }
 
-// ParkStreamConfig returns MIRROR_PARKED's configuration. It has no age
-// limit: a parked job is a job, and leaves only when brought back.
-func ParkStreamConfig(o *WorkOptions) jetstream.StreamConfig {
-	var r WorkOptions
-	if o != nil {
-		r = *o
-	}
+// ParkStreamConfig returns MIRROR_PARKED's configuration. It has no age or
+// size limit: a parked job is a job, and leaves only when brought back.
+func ParkStreamConfig(replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        ParkStream,
 		Description: "mirrorworker jobs parked while their authority cannot take them",
@@ -170,11 +163,11 @@ func ParkStreamConfig(o *WorkOptions) jetstream.StreamConfig {
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		MaxMsgs:     -1,
-		MaxBytes:    unlimited(r.ParkMaxBytes),
+		MaxBytes:    -1,
 		MaxMsgSize:  MaxJobLen + 4096,
 		Discard:     jetstream.DiscardNew,
 		AllowDirect: true,
-		Replicas:    max(r.Replicas, 1),
+		Replicas:    max(replicas, 1),
 	}
 }
 
@@ -254,9 +247,7 @@ func EnsureWork(ctx context.Context, js jetstream.JetStream, o *WorkOptions) (in
 		}
 		return 1
 	}
-	pc := ParkStreamConfig(&r)
-	pc.Replicas = replicas(ParkStream)
-	if _, err := js.CreateOrUpdateStream(ctx, pc); err != nil {
+	if _, err := js.CreateOrUpdateStream(ctx, ParkStreamConfig(replicas(ParkStream))); err != nil {
 		return 0, fmt.Errorf("create or update stream %s: %w", ParkStream, err)
 	}
 	for _, kv := range []jetstream.KeyValueConfig{

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mirrorworker/mirrorworker/authority"
@@ -222,7 +221,6 @@ func BenchmarkPods(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "jobs/s")
-			_ = jetstream.WorkQueuePolicy
 		})
 	}
 }
