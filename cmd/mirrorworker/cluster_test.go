@@ -17,9 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
@@ -212,7 +209,8 @@ func publishURLs(t *testing.T, natsURL string, targets map[string]string, urls [
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	js := connectJS(t, natsURL)
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +315,8 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 // in the queue (pending, unacked or parked), with no dead letter.
 func waitQueueEmpty(t *testing.T, natsURL, root string, n int, deadline time.Duration, logs fmt.Stringer) {
 	t.Helper()
-	js := connectJS(t, natsURL)
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	for {
@@ -377,7 +376,8 @@ func (o *clusterOrigin) firstArrivalAfter(auth string, after time.Time) time.Tim
 // partition.
 func podServing(t *testing.T, natsURL, auth string, partitions int, pods []*workerProcess) int {
 	t.Helper()
-	js := connectJS(t, natsURL)
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	leases, _, err := readLeases(ctx, js)
@@ -543,21 +543,6 @@ func TestProcessPauseResumeStatus(t *testing.T) {
 			t.Errorf("pod exit: %v", err)
 		}
 	}
-}
-
-// connectJS connects to natsURL for the length of the test.
-func connectJS(t *testing.T, natsURL string) jetstream.JetStream {
-	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
 }
 
 // TestOperatorCommandsCheckTheAuthority: pause, resume and status read

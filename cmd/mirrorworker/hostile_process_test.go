@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -26,15 +25,8 @@ func publishRawJobs(t *testing.T, natsURL string, raws []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -59,15 +51,8 @@ func deadLetters(t *testing.T, natsURL string) []jobs.DeadLetter {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
 		t.Fatal(err)

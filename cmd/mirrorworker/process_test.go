@@ -242,15 +242,8 @@ func publishObjects(t *testing.T, natsURL string, o *objectOrigin, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -406,15 +399,8 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 // has nothing pending or unacked, or fails after the deadline.
 func waitDrained(t *testing.T, natsURL, root string, n int, deadline time.Duration, logs fmt.Stringer) {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	var (
@@ -642,4 +628,19 @@ func TestProcessSIGKILLThenRestart(t *testing.T) {
 	checkMeta(t, root, origin, n)
 	t.Logf("stored %d before the kill, %d after; origin served %d complete 200s and %d 304s",
 		first, n-first, origin.full200.Load(), origin.notModfied.Load())
+}
+
+// connectJS connects to natsURL; the caller closes the connection.
+func connectJS(t testing.TB, natsURL string) (jetstream.JetStream, func()) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		t.Fatal(err)
+	}
+	return js, nc.Close
 }

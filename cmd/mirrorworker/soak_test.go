@@ -29,7 +29,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -172,15 +171,8 @@ func publishSoak(t *testing.T, natsURL, base string, n int, sums []string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -262,15 +254,8 @@ func soakTemps(t *testing.T, dir string) []string {
 
 func soakQueue(t *testing.T, natsURL string) queueState {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
 	q, err := readQueue(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)
