@@ -32,6 +32,18 @@ const (
 	// PartitionConsumerPrefix names the durable consumer of one partition
 	// on MIRROR_JOBS: mirrorworker-p<NN>.
 	PartitionConsumerPrefix = ConsumerName + "-p"
+	// LaneConsumerPrefix names the durable consumer that holds one cooling
+	// authority's backlog of one partition, skipped by the partition's
+	// consumer: mirrorworker-lane-p<NN>-<hash of the authority key>.
+	LaneConsumerPrefix = ConsumerName + "-lane-p"
+	// CatchupConsumerPrefix names a durable consumer that serves the other
+	// authorities' jobs a partition's consumer skipped along with its lanes'
+	// backlogs: mirrorworker-catchup-p<NN>-<last sequence it covers>.
+	CatchupConsumerPrefix = ConsumerName + "-catchup-p"
+	// Metadata keys of lane and catch-up consumers.
+	MetaAuthority = "mirrorworker-authority" // lane: the authority (host:port)
+	MetaAkey      = "mirrorworker-akey"      // lane: the authority's subject token
+	MetaUntil     = "mirrorworker-until"     // catch-up: the last stream sequence it covers
 )
 
 // Cluster defaults.
@@ -61,6 +73,9 @@ const (
 	// HeaderPod names the pod that published a pacer fact, so that pods
 	// following MIRROR_EVENTS skip their own.
 	HeaderPod = "Mirror-Pod"
+	// HeaderSeq is the MIRROR_JOBS sequence of a parked job, so that a
+	// parked copy that a lane covers as well is dropped, not fetched twice.
+	HeaderSeq = "Mirror-Seq"
 )
 
 // MinServerVersion is the oldest nats-server the cluster layout works with:
@@ -108,6 +123,26 @@ func ParkFilter(p int, akey string) string {
 
 // PartitionConsumer returns the durable name of partition p's consumer.
 func PartitionConsumer(p int) string { return fmt.Sprintf("%s%02d", PartitionConsumerPrefix, p) }
+
+// LaneConsumer returns the durable name of the lane of authority key akey
+// in partition p.
+func LaneConsumer(p int, akey string) string {
+	h := fnv.New64a()
+	h.Write([]byte(akey))
+	return fmt.Sprintf("%s%02d-%016x", LaneConsumerPrefix, p, h.Sum64())
+}
+
+// LaneFilter returns the filter of one authority's jobs of every tenant in
+// partition p of MIRROR_JOBS.
+func LaneFilter(p int, akey string) string {
+	return JobsSubjectPrefix + "*." + akey + "." + strconv.Itoa(p)
+}
+
+// CatchupConsumer returns the durable name of partition p's catch-up
+// consumer that covers the skipped jobs up to stream sequence until.
+func CatchupConsumer(p int, until uint64) string {
+	return fmt.Sprintf("%s%02d-%d", CatchupConsumerPrefix, p, until)
+}
 
 // LeaseKey returns the MIRROR_LEASES key of partition p.
 func LeaseKey(p int) string { return fmt.Sprintf("p%02d", p) }
@@ -193,6 +228,19 @@ func CheckServer(nc *nats.Conn) error {
 		return fmt.Errorf("nats-server %s is too old: mirrorworker needs %s or newer (stream sources with subject transforms)", v, MinServerVersion)
 	}
 	return nil
+}
+
+// LaneServerVersion is the oldest nats-server that can reset a consumer to
+// a later sequence ($JS.API.CONSUMER.RESET, ADR-60), which lanes need to
+// skip a cooling backlog; on an older server the backlog is parked job by
+// job.
+const LaneServerVersion = "2.14.0"
+
+// CanSkip reports whether the connected server can reset a consumer
+// (LaneServerVersion); false when not known.
+func CanSkip(nc *nats.Conn) bool {
+	v := nc.ConnectedServerVersion()
+	return v != "" && versionAtLeast(v, LaneServerVersion)
 }
 
 func versionAtLeast(v, min string) bool {

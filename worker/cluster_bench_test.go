@@ -54,7 +54,8 @@ func envInt(name string, def int) int {
 // and whether healthy jobs behind it keep their speed: MW_BENCH_PARKED jobs
 // (default 10,000; the closing note's 1,000,000 is MW_BENCH_PARKED=1000000)
 // for an origin that answers 429 with Retry-After 600, then 1,000 healthy
-// jobs over 10 origins, against the same 1,000 alone measured just before.
+// jobs over 10 origins, one of which shares the cooling origin's partition,
+// against the same 1,000 alone measured just before.
 //
 //	MW_BENCH_PARKED=1000000 go test -run '^$' -bench Parking -benchtime 1x -timeout 60m ./worker/
 func BenchmarkParking(b *testing.B) {
@@ -67,8 +68,10 @@ func BenchmarkParking(b *testing.B) {
 			w.WriteHeader(http.StatusTooManyRequests)
 			return true
 		})
-		var healthy []*origin
-		for range 10 {
+		// One healthy authority shares the cooling one's partition: the
+		// hard case, where the backlog is ahead of it in one consumer.
+		healthy := []*origin{originInPartition(b, jobs.Partition(authority.KeyOf(slow.auth), jobs.DefaultPartitions))}
+		for range 9 {
 			healthy = append(healthy, newOrigin(b))
 		}
 		round := func(name string) []jobs.Job {
@@ -97,7 +100,7 @@ func BenchmarkParking(b *testing.B) {
 		e.publish(round("mixed")...)
 		tMixed := r.f.waitFor(b, 1000, isRound("mixed"), 30*time.Minute).Sub(start)
 		waitCond(b, 60*time.Minute, "the backlog parked", func() bool {
-			return streamMsgs(b, e, jobs.ParkStream) >= uint64(backlogN)
+			return parkedTotal(b, e) >= uint64(backlogN)
 		})
 		cpu := cpuSeconds() - cpu0
 		// The first round runs cold (connections, consumers); the speed alone
@@ -107,9 +110,11 @@ func BenchmarkParking(b *testing.B) {
 		tAlone = min(tAlone, r.f.waitFor(b, 1000, isRound("after"), 5*time.Minute).Sub(start))
 		ps, _ := e.js.Stream(context.Background(), jobs.ParkStream)
 		pi, _ := ps.Info(context.Background())
-		// A healthy authority in the cooling one's partition waits behind its
-		// backlog in that partition's consumer until the backlog is parked.
-		shared := 0
+		lanes, _, inLanes := laneConsumers(b, e)
+		b.ReportMetric(float64(inLanes), "in-lanes")
+		b.ReportMetric(float64(pi.State.Msgs), "parked-one-by-one")
+		b.Logf("%d lanes holding %d jobs; %d parked one by one", lanes, inLanes, pi.State.Msgs)
+				shared := 0
 		coolingPart := jobs.Partition(authority.KeyOf(slow.auth), jobs.DefaultPartitions)
 		for _, o := range healthy {
 			if jobs.Partition(authority.KeyOf(o.auth), jobs.DefaultPartitions) == coolingPart {

@@ -44,7 +44,7 @@ type Metrics struct {
 	EventsDropped    prometheus.Counter
 	Partitions       prometheus.Gauge       // partitions this pod serves
 	ParkedJobs       *prometheus.GaugeVec   // {host,port}: jobs parked in MIRROR_PARKED
-	Parks            *prometheus.CounterVec // {op}: parked, unparked
+	Parks            *prometheus.CounterVec // {op}: parked, unparked, lane, skip
 	// DeadLetters counts dead-letter records published, by reason code
 	// (jobs.Reason*, http_NNN): a bounded set, so safe as a label.
 	DeadLetters *prometheus.CounterVec // {reason}
@@ -129,11 +129,11 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	})).(prometheus.Gauge)
 	m.ParkedJobs = reg1(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Namespace: ns, Name: "parked_jobs",
-		Help: "Jobs parked in MIRROR_PARKED for the authorities of the partitions this pod serves (host labels capped).",
+		Help: "Jobs waiting out a long cooldown for the authorities of the partitions this pod serves: parked in MIRROR_PARKED or held in a lane (host labels capped).",
 	}, []string{"host", "port"})).(*prometheus.GaugeVec)
 	m.Parks = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "parks_total",
-		Help: "Jobs moved into (parked) or out of (unparked) MIRROR_PARKED.",
+		Help: "Parking operations: jobs moved into (parked) or out of (unparked) MIRROR_PARKED, lanes opened for a cooling authority's backlog (lane), partition consumers reset past such a backlog (skip).",
 	}, []string{"op"})).(*prometheus.CounterVec)
 	m.Cooldowns = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "cooldowns_total",

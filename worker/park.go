@@ -128,6 +128,9 @@ func (p *parking) park(d deferral) {
 	m.Data = j.data
 	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(w.sched.deliveries(j), 10))
 	m.Header.Set(jobs.HeaderParkedAt, w.clk.Now().UTC().Format(time.RFC3339Nano))
+	if j.seq < 1<<63 {
+		m.Header.Set(jobs.HeaderSeq, strconv.FormatUint(j.seq, 10))
+	}
 	p.started.Add(1)
 	fut, err := w.d.JS.PublishMsgAsync(m)
 	if err != nil {
@@ -277,7 +280,9 @@ func (p *parking) run(ctx context.Context) {
 		}
 		t.Stop()
 		p.unparkReady(ctx)
+		p.w.lanes.serveReady(ctx)
 		if now := p.w.clk.Now(); now.Sub(lastScan) >= rescanEvery {
+			p.w.lanes.refresh()
 			lastScan = now
 			p.w.pmu.Lock()
 			parts := make([]int, 0, len(p.w.parts))
@@ -350,6 +355,19 @@ func (p *parking) unparkReady(ctx context.Context) {
 // It publishes before it deletes: a crash in between leaves a duplicate,
 // never a loss.
 func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bool {
+	// Parked copies that a lane covers are dropped on the way, without
+	// using up the authority's room (at most a bounded number per call).
+	for range 1024 {
+		if moved, dropped := p.unparkNext(ctx, auth, pa); !dropped {
+			return moved
+		}
+	}
+	return true
+}
+
+// unparkNext moves the oldest parked job of auth back, or drops it when a
+// lane has it as well (dropped).
+func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth) (moved, dropped bool) {
 	w := p.w
 	p.mu.Lock()
 	part, akey, cursor := pa.part, pa.akey, pa.cursor
@@ -368,7 +386,22 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 		} else {
 			w.log.Warn().Err(err).Str("authority", auth).Msg("read parked job")
 		}
-		return false
+		return false, false
+	}
+	if seq, err := strconv.ParseUint(rm.Header.Get(jobs.HeaderSeq), 10, 64); err == nil && w.lanes.laneFor(part, akey, seq) != nil {
+		// A lane has this job as well: drop the parked copy.
+		if err := p.stream.DeleteMsg(rctx, rm.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			w.log.Warn().Err(err).Uint64("seq", rm.Sequence).Msg("delete parked job a lane covers")
+			return false, false
+		}
+		p.mu.Lock()
+		pa.cursor = rm.Sequence + 1
+		if pa.n > 0 {
+			pa.n--
+			w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Dec()
+		}
+		p.mu.Unlock()
+		return false, true
 	}
 	_, tenant, _, err := jobs.ParsePartitionSubject(rm.Subject)
 	if err != nil {
@@ -391,7 +424,7 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 		p.mu.Lock()
 		pa.transit = max(pa.transit-1, 0)
 		p.mu.Unlock()
-		return false
+		return false, false
 	}
 	w.fault("unparked-before-delete")
 	if err := p.stream.DeleteMsg(rctx, rm.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -405,7 +438,7 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 	}
 	p.mu.Unlock()
 	w.m.Parks.WithLabelValues("unparked").Inc()
-	return true
+	return true, false
 }
 
 // counts returns the parked jobs per authority (a hint, see parkedAuth.n).
@@ -424,9 +457,24 @@ func (p *parking) counts() map[string]int64 {
 	return out
 }
 
+// has reports whether auth has jobs parked one by one.
+func (p *parking) has(auth string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pa := p.auths[auth]
+	return pa != nil && pa.n > 0
+}
+
 // Parked returns how many jobs each authority of the partitions this worker
 // serves has parked (a hint kept in memory, see parkedAuth.n).
-func (w *Worker) Parked() map[string]int64 { return w.parking.counts() }
+func (w *Worker) Parked() map[string]int64 {
+	out := w.parking.counts()
+	if out == nil {
+		out = map[string]int64{}
+	}
+	w.lanes.counts(out)
+	return out
+}
 
 // hostPort returns the capped metric labels of an authority.
 func (w *Worker) hostPort(auth string) (string, string) {

@@ -151,7 +151,7 @@ func TestParkingIsolationAtScale(t *testing.T) {
 		t.Errorf("healthy jobs took %v behind %d cooling jobs, %v alone", tMixed, throttled, tAlone)
 	}
 	waitCond(t, 3*time.Minute, "the cooling backlog parked", func() bool {
-		return streamMsgs(t, e, jobs.ParkStream) >= uint64(throttled)
+		return parkedTotal(t, e) >= uint64(throttled)
 	})
 	tParked := time.Since(pubStart)
 

@@ -13,15 +13,18 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
-// DefaultParkAfter and DefaultParkShare are the defaults of Options.ParkAfter
-// and Options.ParkShare (docs/adr/0007).
+// DefaultParkAfter, DefaultParkShare and DefaultLaneBacklog are the defaults
+// of Options.ParkAfter, Options.ParkShare and Options.LaneBacklog
+// (docs/adr/0007).
 const (
-	DefaultParkAfter = 10 * time.Second
-	DefaultParkShare = 1000
+	DefaultParkAfter   = 10 * time.Second
+	DefaultParkShare   = 1000
+	DefaultLaneBacklog = 2000
 )
 
 // partition is one partition of MIRROR_JOBS this worker serves.
 type partition struct {
+	ictx        context.Context    // its intake's context
 	stop        context.CancelFunc // ends its intake
 	done        chan struct{}      // closed when its intake has returned
 	fctx        context.Context    // its fetches' context
@@ -45,7 +48,7 @@ func (w *Worker) AddPartition(p int, c jetstream.Consumer, since time.Time) erro
 	w.sched.takeOver(p, since)
 	ictx, stop := context.WithCancel(w.runCtx)
 	fctx, cancelFetch := context.WithCancel(w.fetchCt)
-	pt := &partition{stop: stop, done: make(chan struct{}), fctx: fctx, cancelFetch: cancelFetch}
+	pt := &partition{ictx: ictx, stop: stop, done: make(chan struct{}), fctx: fctx, cancelFetch: cancelFetch}
 	w.parts[p] = pt
 	w.intakes.Add(1)
 	go func() {
@@ -54,6 +57,7 @@ func (w *Worker) AddPartition(p int, c jetstream.Consumer, since time.Time) erro
 		if p == 0 && w.d.Legacy != nil {
 			go w.moveLegacy(ictx, w.d.Legacy)
 		}
+		w.lanes.partitionAdded(ictx, p) // before the first pull: lanes' jobs are acked unread
 		w.intakeLoop(ictx, c, p)
 	}()
 	w.parking.partitionAdded(p)
@@ -77,6 +81,7 @@ func (w *Worker) RemovePartition(ctx context.Context, p int) {
 	w.m.Partitions.Dec()
 	pt.stop()
 	<-pt.done
+	w.lanes.partitionRemoved(p)
 	for _, j := range w.sched.drainPartition(p) {
 		w.handBack(j)
 	}
@@ -170,4 +175,20 @@ func (w *Worker) moveLegacy(ctx context.Context, c jetstream.Consumer) {
 			return
 		}
 	}
+}
+
+// runCtxOr returns the context Run was given, or a background one before
+// Run.
+func (w *Worker) runCtxOr() context.Context {
+	w.pmu.Lock()
+	defer w.pmu.Unlock()
+	if w.runCtx != nil {
+		return w.runCtx
+	}
+	return context.Background()
+}
+
+// sleep waits d on the worker's clock; false when ctx ended first.
+func (w *Worker) sleep(ctx context.Context, d time.Duration) bool {
+	return clock.Sleep(w.clk, d, ctx.Done())
 }

@@ -35,6 +35,7 @@ type heldJob struct {
 	// prior is the deliveries the job had before it was parked
 	// (jobs.HeaderDeliveries), so deliveries per job count across parking.
 	prior  uint64
+	lane   bool   // delivered by a lane (lane.go)
 	auth   string // "host:port" of the first hop
 	etag   string // from the stored metadata, for a conditional request
 	lastMo string

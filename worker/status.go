@@ -36,7 +36,7 @@ const MaxStatusAuthorities = 500
 // or has jobs waiting, in memory or parked.
 func (w *Worker) Status(pod, version string, partitions []int, states []pacer.State) PodStatus {
 	queued := w.sched.queuedByAuth()
-	parked := w.parking.counts()
+	parked := w.Parked()
 	st := PodStatus{Pod: pod, Version: version, Updated: w.clk.Now().UTC(), Partitions: partitions, Held: w.sched.held()}
 	seen := map[string]bool{}
 	for _, s := range states {

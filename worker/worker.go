@@ -163,6 +163,12 @@ type Options struct {
 	// ParkShare: an authority with more jobs than this deferred by NAK (and
 	// so holding ack-pending slots) parks the rest. DefaultParkShare.
 	ParkShare int
+	// LaneBacklog: when a job must wait longer than ParkAfter and its
+	// partition consumer has at least this many jobs ahead (pending plus
+	// ack pending), the authority's backlog moves to a lane instead of
+	// being parked job by job, and the consumer skips it (lane.go).
+	// DefaultLaneBacklog; negative: no lanes.
+	LaneBacklog int
 	// TargetProbeInitial is the first delay before the mirror target is
 	// probed after it failed (full, read-only, broken: mirror.FailureCode),
 	// and the delay of every job handed back meanwhile; the delay doubles
@@ -175,7 +181,8 @@ type Options struct {
 	// it does each submitted job once.
 	SkipCopies bool
 	// FaultHook, if set, is called at named points of the parking protocol
-	// ("parked-before-ack", "unparked-before-delete"), for crash tests.
+	// ("parked-before-ack", "unparked-before-delete", "lane-before-reset"),
+	// for crash tests.
 	FaultHook func(point string)
 	Clock     clock.Clock
 	Logger    zerolog.Logger
@@ -215,6 +222,9 @@ func (o *Options) withDefaults() Options {
 	defDur(&r.PullWait, time.Second)
 	defDur(&r.ParkAfter, DefaultParkAfter)
 	defInt(&r.ParkShare, DefaultParkShare)
+	if r.LaneBacklog == 0 {
+		r.LaneBacklog = DefaultLaneBacklog
+	}
 	defDur(&r.TargetProbeInitial, time.Second)
 	defDur(&r.TargetProbeMax, time.Minute)
 	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
@@ -261,6 +271,7 @@ type Worker struct {
 	// partitions' intakes together stay within MaxHeld.
 	pulling atomic.Int64
 	parking *parking
+	lanes   *lanes
 }
 
 // Final describes a job leaving the worker for good in one delivery.
@@ -314,6 +325,7 @@ func New(d Deps, o *Options) (*Worker, error) {
 	w.sched.onCounts = m.setHeld
 	w.parts = map[int]*partition{}
 	w.parking = newParking(w)
+	w.lanes = newLanes(w)
 	return w, nil
 }
 
@@ -377,6 +389,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		if err := w.parking.open(ctx); err != nil {
 			return err
 		}
+		if err := w.lanes.open(ctx); err != nil {
+			return err
+		}
 		w.pmu.Lock()
 		w.runCtx, w.fetchCt = ctx, fctx
 		w.pmu.Unlock()
@@ -408,6 +423,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	handed += w.handBackQueued() // throttled jobs requeued during the grace period
 	w.parking.wait()             // parks in progress end with an ack or a NAK
+	w.lanes.wait()
 	stopHB()
 	<-hbDone
 	<-probeDone
@@ -546,6 +562,14 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	}
 	if md, err := m.Metadata(); err == nil {
 		j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
+		if w.lanes.covered(md.Consumer, j.seq, m.Subject()) {
+			// Served by a lane or by the partition consumer (lane.go).
+			if err := w.settle(j, Msg.Ack); err != nil {
+				w.log.Debug().Err(err).Msg("ack a job served by another consumer")
+			}
+			return
+		}
+		j.lane = isLane(md.Consumer)
 	} else {
 		// Not a JetStream delivery (never from a real consumer): a private
 		// key keeps it apart from every other held job.
@@ -705,7 +729,19 @@ func (w *Worker) deferJob(d deferral) {
 		w.handBack(d.job)
 		return
 	}
+	if d.job.lane {
+		// A lane is pulled only when its authority is ready, so a job
+		// deferred from it waits there, holding only the lane's slots.
+		if err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
+			w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
+		}
+		w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+		return
+	}
 	if w.parking.shouldPark(d) {
+		if d.delay >= w.o.ParkAfter {
+			w.lanes.consider(d.job.part, d.job.auth, d.job.job.Authority.Key())
+		}
 		w.parking.park(d)
 		return
 	}

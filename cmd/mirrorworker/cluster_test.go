@@ -451,6 +451,79 @@ func TestProcessCrashWhileParking(t *testing.T) {
 	}
 }
 
+// TestProcessCrashBeforeLaneSkip: a process killed (SIGKILL) after it moved
+// a cooling authority's backlog to a lane, and before it reset the partition
+// consumer past that backlog, loses nothing: the next process finds the
+// lane, serves it when the cooldown is over, acks the backlog the partition
+// consumer still delivers unread, and deletes the lane once it is empty.
+func TestProcessCrashBeforeLaneSkip(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	const n = 400
+	natsURL := externalNATS(t)
+	origin := newClusterOrigin(t, jobs.DefaultPartitions, "429", "plain")
+	a := origin.auths[origin.named("429")]
+	a.every, a.wait = 1<<30, 3*time.Second // only the first answer is a 429
+	origin.mu.Lock()
+	a.n = a.every - 1
+	origin.mu.Unlock()
+	origin.auths[origin.named("plain")].every = 1 << 30
+	targets, urls := origin.urls(n)
+	// The partitioned layout before the jobs, so that they are queued in
+	// their partitions, the cooling backlog ahead of the worker's first pull.
+	js, closeConn := connectJS(t, natsURL)
+	if err := jobs.EnsureStreams(context.Background(), js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jobs.EnsureWork(context.Background(), js, &jobs.WorkOptions{LeaseTTL: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	closeConn()
+	publishURLs(t, natsURL, targets, urls)
+	root := t.TempDir()
+	// --time-scale: the 429's 2 s step is 20 ms, so the backlog drains in
+	// seconds once the 3 s Retry-After is over.
+	args := workerArgs(natsURL, t.TempDir(), "--target", root, "--park-after", "1s", "--ack-wait", "2s",
+		"--lease-ttl", "2s", "--lane-backlog", "50", "--time-scale", "0.01")
+	t.Setenv(faultEnv, "lane-before-reset")
+	first := startWorkerProcess(t, args...)
+	select {
+	case <-first.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the worker never reached lane-before-reset; log:\n%s", first.log)
+	}
+	if first.err == nil || !strings.Contains(first.err.Error(), "killed") {
+		t.Fatalf("first worker exited with %v, want killed before the reset", first.err)
+	}
+	os.Unsetenv(faultEnv)
+	second := startWorkerProcess(t, args...)
+	logs := multiLog([]*workerProcess{first, second})
+	waitQueueEmpty(t, natsURL, root, len(urls), 120*time.Second, logs)
+	checkClusterMirror(t, root, targets)
+	js, closeConn = connectJS(t, natsURL)
+	defer closeConn()
+	waitFor(t, 30*time.Second, "the lane deleted once empty", func() bool {
+		s, err := js.Stream(context.Background(), jobs.JobsStream)
+		if err != nil {
+			return false
+		}
+		left := 0
+		for name := range s.ConsumerNames(context.Background()).Name() {
+			if strings.HasPrefix(name, jobs.LaneConsumerPrefix) || strings.HasPrefix(name, jobs.CatchupConsumerPrefix) {
+				left++
+			}
+		}
+		return left == 0
+	})
+	if second.log.logLine("lane drained; the partition consumer serves the authority again", nil) == nil {
+		t.Errorf("the second worker never drained the lane the first one left; log:\n%s", second.log)
+	}
+	if _, err := second.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Errorf("second worker exit: %v", err)
+	}
+}
+
 // TestProcessPauseResumeStatus: an operator's pause reaches every pod within
 // a second and holds the authority's jobs (parked, no request) while the
 // other authorities flow; status shows it paused, with its parked jobs and

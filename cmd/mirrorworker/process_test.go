@@ -372,6 +372,17 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 			return q, err
 		}
 		q.pending += pi.State.Msgs
+		// And in lanes; catch-up consumers hold jobs a partition skipped.
+		cl := s.ListConsumers(ctx)
+		for ci := range cl.Info() {
+			if strings.HasPrefix(ci.Name, jobs.LaneConsumerPrefix) || strings.HasPrefix(ci.Name, jobs.CatchupConsumerPrefix) {
+				q.pending += ci.NumPending
+				q.ackPending += uint64(ci.NumAckPending)
+			}
+		}
+		if err := cl.Err(); err != nil {
+			return q, err
+		}
 	} else {
 		c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName)
 		if err != nil {

@@ -61,9 +61,10 @@ type runConfig struct {
 	jobsMaxBytes   byteSize
 	streamReplicas int
 
-	partitions int
-	leaseTTL   time.Duration
-	parkAfter  time.Duration
+	partitions  int
+	leaseTTL    time.Duration
+	parkAfter   time.Duration
+	laneBacklog int
 
 	// onRegistry, when set (tests), is handed the metric registry before
 	// anything is registered with it but the process collectors.
@@ -90,6 +91,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream, a `size` in bytes or with a unit (50GiB); 0: unlimited")
 	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_JOBS: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed once the stream has them, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", jobs.DefaultLeaseTTL, "life of a partition lease without renewal: a killed pod's partitions move to the others after about this long (set when the leases bucket is created)")
+	fs.IntVar(&c.laneBacklog, "lane-backlog", worker.DefaultLaneBacklog, "when a partition has at least this many jobs queued and one of its authorities must wait longer than --park-after, that authority's backlog moves to a lane (a consumer of its own, pulled when it can take requests) and the partition goes on past it without reading it; 0: no lanes, the backlog is parked job by job")
 	fs.DurationVar(&c.parkAfter, "park-after", worker.DefaultParkAfter, "a job whose authority cannot take it for longer than this is parked in MIRROR_PARKED (no consumer slot, no memory, no redelivery) until it can")
 	registerReplicasFlag(fs, &c.streamReplicas)
 	fs.Float64Var(&c.timeScale, "time-scale", 1, "for load tests only (mirrorworker loadtest sets it): multiply the pacer's fixed durations (2 s first step, 60 s cap and fallback, 600 s pause cap, 30 min quiet window, 1 s waits) by this, in (0, 1]; floors and the origin's own delays are not scaled. Leave it at 1 against real origins")
@@ -122,6 +124,9 @@ func (c *runConfig) check() error {
 	}
 	if c.leaseTTL < time.Second {
 		bad("--lease-ttl %s: want at least 1s", c.leaseTTL)
+	}
+	if c.laneBacklog < 0 {
+		bad("--lane-backlog %d: want 0 (no lanes) or more", c.laneBacklog)
 	}
 	if c.parkAfter <= 0 {
 		bad("--park-after %s: want more than 0", c.parkAfter)
@@ -473,6 +478,10 @@ func (p *pipeline) run(ctx context.Context) error {
 		d.Fetcher = departures.Fetcher(d.Fetcher)
 		if partitions > 0 {
 			o.Partitions, o.ParkAfter = partitions, c.parkAfter
+			o.LaneBacklog = c.laneBacklog
+			if o.LaneBacklog == 0 {
+				o.LaneBacklog = -1
+			}
 			if legacy, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil {
 				d.Legacy = legacy // EnsureWork narrowed it to the unpartitioned jobs
 			}
