@@ -114,7 +114,7 @@ func BenchmarkParking(b *testing.B) {
 		b.ReportMetric(float64(inLanes), "in-lanes")
 		b.ReportMetric(float64(pi.State.Msgs), "parked-one-by-one")
 		b.Logf("%d lanes holding %d jobs; %d parked one by one", lanes, inLanes, pi.State.Msgs)
-				shared := 0
+		shared := 0
 		coolingPart := jobs.Partition(authority.KeyOf(slow.auth), jobs.DefaultPartitions)
 		for _, o := range healthy {
 			if jobs.Partition(authority.KeyOf(o.auth), jobs.DefaultPartitions) == coolingPart {

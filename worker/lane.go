@@ -62,7 +62,7 @@ type lanes struct {
 	stream jetstream.Stream // MIRROR_JOBS; nil: lanes are off
 
 	mu       sync.Mutex
-	byKey    map[laneKey]*lane // lanes of the partitions served
+	byKey    map[laneKey]*lane   // lanes of the partitions served
 	catchups map[string]*catchup // by consumer name
 	tried    map[int]time.Time   // last skip attempt, per partition
 	busy     map[int]bool        // a skip under way, per partition
