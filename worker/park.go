@@ -268,7 +268,7 @@ func (p *parking) poke() {
 func (p *parking) run(ctx context.Context) {
 	const period = 100 * time.Millisecond
 	rescanEvery := 30 * time.Second
-	lastScan := p.w.clk.Now()
+	lastScan, lastLanes := p.w.clk.Now(), p.w.clk.Now()
 	for {
 		t := p.w.clk.NewTimer(period)
 		select {
@@ -281,8 +281,11 @@ func (p *parking) run(ctx context.Context) {
 		t.Stop()
 		p.unparkReady(ctx)
 		p.w.lanes.serveReady(ctx)
+		if now := p.w.clk.Now(); now.Sub(lastLanes) >= 2*time.Second {
+			lastLanes = now
+			p.w.lanes.refresh() // one consumer info per lane
+		}
 		if now := p.w.clk.Now(); now.Sub(lastScan) >= rescanEvery {
-			p.w.lanes.refresh()
 			lastScan = now
 			p.w.pmu.Lock()
 			parts := make([]int, 0, len(p.w.parts))
