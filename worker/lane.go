@@ -48,13 +48,13 @@ const (
 	// authorities can take; beyond it their jobs are parked one by one.
 	maxLanesPerPartition = 4
 	// maxCatchups bounds the catch-up consumers of one partition at once.
-	maxCatchups = 8
+	maxCatchups = 16
 	// maxCatchupSubjects bounds the filter of a catch-up consumer: a
 	// partition holding more subjects (tenant and authority pairs) than
 	// this is not skipped, and its cooling backlog is parked job by job.
 	maxCatchupSubjects = 2000
 	// laneRetry spaces attempts to open a lane in one partition.
-	laneRetry = 200 * time.Millisecond
+	laneRetry = 100 * time.Millisecond
 )
 
 type lanes struct {
@@ -408,7 +408,7 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 		defer close(cu.done)
 		intake := make(chan struct{})
 		go func() { defer close(intake); w.intakeLoop(ctx, c, part) }()
-		for w.sleep(ctx, 2*time.Second) {
+		for w.sleep(ctx, 250*time.Millisecond) {
 			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			info, err := c.Info(ictx)
 			cancel()
