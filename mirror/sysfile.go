@@ -19,7 +19,14 @@ import (
 type tempFile struct {
 	fd   int
 	name string
+
+	written int64 // bytes written
+	flushed int64 // bytes whose writeback has been started
 }
+
+// writebackChunk is how many bytes a tempFile lets pile up in the page
+// cache before it starts their writeback (startWriteback).
+const writebackChunk = 8 << 20
 
 // createTemp creates a new file prefix-NNNN in dir, readable by all
 // (0644, whatever the umask, as objects are published to readers).
@@ -69,6 +76,11 @@ func (f *tempFile) Write(p []byte) (int, error) {
 			return n, &fs.PathError{Op: "write", Path: f.name, Err: err}
 		}
 		n += m
+	}
+	f.written += int64(n)
+	if f.written-f.flushed >= writebackChunk {
+		startWriteback(f.fd, f.flushed, f.written-f.flushed)
+		f.flushed = f.written
 	}
 	return n, nil
 }
