@@ -150,21 +150,35 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 	if t.xattrs, err = t.probeXattr(); err != nil {
 		return nil, fmt.Errorf("open target: %w", err)
 	}
-	if !t.xattrs {
-		t.sidecars.Store(true)
-	} else {
-		d, err := os.Open(t.metaDir)
-		if err != nil {
-			return nil, fmt.Errorf("open target: %w", err)
+	has := !t.xattrs
+	if !has {
+		if has, err = hasFile(t.metaDir); err != nil {
+			return nil, fmt.Errorf("open target: look for sidecar files: %w", err)
 		}
-		names, err := d.Readdirnames(1)
-		d.Close()
-		if err != nil && err != io.EOF {
-			return nil, fmt.Errorf("open target: %w", err)
-		}
-		t.sidecars.Store(len(names) > 0)
 	}
+	t.sidecars.Store(has)
 	return t, nil
+}
+
+// hasFile reports whether the tree under dir holds anything but
+// directories. It stops at the first such entry, so on a root with
+// sidecars it reads one directory or a few; on one without, every
+// directory once (the empty ones sidecars of earlier versions left).
+func hasFile(dir string) (bool, error) {
+	errFound := errors.New("found")
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return errFound
+		}
+		return nil
+	})
+	if err == errFound {
+		return true, nil
+	}
+	return false, err
 }
 
 // probeXattr reports whether a file in the tmp directory takes the

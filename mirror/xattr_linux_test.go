@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -166,5 +167,41 @@ func TestMetadataTooLargeForAnAttribute(t *testing.T) {
 				t.Errorf("the sidecar outlived its object: %v", err)
 			}
 		})
+	}
+}
+
+// TestEmptySidecarDirectoriesAreNoSidecars: a root whose sidecars are all
+// gone (their directories left) is a root without sidecars: a Put neither
+// looks for one to remove nor needs to.
+func TestEmptySidecarDirectoriesAreNoSidecars(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, ".mirrorworker", "meta", "h", "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var points []string
+	ft, err := mirror.OpenWith(root, &mirror.Options{FaultHook: func(p string) { points = append(points, p) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	needXattrs(t, ft)
+	if _, err := ft.Put(context.Background(), "h/d/x", strings.NewReader("x"), mirror.Expect{}, mirror.Meta{}); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(points, mirror.FaultOldMetaRemoved) {
+		t.Errorf("steps %v: a sidecar was looked for on a root without any", points)
+	}
+	// One sidecar file anywhere makes every Put remove the key's.
+	if err := os.WriteFile(filepath.Join(root, ".mirrorworker", "meta", "h", "d", "y.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	points = nil
+	if ft, err = mirror.OpenWith(root, &mirror.Options{FaultHook: func(p string) { points = append(points, p) }}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ft.Put(context.Background(), "h/d/x", strings.NewReader("x2"), mirror.Expect{}, mirror.Meta{}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(points, mirror.FaultOldMetaRemoved) {
+		t.Errorf("steps %v: on a root with sidecars, the key's was not removed first", points)
 	}
 }
