@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -35,10 +36,19 @@ const maxSegmentLen = 255 - len(".json")
 var ErrKeyConflict = errors.New("mirror: key conflicts with an existing object")
 
 // FileTarget is a mirror target on a local file system. Objects are stored
-// at <root>/<key>, their metadata at <root>/.mirrorworker/meta/<key>.json,
-// and both are written through temporary files under
+// at <root>/<key>, written through temporary files under
 // <root>/.mirrorworker/tmp/, so a reader never sees a partial object and
 // nothing but finished objects lies outside .mirrorworker/.
+//
+// An object's metadata is an extended attribute of the object itself
+// (user.mirrorworker.meta), set before the object is synced and renamed
+// into place, so the object and its metadata become visible, and durable,
+// together. Where the file system has no user extended attributes (or not
+// one as large as the metadata), the metadata is a sidecar file at
+// <root>/.mirrorworker/meta/<key>.json, written after the object as
+// before; readers look for the attribute first and then the sidecar, so
+// objects stored by earlier versions keep their metadata. See
+// docs/adr/0013-object-metadata-in-extended-attributes.md.
 //
 // A FileTarget is safe for concurrent use. Several processes may share a
 // root, but Open removes every temporary file, so opening a root fails the
@@ -48,23 +58,69 @@ type FileTarget struct {
 	root    string
 	tmpDir  string
 	metaDir string
+	opt     Options
 
-	// dirMu is held while creating missing directories and syncing their
-	// parents, so another Put never renames into a directory whose own
-	// entry is not yet durable. Only Puts that find a directory missing
-	// do that I/O under it.
-	dirMu sync.Mutex
+	// xattrs: the metadata goes into an attribute of the object. Decided
+	// once at Open.
+	xattrs bool
+	// sidecars: sidecar files may exist under metaDir (found at Open, or
+	// written since), so an object stored with an attribute must remove
+	// its key's sidecar first: a reader of an earlier version, which looks
+	// only at sidecars, must not find one vouching for other bytes.
+	sidecars atomic.Bool
+
+	// creating counts mkdirs calls under way. dirMu is held while creating
+	// missing directories and syncing their parents, so another Put never
+	// renames into a directory whose own entry is not yet durable; a Put
+	// that finds its directory present while creating is zero knows that
+	// entry is durable without taking dirMu.
+	creating atomic.Int32
+	dirMu    sync.Mutex
+
+	// dirSyncs coalesces concurrent fsyncs of one directory.
+	dirSyncs dirSyncs
 
 	// keyMu serialises the commit (object rename, then metadata rename) of
-	// Puts to the same key, so a key's metadata always describes its
-	// object. Striped: distinct keys rarely wait on each other.
+	// Puts to the same key that write or remove a sidecar, so a key's
+	// sidecar always describes its object. Striped: distinct keys rarely
+	// wait on each other. Puts with an attribute only need it to remove a
+	// sidecar before their rename.
 	keyMu [64]sync.Mutex
 }
 
+// Options configure a FileTarget. A nil *Options means the zero value.
+type Options struct {
+	// Sidecar stores every object's metadata in a sidecar file even where
+	// the file system has extended attributes: for a root that an earlier
+	// version of the worker must still read, and for tests of the fallback.
+	Sidecar bool
+	// FaultHook, if set, is called at the named steps of each Put (the
+	// Fault* constants), for crash tests that kill the process there.
+	FaultHook func(point string)
+}
+
+// The steps of a Put that Options.FaultHook is called at, in order. The
+// steps named Sidecar happen only when the metadata is a sidecar file.
+const (
+	FaultObjectWritten   = "object-written"    // bytes (and attribute) written, nothing synced
+	FaultObjectSynced    = "object-synced"     // temporary object synced and closed
+	FaultSidecarWritten  = "sidecar-written"   // temporary sidecar synced
+	FaultOldMetaRemoved  = "old-meta-removed"  // the key's previous sidecar removed durably
+	FaultObjectRenamed   = "object-renamed"    // object in place, its directory not yet synced
+	FaultObjectDirSynced = "object-dir-synced" // object durable in place
+	FaultSidecarRenamed  = "sidecar-renamed"   // sidecar in place, its directory not yet synced
+	FaultCommitted       = "committed"         // everything durable; Put is about to return
+)
+
 // Open opens the file target at spec, "file:///abs/dir" or a plain path,
-// creating the root and its reserved directories, and removes temporary
-// files a crash left behind.
-func Open(spec string) (*FileTarget, error) {
+// with the default options; see OpenWith.
+func Open(spec string) (*FileTarget, error) { return OpenWith(spec, nil) }
+
+// OpenWith opens the file target at spec, "file:///abs/dir" or a plain
+// path, creating the root and its reserved directories, and removes
+// temporary files a crash left behind. It finds out once whether the file
+// system takes the metadata attribute.
+func OpenWith(spec string, o *Options) (*FileTarget, error) {
 	root, err := parseSpec(spec)
 	if err != nil {
 		return nil, err
@@ -73,6 +129,9 @@ func Open(spec string) (*FileTarget, error) {
 		root:    root,
 		tmpDir:  filepath.Join(root, ReservedDir, "tmp"),
 		metaDir: filepath.Join(root, ReservedDir, "meta"),
+	}
+	if o != nil {
+		t.opt = *o
 	}
 	for _, d := range []string{t.tmpDir, t.metaDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -88,7 +147,69 @@ func Open(spec string) (*FileTarget, error) {
 			return nil, fmt.Errorf("open target: remove stale temporary file: %w", err)
 		}
 	}
+	if t.xattrs, err = t.probeXattr(); err != nil {
+		return nil, fmt.Errorf("open target: %w", err)
+	}
+	has := !t.xattrs
+	if !has {
+		if has, err = hasFile(t.metaDir); err != nil {
+			return nil, fmt.Errorf("open target: look for sidecar files: %w", err)
+		}
+	}
+	t.sidecars.Store(has)
 	return t, nil
+}
+
+// hasFile reports whether the tree under dir holds anything but
+// directories. It stops at the first such entry, so on a root with
+// sidecars it reads one directory or a few; on one without, every
+// directory once (the empty ones sidecars of earlier versions left).
+func hasFile(dir string) (bool, error) {
+	errFound := errors.New("found")
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return errFound
+		}
+		return nil
+	})
+	if err == errFound {
+		return true, nil
+	}
+	return false, err
+}
+
+// probeXattr reports whether a file in the tmp directory takes the
+// metadata attribute (false with Options.Sidecar).
+func (t *FileTarget) probeXattr() (bool, error) {
+	if t.opt.Sidecar {
+		return false, nil
+	}
+	f, err := createTemp(t.tmpDir, "probe-")
+	if err != nil {
+		return false, err
+	}
+	defer f.abort()
+	switch err := setMetaXattr(f.fd, []byte("{}")); {
+	case err == nil:
+		return true, nil
+	case xattrUnsupported(err):
+		return false, nil
+	default:
+		return false, fmt.Errorf("set attribute %s on %s: %w", xattrName, f.name, err)
+	}
+}
+
+// MetadataInXattrs reports whether Put stores metadata as an extended
+// attribute of the object (true) or in sidecar files (false).
+func (t *FileTarget) MetadataInXattrs() bool { return t.xattrs }
+
+func (t *FileTarget) fault(point string) {
+	if t.opt.FaultHook != nil {
+		t.opt.FaultHook(point)
+	}
 }
 
 func parseSpec(spec string) (string, error) {
@@ -165,11 +286,18 @@ func (t *FileTarget) metaPath(key string) string {
 	return filepath.Join(t.metaDir, filepath.FromSlash(key)+".json")
 }
 
+// errNoXattr: an object carries no metadata attribute.
+var errNoXattr = errors.New("no metadata attribute")
+
 // Stat returns the stored metadata of key. It returns ErrNotFound when
-// there is no metadata, when the object it describes is missing or has
-// another size, or when the metadata cannot be read: a caller that gets
-// ErrNotFound fetches unconditionally and so never trusts a validator for
-// bytes it does not have.
+// there is no object, when the object has no metadata or metadata that
+// gives another size, or when the metadata cannot be read: a caller that
+// gets ErrNotFound fetches unconditionally and so never trusts a validator
+// for bytes it does not have.
+//
+// The metadata is the object's attribute, or, for an object without one
+// (stored by an earlier version, or where the file system has no
+// attributes), its sidecar file.
 func (t *FileTarget) Stat(ctx context.Context, key string) (Meta, error) {
 	if err := ValidateKey(key); err != nil {
 		return Meta{}, err
@@ -177,27 +305,43 @@ func (t *FileTarget) Stat(ctx context.Context, key string) (Meta, error) {
 	if err := ctx.Err(); err != nil {
 		return Meta{}, err
 	}
-	data, err := os.ReadFile(t.metaPath(key))
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) || isNotDir(err) {
-			return Meta{}, fmt.Errorf("stat %q: %w", key, ErrNotFound)
+	// One descriptor for the size, the type and the attribute, so all
+	// three describe the same file even while a Put renames over it.
+	// O_NONBLOCK: opening a FIFO someone left there must not hang.
+	obj := t.objectPath(key)
+	fd, err := openRetry(obj, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	switch {
+	case err == syscall.ENOENT || err == syscall.ENOTDIR:
+		return Meta{}, fmt.Errorf("stat %q: %w", key, ErrNotFound)
+	case err == syscall.ELOOP:
+		return Meta{}, fmt.Errorf("stat %q: object is a symbolic link: %w", key, ErrNotFound)
+	case err != nil:
+		return Meta{}, fmt.Errorf("stat %q: %w", key, &fs.PathError{Op: "open", Path: obj, Err: err})
+	}
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return Meta{}, fmt.Errorf("stat %q: %w", key, &fs.PathError{Op: "fstat", Path: obj, Err: err})
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return Meta{}, fmt.Errorf("stat %q: object is not a regular file: %w", key, ErrNotFound)
+	}
+	data, err := getMetaXattr(fd)
+	if err == errNoXattr {
+		data, err = os.ReadFile(t.metaPath(key))
+		if err != nil && (errors.Is(err, fs.ErrNotExist) || isNotDir(err)) {
+			return Meta{}, fmt.Errorf("stat %q: object without metadata: %w", key, ErrNotFound)
 		}
+	}
+	if err != nil {
 		return Meta{}, fmt.Errorf("stat %q: read meta: %w", key, err)
 	}
 	var m Meta
 	if err := json.Unmarshal(data, &m); err != nil {
 		return Meta{}, fmt.Errorf("stat %q: unreadable meta (%v): %w", key, err, ErrNotFound)
 	}
-	fi, err := os.Lstat(t.objectPath(key))
-	switch {
-	case err != nil && (errors.Is(err, fs.ErrNotExist) || isNotDir(err)):
-		return Meta{}, fmt.Errorf("stat %q: meta without object: %w", key, ErrNotFound)
-	case err != nil:
-		return Meta{}, fmt.Errorf("stat %q: %w", key, err)
-	case !fi.Mode().IsRegular():
-		return Meta{}, fmt.Errorf("stat %q: object is not a regular file: %w", key, ErrNotFound)
-	case fi.Size() != m.Size:
-		return Meta{}, fmt.Errorf("stat %q: object is %d bytes, meta says %d: %w", key, fi.Size(), m.Size, ErrNotFound)
+	if st.Size != m.Size {
+		return Meta{}, fmt.Errorf("stat %q: object is %d bytes, meta says %d: %w", key, st.Size, m.Size, ErrNotFound)
 	}
 	return m, nil
 }
@@ -209,7 +353,12 @@ func (t *FileTarget) Stat(ctx context.Context, key string) (Meta, error) {
 // read error or a cancelled ctx nothing is stored. When Put returns nil the
 // object and its metadata are on stable storage.
 //
-// An existing object is replaced. Its old metadata is removed durably
+// With the metadata in an attribute, the write is: temporary file, bytes,
+// attribute, fsync, rename into place, fsync of the directory (shared with
+// concurrent Puts into the same directory). The object and its metadata
+// are one inode, so they appear, and survive a crash, together.
+//
+// With a sidecar, an existing object's old sidecar is removed durably
 // before the new object is renamed into place, so a crash in between
 // leaves an object without metadata (fetched again unconditionally), never
 // metadata that vouches for other bytes.
@@ -217,14 +366,14 @@ func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want E
 	if err := ValidateKey(key); err != nil {
 		return Meta{}, err
 	}
-	objTmp, sum, size, err := t.writeTemp(ctx, body)
+	f, sum, size, err := t.writeTemp(ctx, body)
 	if err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			os.Remove(objTmp)
+			f.abort()
 		}
 	}()
 	if want.SHA256 != "" && !strings.EqualFold(want.SHA256, sum) {
@@ -236,61 +385,133 @@ func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want E
 
 	m.Key, m.SHA256, m.Size = key, sum, size
 	m.URL = stripUserinfo(m.URL)
-	data, err := json.MarshalIndent(m, "", "  ")
-	if err != nil {
-		return Meta{}, fmt.Errorf("put %q: encode meta: %w", key, err)
-	}
-	metaTmp, err := t.writeTempBytes(append(data, '\n'))
-	if err != nil {
-		return Meta{}, fmt.Errorf("put %q: write meta: %w", key, err)
-	}
-	defer func() {
-		if !committed {
-			os.Remove(metaTmp)
+	sidecar := !t.xattrs
+	if !sidecar {
+		data, err := json.Marshal(m)
+		if err != nil {
+			return Meta{}, fmt.Errorf("put %q: encode meta: %w", key, err)
 		}
-	}()
+		switch err := setMetaXattr(f.fd, data); {
+		case err == nil:
+		case xattrUnsupported(err):
+			sidecar = true // too large for this file system's attributes
+		default:
+			return Meta{}, fmt.Errorf("put %q: write meta: %w", key, &fs.PathError{Op: "setxattr", Path: f.name, Err: err})
+		}
+	}
+	t.fault(FaultObjectWritten)
+	if err := f.sync(); err != nil {
+		return Meta{}, fmt.Errorf("put %q: %w", key, err)
+	}
+	if err := f.close(); err != nil {
+		return Meta{}, fmt.Errorf("put %q: %w", key, err)
+	}
+	t.fault(FaultObjectSynced)
 
 	obj, meta := t.objectPath(key), t.metaPath(key)
+	var metaTmp *tempFile
+	if sidecar {
+		t.sidecars.Store(true)
+		data, err := json.MarshalIndent(m, "", "  ")
+		if err != nil {
+			return Meta{}, fmt.Errorf("put %q: encode meta: %w", key, err)
+		}
+		if metaTmp, err = t.writeTempBytes("meta-", append(data, '\n')); err != nil {
+			return Meta{}, fmt.Errorf("put %q: write meta: %w", key, err)
+		}
+		defer func() {
+			if metaTmp != nil {
+				metaTmp.abort()
+			}
+		}()
+		t.fault(FaultSidecarWritten)
+	}
 	if err := t.mkdirs(t.root, filepath.Dir(obj)); err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
-	if err := t.mkdirs(t.metaDir, filepath.Dir(meta)); err != nil {
-		return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
+	if sidecar {
+		if err := t.mkdirs(t.metaDir, filepath.Dir(meta)); err != nil {
+			return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
 
-	mu := &t.keyMu[stripe(key)]
-	mu.Lock()
-	defer mu.Unlock()
-	for _, p := range []string{obj, meta} {
-		if fi, err := os.Lstat(p); err == nil && fi.IsDir() {
-			return Meta{}, fmt.Errorf("put %q: %s is a directory of other objects: %w", key, p, ErrKeyConflict)
-		}
-	}
-	if err := os.Remove(meta); err == nil {
-		if err := syncDir(filepath.Dir(meta)); err != nil {
+	if sidecar || t.sidecars.Load() {
+		mu := &t.keyMu[stripe(key)]
+		mu.Lock()
+		defer mu.Unlock()
+		if err := t.removeSidecar(meta, sidecar); err != nil {
 			return Meta{}, fmt.Errorf("put %q: %w", key, err)
 		}
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return Meta{}, fmt.Errorf("put %q: remove old meta: %w", key, err)
+		t.fault(FaultOldMetaRemoved)
 	}
-	if err := os.Rename(objTmp, obj); err != nil {
+	if err := rename(f.name, obj); err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
 	committed = true // the object is in place; its temp name is gone
-	if err := syncDir(filepath.Dir(obj)); err != nil {
+	t.fault(FaultObjectRenamed)
+	if err := t.dirSyncs.sync(filepath.Dir(obj)); err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
-	if err := os.Rename(metaTmp, meta); err != nil {
-		os.Remove(metaTmp)
-		return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
+	t.fault(FaultObjectDirSynced)
+	if sidecar {
+		if err := rename(metaTmp.name, meta); err != nil {
+			return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
+		}
+		metaTmp = nil
+		t.fault(FaultSidecarRenamed)
+		if err := t.dirSyncs.sync(filepath.Dir(meta)); err != nil {
+			return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
+		}
 	}
-	if err := syncDir(filepath.Dir(meta)); err != nil {
-		return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
-	}
+	t.fault(FaultCommitted)
 	return m, nil
+}
+
+// removeSidecar removes the sidecar at meta, durably, if there is one.
+// For a Put that writes a new sidecar, a directory there is a conflict of
+// keys ("a" and "a.json/b"); for one with an attribute it means only that
+// there is no sidecar to remove.
+func (t *FileTarget) removeSidecar(meta string, writing bool) error {
+	switch err := syscall.Unlink(meta); {
+	case err == nil:
+		return t.dirSyncs.sync(filepath.Dir(meta))
+	case err == syscall.ENOENT || err == syscall.ENOTDIR:
+		return nil
+	case err == syscall.EISDIR || err == syscall.EPERM:
+		// Linux says EISDIR for a directory, POSIX EPERM.
+		if fi, serr := os.Lstat(meta); serr == nil && fi.IsDir() {
+			if writing {
+				return fmt.Errorf("%s is a directory of other objects' metadata: %w", meta, ErrKeyConflict)
+			}
+			return nil
+		}
+		fallthrough
+	default:
+		return fmt.Errorf("remove old meta: %w", &fs.PathError{Op: "unlink", Path: meta, Err: err})
+	}
+}
+
+// rename renames a temporary file into place. A directory at the
+// destination, or a file where the path needs a directory, is
+// ErrKeyConflict. (os.Rename would first lstat the destination to refuse a
+// directory itself; the kernel refuses it anyway, with EISDIR.)
+func rename(from, to string) error {
+	err := syscall.Rename(from, to)
+	for err == syscall.EINTR {
+		err = syscall.Rename(from, to)
+	}
+	switch err {
+	case nil:
+		return nil
+	case syscall.EISDIR, syscall.ENOTEMPTY, syscall.EEXIST:
+		return fmt.Errorf("%s is a directory of other objects: %w", to, ErrKeyConflict)
+	case syscall.ENOTDIR:
+		return fmt.Errorf("%s: a parent is an object, not a directory: %w", to, ErrKeyConflict)
+	}
+	return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
 }
 
 // ProbeSize is how many bytes Probe writes: enough to need fresh blocks on
@@ -304,27 +525,27 @@ func (t *FileTarget) Probe(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	path, err := t.writeTempBytes(make([]byte, ProbeSize))
+	f, err := t.writeTempBytes("probe-", make([]byte, ProbeSize))
 	if err != nil {
 		return fmt.Errorf("probe %s: %w", t.root, err)
 	}
-	if err := os.Remove(path); err != nil {
+	if err := os.Remove(f.name); err != nil {
 		return fmt.Errorf("probe %s: %w", t.root, err)
 	}
 	return nil
 }
 
-// writeTemp streams r into a new temporary file, synced and closed, and
-// returns its path, the hex sha256 and the size. On error nothing is left.
-func (t *FileTarget) writeTemp(ctx context.Context, r io.Reader) (path, sum string, size int64, err error) {
-	f, err := os.CreateTemp(t.tmpDir, "obj-*")
+// writeTemp streams r into a new temporary file and returns it still open
+// and not yet synced, with the hex sha256 and the size of the bytes. On
+// error nothing is left.
+func (t *FileTarget) writeTemp(ctx context.Context, r io.Reader) (_ *tempFile, sum string, size int64, err error) {
+	f, err := createTemp(t.tmpDir, "obj-")
 	if err != nil {
-		return "", "", 0, err
+		return nil, "", 0, err
 	}
 	defer func() {
 		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+			f.abort()
 		}
 	}()
 	h := sha256.New()
@@ -332,41 +553,29 @@ func (t *FileTarget) writeTemp(ctx context.Context, r io.Reader) (path, sum stri
 	defer copyBufs.Put(bufp)
 	size, err = io.CopyBuffer(io.MultiWriter(f, h), ctxReader{ctx, r}, *bufp)
 	if err != nil {
-		return "", "", 0, fmt.Errorf("write: %w", err)
+		return nil, "", 0, fmt.Errorf("write: %w", err)
 	}
-	if err = f.Chmod(0o644); err != nil {
-		return "", "", 0, err
-	}
-	if err = f.Sync(); err != nil {
-		return "", "", 0, err
-	}
-	if err = f.Close(); err != nil {
-		return "", "", 0, err
-	}
-	return f.Name(), hex.EncodeToString(h.Sum(nil)), size, nil
+	return f, hex.EncodeToString(h.Sum(nil)), size, nil
 }
 
-func (t *FileTarget) writeTempBytes(data []byte) (path string, err error) {
-	f, err := os.CreateTemp(t.tmpDir, "meta-*")
+// writeTempBytes writes data to a new temporary file, synced and closed.
+func (t *FileTarget) writeTempBytes(prefix string, data []byte) (_ *tempFile, err error) {
+	f, err := createTemp(t.tmpDir, prefix)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
+			f.abort()
 		}
 	}()
 	if _, err = f.Write(data); err != nil {
-		return "", err
+		return nil, err
 	}
-	if err = f.Chmod(0o644); err != nil {
-		return "", err
+	if err = f.sync(); err != nil {
+		return nil, err
 	}
-	if err = f.Sync(); err != nil {
-		return "", err
-	}
-	return f.Name(), f.Close()
+	return f, f.close()
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 128<<10); return &b }}
@@ -379,6 +588,15 @@ func (t *FileTarget) mkdirs(base, dir string) error {
 	if err != nil || rel == "." {
 		return err
 	}
+	// The common case: the directory is there, and no mkdirs is under way
+	// that might have made it without syncing its parent yet (creating is
+	// raised before any mkdir, so seeing the directory and then zero means
+	// the one who made it is done).
+	if fi, err := os.Lstat(dir); err == nil && fi.IsDir() && t.creating.Load() == 0 {
+		return nil
+	}
+	t.creating.Add(1)
+	defer t.creating.Add(-1)
 	t.dirMu.Lock()
 	defer t.dirMu.Unlock()
 	cur := base
@@ -402,19 +620,6 @@ func (t *FileTarget) mkdirs(base, dir string) error {
 		}
 	}
 	return nil
-}
-
-// syncDir makes the entries of dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	if err := d.Sync(); err != nil {
-		d.Close()
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return d.Close()
 }
 
 func stripe(key string) int {

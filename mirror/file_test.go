@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,11 +23,49 @@ import (
 
 func open(t testing.TB) *mirror.FileTarget {
 	t.Helper()
-	ft, err := mirror.Open(t.TempDir())
+	return openWith(t, nil)
+}
+
+func openWith(t testing.TB, o *mirror.Options) *mirror.FileTarget {
+	t.Helper()
+	ft, err := mirror.OpenWith(t.TempDir(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if o == nil && !ft.MetadataInXattrs() {
+		t.Logf("this file system has no user extended attributes: the tests cover the sidecar layout only")
+	}
 	return ft
+}
+
+// layouts are the two places metadata may live; the tests of Put and Stat
+// run against both.
+var layouts = []struct {
+	name string
+	opt  *mirror.Options
+}{
+	{"xattr", nil},
+	{"sidecar", &mirror.Options{Sidecar: true}},
+}
+
+// forLayouts runs f once per metadata layout.
+func forLayouts(t *testing.T, f func(t *testing.T, o *mirror.Options)) {
+	for _, l := range layouts {
+		t.Run(l.name, func(t *testing.T) { f(t, l.opt) })
+	}
+}
+
+// corruptMeta replaces key's stored metadata with bytes that are not JSON,
+// wherever the target keeps it.
+func corruptMeta(t *testing.T, ft *mirror.FileTarget, key string) {
+	t.Helper()
+	if ft.MetadataInXattrs() {
+		setMetaXattr(t, filepath.Join(ft.Root(), filepath.FromSlash(key)), []byte("{"))
+		return
+	}
+	if err := os.WriteFile(filepath.Join(ft.Root(), ".mirrorworker", "meta", filepath.FromSlash(key)+".json"), []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func hexSum(b []byte) string {
@@ -59,8 +98,10 @@ func files(t *testing.T, root string) (visible, temps []string) {
 	return visible, temps
 }
 
-func TestPutStatRoundTrip(t *testing.T) {
-	ft := open(t)
+func TestPutStatRoundTrip(t *testing.T) { forLayouts(t, testPutStatRoundTrip) }
+
+func testPutStatRoundTrip(t *testing.T, o *mirror.Options) {
+	ft := openWith(t, o)
 	ctx := context.Background()
 	body := []byte("hello, mirror\n")
 	in := mirror.Meta{
@@ -99,8 +140,9 @@ func TestPutStatRoundTrip(t *testing.T) {
 	if err != nil || !bytes.Equal(onDisk, body) {
 		t.Errorf("object on disk %q, %v", onDisk, err)
 	}
-	if _, err := os.Stat(filepath.Join(ft.Root(), ".mirrorworker", "meta", "files.example.org", "a", "b.txt.json")); err != nil {
-		t.Errorf("meta file: %v", err)
+	_, err = os.Stat(filepath.Join(ft.Root(), ".mirrorworker", "meta", "files.example.org", "a", "b.txt.json"))
+	if sidecar := !ft.MetadataInXattrs(); sidecar != (err == nil) {
+		t.Errorf("sidecar file: %v (want one: %v)", err, sidecar)
 	}
 	visible, temps := files(t, ft.Root())
 	if fmt.Sprint(visible) != "[files.example.org/a/b.txt]" || len(temps) != 0 {
@@ -118,8 +160,10 @@ func TestPutStatRoundTrip(t *testing.T) {
 	}
 }
 
-func TestStatNotFound(t *testing.T) {
-	ft := open(t)
+func TestStatNotFound(t *testing.T) { forLayouts(t, testStatNotFound) }
+
+func testStatNotFound(t *testing.T, o *mirror.Options) {
+	ft := openWith(t, o)
 	ctx := context.Background()
 	put := func(key, body string) {
 		t.Helper()
@@ -137,10 +181,11 @@ func TestStatNotFound(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ft.Root(), "resized"), []byte("abcd"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(ft.Root(), ".mirrorworker", "meta", "corrupt.json"), []byte("{"), 0o644); err != nil {
+	corruptMeta(t, ft, "corrupt")
+	if err := os.Symlink("dir/obj", filepath.Join(ft.Root(), "link")); err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"absent", "gone", "resized", "corrupt", "dir", "dir/obj/deeper", "absent/x"} {
+	for _, key := range []string{"absent", "gone", "resized", "corrupt", "dir", "dir/obj/deeper", "absent/x", "link"} {
 		if _, err := ft.Stat(ctx, key); !errors.Is(err, mirror.ErrNotFound) {
 			t.Errorf("Stat(%q) = %v, want ErrNotFound", key, err)
 		}
@@ -171,7 +216,9 @@ func (r *failingReader) Read(p []byte) (int, error) {
 	return k, nil
 }
 
-func TestNothingStoredOnFailure(t *testing.T) {
+func TestNothingStoredOnFailure(t *testing.T) { forLayouts(t, testNothingStoredOnFailure) }
+
+func testNothingStoredOnFailure(t *testing.T, o *mirror.Options) {
 	body := []byte("the expected bytes")
 	errBoom := errors.New("connection reset mid-body")
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -191,7 +238,7 @@ func TestNothingStoredOnFailure(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ft := open(t)
+			ft := openWith(t, o)
 			ctx := tt.ctx
 			if ctx == nil {
 				ctx = context.Background()
@@ -210,7 +257,7 @@ func TestNothingStoredOnFailure(t *testing.T) {
 		})
 	}
 	// A failed overwrite leaves the previous object and metadata intact.
-	ft := open(t)
+	ft := openWith(t, o)
 	ctx := context.Background()
 	if _, err := ft.Put(ctx, "k", bytes.NewReader(body), mirror.Expect{}, mirror.Meta{ETag: `"old"`}); err != nil {
 		t.Fatal(err)
@@ -430,20 +477,36 @@ func TestValidateKey(t *testing.T) {
 	}
 }
 
-func TestKeyConflicts(t *testing.T) {
+func TestKeyConflicts(t *testing.T) { forLayouts(t, testKeyConflicts) }
+
+func testKeyConflicts(t *testing.T, o *mirror.Options) {
 	ctx := context.Background()
 	tests := []struct {
 		name        string
 		first, then string
+		sidecarOnly bool
 	}{
 		{name: "object where a directory is needed", first: "a", then: "a/b"},
 		{name: "deeper", first: "a/b", then: "a/b/c/d"},
 		{name: "directory where an object would go", first: "a/b", then: "a"},
-		{name: "metadata names collide", first: "a", then: "a.json/b"},
+		{name: "metadata names collide", first: "a", then: "a.json/b", sidecarOnly: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ft := open(t)
+			ft := openWith(t, o)
+			if tt.sidecarOnly && ft.MetadataInXattrs() {
+				// Without sidecar files the names cannot collide:
+				// both keys are stored.
+				for _, key := range []string{tt.first, tt.then} {
+					if _, err := ft.Put(ctx, key, strings.NewReader(key), mirror.Expect{}, mirror.Meta{}); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := ft.Stat(ctx, key); err != nil {
+						t.Errorf("Stat(%q): %v", key, err)
+					}
+				}
+				return
+			}
 			if _, err := ft.Put(ctx, tt.first, strings.NewReader("first"), mirror.Expect{}, mirror.Meta{}); err != nil {
 				t.Fatal(err)
 			}
@@ -465,8 +528,10 @@ func TestKeyConflicts(t *testing.T) {
 	}
 }
 
-func TestConcurrentPutsDistinctKeys(t *testing.T) {
-	ft := open(t)
+func TestConcurrentPutsDistinctKeys(t *testing.T) { forLayouts(t, testConcurrentPutsDistinctKeys) }
+
+func testConcurrentPutsDistinctKeys(t *testing.T, o *mirror.Options) {
+	ft := openWith(t, o)
 	ctx := context.Background()
 	const writers, each = 8, 10
 	var wg sync.WaitGroup
@@ -498,8 +563,10 @@ func TestConcurrentPutsDistinctKeys(t *testing.T) {
 	}
 }
 
-func TestConcurrentPutsSameKey(t *testing.T) {
-	ft := open(t)
+func TestConcurrentPutsSameKey(t *testing.T) { forLayouts(t, testConcurrentPutsSameKey) }
+
+func testConcurrentPutsSameKey(t *testing.T, o *mirror.Options) {
+	ft := openWith(t, o)
 	ctx := context.Background()
 	const writers, rounds = 8, 40
 	for round := range rounds {
@@ -549,4 +616,26 @@ func BenchmarkPutSmall(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkPutSmallParallel is BenchmarkPutSmall with 16 goroutines per
+// CPU storing into 16 directories, as a worker with many fetches in flight
+// does: concurrent Puts into one directory share its fsync.
+func BenchmarkPutSmallParallel(b *testing.B) {
+	ft := open(b)
+	ctx := context.Background()
+	body := bytes.Repeat([]byte("m"), 4<<10)
+	b.SetBytes(int64(len(body)))
+	b.SetParallelism(16)
+	var n atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			key := fmt.Sprintf("host/d%d/obj-%d", i%16, i)
+			if _, err := ft.Put(ctx, key, bytes.NewReader(body), mirror.Expect{}, mirror.Meta{URL: "https://host/" + key}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }

@@ -728,8 +728,9 @@ func (h *podHooks) Status() []byte {
 	return h.w.StatusJSON(h.pod, version, owned, h.pc.Snapshot(time.Now()))
 }
 
-// faultEnv names a parking step at which the process kills itself with
-// SIGKILL, for the crash tests (never a flag: it is not a MIRRORWORKER_
+// faultEnv names a parking step, or a step of the mirror target's Put
+// (mirror.Fault*), at which the process kills itself with SIGKILL, for the
+// crash tests (never a flag: it is not a MIRRORWORKER_
 // variable, and only tests set it).
 const faultEnv = "MW_FAULT_POINT"
 

@@ -267,8 +267,9 @@ func (p *workerParts) newWorker(cons jetstream.Consumer, target worker.Target, s
 
 // openTarget opens the mirror target and proves it writable, so that a
 // mistake fails before anything starts rather than at the first job.
+// MW_FAULT_POINT may name a step of the target's Put to die at (crash tests).
 func openTarget(spec string) (*mirror.FileTarget, error) {
-	target, err := mirror.Open(spec)
+	target, err := mirror.OpenWith(spec, &mirror.Options{FaultHook: faultHook(os.Getenv(faultEnv))})
 	if err != nil {
 		return nil, fmt.Errorf("%w (pass --target)", err)
 	}
