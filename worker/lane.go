@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,7 +68,12 @@ type lanes struct {
 	tried    map[int]time.Time   // last skip attempt, per partition
 	busy     map[int]bool        // a skip under way, per partition
 	opening  sync.WaitGroup
+	// active is len(byKey)+len(catchups), read without the lock by covered.
+	active atomic.Int32
 }
+
+// countLocked updates active after byKey or catchups changed.
+func (l *lanes) countLocked() { l.active.Store(int32(len(l.byKey) + len(l.catchups))) }
 
 type laneKey struct {
 	part int
@@ -122,8 +128,8 @@ func (l *lanes) open(ctx context.Context) error {
 // job of an authority with a lane, or a catch-up consumer's job past the
 // sequence it covers.
 func (l *lanes) covered(consumer string, seq uint64, subject string) bool {
-	if l == nil || l.stream == nil {
-		return false
+	if l == nil || l.stream == nil || l.active.Load() == 0 {
+		return false // the common case: no lane, no catch-up
 	}
 	part, _, akey, err := jobs.ParsePartitionSubject(subject)
 	if err != nil {
@@ -359,6 +365,7 @@ func (l *lanes) addLane(ln *lane) bool {
 		l.w.m.ParkedJobs.WithLabelValues(l.w.hostPort(old.auth)).Sub(float64(old.n))
 	}
 	l.byKey[k] = ln
+	l.countLocked()
 	l.mu.Unlock()
 	l.refreshOne(ln)
 	return true
@@ -401,6 +408,7 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 		return true
 	}
 	l.catchups[name] = cu
+	l.countLocked()
 	l.mu.Unlock()
 	w.intakes.Add(1)
 	go func() {
@@ -427,6 +435,7 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 			l.mu.Lock()
 			if l.catchups[name] == cu {
 				delete(l.catchups, name)
+				l.countLocked()
 			}
 			l.mu.Unlock()
 			w.log.Info().Int("partition", part).Uint64("until", until).Msg("caught up with the jobs skipped along with a lane")
@@ -490,12 +499,14 @@ func (l *lanes) partitionRemoved(part int) {
 		if cu.part == part {
 			cus = append(cus, cu)
 			delete(l.catchups, name)
+			l.countLocked()
 		}
 	}
 	for k, ln := range l.byKey {
 		if k.part == part {
 			l.w.m.ParkedJobs.WithLabelValues(l.w.hostPort(ln.auth)).Sub(float64(ln.n))
 			delete(l.byKey, k)
+			l.countLocked()
 		}
 	}
 	l.mu.Unlock()
@@ -588,12 +599,14 @@ func (l *lanes) closeIfEmpty(ctx context.Context, ln *lane) {
 		return
 	}
 	delete(l.byKey, k)
+	l.countLocked()
 	w.m.ParkedJobs.WithLabelValues(w.hostPort(ln.auth)).Sub(float64(ln.n))
 	l.mu.Unlock()
 	if !empty() {
 		l.mu.Lock()
 		if l.byKey[k] == nil {
 			l.byKey[k] = ln
+			l.countLocked()
 			ln.n = 0
 		}
 		l.mu.Unlock()
