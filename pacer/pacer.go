@@ -95,6 +95,10 @@ type Options struct {
 	// 0); negative means none. It is not scaled: the jitter it covers is the
 	// machine's, not the origin's.
 	StartGuard time.Duration
+	// Rules is the learning rule (rules.go); nil is the HostPacer's own.
+	// With another rule the Pacer publishes no events, spends no announced
+	// budget and ignores QuietWindow (decay is the rule's Relax).
+	Rules Rules
 }
 
 // Pacer is the HostPacer. Create it with New; the zero value is not usable.
@@ -108,6 +112,7 @@ type Pacer struct {
 	rnd       func() float64
 	log       zerolog.Logger
 	onEvent   func(Event)
+	rules     Rules
 	shardMax  int
 	sweepStep int
 
@@ -131,7 +136,7 @@ type shard struct {
 }
 
 // entry is one authority. Instants are Unix nanoseconds, 0 meaning none,
-// which keeps an entry at 96 bytes.
+// which keeps an entry small.
 type entry struct {
 	floor    int64
 	interval int64
@@ -158,6 +163,9 @@ type entry struct {
 	// response announces one, so an authority without rate-limit headers
 	// pays one pointer for it.
 	bud *budget
+	// rule is the state of Options.Rules that has no field above; nil
+	// with the HostPacer's own rule.
+	rule *ruled
 }
 
 // New returns a Pacer. A nil o means the defaults: default policy (floor 1 s,
@@ -191,12 +199,16 @@ func New(o *Options) *Pacer {
 		rnd:             o.Rand,
 		log:             o.Logger,
 		onEvent:         o.OnEvent,
+		rules:           o.Rules,
 	}
 	if p.policy == nil {
 		p.policy = DefaultPolicy()
 	}
 	if p.quiet == 0 {
 		p.quiet = scaled(DefaultQuietWindow)
+	}
+	if p.rules != nil {
+		p.quiet = -1 // decay is the rule's Relax
 	}
 	if p.rnd == nil {
 		p.rnd = rand.Float64
@@ -246,6 +258,9 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 		ceiling:   p.fallbackMin,
 		maxFlight: int32(max(1, min(l.MaxInFlight, maxPolicyInFlight))),
 	}
+	if p.rules != nil {
+		e.rule = &ruled{}
+	}
 	s.m[strings.Clone(auth)] = e
 	return e
 }
@@ -265,7 +280,8 @@ func (p *Pacer) evictable(e *entry, now int64) bool {
 		e.ceiling == p.fallbackMin &&
 		p.decayedInterval(e, now) <= e.floor &&
 		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now) &&
-		(e.bud == nil || e.bud.idle(now))
+		(e.bud == nil || e.bud.idle(now)) &&
+		(e.rule == nil || e.rule.streak == 0)
 }
 
 // guardFor is the start guard of e's authority (Options.StartGuard).
@@ -322,6 +338,9 @@ func (p *Pacer) decayLocked(e *entry, auth string, now int64, fx *facts) {
 // the meantime revokes a reservation and a late start moves the next ones.
 // auth must already be normalised: the pacer compares it byte for byte.
 func (p *Pacer) Acquire(now time.Time, auth string, maxWait time.Duration) (Permit, error) {
+	if p.rules != nil {
+		return p.acquireRules(now, auth, maxWait)
+	}
 	n := now.UnixNano()
 	s := p.shardFor(auth)
 	s.mu.Lock()
@@ -466,6 +485,7 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	if e == nil || pm.seq == 0 {
 		return pm, nil
 	}
+	p.spentLocked(e, n)
 	if re := pausedLocked(e, pm.Authority, n); re != nil {
 		return pm, re
 	}
@@ -530,6 +550,9 @@ func (p *Pacer) startedLocked(e *entry, seq uint64, n int64) {
 // teaches nothing but frees the Permit's in-flight place and, for a probe,
 // the probe slot.
 func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
+	if p.rules != nil {
+		return p.doneRules(now, pm, r)
+	}
 	learn := !r.Cancelled && r.Err == nil && r.Status != 0
 	var fb Feedback
 	if learn {
@@ -872,6 +895,7 @@ func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration
 	if e == nil {
 		return 0, 0, ""
 	}
+	p.spentLocked(e, n)
 	sp := p.decayedInterval(e, n) + p.guardFor(e)
 	if e.paused > n {
 		return time.Duration(e.paused - n), time.Duration(sp), ReasonPaused
