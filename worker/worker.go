@@ -44,21 +44,17 @@ type Target interface {
 	Put(ctx context.Context, key string, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error)
 }
 
-// Pacer decides when a request to an authority may start; *pacer.Pacer is one.
+// Pacer decides when a request to an authority may start; *pacer.Pacer is
+// one. Its contract is pacer.Permit's: Acquire grants, Confirm re-checks
+// immediately before every request start (it may revoke the permit or move
+// its Start later), and Done is called exactly once per grant.
 type Pacer interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
+	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
 }
 
-// confirmer is implemented by a Pacer that can revoke a granted permit
-// when a cooldown was learned between the grant and the request's start
-// (*pacer.Pacer does); the worker confirms each permit just before its
-// request when the Pacer offers it.
-type confirmer interface {
-	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
-}
-
-var _ confirmer = (*pacer.Pacer)(nil)
+var _ Pacer = (*pacer.Pacer)(nil)
 
 // confirm waits until pm may start and re-checks it with the pacer just
 // before the request (pacer.Pacer.Confirm): a cooldown learned since the
@@ -68,17 +64,13 @@ var _ confirmer = (*pacer.Pacer)(nil)
 // refusal, or when ctx ends first, it gives the permit back (Done,
 // cancelled) and returns the error.
 func (w *Worker) confirm(ctx context.Context, pm pacer.Permit) (pacer.Permit, error) {
-	c, _ := w.d.Pacer.(confirmer)
 	for {
 		if d := pm.Start.Sub(w.clk.Now()); d > 0 && !clock.Sleep(w.clk, d, ctx.Done()) {
 			w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
 			return pacer.Permit{}, ctx.Err()
 		}
-		if c == nil {
-			return pm, nil
-		}
 		now := w.clk.Now()
-		cpm, err := c.Confirm(now, pm)
+		cpm, err := w.d.Pacer.Confirm(now, pm)
 		if err != nil {
 			w.d.Pacer.Done(now, cpm, pacer.Response{Cancelled: true})
 			return pacer.Permit{}, err
