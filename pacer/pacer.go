@@ -5,14 +5,11 @@ import (
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"sort"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // Fixed numbers of docs/contract.md section 3 (not configurable: they are the contract).
@@ -64,11 +61,8 @@ type Options struct {
 	// goroutines at once: it must be safe for concurrent use and must not
 	// call the Pacer.
 	Rand func() float64
-	// Logger receives cooldown entry, capped-pause and recovery lines. The zero
-	// Logger discards.
-	Logger zerolog.Logger
-	// OnEvent, if set, receives every fact worth publishing, never under a
-	// lock, in the order they happened for one authority. It must not block
+	// OnEvent, if set, receives every fact (the pacer logs nothing: the
+	// worker's EventSink logs, counts and publishes), never under a lock, in the order they happened for one authority. It must not block
 	// for long: it runs on the caller's goroutine of Acquire or Done.
 	OnEvent func(Event)
 	// Scale compresses time for load tests: it multiplies every fixed
@@ -110,7 +104,6 @@ type Pacer struct {
 	policy    *Policy
 	quiet     int64
 	rnd       func() float64
-	log       zerolog.Logger
 	onEvent   func(Event)
 	rules     Rules
 	shardMax  int
@@ -197,7 +190,6 @@ func New(o *Options) *Pacer {
 		policy:          o.Policy,
 		quiet:           int64(o.QuietWindow),
 		rnd:             o.Rand,
-		log:             o.Logger,
 		onEvent:         o.OnEvent,
 		rules:           o.Rules,
 	}
@@ -319,7 +311,7 @@ func (p *Pacer) decayLocked(e *entry, auth string, now int64, fx *facts) {
 		return
 	}
 	e.interval, e.decayRef = iv, ref
-	fx.add(fact{ev: Event{Type: EventInterval, Authority: auth, At: time.Unix(0, ref), Interval: time.Duration(iv), Reason: "decay"}})
+	fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, ref), Interval: time.Duration(iv), Reason: "decay"})
 }
 
 // Acquire decides whether a request to auth ("host:port", as
@@ -637,8 +629,8 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	if probe && !throttled {
 		e.until, e.ceiling = 0, p.fallbackMin
-		fx.add(fact{ev: Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-			Interval: time.Duration(e.interval), Ceiling: time.Duration(p.fallbackMin)}})
+		fx.add(Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+			Interval: time.Duration(e.interval), Ceiling: time.Duration(p.fallbackMin)})
 	}
 	if !throttled && !exhausted {
 		return
@@ -651,8 +643,8 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 		iv := min(max(2*e.interval, p.firstStep, e.floor), max(p.maxInterval, e.floor))
 		if iv != e.interval {
 			e.interval = iv
-			fx.add(fact{ev: Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-				Reason: fb.Reason(), Interval: time.Duration(iv)}})
+			fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+				Reason: fb.Reason(), Interval: time.Duration(iv)})
 		}
 	}
 	// The pause: a positive Retry-After wins, else the longest exhausted
@@ -673,18 +665,17 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 		e.until = until
 	}
 	if throttled {
-		fx.add(fact{ev: Event{Type: EventThrottle, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-			Reason: fb.Reason(), Interval: time.Duration(e.interval), Until: unixOrZero(e.until), Ceiling: time.Duration(e.ceiling)}})
+		fx.add(Event{Type: EventThrottle, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+			Reason: fb.Reason(), Interval: time.Duration(e.interval), Until: unixOrZero(e.until), Ceiling: time.Duration(e.ceiling)})
 	}
 	if e.until != prev {
-		fx.add(fact{
-			ev: Event{Type: EventCooldown, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
-				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until), Ceiling: time.Duration(e.ceiling)},
-			extended: prev > n, asked: time.Duration(asked), pause: time.Duration(pause), fallback: fallback, family: fb.Family,
-		})
+		fx.add(Event{Type: EventCooldown, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
+			Interval: time.Duration(e.interval), Until: time.Unix(0, e.until), Ceiling: time.Duration(e.ceiling),
+			Extended: prev > n, Asked: time.Duration(asked), Pause: time.Duration(pause), Fallback: fallback, Family: fb.Family})
 	} else if asked > 0 {
 		// capped, but a longer pause was already in force: still worth a warning
-		fx.add(fact{ev: Event{Authority: auth}, asked: time.Duration(asked), pause: time.Duration(pause), family: fb.Family})
+		fx.add(Event{Type: EventCapped, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
+			Asked: time.Duration(asked), Pause: time.Duration(pause), Family: fb.Family})
 	}
 }
 
@@ -727,72 +718,28 @@ func unixOrZero(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-// fact is an Event plus what the log line needs.
-type fact struct {
-	ev       Event
-	extended bool          // the cooldown was already in force
-	asked    time.Duration // the pause before the cap, when capped
-	pause    time.Duration
-	fallback bool
-	family   string
-}
-
-// facts collects what to publish once the lock is released; a fixed array
-// keeps it off the heap.
+// facts collects the events to hand out once the lock is released; a fixed
+// array keeps it off the heap.
 type facts struct {
 	n int
-	f [5]fact
+	f [5]Event
 }
 
-func (fx *facts) add(f fact) {
+func (fx *facts) add(ev Event) {
 	if fx.n < len(fx.f) {
-		fx.f[fx.n] = f
+		fx.f[fx.n] = ev
 		fx.n++
 	}
 }
 
-// publish logs and hands out the facts. No lock may be held.
+// publish hands out the facts (Options.OnEvent). No lock may be held.
 func (p *Pacer) publish(fx *facts) {
+	if p.onEvent == nil {
+		return
+	}
 	for i := 0; i < fx.n; i++ {
-		f := &fx.f[i]
-		p.logFact(f)
-		if p.onEvent != nil && f.ev.Type != "" {
-			p.onEvent(f.ev)
-		}
+		p.onEvent(fx.f[i])
 	}
-}
-
-func (p *Pacer) logFact(f *fact) {
-	if f.asked > 0 {
-		host, port := splitAuthority(f.ev.Authority)
-		p.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
-			Dur("asked", f.asked).Dur("capped_to", f.pause).Str("family", f.family).
-			Msg("pacer: upstream pause capped")
-	}
-	switch f.ev.Type {
-	case EventCooldown:
-		host, port := splitAuthority(f.ev.Authority)
-		msg := "pacer: cooldown entered"
-		if f.extended {
-			msg = "pacer: cooldown extended"
-		}
-		p.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
-			Int("status", f.ev.Status).Str("reason", f.ev.Reason).Time("until", f.ev.Until).
-			Dur("pause", f.pause).Bool("fallback", f.fallback).Str("family", f.family).
-			Dur("interval", f.ev.Interval).Dur("fallback_ceiling", f.ev.Ceiling).Msg(msg)
-	case EventRecovered:
-		host, port := splitAuthority(f.ev.Authority)
-		p.log.Info().Str("upstream_host", host).Str("upstream_port", port).
-			Int("status", f.ev.Status).Dur("interval", f.ev.Interval).Msg("pacer: cooldown recovered")
-	}
-}
-
-func splitAuthority(auth string) (host, port string) {
-	h, pt, err := net.SplitHostPort(auth)
-	if err != nil {
-		return auth, ""
-	}
-	return h, pt
 }
 
 // Apply rebuilds state from a replayed fact (MIRROR_EVENTS after a cold
@@ -801,7 +748,7 @@ func splitAuthority(auth string) (host, port string) {
 // probe), intervals and ceilings are restored, and a recovery clears only a
 // cooldown whose deadline it follows. Apply publishes nothing.
 func (p *Pacer) Apply(now time.Time, ev Event) {
-	if ev.Authority == "" {
+	if ev.Authority == "" || ev.Type == EventCapped {
 		return
 	}
 	n := now.UnixNano()

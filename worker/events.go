@@ -57,17 +57,41 @@ func (s *EventSink) Handle(ev pacer.Event) {
 	if err != nil {
 		host, port = ev.Authority, ""
 	}
-	// The pacer logs cooldown entry and recovery itself; the sink counts.
+	s.logEvent(host, port, ev)
 	if ev.Type == pacer.EventCooldown {
 		s.m.CountCooldown(host, port, ev.Reason)
 	}
-	if s.js == nil {
+	if s.js == nil || ev.Type == pacer.EventCapped {
 		return
 	}
 	select {
 	case s.ch <- ev:
 	default:
 		s.m.EventsDropped.Inc()
+	}
+}
+
+// logEvent writes the log lines of a pacer fact: a pause capped at
+// pacer.MaxPause, a cooldown entered or extended, a recovery.
+func (s *EventSink) logEvent(host, port string, ev pacer.Event) {
+	if ev.Asked > 0 {
+		s.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
+			Dur("asked", ev.Asked).Dur("capped_to", ev.Pause).Str("family", ev.Family).
+			Msg("pacer: upstream pause capped")
+	}
+	switch ev.Type {
+	case pacer.EventCooldown:
+		msg := "pacer: cooldown entered"
+		if ev.Extended {
+			msg = "pacer: cooldown extended"
+		}
+		s.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", ev.Status).Str("reason", ev.Reason).Time("until", ev.Until).
+			Dur("pause", ev.Pause).Bool("fallback", ev.Fallback).Str("family", ev.Family).
+			Dur("interval", ev.Interval).Dur("fallback_ceiling", ev.Ceiling).Msg(msg)
+	case pacer.EventRecovered:
+		s.log.Info().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", ev.Status).Dur("interval", ev.Interval).Msg("pacer: cooldown recovered")
 	}
 }
 

@@ -240,7 +240,7 @@ func (w *workerFlags) buildParts(js jetstream.JetStream, reg prometheus.Register
 	sink := worker.NewEventSink(js, log, metrics)
 	return &workerParts{
 		w: w, log: log, js: js, metrics: metrics, sink: sink,
-		pacer: pacer.New(&pacer.Options{Policy: policy, Logger: log, OnEvent: sink.Handle, Scale: w.timeScale}),
+		pacer: pacer.New(&pacer.Options{Policy: policy, OnEvent: sink.Handle, Scale: w.timeScale}),
 		fetch: fetch.New(w.fetchOptions()),
 	}, nil
 }
