@@ -56,30 +56,11 @@ type Pacer interface {
 
 var _ Pacer = (*pacer.Pacer)(nil)
 
-// confirm waits until pm may start and re-checks it with the pacer just
-// before the request (pacer.Pacer.Confirm): a cooldown learned since the
-// grant revokes it, and a request that would start too close to one that
-// started late is moved to a later Start, which confirm waits for. It
-// returns the permit to run the request with (and to pass to Done). On a
-// refusal, or when ctx ends first, it gives the permit back (Done,
-// cancelled) and returns the error.
+// confirm waits until pm may start, confirming it just before the request
+// (pacer.Wait owns that loop): it returns the permit to run the request
+// with, or, the permit given back, the refusal or ctx's error.
 func (w *Worker) confirm(ctx context.Context, pm pacer.Permit) (pacer.Permit, error) {
-	for {
-		if d := pm.Start.Sub(w.clk.Now()); d > 0 && !clock.Sleep(w.clk, d, ctx.Done()) {
-			w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
-			return pacer.Permit{}, ctx.Err()
-		}
-		now := w.clk.Now()
-		cpm, err := w.d.Pacer.Confirm(now, pm)
-		if err != nil {
-			w.d.Pacer.Done(now, cpm, pacer.Response{Cancelled: true})
-			return pacer.Permit{}, err
-		}
-		if !cpm.Start.After(now) {
-			return cpm, nil
-		}
-		pm = cpm
-	}
+	return pacer.Wait(ctx, w.clk, w.d.Pacer, pm)
 }
 
 // Msg is the subset of jetstream.Msg the worker uses.
