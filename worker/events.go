@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
@@ -53,10 +52,7 @@ func NewEventSink(js EventPublisher, log zerolog.Logger, m *Metrics) *EventSink 
 
 // Handle records ev. It never blocks.
 func (s *EventSink) Handle(ev pacer.Event) {
-	host, port, err := net.SplitHostPort(ev.Authority)
-	if err != nil {
-		host, port = ev.Authority, ""
-	}
+	host, port := authority.Split(ev.Authority)
 	s.logEvent(host, port, ev)
 	if ev.Type == pacer.EventCooldown {
 		s.m.CountCooldown(host, port, ev.Reason)

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
@@ -430,11 +430,7 @@ func (w *Worker) Parked() map[string]int64 { return w.parking.counts() }
 
 // hostPort returns the capped metric labels of an authority.
 func (w *Worker) hostPort(auth string) (string, string) {
-	host, port, err := net.SplitHostPort(auth)
-	if err != nil {
-		host, port = auth, ""
-	}
-	return w.m.hosts.labels(host, port)
+	return w.m.hosts.labels(authority.Split(auth))
 }
 
 // fault calls the test fault hook at a named point, if one is set.

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -803,8 +804,7 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 	if !v.Until.IsZero() {
 		s += " until=" + v.Until.UTC().Format(time.RFC3339)
 	}
-	for _, k := range []string{"Retry-After", "Ratelimit", "Ratelimit-Policy", "Ratelimit-Remaining", "Ratelimit-Reset",
-		"X-Ratelimit-Remaining", "X-Ratelimit-Reset", "X-Ratelimit-Reset-After", "X-Rate-Limit-Remaining", "X-Rate-Limit-Reset"} {
+	for _, k := range pacer.ThrottleHeaders() {
 		if val := h.Get(k); val != "" {
 			s += " " + k + "=" + val
 		}
@@ -821,7 +821,7 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	meta := mirror.Meta{
 		Key:          j.job.Target,
-		URL:          stripUserinfo(j.job.URL),
+		URL:          authority.StripUserinfo(j.job.URL),
 		ETag:         resp.Header.Get("ETag"),
 		LastModified: resp.Header.Get("Last-Modified"),
 		ContentType:  resp.Header.Get("Content-Type"),
@@ -949,7 +949,7 @@ const SlowRetryFactor = 9
 func (w *Worker) retry(ctx context.Context, j *heldJob, reason string, status int, detail string, least time.Duration) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: truncate(detail, 512)}
+	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: jobs.Truncate(detail, 512)}
 	rec, err := addAttempt(kctx, w.kv, j.job.ID, a)
 	if err != nil {
 		// Without the counter the budget cannot be judged: retry later and
@@ -1004,7 +1004,7 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 		Subject:    m.Subject(),
 		StreamSeq:  j.seq,
 		Reason:     reason,
-		Detail:     truncate(detail, 1024),
+		Detail:     jobs.Truncate(detail, 1024),
 		LastStatus: status,
 		Attempts:   append(append([]jobs.Attempt(nil), attempts...), j.throttles...),
 		First:      j.received.UTC(),
@@ -1038,15 +1038,8 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 		ev = ev.Str("url", logURL(j.job.URL))
 	}
 	if detail != "" {
-		ev = ev.Str("error", truncate(detail, 1024))
+		ev = ev.Str("error", jobs.Truncate(detail, 1024))
 	}
 	ev.Msg("job dead-lettered")
 	w.final(j, OutcomeDeadLettered, reason)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

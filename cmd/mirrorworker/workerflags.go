@@ -272,7 +272,7 @@ func openTarget(spec string) (*mirror.FileTarget, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (pass --target)", err)
 	}
-	if err := checkWritableDir(filepath.Join(target.Root(), ".mirrorworker")); err != nil {
+	if err := checkWritableDir(filepath.Join(target.Root(), mirror.ReservedDir)); err != nil {
 		return nil, fmt.Errorf("mirror target %s: %w (pass --target)", target.Root(), err)
 	}
 	return target, nil
