@@ -99,11 +99,32 @@ type Deps struct {
 	Legacy jetstream.Consumer
 }
 
+// Defaults of Options that the commands' flags share.
+const (
+	// DefaultConcurrency is the default of Options.Concurrency and of the
+	// --concurrency flag: fetch slots across all authorities.
+	DefaultConcurrency = 16
+	// DefaultFailureBudget is the default of Options.FailureBudget and of
+	// the --failure-budget flag.
+	DefaultFailureBudget = 10
+)
+
+// DefaultWorkerID is the default of Options.WorkerID (and, after a
+// command's prefix, of the --worker-id flag): <hostname>-<pid>, with
+// "mirrorworker" when the host has no name.
+func DefaultWorkerID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "mirrorworker"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
 // Options tune a Worker. A nil *Options, and every zero field, means the
 // default given on the field.
 type Options struct {
-	Concurrency    int           // fetch slots; 8
-	FailureBudget  int           // failed attempts before a job is dead-lettered; 10
+	Concurrency    int           // fetch slots; DefaultConcurrency
+	FailureBudget  int           // failed attempts before a job is dead-lettered; DefaultFailureBudget
 	BackoffInitial time.Duration // first retry delay; 1 s
 	BackoffMax     time.Duration // longest retry delay; 5 min
 	// HoldMax: a job whose authority can take it within HoldMax waits in
@@ -143,7 +164,7 @@ type Options struct {
 	// up to TargetProbeMax. 1 s and 1 min.
 	TargetProbeInitial time.Duration
 	TargetProbeMax     time.Duration
-	WorkerID           string // in dead letters; hostname-pid
+	WorkerID           string // in dead letters; DefaultWorkerID()
 	// SkipCopies acks, without doing them, the copies the worker itself
 	// wrote into MIRROR_JOBS (jobs.HeaderUnparked): replay sets it, so that
 	// it does each submitted job once.
@@ -175,8 +196,8 @@ func (o *Options) withDefaults() Options {
 			*p = v
 		}
 	}
-	defInt(&r.Concurrency, 8)
-	defInt(&r.FailureBudget, 10)
+	defInt(&r.Concurrency, DefaultConcurrency)
+	defInt(&r.FailureBudget, DefaultFailureBudget)
 	defDur(&r.BackoffInitial, time.Second)
 	defDur(&r.BackoffMax, 5*time.Minute)
 	defDur(&r.HoldMax, 2*time.Second)
@@ -194,8 +215,7 @@ func (o *Options) withDefaults() Options {
 	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
 	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
 	if r.WorkerID == "" {
-		h, _ := os.Hostname()
-		r.WorkerID = h + "-" + strconv.Itoa(os.Getpid())
+		r.WorkerID = DefaultWorkerID()
 	}
 	if r.Clock == nil {
 		r.Clock = clock.Real{}

@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -71,26 +70,26 @@ type workerDefaults struct {
 }
 
 func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
-	fs.IntVar(&w.concurrency, "concurrency", 16, "fetch slots: requests in flight across all authorities")
-	fs.DurationVar(&w.floor, "floor", time.Second, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
-	fs.IntVar(&w.maxInFlight, "max-in-flight", 2, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
+	fs.IntVar(&w.concurrency, "concurrency", worker.DefaultConcurrency, "fetch slots: requests in flight across all authorities")
+	fs.DurationVar(&w.floor, "floor", pacer.DefaultFloor, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
+	fs.IntVar(&w.maxInFlight, "max-in-flight", pacer.DefaultMaxInFlight, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
 	fs.StringVar(&w.policy, "policy", "", d.policyHelp)
 	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
-	w.maxBodySize = 16 << 30
+	w.maxBodySize = fetch.DefaultMaxBodySize
 	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, a `size` in bytes or with a unit (16GiB, 500MB)")
-	fs.DurationVar(&w.connectTO, "origin-connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
+	fs.DurationVar(&w.connectTO, "origin-connect-timeout", fetch.DefaultConnectTimeout, "timeout to connect to an origin (TLS handshake included)")
 	// Until this flag had "origin" in its name, --connect-timeout meant the
 	// origin here and NATS in enqueue; old configurations keep working.
 	deprecate(fs, "connect-timeout", "origin-connect-timeout")
-	fs.DurationVar(&w.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
-	fs.DurationVar(&w.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
+	fs.DurationVar(&w.headerTO, "header-timeout", fetch.DefaultResponseHeaderTimeout, "timeout from a request sent to its response headers")
+	fs.DurationVar(&w.idleTO, "idle-timeout", fetch.DefaultIdleTimeout, "longest wait for a body read to make progress")
 	w.minRate = fetch.DefaultMinRate
 	fs.Var(&w.minRate, "min-transfer-rate", "slowest body transfer kept, in `bytes` per second (with a unit: 1KiB); judged over --min-transfer-window, a slower fetch frees its slot and is retried (too_slow); 0: no minimum")
 	fs.DurationVar(&w.minRateWindow, "min-transfer-window", fetch.DefaultMinRateWindow, "time over which --min-transfer-rate is judged")
 	fs.DurationVar(&w.deadlineBase, "body-deadline-base", fetch.DefaultDeadlineBase, "total deadline of a body: this plus its expected size at --body-deadline-rate")
 	w.deadlineRate = fetch.DefaultDeadlineRate
 	fs.Var(&w.deadlineRate, "body-deadline-rate", "`bytes` per second the total deadline of a body allows for its expected size (Content-Length, else the job's size, else --max-body-size); 0: no total deadline")
-	fs.IntVar(&w.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
+	fs.IntVar(&w.failureBudget, "failure-budget", worker.DefaultFailureBudget, "attempts of a job with transient errors before it is dead-lettered")
 	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
 	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
 	fs.StringVar(&w.workerID, "worker-id", "", d.workerIDHelp)
@@ -163,11 +162,7 @@ func (w *workerFlags) logger(stderr io.Writer) (zerolog.Logger, error) {
 		return log, usageError{err.Error()}
 	}
 	if w.workerID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "mirrorworker"
-		}
-		w.workerID = fmt.Sprintf("%s%s-%d", w.workerIDPrefix, host, os.Getpid())
+		w.workerID = w.workerIDPrefix + worker.DefaultWorkerID()
 	}
 	return log.With().Str("worker_id", w.workerID).Logger(), nil
 }
