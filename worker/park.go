@@ -152,7 +152,7 @@ func (p *parking) park(d deferral) {
 		pa := p.authLocked(j.auth, j.part, akey)
 		pa.n++
 		p.mu.Unlock()
-		w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+		w.count(OutcomeDeferred)
 		w.m.Parks.WithLabelValues("parked").Inc()
 		w.m.ParkedJobs.WithLabelValues(w.hostPort(j.auth)).Inc()
 		w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", d.reason).
@@ -167,7 +167,7 @@ func (p *parking) parkFailed(d deferral, err error) {
 	if err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 	}
-	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+	w.count(OutcomeDeferred)
 }
 
 // wait returns once every park in progress is settled.

@@ -172,6 +172,12 @@ type Options struct {
 	// FaultHook, if set, is called at named points of the parking protocol
 	// ("parked-before-ack", "unparked-before-delete"), for crash tests.
 	FaultHook func(point string)
+	// OnOutcome, if set, is called with every outcome the worker counts in
+	// mirrorworker_jobs_total (an Outcome* constant: once per deferral and
+	// per retry, once per job for the final ones), on the goroutine that
+	// settled the job: it must be safe for concurrent use and quick.
+	// replay.Tally is one.
+	OnOutcome func(outcome string)
 	Clock     clock.Clock
 	Logger    zerolog.Logger
 	// Metrics, if set, is used as is; otherwise metrics are created on
@@ -708,7 +714,7 @@ func (w *Worker) deferJob(d deferral) {
 	if err != nil {
 		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 	}
-	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+	w.count(OutcomeDeferred)
 	w.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
 		Str("delay", d.delay.String()).Msg("job deferred")
 }
@@ -930,8 +936,17 @@ func (w *Worker) complete(j *heldJob, outcome string) {
 	w.final(j, outcome, "")
 }
 
-func (w *Worker) final(j *heldJob, outcome, reason string) {
+// count records one outcome of a job (mirrorworker_jobs_total and
+// Options.OnOutcome).
+func (w *Worker) count(outcome string) {
 	w.m.Jobs.WithLabelValues(outcome).Inc()
+	if w.o.OnOutcome != nil {
+		w.o.OnOutcome(outcome)
+	}
+}
+
+func (w *Worker) final(j *heldJob, outcome, reason string) {
+	w.count(outcome)
 	w.m.JobDuration.WithLabelValues(outcome).Observe(w.clk.Now().Sub(j.received).Seconds())
 	d := w.sched.deliveries(j)
 	w.m.DeliveriesPerJob.Observe(float64(d))
@@ -999,7 +1014,7 @@ func (w *Worker) retry(ctx context.Context, j *heldJob, reason string, status in
 	if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
 	}
-	w.m.Jobs.WithLabelValues(OutcomeRetried).Inc()
+	w.count(OutcomeRetried)
 	ev := w.log.Info().Str("job", j.job.ID).Str("url", logURL(j.job.URL)).Str("authority", j.auth).Str("reason", reason)
 	if status != 0 {
 		ev = ev.Int("status", status)

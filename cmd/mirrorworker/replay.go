@@ -301,8 +301,10 @@ func probeDefaultNATS(ctx context.Context, natsURL string) error {
 
 func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan,
 	target *mirror.FileTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
-	// Metrics on a registry of the replay's own: they are its summary.
+	// Metrics on a registry of the replay's own, so they do not clash; the
+	// summary is counted by the worker's OnOutcome hook.
 	reg := prometheus.NewRegistry()
+	var tally replay.Tally
 	// The replay's pacer learns from the same origins as the live worker:
 	// its facts are published like the worker's, and it starts from theirs.
 	parts, err := c.buildParts(js, reg, policy, log)
@@ -322,7 +324,9 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	work := func(ctx context.Context, cons jetstream.Consumer) error {
 		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
 		// parking, or moved into a partition) are not submitted jobs.
-		w, err := parts.newWorker(cons, target, 0, func(o *worker.Options, _ *worker.Deps) { o.SkipCopies = true })
+		w, err := parts.newWorker(cons, target, 0, func(o *worker.Options, _ *worker.Deps) {
+			o.SkipCopies, o.OnOutcome = true, tally.Add
+		})
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
@@ -335,10 +339,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 		Progress: newProgress(c.progress, stderr),
 		Logger:   log,
 	})
-	sum, serr := replay.SummaryFrom(reg)
-	if serr != nil {
-		log.Warn().Err(serr).Msg("replay summary")
-	}
+	sum := tally.Summary()
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintf(stdout, "replay interrupted after %s: %s\n", res.Elapsed.Round(time.Millisecond), sum)
