@@ -79,7 +79,7 @@ type Options struct {
 
 // New returns the strategy called name. The result is safe for concurrent
 // use.
-func New(name string, o Options) (Pacer, error) {
+func New(name string, o Options) (*pacer.Pacer, error) {
 	if !(o.Scale >= 0 && o.Scale <= 1) {
 		return nil, fmt.Errorf("strategy %s: scale %v outside [0, 1]", name, o.Scale)
 	}

@@ -4,18 +4,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -211,64 +209,29 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 	}
 }
 
-// workerParts are the pieces run and replay build alike before their
-// consumer exists: one Metrics for the worker and the event sink (so one
-// registry serves both), the sink that publishes the pacer's facts, the
-// pacer and the fetch client. The caller restores the pacer
-// (replay.RestorePacer), runs the sink and closes the fetch client's idle
-// connections.
-type workerParts struct {
-	w       *workerFlags
-	log     zerolog.Logger
-	js      jetstream.JetStream
-	metrics *worker.Metrics
-	sink    *worker.EventSink
-	pacer   *pacer.Pacer
-	fetch   *fetch.Client
-}
-
-func (w *workerFlags) buildParts(js jetstream.JetStream, reg prometheus.Registerer, policy *pacer.Policy, log zerolog.Logger) (*workerParts, error) {
-	metrics, err := worker.NewMetrics(reg, 0)
-	if err != nil {
-		return nil, err
+// pipelineConfig is the pipeline (package pipeline) the worker flags
+// describe, with the pacer policy and the registry of the command, so that
+// a replay is exactly as polite as the live worker.
+func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Policy, log zerolog.Logger) pipeline.Config {
+	return pipeline.Config{
+		Concurrency:   w.concurrency,
+		FailureBudget: w.failureBudget,
+		AckWait:       w.ackWait,
+		WorkerID:      w.workerID,
+		Policy:        policy,
+		TimeScale:     w.timeScale,
+		Fetch:         w.fetchOptions(),
+		Registerer:    reg,
+		Logger:        log,
 	}
-	sink := worker.NewEventSink(js, log, metrics)
-	return &workerParts{
-		w: w, log: log, js: js, metrics: metrics, sink: sink,
-		pacer: pacer.New(&pacer.Options{Policy: policy, OnEvent: sink.Handle, Scale: w.timeScale}),
-		fetch: fetch.New(w.fetchOptions()),
-	}, nil
-}
-
-// newWorker is a worker on cons with the parts and the flags;
-// shutdownGrace 0 is the worker's default.
-func (p *workerParts) newWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration, adjust ...func(*worker.Options, *worker.Deps)) (*worker.Worker, error) {
-	d := worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.fetch, Target: target, Pacer: p.pacer}
-	o := &worker.Options{
-		Concurrency:   p.w.concurrency,
-		FailureBudget: p.w.failureBudget,
-		AckWait:       p.w.ackWait,
-		ShutdownGrace: shutdownGrace,
-		WorkerID:      p.w.workerID,
-		Clock:         clock.Real{},
-		Logger:        p.log,
-		Metrics:       p.metrics,
-	}
-	for _, f := range adjust {
-		f(o, &d)
-	}
-	return worker.New(d, o)
 }
 
 // openTarget opens the mirror target and proves it writable, so that a
 // mistake fails before anything starts rather than at the first job.
 func openTarget(spec string) (*mirror.FileTarget, error) {
-	target, err := mirror.Open(spec)
+	target, err := pipeline.OpenTarget(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%w (pass --target)", err)
-	}
-	if err := checkWritableDir(filepath.Join(target.Root(), mirror.ReservedDir)); err != nil {
-		return nil, fmt.Errorf("mirror target %s: %w (pass --target)", target.Root(), err)
 	}
 	return target, nil
 }
