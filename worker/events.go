@@ -94,12 +94,17 @@ func (s *EventSink) logEvent(host, port string, ev pacer.Event) {
 // Run publishes buffered events until ctx is done, then publishes what is
 // left for at most a few seconds. It returns nil.
 func (s *EventSink) Run(ctx context.Context) error {
+	// A fact taken in is published even if ctx ends meanwhile (each publish
+	// has its own timeout): when both are ready, select may take the fact
+	// first, and a stop must not drop what the worker learned while
+	// stopping.
+	pub := context.WithoutCancel(ctx)
 	for {
 		select {
 		case ev := <-s.ch:
-			s.publish(ctx, ev)
+			s.publish(pub, ev)
 		case <-ctx.Done():
-			fin, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			fin, cancel := context.WithTimeout(pub, 3*time.Second)
 			defer cancel()
 			for {
 				select {
