@@ -535,10 +535,13 @@ func (p *natsStage) run(ctx context.Context) error {
 		ro.Actors = append(ro.Actors, pipeline.Actor{Execute: follow, Interrupt: func(error) { stopFollow() }})
 	}
 	return parts.Run(ctx, func(wctx context.Context) error {
-		if err := w.Run(wctx); err != nil {
+		err := w.Run(wctx)
+		switch {
+		case err != nil && wctx.Err() != nil && errors.Is(err, context.Canceled):
+			return nil // stopped while starting: the stop asked for, not a failure
+		case err != nil:
 			return fmt.Errorf("worker: %w", err)
-		}
-		if wctx.Err() == nil {
+		case wctx.Err() == nil:
 			return errors.New("worker: stopped on its own")
 		}
 		return nil
