@@ -131,5 +131,32 @@ func KeyOf(s string) string {
 
 var keyReplacer = strings.NewReplacer(".", "_", ":", "_", "[", "_", "]", "_")
 
+// Split splits an authority string "host:port" (as String gives it) into
+// its host, without IPv6 brackets, and port; a string without a port gives
+// (s, ""). It is for labels and log fields, never for validation (Parse
+// validates).
+func Split(s string) (host, port string) {
+	h, p, err := net.SplitHostPort(s)
+	if err != nil {
+		return s, ""
+	}
+	return h, p
+}
+
+// StripUserinfo returns rawURL without the userinfo (credentials) of its
+// authority, for anything stored or shown; rawURL unchanged when it has
+// none, and "" when it does not parse (its credentials could not be found).
+func StripUserinfo(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return ""
+	}
+	if u.User == nil {
+		return rawURL
+	}
+	u.User = nil
+	return u.String()
+}
+
 // IsZero reports whether a is the zero Authority.
 func (a Authority) IsZero() bool { return a.Host == "" && a.Port == "" }

@@ -66,3 +66,28 @@ func ExampleAuthority_Key() {
 	fmt.Println(a.String(), a.Key())
 	// Output: files.example.org:443 files_example_org_443
 }
+
+func TestSplit(t *testing.T) {
+	for _, tt := range []struct{ in, host, port string }{
+		{"files.example.org:443", "files.example.org", "443"},
+		{"[2001:db8::1]:8443", "2001:db8::1", "8443"},
+		{"no-port", "no-port", ""},
+	} {
+		if h, p := authority.Split(tt.in); h != tt.host || p != tt.port {
+			t.Errorf("Split(%q) = %q, %q; want %q, %q", tt.in, h, p, tt.host, tt.port)
+		}
+	}
+}
+
+func TestStripUserinfo(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"https://user:secret@files.example.org/a?x=1", "https://files.example.org/a?x=1"},
+		{"https://files.example.org/a%20b", "https://files.example.org/a%20b"},
+		{"https://user@[2001:db8::1]:8443/", "https://[2001:db8::1]:8443/"},
+		{"http://user:secret@bad host/", ""}, // does not parse: nothing to show
+	} {
+		if got := authority.StripUserinfo(tt.in); got != tt.want {
+			t.Errorf("StripUserinfo(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}

@@ -51,14 +51,23 @@ const (
 // connection can be reused; a longer body costs its connection instead.
 const drainLimit = 64 << 10
 
+// Defaults of the timeouts and the body size limit (Options), which the
+// commands' flags share.
+const (
+	DefaultConnectTimeout        = 10 * time.Second // Options.ConnectTimeout and TLSHandshakeTimeout
+	DefaultResponseHeaderTimeout = 30 * time.Second
+	DefaultIdleTimeout           = 60 * time.Second
+	DefaultMaxBodySize           = 16 << 30 // bytes
+)
+
 // Options configure a Client. A nil *Options, and any zero field, means the
 // default given on the field.
 type Options struct {
-	ConnectTimeout        time.Duration // 10s
-	TLSHandshakeTimeout   time.Duration // 10s
-	ResponseHeaderTimeout time.Duration // 30s, from the request written to the headers read
+	ConnectTimeout        time.Duration // DefaultConnectTimeout
+	TLSHandshakeTimeout   time.Duration // DefaultConnectTimeout
+	ResponseHeaderTimeout time.Duration // DefaultResponseHeaderTimeout, from the request written to the headers read
 	// IdleTimeout bounds the wait for each read of a body to make progress
-	// (a slow but moving transfer is never cut). 60s.
+	// (a slow but moving transfer is never cut). DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// MinRate is the slowest body transfer kept, in bytes per second,
 	// judged over each MinRateWindow of time spent waiting on the origin
@@ -77,7 +86,7 @@ type Options struct {
 	// no total deadline.
 	DeadlineBase time.Duration
 	DeadlineRate int64
-	MaxBodySize  int64 // 16 GiB
+	MaxBodySize  int64 // DefaultMaxBodySize
 	// MaxRedirects is the number of redirects followed (10). Negative: none.
 	MaxRedirects int
 	UserAgent    string // DefaultUserAgent
@@ -99,10 +108,10 @@ func (o *Options) withDefaults() Options {
 			*d = v
 		}
 	}
-	def(&r.ConnectTimeout, 10*time.Second)
-	def(&r.TLSHandshakeTimeout, 10*time.Second)
-	def(&r.ResponseHeaderTimeout, 30*time.Second)
-	def(&r.IdleTimeout, 60*time.Second)
+	def(&r.ConnectTimeout, DefaultConnectTimeout)
+	def(&r.TLSHandshakeTimeout, DefaultConnectTimeout)
+	def(&r.ResponseHeaderTimeout, DefaultResponseHeaderTimeout)
+	def(&r.IdleTimeout, DefaultIdleTimeout)
 	def(&r.MinRateWindow, DefaultMinRateWindow)
 	def(&r.DeadlineBase, DefaultDeadlineBase)
 	if r.MinRate == 0 {
@@ -112,7 +121,7 @@ func (o *Options) withDefaults() Options {
 		r.DeadlineRate = DefaultDeadlineRate
 	}
 	if r.MaxBodySize <= 0 {
-		r.MaxBodySize = 16 << 30
+		r.MaxBodySize = DefaultMaxBodySize
 	}
 	switch {
 	case r.MaxRedirects == 0:

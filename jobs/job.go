@@ -24,6 +24,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/mirror"
 	"golang.org/x/net/http/httpguts"
 )
 
@@ -33,8 +34,8 @@ const Version = 1
 // Limits of the job format (docs/contract.md section 2), and the bounds this package adds
 // so that no input can make validation expensive.
 const (
-	MaxURLLen    = 8 << 10 // bytes
-	MaxTargetLen = 1024    // bytes
+	MaxURLLen    = 8 << 10          // bytes
+	MaxTargetLen = mirror.MaxKeyLen // bytes
 	MaxIDLen     = 128
 	MaxTenantLen = 64
 	// MaxJobLen bounds a whole job message. A valid job is far smaller
@@ -60,7 +61,7 @@ const (
 
 // ReservedPrefix is the top-level directory of a mirror target that belongs
 // to mirrorworker itself (temporary files, metadata); no job may write there.
-const ReservedPrefix = ".mirrorworker/"
+const ReservedPrefix = mirror.ReservedDir + "/"
 
 // Job is one URL to copy into the mirror, as Parse returns it: validated,
 // with every default filled in. Marshalling a parsed Job with encoding/json
@@ -325,7 +326,7 @@ func checkVersion(raw json.RawMessage) error {
 		return invalid("v", "must be %d", Version)
 	case err != nil, n > Version: // a number too large for int64 is a (far) newer version too
 		return &InvalidError{Code: CodeUnsupportedVersion, Field: "v",
-			Msg: fmt.Sprintf("version %s is newer than the supported version %d", truncate(s, 32), Version)}
+			Msg: fmt.Sprintf("version %s is newer than the supported version %d", Truncate(s, 32), Version)}
 	}
 	return nil
 }
@@ -381,16 +382,18 @@ func defaultTarget(u *url.URL, a authority.Authority) (string, error) {
 	}
 	t := host + p
 	if msg := checkTarget(t); msg != "" {
-		return "", invalid("target", "the default %q derived from the url %s; give an explicit target", truncate(t, 200), msg)
+		return "", invalid("target", "the default %q derived from the url %s; give an explicit target", Truncate(t, 200), msg)
 	}
 	return t, nil
 }
 
-// CheckTarget reports whether key is an acceptable mirror target key: at
-// most 1024 bytes of UTF-8, "/"-separated, no empty, "." or ".." segment, no
-// leading "/", no backslash, NUL or other control character, and not under
-// ReservedPrefix (compared without regard to case, for case-insensitive file
-// systems). The error is an *InvalidError for field "target".
+// CheckTarget reports whether key is an acceptable mirror target key, by
+// the mirror's own rules (mirror.ValidateKey): at most 1024 bytes of UTF-8,
+// "/"-separated, no empty, "." or ".." segment, no segment longer than
+// mirror.MaxSegmentLen, no leading "/", no backslash, NUL or other control
+// character, and not under ReservedPrefix (compared without regard to
+// case, for case-insensitive file systems). The error is an *InvalidError
+// for field "target".
 func CheckTarget(key string) error {
 	if msg := checkTarget(key); msg != "" {
 		return invalid("target", "%s", msg)
@@ -400,36 +403,9 @@ func CheckTarget(key string) error {
 
 // checkTarget returns what is wrong with t, or "".
 func checkTarget(t string) string {
-	switch {
-	case t == "":
-		return "must not be empty"
-	case len(t) > MaxTargetLen:
-		return fmt.Sprintf("is %d bytes, more than the %d allowed", len(t), MaxTargetLen)
-	case !utf8.ValidString(t):
-		return "must be valid UTF-8"
-	case strings.HasPrefix(t, "/"):
-		return `must not start with "/"`
-	}
-	for _, r := range t {
-		switch {
-		case r == 0:
-			return "must not contain NUL"
-		case r == '\\':
-			return `must not contain "\"`
-		case r < 0x20 || r == 0x7f:
-			return "must not contain control characters"
-		}
-	}
-	for i, seg := range strings.Split(t, "/") {
-		switch seg {
-		case "":
-			return "must not contain an empty segment (\"//\" or a trailing \"/\")"
-		case ".", "..":
-			return fmt.Sprintf("must not contain a %q segment", seg)
-		}
-		if i == 0 && strings.EqualFold(seg, strings.TrimSuffix(ReservedPrefix, "/")) {
-			return fmt.Sprintf("must not be under the reserved prefix %q", ReservedPrefix)
-		}
+	var ke *mirror.KeyError
+	if errors.As(mirror.ValidateKey(t), &ke) {
+		return ke.Why
 	}
 	return ""
 }
@@ -449,7 +425,7 @@ func parseHeaders(raw json.RawMessage) (map[string]string, error) {
 		v := in[name]
 		canon := textproto.CanonicalMIMEHeaderKey(name)
 		if !httpguts.ValidHeaderFieldName(name) || !allowedHeaders[canon] {
-			return nil, invalid("headers", "%q is not allowed (only Accept and Accept-Language)", truncate(name, 64))
+			return nil, invalid("headers", "%q is not allowed (only Accept and Accept-Language)", Truncate(name, 64))
 		}
 		if _, dup := out[canon]; dup {
 			return nil, invalid("headers", "%q is given twice", canon)
@@ -493,7 +469,7 @@ func checkJSON(data []byte) error {
 			if k, ok := tok.(string); ok {
 				top := stack[n-1]
 				if top.keys[k] {
-					return invalid("", "malformed JSON: duplicate key %q", truncate(k, 64))
+					return invalid("", "malformed JSON: duplicate key %q", Truncate(k, 64))
 				}
 				top.keys[k] = true
 				top.wantKey = false
@@ -561,8 +537,11 @@ func isHex(s string) bool {
 	return true
 }
 
-// truncate shortens s for an error message, on a rune boundary.
-func truncate(s string, n int) string {
+// Truncate shortens s to its first n bytes, cut back to a rune boundary so
+// that it never splits UTF-8, and marks the cut with "..."; s itself when it
+// is no longer than n. It is the one truncation for text put into job
+// records (Attempt.Detail, DeadLetter.Detail), errors and log fields.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

@@ -5,15 +5,18 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/mirror"
 )
 
 func int64p(n int64) *int64 { return &n }
 
 func TestParseAccepted(t *testing.T) {
-	long := strings.Repeat("a", 1024-len("h.example/"))
+	// 1024 bytes in all, every segment within mirror.MaxSegmentLen.
+	long := strings.Repeat(strings.Repeat("a", mirror.MaxSegmentLen)+"/", 4) + strings.Repeat("a", 1024-len("h.example/")-4*(mirror.MaxSegmentLen+1))
 	tests := []struct {
 		name string
 		in   string
@@ -177,6 +180,7 @@ func TestParseRejected(t *testing.T) {
 		{name: "target empty", in: `{"url":"http://h.example/x","target":""}`, field: "target", msg: "empty"},
 		{name: "target number", in: `{"url":"http://h.example/x","target":1}`, field: "target", msg: "string"},
 		{name: "target too long", in: `{"url":"http://h.example/x","target":"` + strings.Repeat("a", 1025) + `"}`, field: "target", msg: "more than"},
+		{name: "target segment too long", in: `{"url":"http://h.example/x","target":"a/` + strings.Repeat("a", 251) + `"}`, field: "target", msg: "segment"},
 		{name: "target leading slash", in: `{"url":"http://h.example/x","target":"/etc/passwd"}`, field: "target", msg: "start"},
 		{name: "target empty segment", in: `{"url":"http://h.example/x","target":"a//b"}`, field: "target", msg: "empty segment"},
 		{name: "target trailing slash", in: `{"url":"http://h.example/x","target":"a/b/"}`, field: "target", msg: "empty segment"},
@@ -284,5 +288,34 @@ func TestCheckTarget(t *testing.T) {
 				t.Errorf("CheckTarget(%q) = %v, want ok %v", tt.key, err, tt.ok)
 			}
 		})
+	}
+}
+
+func TestTruncate(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"short", 10, "short"},
+		{"abcdef", 3, "abc..."},
+		{"aé", 2, "a..."}, // é is two bytes: never split
+		{"日本語", 4, "日..."},
+	} {
+		got := jobs.Truncate(tt.in, tt.n)
+		if got != tt.want || !utf8.ValidString(got) {
+			t.Errorf("Truncate(%q, %d) = %q, want %q", tt.in, tt.n, got, tt.want)
+		}
+	}
+}
+
+// TestCheckTargetIsTheMirrorRule: a job's target is refused exactly when the
+// mirror would refuse the key, segment length included.
+func TestCheckTargetIsTheMirrorRule(t *testing.T) {
+	for _, key := range []string{"a/b", strings.Repeat("s", 250), strings.Repeat("s", 251), ".MirrorWorker/x", "a\x01b", "a/\xff"} {
+		jerr, merr := jobs.CheckTarget(key), mirror.ValidateKey(key)
+		if (jerr == nil) != (merr == nil) {
+			t.Errorf("key %.40q: jobs %v, mirror %v", key, jerr, merr)
+		}
 	}
 }

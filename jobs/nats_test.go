@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -18,20 +19,7 @@ import (
 // a JetStream context on an in-process connection.
 func startJetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	e, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Shutdown)
-	nc, err := e.Connect(t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, _ := brokertest.JetStream(t, brokertest.Start(t, broker.EmbeddedOptions{}))
 	return js
 }
 

@@ -45,11 +45,11 @@ func ParseSubject(subject string) (tenant, akey string, err error) {
 	}
 	rest, ok := strings.CutPrefix(subject, JobsSubjectPrefix)
 	if !ok {
-		return "", "", invalid("subject", "%q does not start with %q", truncate(subject, 300), JobsSubjectPrefix)
+		return "", "", invalid("subject", "%q does not start with %q", Truncate(subject, 300), JobsSubjectPrefix)
 	}
 	tenant, akey, ok = strings.Cut(rest, ".")
 	if !ok || !ValidTenant(tenant) || !validAkey(akey) {
-		return "", "", invalid("subject", "%q is not %s<tenant>.<akey>", truncate(subject, 300), JobsSubjectPrefix)
+		return "", "", invalid("subject", "%q is not %s<tenant>.<akey>", Truncate(subject, 300), JobsSubjectPrefix)
 	}
 	return tenant, akey, nil
 }

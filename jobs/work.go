@@ -157,17 +157,17 @@ func ParsePartitionSubject(subject string) (p int, tenant, akey string, err erro
 				return p, tok[0], tok[1], nil
 			}
 		}
-		return 0, "", "", invalid("subject", "%q is not %s<tenant>.<akey>.<partition>", truncate(subject, 300), JobsSubjectPrefix)
+		return 0, "", "", invalid("subject", "%q is not %s<tenant>.<akey>.<partition>", Truncate(subject, 300), JobsSubjectPrefix)
 	}
 	rest, ok := strings.CutPrefix(subject, ParkSubjectPrefix)
 	if !ok {
-		return 0, "", "", invalid("subject", "%q is not a partition subject", truncate(subject, 300))
+		return 0, "", "", invalid("subject", "%q is not a partition subject", Truncate(subject, 300))
 	}
 	ps, rest, _ := strings.Cut(rest, ".")
 	p, perr := strconv.Atoi(ps)
 	tenant, akey, ok = strings.Cut(rest, ".")
 	if perr != nil || p < 0 || !ok || !ValidTenant(tenant) || !validAkey(akey) {
-		return 0, "", "", invalid("subject", "%q is not <prefix><partition>.<tenant>.<akey>", truncate(subject, 300))
+		return 0, "", "", invalid("subject", "%q is not <prefix><partition>.<tenant>.<akey>", Truncate(subject, 300))
 	}
 	return p, tenant, akey, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/strategy"
 	"github.com/mirrorworker/mirrorworker/stuborigin"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -352,14 +353,16 @@ func (r *run) inProcess(ctx context.Context, res *Result) error {
 		return err
 	}
 	type instance struct {
-		w  *worker.Worker
-		nc *nats.Conn
-		fc *fetch.Client
+		w     *worker.Worker
+		nc    *nats.Conn
+		parts *pipeline.Parts
 	}
 	var insts []instance
 	defer func() {
 		for _, in := range insts {
-			in.fc.CloseIdleConnections()
+			if in.parts != nil {
+				in.parts.Close()
+			}
 			in.nc.Close()
 		}
 	}()
@@ -371,8 +374,7 @@ func (r *run) inProcess(ctx context.Context, res *Result) error {
 		if err != nil {
 			return err
 		}
-		fc := fetch.New(&fetch.Options{AllowPrivate: true, UserAgent: "mirrorworker-loadtest"})
-		insts = append(insts, instance{nc: wnc, fc: fc})
+		insts = append(insts, instance{nc: wnc})
 		wjs, err := jetstream.New(wnc)
 		if err != nil {
 			return fmt.Errorf("jetstream: %w", err)
@@ -386,11 +388,19 @@ func (r *run) inProcess(ctx context.Context, res *Result) error {
 			return err
 		}
 		id := fmt.Sprintf("loadtest-%s-%d", name, w)
-		wk, err := worker.New(worker.Deps{JS: wjs, Consumer: cons, Fetcher: r.sent.fetcher(fc), Target: target, Pacer: pc}, &worker.Options{
-			Concurrency:   o.Concurrency,
-			ShutdownGrace: 2 * time.Second,
-			WorkerID:      id,
-			Logger:        o.Logger.With().Str("worker_id", id).Logger(),
+		parts, err := pipeline.New(wjs, pipeline.Config{
+			Concurrency: o.Concurrency,
+			WorkerID:    id,
+			Pacer:       pc,
+			Fetch:       &fetch.Options{AllowPrivate: true, UserAgent: "mirrorworker-loadtest"},
+			Logger:      o.Logger.With().Str("worker_id", id).Logger(),
+		})
+		if err != nil {
+			return err
+		}
+		insts[len(insts)-1].parts = parts
+		wk, err := parts.NewWorker(cons, target, 2*time.Second, func(_ *worker.Options, d *worker.Deps) {
+			d.Fetcher = r.sent.fetcher(d.Fetcher)
 		})
 		if err != nil {
 			return err
@@ -406,7 +416,7 @@ func (r *run) inProcess(ctx context.Context, res *Result) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := in.w.Run(wctx); err != nil {
+			if err := in.parts.Run(wctx, in.w.Run, nil); err != nil {
 				o.Logger.Error().Err(err).Str("strategy", name).Msg("worker stopped with an error")
 			}
 		}()

@@ -17,18 +17,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+
+	"github.com/mirrorworker/mirrorworker/authority"
 )
-
-// ReservedDir is the directory under the root that holds the target's own
-// files (temporary files and metadata). No key may name anything under it.
-const ReservedDir = ".mirrorworker"
-
-// MaxKeyLen is the longest key in bytes.
-const MaxKeyLen = 1024
-
-// maxSegmentLen keeps "<segment>.json", the metadata file's name, within the
-// 255-byte name limit of common file systems.
-const maxSegmentLen = 255 - len(".json")
 
 // ErrKeyConflict: the key needs a directory where an object is stored, or
 // names a directory that holds other objects (keys "a" and "a/b"). Nothing
@@ -243,41 +234,6 @@ func parseSpec(spec string) (string, error) {
 // Root returns the absolute root directory.
 func (t *FileTarget) Root() string { return t.root }
 
-// ValidateKey checks that key is a safe relative path inside the target:
-// at most MaxKeyLen bytes, '/'-separated, no leading '/', no empty, "." or
-// ".." segment, no '\' or NUL, not under ReservedDir, and no segment longer
-// than 250 bytes. Errors wrap ErrInvalidKey.
-func ValidateKey(key string) error {
-	bad := func(why string) error { return fmt.Errorf("key %q %s: %w", key, why, ErrInvalidKey) }
-	switch {
-	case key == "":
-		return bad("is empty")
-	case len(key) > MaxKeyLen:
-		return bad(fmt.Sprintf("is longer than %d bytes", MaxKeyLen))
-	case strings.HasPrefix(key, "/"):
-		return bad("is absolute")
-	case strings.ContainsRune(key, '\\'):
-		return bad("contains a backslash")
-	case strings.ContainsRune(key, 0):
-		return bad("contains NUL")
-	}
-	for i, seg := range strings.Split(key, "/") {
-		switch {
-		case seg == "":
-			return bad("has an empty segment")
-		case seg == "." || seg == "..":
-			return bad("has a " + seg + " segment")
-		case len(seg) > maxSegmentLen:
-			return bad(fmt.Sprintf("has a segment longer than %d bytes", maxSegmentLen))
-		case i == 0 && strings.EqualFold(seg, ReservedDir):
-			// EqualFold: on a case-insensitive file system any spelling
-			// lands in the reserved directory.
-			return bad("is under the reserved " + ReservedDir + "/")
-		}
-	}
-	return nil
-}
-
 func (t *FileTarget) objectPath(key string) string {
 	return filepath.Join(t.root, filepath.FromSlash(key))
 }
@@ -384,7 +340,7 @@ func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want E
 	}
 
 	m.Key, m.SHA256, m.Size = key, sum, size
-	m.URL = stripUserinfo(m.URL)
+	m.URL = authority.StripUserinfo(m.URL)
 	sidecar := !t.xattrs
 	if !sidecar {
 		data, err := json.Marshal(m)
@@ -626,15 +582,6 @@ func stripe(key string) int {
 	h := fnv.New32a()
 	h.Write([]byte(key))
 	return int(h.Sum32() % 64)
-}
-
-func stripUserinfo(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	u.User = nil
-	return u.String()
 }
 
 // isNotDir reports a path through an object ("a/b" when "a" is a file).

@@ -86,6 +86,11 @@ const (
 	// it neither escalates nor wants a probe when it ends.
 	EventPaused  EventType = "paused"
 	EventResumed EventType = "resumed"
+	// EventCapped: a response asked for a pause longer than MaxPause while
+	// a longer cooldown was already in force, so nothing changed but the
+	// request is worth a warning. It is for logs only: the worker's
+	// EventSink does not publish it, and Apply ignores it.
+	EventCapped EventType = "capped"
 )
 
 // Event is a pacer fact. Replaying events (Apply) rebuilds the state that
@@ -99,6 +104,14 @@ type Event struct {
 	Interval  time.Duration `json:"interval,omitempty"`
 	Until     time.Time     `json:"until,omitzero"`
 	Ceiling   time.Duration `json:"ceiling,omitempty"` // fallback ceiling after this fact
+
+	// What a pause was made of (EventCooldown, EventCapped), for the log
+	// line; not published.
+	Pause    time.Duration `json:"-"` // the pause taken, after the cap
+	Asked    time.Duration `json:"-"` // the pause asked for, when MaxPause capped it
+	Fallback bool          `json:"-"` // the pause is the jittered fallback
+	Family   string        `json:"-"` // the rate-limit family whose reset gave the pause
+	Extended bool          `json:"-"` // the cooldown was already in force
 }
 
 // State is one tracked authority as /debug/pacer shows it.

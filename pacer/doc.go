@@ -25,7 +25,8 @@
 //     (Options.OnEvent) and their replay after a cold start (Apply);
 //   - compressed time for load tests (Options.Scale).
 //
-// It does not: derive authorities from URLs (package authority does), sleep,
+// It does not: log (it emits events; the worker's EventSink logs them),
+// derive authorities from URLs (package authority does), sleep,
 // read a clock, talk to NATS or make HTTP requests. Every method takes the
 // current instant as a parameter, as golang.org/x/time/rate does, so every
 // rule is testable on a virtual clock. State is per process; coordination

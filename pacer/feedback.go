@@ -33,6 +33,17 @@ const (
 	canonicalXRDLimit  = "X-Rate-Limit-Limit"
 )
 
+// throttleHeaders are the response fields that explain a throttling
+// answer, in the order ThrottleHeaders gives them.
+var throttleHeaders = [...]string{canonicalRA, canonicalIETF, canonicalIETFPol, canonicalRLRem, canonicalRLReset,
+	canonicalXRLRem, canonicalXRLReset, canonicalXRLResetA, canonicalXRDRem, canonicalXRDReset}
+
+// ThrottleHeaders returns the canonical names of the response fields that
+// explain a throttling answer (Retry-After and the rate-limit families'
+// remaining, reset and policy fields this package reads), for a log line or
+// a dead-letter detail. The caller may keep and change the slice.
+func ThrottleHeaders() []string { return append([]string(nil), throttleHeaders[:]...) }
+
 // Quota is one quota a response announces with what remains of it: an item
 // of the IETF RateLimit field with r, or the Remaining header of a pair
 // family. Where the origin also announces the quota's policy (RateLimit-Policy

@@ -2,6 +2,7 @@ package pacer_test
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -260,5 +261,20 @@ func TestQuotaInterval(t *testing.T) {
 		if got := tt.q.Interval(); got != tt.want {
 			t.Errorf("%+v: %v, want %v", tt.q, got, tt.want)
 		}
+	}
+}
+
+// TestThrottleHeaders: the list names, in canonical form, fields the
+// parsers read, and a caller's change does not leak into the next call.
+func TestThrottleHeaders(t *testing.T) {
+	got := pacer.ThrottleHeaders()
+	want := []string{"Retry-After", "Ratelimit", "Ratelimit-Policy", "Ratelimit-Remaining", "Ratelimit-Reset",
+		"X-Ratelimit-Remaining", "X-Ratelimit-Reset", "X-Ratelimit-Reset-After", "X-Rate-Limit-Remaining", "X-Rate-Limit-Reset"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ThrottleHeaders() = %q, want %q", got, want)
+	}
+	got[0] = "changed"
+	if pacer.ThrottleHeaders()[0] != "Retry-After" {
+		t.Fatal("a caller's change leaked into the package's list")
 	}
 }

@@ -5,14 +5,11 @@ import (
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"sort"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // Fixed numbers of docs/contract.md section 3 (not configurable: they are the contract).
@@ -64,11 +61,8 @@ type Options struct {
 	// goroutines at once: it must be safe for concurrent use and must not
 	// call the Pacer.
 	Rand func() float64
-	// Logger receives cooldown entry, capped-pause and recovery lines. The zero
-	// Logger discards.
-	Logger zerolog.Logger
-	// OnEvent, if set, receives every fact worth publishing, never under a
-	// lock, in the order they happened for one authority. It must not block
+	// OnEvent, if set, receives every fact (the pacer logs nothing: the
+	// worker's EventSink logs, counts and publishes), never under a lock, in the order they happened for one authority. It must not block
 	// for long: it runs on the caller's goroutine of Acquire or Done.
 	OnEvent func(Event)
 	// Scale compresses time for load tests: it multiplies every fixed
@@ -95,6 +89,10 @@ type Options struct {
 	// 0); negative means none. It is not scaled: the jitter it covers is the
 	// machine's, not the origin's.
 	StartGuard time.Duration
+	// Rules is the learning rule (rules.go); nil is the HostPacer's own.
+	// With another rule the Pacer publishes no events, spends no announced
+	// budget and ignores QuietWindow (decay is the rule's Relax).
+	Rules Rules
 }
 
 // Pacer is the HostPacer. Create it with New; the zero value is not usable.
@@ -106,8 +104,8 @@ type Pacer struct {
 	policy    *Policy
 	quiet     int64
 	rnd       func() float64
-	log       zerolog.Logger
 	onEvent   func(Event)
+	rules     Rules
 	shardMax  int
 	sweepStep int
 
@@ -131,7 +129,7 @@ type shard struct {
 }
 
 // entry is one authority. Instants are Unix nanoseconds, 0 meaning none,
-// which keeps an entry at 96 bytes.
+// which keeps an entry small.
 type entry struct {
 	floor    int64
 	interval int64
@@ -158,6 +156,9 @@ type entry struct {
 	// response announces one, so an authority without rate-limit headers
 	// pays one pointer for it.
 	bud *budget
+	// rule is the state of Options.Rules that has no field above; nil
+	// with the HostPacer's own rule.
+	rule *ruled
 }
 
 // New returns a Pacer. A nil o means the defaults: default policy (floor 1 s,
@@ -189,14 +190,17 @@ func New(o *Options) *Pacer {
 		policy:          o.Policy,
 		quiet:           int64(o.QuietWindow),
 		rnd:             o.Rand,
-		log:             o.Logger,
 		onEvent:         o.OnEvent,
+		rules:           o.Rules,
 	}
 	if p.policy == nil {
 		p.policy = DefaultPolicy()
 	}
 	if p.quiet == 0 {
 		p.quiet = scaled(DefaultQuietWindow)
+	}
+	if p.rules != nil {
+		p.quiet = -1 // decay is the rule's Relax
 	}
 	if p.rnd == nil {
 		p.rnd = rand.Float64
@@ -246,6 +250,9 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 		ceiling:   p.fallbackMin,
 		maxFlight: int32(max(1, min(l.MaxInFlight, maxPolicyInFlight))),
 	}
+	if p.rules != nil {
+		e.rule = &ruled{}
+	}
 	s.m[strings.Clone(auth)] = e
 	return e
 }
@@ -265,7 +272,8 @@ func (p *Pacer) evictable(e *entry, now int64) bool {
 		e.ceiling == p.fallbackMin &&
 		p.decayedInterval(e, now) <= e.floor &&
 		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now) &&
-		(e.bud == nil || e.bud.idle(now))
+		(e.bud == nil || e.bud.idle(now)) &&
+		(e.rule == nil || e.rule.streak == 0)
 }
 
 // guardFor is the start guard of e's authority (Options.StartGuard).
@@ -303,7 +311,7 @@ func (p *Pacer) decayLocked(e *entry, auth string, now int64, fx *facts) {
 		return
 	}
 	e.interval, e.decayRef = iv, ref
-	fx.add(fact{ev: Event{Type: EventInterval, Authority: auth, At: time.Unix(0, ref), Interval: time.Duration(iv), Reason: "decay"}})
+	fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, ref), Interval: time.Duration(iv), Reason: "decay"})
 }
 
 // Acquire decides whether a request to auth ("host:port", as
@@ -322,6 +330,9 @@ func (p *Pacer) decayLocked(e *entry, auth string, now int64, fx *facts) {
 // the meantime revokes a reservation and a late start moves the next ones.
 // auth must already be normalised: the pacer compares it byte for byte.
 func (p *Pacer) Acquire(now time.Time, auth string, maxWait time.Duration) (Permit, error) {
+	if p.rules != nil {
+		return p.acquireRules(now, auth, maxWait)
+	}
 	n := now.UnixNano()
 	s := p.shardFor(auth)
 	s.mu.Lock()
@@ -466,6 +477,7 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	if e == nil || pm.seq == 0 {
 		return pm, nil
 	}
+	p.spentLocked(e, n)
 	if re := pausedLocked(e, pm.Authority, n); re != nil {
 		return pm, re
 	}
@@ -530,6 +542,9 @@ func (p *Pacer) startedLocked(e *entry, seq uint64, n int64) {
 // teaches nothing but frees the Permit's in-flight place and, for a probe,
 // the probe slot.
 func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
+	if p.rules != nil {
+		return p.doneRules(now, pm, r)
+	}
 	learn := !r.Cancelled && r.Err == nil && r.Status != 0
 	var fb Feedback
 	if learn {
@@ -614,8 +629,8 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	if probe && !throttled {
 		e.until, e.ceiling = 0, p.fallbackMin
-		fx.add(fact{ev: Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-			Interval: time.Duration(e.interval), Ceiling: time.Duration(p.fallbackMin)}})
+		fx.add(Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+			Interval: time.Duration(e.interval), Ceiling: time.Duration(p.fallbackMin)})
 	}
 	if !throttled && !exhausted {
 		return
@@ -628,8 +643,8 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 		iv := min(max(2*e.interval, p.firstStep, e.floor), max(p.maxInterval, e.floor))
 		if iv != e.interval {
 			e.interval = iv
-			fx.add(fact{ev: Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-				Reason: fb.Reason(), Interval: time.Duration(iv)}})
+			fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+				Reason: fb.Reason(), Interval: time.Duration(iv)})
 		}
 	}
 	// The pause: a positive Retry-After wins, else the longest exhausted
@@ -650,18 +665,17 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 		e.until = until
 	}
 	if throttled {
-		fx.add(fact{ev: Event{Type: EventThrottle, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-			Reason: fb.Reason(), Interval: time.Duration(e.interval), Until: unixOrZero(e.until), Ceiling: time.Duration(e.ceiling)}})
+		fx.add(Event{Type: EventThrottle, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
+			Reason: fb.Reason(), Interval: time.Duration(e.interval), Until: unixOrZero(e.until), Ceiling: time.Duration(e.ceiling)})
 	}
 	if e.until != prev {
-		fx.add(fact{
-			ev: Event{Type: EventCooldown, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
-				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until), Ceiling: time.Duration(e.ceiling)},
-			extended: prev > n, asked: time.Duration(asked), pause: time.Duration(pause), fallback: fallback, family: fb.Family,
-		})
+		fx.add(Event{Type: EventCooldown, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
+			Interval: time.Duration(e.interval), Until: time.Unix(0, e.until), Ceiling: time.Duration(e.ceiling),
+			Extended: prev > n, Asked: time.Duration(asked), Pause: time.Duration(pause), Fallback: fallback, Family: fb.Family})
 	} else if asked > 0 {
 		// capped, but a longer pause was already in force: still worth a warning
-		fx.add(fact{ev: Event{Authority: auth}, asked: time.Duration(asked), pause: time.Duration(pause), family: fb.Family})
+		fx.add(Event{Type: EventCapped, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
+			Asked: time.Duration(asked), Pause: time.Duration(pause), Family: fb.Family})
 	}
 }
 
@@ -704,72 +718,28 @@ func unixOrZero(ns int64) time.Time {
 	return time.Unix(0, ns)
 }
 
-// fact is an Event plus what the log line needs.
-type fact struct {
-	ev       Event
-	extended bool          // the cooldown was already in force
-	asked    time.Duration // the pause before the cap, when capped
-	pause    time.Duration
-	fallback bool
-	family   string
-}
-
-// facts collects what to publish once the lock is released; a fixed array
-// keeps it off the heap.
+// facts collects the events to hand out once the lock is released; a fixed
+// array keeps it off the heap.
 type facts struct {
 	n int
-	f [5]fact
+	f [5]Event
 }
 
-func (fx *facts) add(f fact) {
+func (fx *facts) add(ev Event) {
 	if fx.n < len(fx.f) {
-		fx.f[fx.n] = f
+		fx.f[fx.n] = ev
 		fx.n++
 	}
 }
 
-// publish logs and hands out the facts. No lock may be held.
+// publish hands out the facts (Options.OnEvent). No lock may be held.
 func (p *Pacer) publish(fx *facts) {
+	if p.onEvent == nil {
+		return
+	}
 	for i := 0; i < fx.n; i++ {
-		f := &fx.f[i]
-		p.logFact(f)
-		if p.onEvent != nil && f.ev.Type != "" {
-			p.onEvent(f.ev)
-		}
+		p.onEvent(fx.f[i])
 	}
-}
-
-func (p *Pacer) logFact(f *fact) {
-	if f.asked > 0 {
-		host, port := splitAuthority(f.ev.Authority)
-		p.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
-			Dur("asked", f.asked).Dur("capped_to", f.pause).Str("family", f.family).
-			Msg("pacer: upstream pause capped")
-	}
-	switch f.ev.Type {
-	case EventCooldown:
-		host, port := splitAuthority(f.ev.Authority)
-		msg := "pacer: cooldown entered"
-		if f.extended {
-			msg = "pacer: cooldown extended"
-		}
-		p.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
-			Int("status", f.ev.Status).Str("reason", f.ev.Reason).Time("until", f.ev.Until).
-			Dur("pause", f.pause).Bool("fallback", f.fallback).Str("family", f.family).
-			Dur("interval", f.ev.Interval).Dur("fallback_ceiling", f.ev.Ceiling).Msg(msg)
-	case EventRecovered:
-		host, port := splitAuthority(f.ev.Authority)
-		p.log.Info().Str("upstream_host", host).Str("upstream_port", port).
-			Int("status", f.ev.Status).Dur("interval", f.ev.Interval).Msg("pacer: cooldown recovered")
-	}
-}
-
-func splitAuthority(auth string) (host, port string) {
-	h, pt, err := net.SplitHostPort(auth)
-	if err != nil {
-		return auth, ""
-	}
-	return h, pt
 }
 
 // Apply rebuilds state from a replayed fact (MIRROR_EVENTS after a cold
@@ -778,7 +748,7 @@ func splitAuthority(auth string) (host, port string) {
 // probe), intervals and ceilings are restored, and a recovery clears only a
 // cooldown whose deadline it follows. Apply publishes nothing.
 func (p *Pacer) Apply(now time.Time, ev Event) {
-	if ev.Authority == "" {
+	if ev.Authority == "" || ev.Type == EventCapped {
 		return
 	}
 	n := now.UnixNano()
@@ -872,6 +842,7 @@ func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration
 	if e == nil {
 		return 0, 0, ""
 	}
+	p.spentLocked(e, n)
 	sp := p.decayedInterval(e, n) + p.guardFor(e)
 	if e.paused > n {
 		return time.Duration(e.paused - n), time.Duration(sp), ReasonPaused

@@ -1,7 +1,7 @@
 package pacer_test
 
 import (
-	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strconv"
@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/pacer"
-	"github.com/rs/zerolog"
 )
 
 // t0 is the virtual clock's origin; every instant in these tests is t0 plus
@@ -618,27 +617,46 @@ func TestApplyNeverRuder(t *testing.T) {
 	}
 }
 
-func TestLogLines(t *testing.T) {
-	var buf bytes.Buffer
-	p := newPacer(t, time.Second, &pacer.Options{Logger: zerolog.New(&buf)})
-	v := throttle(t, p, t0, resp(429, "Retry-After", "7200"))
+// TestCappedPauseEvents: the pacer logs nothing; what the log line of a
+// capped pause needs travels on the events (the EventSink writes it).
+func TestCappedPauseEvents(t *testing.T) {
+	var evs []pacer.Event
+	p := newPacer(t, time.Second, &pacer.Options{OnEvent: func(ev pacer.Event) { evs = append(evs, ev) }})
+	first := mustGrant(t, p, t0, 0)
+	second := mustGrant(t, p, t0, time.Hour)
+	v := p.Done(t0, first, resp(429, "Retry-After", "7200"))
 	if !v.Until.Equal(at(600 * time.Second)) {
 		t.Fatalf("until %s", v.Until.Sub(t0))
 	}
+	// A second capped answer that leaves the cooldown as it was changes
+	// nothing but is reported (EventCapped).
+	p.Done(t0, second, resp(429, "Retry-After", "7200"))
+	if last := evs[len(evs)-1]; last.Type != pacer.EventCapped || last.Asked != 7200*time.Second || last.Pause != 600*time.Second {
+		t.Errorf("last event %+v, want EventCapped asking 7200 s, capped to 600 s", last)
+	}
 	pm := mustGrant(t, p, v.Until, 0)
 	p.Done(pm.Start, pm, resp(200))
-	out := buf.String()
-	for _, want := range []string{
-		`"level":"warn","upstream_host":"files.example.org","upstream_port":"443","asked":7200000,"capped_to":600000`,
-		`"message":"pacer: cooldown entered"`,
-		`"message":"pacer: cooldown recovered"`,
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("log lacks %s:\n%s", want, out)
+	var cooldown, recovered *pacer.Event
+	for i := range evs {
+		switch evs[i].Type {
+		case pacer.EventCooldown:
+			cooldown = &evs[i]
+		case pacer.EventRecovered:
+			recovered = &evs[i]
 		}
 	}
-	if n := strings.Count(out, `"upstream_host":"files.example.org","upstream_port":"443"`); n != 3 {
-		t.Errorf("%d lines with upstream_host/port, want 3:\n%s", n, out)
+	if cooldown == nil || cooldown.Asked != 7200*time.Second || cooldown.Pause != 600*time.Second || cooldown.Extended || cooldown.Fallback {
+		t.Errorf("cooldown event %+v, want asked 7200 s capped to a 600 s pause, entered, not the fallback", cooldown)
+	}
+	if recovered == nil || recovered.Status != 200 {
+		t.Errorf("recovered event %+v", recovered)
+	}
+	b, err := json.Marshal(cooldown)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "asked") || strings.Contains(string(b), "7200") {
+		t.Errorf("published form carries the log-only fields: %s", b)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/nats-io/nats.go"
@@ -17,20 +18,7 @@ import (
 // streams and returns a client on it; everything stops with the test.
 func startJetStream(t *testing.T) (jetstream.JetStream, *nats.Conn) {
 	t.Helper()
-	srv, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect(t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, nc := brokertest.JetStream(t, brokertest.Start(t, broker.EmbeddedOptions{}))
 	if err := jobs.EnsureStreams(testContext(t), js, nil); err != nil {
 		t.Fatal(err)
 	}

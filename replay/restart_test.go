@@ -43,7 +43,7 @@ func startLiveWorker(t *testing.T, js jetstream.JetStream, root string, restore 
 		t.Fatal(err)
 	}
 	sink := worker.NewEventSink(js, log, metrics)
-	pc := pacer.New(&pacer.Options{Policy: testPolicy(), Logger: log, OnEvent: sink.Handle})
+	pc := pacer.New(&pacer.Options{Policy: testPolicy(), OnEvent: sink.Handle})
 	if restore {
 		if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
 			t.Fatal(err)

@@ -50,7 +50,8 @@ func replayInto(t *testing.T, js jetstream.JetStream, root string, start replay.
 		t.Fatal(err)
 	}
 	sink := worker.NewEventSink(js, log, metrics)
-	pc := pacer.New(&pacer.Options{Policy: testPolicy(), Logger: log, OnEvent: sink.Handle})
+	var tally replay.Tally
+	pc := pacer.New(&pacer.Options{Policy: testPolicy(), OnEvent: sink.Handle})
 	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +73,7 @@ func replayInto(t *testing.T, js jetstream.JetStream, root string, start replay.
 	}
 	res, err := replay.Run(ctx, js, func(ctx context.Context, c jetstream.Consumer) error {
 		w, err := worker.New(worker.Deps{JS: js, Consumer: c, Fetcher: fc, Target: target, Pacer: pc}, &worker.Options{
-			Concurrency: 16, Metrics: metrics, Logger: log, WorkerID: "replay-test",
+			Concurrency: 16, Metrics: metrics, Logger: log, WorkerID: "replay-test", OnOutcome: tally.Add,
 		})
 		if err != nil {
 			return err
@@ -82,11 +83,48 @@ func replayInto(t *testing.T, js jetstream.JetStream, root string, start replay.
 	if err != nil {
 		t.Fatalf("replay.Run: %v", err)
 	}
-	sum, err := replay.SummaryFrom(reg)
+	sum := tally.Summary()
+	// The hook sees exactly what mirrorworker_jobs_total counts.
+	if got := jobsTotal(t, reg); got != sum {
+		t.Errorf("OnOutcome tally %+v, jobs_total %+v", sum, got)
+	}
+	return res, sum
+}
+
+// jobsTotal reads mirrorworker_jobs_total from g, by outcome.
+func jobsTotal(t *testing.T, g prometheus.Gatherer) replay.Summary {
+	t.Helper()
+	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res, sum
+	var s replay.Summary
+	for _, mf := range mfs {
+		if mf.GetName() != "mirrorworker_jobs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n := int64(m.GetCounter().GetValue())
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "outcome" {
+					continue
+				}
+				switch l.GetValue() {
+				case worker.OutcomeStored:
+					s.Stored += n
+				case worker.OutcomeUnchanged:
+					s.Unchanged += n
+				case worker.OutcomeDeferred:
+					s.Deferred += n
+				case worker.OutcomeRetried:
+					s.Retried += n
+				case worker.OutcomeDeadLettered:
+					s.DeadLettered += n
+				}
+			}
+		}
+	}
+	return s
 }
 
 // mtimes maps every file under root (objects and metadata) to its

@@ -2,14 +2,14 @@ package replay
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/mirrorworker/mirrorworker/worker"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Summary is what the replay's worker did, from its jobs_total counter. A
-// job deferred several times counts once per deferral; the other outcomes
-// count jobs.
+// Summary is what the replay's worker did, as worker.Options.OnOutcome
+// reports it (the outcomes mirrorworker_jobs_total counts). A job deferred
+// several times counts once per deferral; the other outcomes count jobs.
 type Summary struct {
 	Stored       int64 // fetched and written
 	Unchanged    int64 // the origin answered 304: nothing written
@@ -18,45 +18,38 @@ type Summary struct {
 	DeadLettered int64
 }
 
-// jobsMetric is the worker's jobs_total counter.
-const jobsMetric = "mirrorworker_jobs_total"
+// Tally counts a replay's outcomes: give its Add to worker.Options.OnOutcome
+// and read Summary at the end. The zero value is ready; safe for concurrent
+// use.
+type Tally struct {
+	stored, unchanged, deferred, retried, deadLettered atomic.Int64
+}
 
-// SummaryFrom reads a Summary from the registry the replay's worker
-// registered its metrics on. Give the replay a registry of its own: a
-// shared one would mix in other jobs.
-func SummaryFrom(g prometheus.Gatherer) (Summary, error) {
-	mfs, err := g.Gather()
-	if err != nil {
-		return Summary{}, fmt.Errorf("gather metrics: %w", err)
+// Add counts one outcome (a worker.Outcome* constant); others are ignored.
+func (t *Tally) Add(outcome string) {
+	switch outcome {
+	case worker.OutcomeStored:
+		t.stored.Add(1)
+	case worker.OutcomeUnchanged:
+		t.unchanged.Add(1)
+	case worker.OutcomeDeferred:
+		t.deferred.Add(1)
+	case worker.OutcomeRetried:
+		t.retried.Add(1)
+	case worker.OutcomeDeadLettered:
+		t.deadLettered.Add(1)
 	}
-	var s Summary
-	for _, mf := range mfs {
-		if mf.GetName() != jobsMetric {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var outcome string
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" {
-					outcome = l.GetValue()
-				}
-			}
-			n := int64(m.GetCounter().GetValue())
-			switch outcome {
-			case worker.OutcomeStored:
-				s.Stored += n
-			case worker.OutcomeUnchanged:
-				s.Unchanged += n
-			case worker.OutcomeDeferred:
-				s.Deferred += n
-			case worker.OutcomeRetried:
-				s.Retried += n
-			case worker.OutcomeDeadLettered:
-				s.DeadLettered += n
-			}
-		}
+}
+
+// Summary returns the counts so far.
+func (t *Tally) Summary() Summary {
+	return Summary{
+		Stored:       t.stored.Load(),
+		Unchanged:    t.unchanged.Load(),
+		Deferred:     t.deferred.Load(),
+		Retried:      t.retried.Load(),
+		DeadLettered: t.deadLettered.Load(),
 	}
-	return s, nil
 }
 
 // String renders the summary line's counts.

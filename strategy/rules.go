@@ -2,6 +2,7 @@ package strategy
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -13,9 +14,9 @@ import (
 // learns nothing from it.
 type fixedRules struct{}
 
-func (fixedRules) settleLocked(*engine, time.Time, *entry) {}
+func (fixedRules) Relax(time.Time, *pacer.Learning) {}
 
-func (fixedRules) learnLocked(_ *engine, now time.Time, _ *entry, _ pacer.Permit, r pacer.Response) pacer.Verdict {
+func (fixedRules) Learn(now time.Time, _ *pacer.Learning, _ pacer.Permit, r pacer.Response) pacer.Verdict {
 	if throttleStatus(r, now) {
 		return pacer.Verdict{Throttled: true, Reason: reason(r.Status)}
 	}
@@ -39,36 +40,32 @@ func throttleStatus(r pacer.Response, now time.Time) bool {
 // from 2 s up to 60 s, Retry-After is ignored and a 503 is an ordinary server
 // error; after a quiet window without a 429 the interval halves back toward
 // the floor, one step per window.
-type escalateRules struct{}
+type escalateRules struct{ consts }
 
-func (escalateRules) settleLocked(e *engine, now time.Time, st *entry) {
-	decayLocked(e, now, st)
-}
-
-// decayLocked halves st's interval once per quiet window elapsed since the
-// last throttling signal or the last decay step, never below the floor.
-func decayLocked(e *engine, now time.Time, st *entry) {
-	w := e.d(quietWindow)
-	if st.interval <= e.floor || w <= 0 {
+// Relax halves l's interval once per quiet window elapsed since the last
+// throttling signal or the last decay step, never below the floor.
+func (c escalateRules) Relax(now time.Time, l *pacer.Learning) {
+	w := c.d(quietWindow)
+	if l.Interval <= l.Floor || w <= 0 {
 		return
 	}
-	from := st.lastThrot
-	if st.decayedAt.After(from) {
-		from = st.decayedAt
+	from := l.LastThrottle
+	if l.DecayRef.After(from) {
+		from = l.DecayRef
 	}
-	for steps := 0; now.Sub(from) >= w && st.interval > e.floor && steps < 64; steps++ {
-		st.interval = max(st.interval/2, e.floor)
+	for steps := 0; now.Sub(from) >= w && l.Interval > l.Floor && steps < 64; steps++ {
+		l.Interval = max(l.Interval/2, l.Floor)
 		from = from.Add(w)
-		st.decayedAt = from
+		l.DecayRef = from
 	}
 }
 
-func (escalateRules) learnLocked(e *engine, now time.Time, st *entry, _ pacer.Permit, r pacer.Response) pacer.Verdict {
+func (c escalateRules) Learn(now time.Time, l *pacer.Learning, _ pacer.Permit, r pacer.Response) pacer.Verdict {
 	if r.Status != http.StatusTooManyRequests {
 		return pacer.Verdict{}
 	}
-	e.escalateLocked(st, min(max(2*st.interval, e.d(firstStep)), max(e.d(escalateCap), e.floor)))
-	st.lastThrot = now
+	l.Interval = min(max(2*l.Interval, c.d(firstStep)), max(c.d(escalateCap), l.Floor))
+	l.LastThrottle = now
 	return pacer.Verdict{Throttled: true, Reason: reason(r.Status)}
 }
 
@@ -76,21 +73,21 @@ func (escalateRules) learnLocked(e *engine, now time.Time, st *entry, _ pacer.Pe
 // min(max(2 x interval, 2 s, Retry-After), floor + 60 s), and drops straight
 // back to the floor 30 min after the last refusal. It has no cooldown: a
 // Retry-After only stretches the spacing.
-type escalateRARules struct{}
+type escalateRARules struct{ consts }
 
-func (escalateRARules) settleLocked(e *engine, now time.Time, st *entry) {
-	if st.interval > e.floor && now.Sub(st.lastThrot) >= e.d(quietWindow) {
-		st.interval = e.floor
+func (c escalateRARules) Relax(now time.Time, l *pacer.Learning) {
+	if l.Interval > l.Floor && now.Sub(l.LastThrottle) >= c.d(quietWindow) {
+		l.Interval = l.Floor
 	}
 }
 
-func (escalateRARules) learnLocked(e *engine, now time.Time, st *entry, _ pacer.Permit, r pacer.Response) pacer.Verdict {
+func (c escalateRARules) Learn(now time.Time, l *pacer.Learning, _ pacer.Permit, r pacer.Response) pacer.Verdict {
 	if r.Status != http.StatusTooManyRequests && r.Status != http.StatusServiceUnavailable {
 		return pacer.Verdict{}
 	}
 	ra, _ := retryAfter(r, now)
-	e.escalateLocked(st, min(max(2*st.interval, e.d(firstStep), ra), e.floor+e.d(escalateCap)))
-	st.lastThrot = now
+	l.Interval = min(max(2*l.Interval, c.d(firstStep), ra), l.Floor+c.d(escalateCap))
+	l.LastThrottle = now
 	return pacer.Verdict{Throttled: true, Reason: reason(r.Status)}
 }
 
@@ -100,28 +97,34 @@ func (escalateRARules) learnLocked(e *engine, now time.Time, st *entry, _ pacer.
 // fallback between 60 s and a ceiling that doubles on each failed probe up
 // to 600 s. After the deadline one probe tests the authority. The spacing
 // never changes: it stays at the floor.
-type cooldownRules struct{}
+type cooldownRules struct {
+	consts
+	mu sync.Mutex // serialises rand, which need not be safe for concurrent use
+}
 
-func (cooldownRules) settleLocked(*engine, time.Time, *entry) {}
+func (*cooldownRules) Relax(time.Time, *pacer.Learning) {}
 
-func (cooldownRules) learnLocked(e *engine, now time.Time, st *entry, pm pacer.Permit, r pacer.Response) pacer.Verdict {
+func (c *cooldownRules) Learn(now time.Time, l *pacer.Learning, pm pacer.Permit, r pacer.Response) pacer.Verdict {
 	if !throttleStatus(r, now) {
 		return pacer.Verdict{}
 	}
 	d, ok := retryAfter(r, now)
 	if ok {
-		d = min(d, e.d(cooldownCap))
+		d = min(d, c.d(cooldownCap))
 	} else {
 		if pm.Probe {
-			st.ceiling = min(2*st.ceiling, e.d(cooldownCap))
+			l.Ceiling = min(2*l.Ceiling, c.d(cooldownCap))
 		}
-		lo := e.d(fallback)
-		d = lo + time.Duration(e.uniform()*float64(st.ceiling-lo))
+		lo := c.d(fallback)
+		c.mu.Lock()
+		u := c.rand()
+		c.mu.Unlock()
+		d = lo + time.Duration(u*float64(l.Ceiling-lo))
 	}
-	pauseLocked(st, now, d)
-	st.confirm = true
-	st.lastThrot = now
-	return pacer.Verdict{Throttled: true, Reason: reason(r.Status), Until: st.until}
+	pauseLocked(l, now, d)
+	l.Probe = true
+	l.LastThrottle = now
+	return pacer.Verdict{Throttled: true, Reason: reason(r.Status), Until: l.Until}
 }
 
 // feedbackRules is a client-side rate-limit library: it pauses the authority
@@ -131,16 +134,16 @@ func (cooldownRules) learnLocked(e *engine, now time.Time, st *entry, pm pacer.P
 // consecutive 429s (any other status resets the count). When a pause ends
 // every waiting caller may go at once: there is no probe. The spacing stays
 // at the floor.
-type feedbackRules struct{}
+type feedbackRules struct{ consts }
 
-func (feedbackRules) settleLocked(*engine, time.Time, *entry) {}
+func (feedbackRules) Relax(time.Time, *pacer.Learning) {}
 
-func (feedbackRules) learnLocked(e *engine, now time.Time, st *entry, _ pacer.Permit, r pacer.Response) pacer.Verdict {
+func (c feedbackRules) Learn(now time.Time, l *pacer.Learning, _ pacer.Permit, r pacer.Response) pacer.Verdict {
 	is429 := r.Status == http.StatusTooManyRequests
 	if is429 {
-		st.streak++
+		l.Streak++
 	} else {
-		st.streak = 0
+		l.Streak = 0
 	}
 	fb := readFeedback(r, now)
 	pause := fb.delay
@@ -148,11 +151,11 @@ func (feedbackRules) learnLocked(e *engine, now time.Time, st *entry, _ pacer.Pe
 		(r.Status == http.StatusServiceUnavailable && fb.retryAfterValid) ||
 		(r.Status == http.StatusForbidden && fb.exhausted)
 	if pause <= 0 && is429 {
-		pause = e.d(backoffBase)
-		for i := 1; i < st.streak && pause < e.d(backoffCap); i++ {
+		pause = c.d(backoffBase)
+		for i := 1; i < l.Streak && pause < c.d(backoffCap); i++ {
 			pause *= 2
 		}
-		pause = min(pause, e.d(backoffCap))
+		pause = min(pause, c.d(backoffCap))
 	}
 	if pause <= 0 {
 		if throttled {
@@ -160,10 +163,10 @@ func (feedbackRules) learnLocked(e *engine, now time.Time, st *entry, _ pacer.Pe
 		}
 		return pacer.Verdict{}
 	}
-	pause = min(pause, e.d(feedbackCap))
-	pauseLocked(st, now, pause)
-	st.lastThrot = now
-	v := pacer.Verdict{Throttled: throttled, Until: st.until, Reason: reason(r.Status)}
+	pause = min(pause, c.d(feedbackCap))
+	pauseLocked(l, now, pause)
+	l.LastThrottle = now
+	v := pacer.Verdict{Throttled: throttled, Until: l.Until, Reason: reason(r.Status)}
 	if !throttled {
 		v.Reason = "ratelimit"
 	}

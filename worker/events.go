@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
@@ -53,15 +52,12 @@ func NewEventSink(js EventPublisher, log zerolog.Logger, m *Metrics) *EventSink 
 
 // Handle records ev. It never blocks.
 func (s *EventSink) Handle(ev pacer.Event) {
-	host, port, err := net.SplitHostPort(ev.Authority)
-	if err != nil {
-		host, port = ev.Authority, ""
-	}
-	// The pacer logs cooldown entry and recovery itself; the sink counts.
+	host, port := authority.Split(ev.Authority)
+	s.logEvent(host, port, ev)
 	if ev.Type == pacer.EventCooldown {
 		s.m.CountCooldown(host, port, ev.Reason)
 	}
-	if s.js == nil {
+	if s.js == nil || ev.Type == pacer.EventCapped {
 		return
 	}
 	select {
@@ -71,15 +67,44 @@ func (s *EventSink) Handle(ev pacer.Event) {
 	}
 }
 
+// logEvent writes the log lines of a pacer fact: a pause capped at
+// pacer.MaxPause, a cooldown entered or extended, a recovery.
+func (s *EventSink) logEvent(host, port string, ev pacer.Event) {
+	if ev.Asked > 0 {
+		s.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
+			Dur("asked", ev.Asked).Dur("capped_to", ev.Pause).Str("family", ev.Family).
+			Msg("pacer: upstream pause capped")
+	}
+	switch ev.Type {
+	case pacer.EventCooldown:
+		msg := "pacer: cooldown entered"
+		if ev.Extended {
+			msg = "pacer: cooldown extended"
+		}
+		s.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", ev.Status).Str("reason", ev.Reason).Time("until", ev.Until).
+			Dur("pause", ev.Pause).Bool("fallback", ev.Fallback).Str("family", ev.Family).
+			Dur("interval", ev.Interval).Dur("fallback_ceiling", ev.Ceiling).Msg(msg)
+	case pacer.EventRecovered:
+		s.log.Info().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", ev.Status).Dur("interval", ev.Interval).Msg("pacer: cooldown recovered")
+	}
+}
+
 // Run publishes buffered events until ctx is done, then publishes what is
 // left for at most a few seconds. It returns nil.
 func (s *EventSink) Run(ctx context.Context) error {
+	// A fact taken in is published even if ctx ends meanwhile (each publish
+	// has its own timeout): when both are ready, select may take the fact
+	// first, and a stop must not drop what the worker learned while
+	// stopping.
+	pub := context.WithoutCancel(ctx)
 	for {
 		select {
 		case ev := <-s.ch:
-			s.publish(ctx, ev)
+			s.publish(pub, ev)
 		case <-ctx.Done():
-			fin, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+			fin, cancel := context.WithTimeout(pub, 3*time.Second)
 			defer cancel()
 			for {
 				select {

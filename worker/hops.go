@@ -191,13 +191,3 @@ func logURL(rawURL string) string {
 	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
 	return u.String()
 }
-
-// stripUserinfo returns rawURL without credentials.
-func stripUserinfo(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return ""
-	}
-	u.User = nil
-	return u.String()
-}

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
@@ -155,7 +155,7 @@ func (p *parking) park(d deferral) {
 		pa := p.authLocked(j.auth, j.part, akey)
 		pa.n++
 		p.mu.Unlock()
-		w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+		w.count(OutcomeDeferred)
 		w.m.Parks.WithLabelValues("parked").Inc()
 		w.m.ParkedJobs.WithLabelValues(w.hostPort(j.auth)).Inc()
 		w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", d.reason).
@@ -170,7 +170,7 @@ func (p *parking) parkFailed(d deferral, err error) {
 	if err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 	}
-	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+	w.count(OutcomeDeferred)
 }
 
 // wait returns once every park in progress is settled.
@@ -481,11 +481,7 @@ func (w *Worker) Parked() map[string]int64 {
 
 // hostPort returns the capped metric labels of an authority.
 func (w *Worker) hostPort(auth string) (string, string) {
-	host, port, err := net.SplitHostPort(auth)
-	if err != nil {
-		host, port = auth, ""
-	}
-	return w.m.hosts.labels(host, port)
+	return w.m.hosts.labels(authority.Split(auth))
 }
 
 // fault calls the test fault hook at a named point, if one is set.

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -44,50 +45,23 @@ type Target interface {
 	Put(ctx context.Context, key string, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error)
 }
 
-// Pacer decides when a request to an authority may start; *pacer.Pacer is one.
+// Pacer decides when a request to an authority may start; *pacer.Pacer is
+// one. Its contract is pacer.Permit's: Acquire grants, Confirm re-checks
+// immediately before every request start (it may revoke the permit or move
+// its Start later), and Done is called exactly once per grant.
 type Pacer interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
+	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
 }
 
-// confirmer is implemented by a Pacer that can revoke a granted permit
-// when a cooldown was learned between the grant and the request's start
-// (*pacer.Pacer does); the worker confirms each permit just before its
-// request when the Pacer offers it.
-type confirmer interface {
-	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
-}
+var _ Pacer = (*pacer.Pacer)(nil)
 
-var _ confirmer = (*pacer.Pacer)(nil)
-
-// confirm waits until pm may start and re-checks it with the pacer just
-// before the request (pacer.Pacer.Confirm): a cooldown learned since the
-// grant revokes it, and a request that would start too close to one that
-// started late is moved to a later Start, which confirm waits for. It
-// returns the permit to run the request with (and to pass to Done). On a
-// refusal, or when ctx ends first, it gives the permit back (Done,
-// cancelled) and returns the error.
+// confirm waits until pm may start, confirming it just before the request
+// (pacer.Wait owns that loop): it returns the permit to run the request
+// with, or, the permit given back, the refusal or ctx's error.
 func (w *Worker) confirm(ctx context.Context, pm pacer.Permit) (pacer.Permit, error) {
-	c, _ := w.d.Pacer.(confirmer)
-	for {
-		if d := pm.Start.Sub(w.clk.Now()); d > 0 && !clock.Sleep(w.clk, d, ctx.Done()) {
-			w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
-			return pacer.Permit{}, ctx.Err()
-		}
-		if c == nil {
-			return pm, nil
-		}
-		now := w.clk.Now()
-		cpm, err := c.Confirm(now, pm)
-		if err != nil {
-			w.d.Pacer.Done(now, cpm, pacer.Response{Cancelled: true})
-			return pacer.Permit{}, err
-		}
-		if !cpm.Start.After(now) {
-			return cpm, nil
-		}
-		pm = cpm
-	}
+	return pacer.Wait(ctx, w.clk, w.d.Pacer, pm)
 }
 
 // Msg is the subset of jetstream.Msg the worker uses.
@@ -125,11 +99,32 @@ type Deps struct {
 	Legacy jetstream.Consumer
 }
 
+// Defaults of Options that the commands' flags share.
+const (
+	// DefaultConcurrency is the default of Options.Concurrency and of the
+	// --concurrency flag: fetch slots across all authorities.
+	DefaultConcurrency = 16
+	// DefaultFailureBudget is the default of Options.FailureBudget and of
+	// the --failure-budget flag.
+	DefaultFailureBudget = 10
+)
+
+// DefaultWorkerID is the default of Options.WorkerID (and, after a
+// command's prefix, of the --worker-id flag): <hostname>-<pid>, with
+// "mirrorworker" when the host has no name.
+func DefaultWorkerID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "mirrorworker"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid())
+}
+
 // Options tune a Worker. A nil *Options, and every zero field, means the
 // default given on the field.
 type Options struct {
-	Concurrency    int           // fetch slots; 8
-	FailureBudget  int           // failed attempts before a job is dead-lettered; 10
+	Concurrency    int           // fetch slots; DefaultConcurrency
+	FailureBudget  int           // failed attempts before a job is dead-lettered; DefaultFailureBudget
 	BackoffInitial time.Duration // first retry delay; 1 s
 	BackoffMax     time.Duration // longest retry delay; 5 min
 	// HoldMax: a job whose authority can take it within HoldMax waits in
@@ -175,7 +170,7 @@ type Options struct {
 	// up to TargetProbeMax. 1 s and 1 min.
 	TargetProbeInitial time.Duration
 	TargetProbeMax     time.Duration
-	WorkerID           string // in dead letters; hostname-pid
+	WorkerID           string // in dead letters; DefaultWorkerID()
 	// SkipCopies acks, without doing them, the copies the worker itself
 	// wrote into MIRROR_JOBS (jobs.HeaderUnparked): replay sets it, so that
 	// it does each submitted job once.
@@ -184,6 +179,12 @@ type Options struct {
 	// ("parked-before-ack", "unparked-before-delete", "lane-before-reset"),
 	// for crash tests.
 	FaultHook func(point string)
+	// OnOutcome, if set, is called with every outcome the worker counts in
+	// mirrorworker_jobs_total (an Outcome* constant: once per deferral and
+	// per retry, once per job for the final ones), on the goroutine that
+	// settled the job: it must be safe for concurrent use and quick.
+	// replay.Tally is one.
+	OnOutcome func(outcome string)
 	Clock     clock.Clock
 	Logger    zerolog.Logger
 	// Metrics, if set, is used as is; otherwise metrics are created on
@@ -208,8 +209,8 @@ func (o *Options) withDefaults() Options {
 			*p = v
 		}
 	}
-	defInt(&r.Concurrency, 8)
-	defInt(&r.FailureBudget, 10)
+	defInt(&r.Concurrency, DefaultConcurrency)
+	defInt(&r.FailureBudget, DefaultFailureBudget)
 	defDur(&r.BackoffInitial, time.Second)
 	defDur(&r.BackoffMax, 5*time.Minute)
 	defDur(&r.HoldMax, 2*time.Second)
@@ -230,8 +231,7 @@ func (o *Options) withDefaults() Options {
 	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
 	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
 	if r.WorkerID == "" {
-		h, _ := os.Hostname()
-		r.WorkerID = h + "-" + strconv.Itoa(os.Getpid())
+		r.WorkerID = DefaultWorkerID()
 	}
 	if r.Clock == nil {
 		r.Clock = clock.Real{}
@@ -735,7 +735,7 @@ func (w *Worker) deferJob(d deferral) {
 		if err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
 			w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 		}
-		w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+		w.count(OutcomeDeferred)
 		return
 	}
 	if w.parking.shouldPark(d) {
@@ -750,7 +750,7 @@ func (w *Worker) deferJob(d deferral) {
 	if err != nil {
 		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 	}
-	w.m.Jobs.WithLabelValues(OutcomeDeferred).Inc()
+	w.count(OutcomeDeferred)
 	w.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
 		Str("delay", d.delay.String()).Msg("job deferred")
 }
@@ -866,8 +866,7 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 	if !v.Until.IsZero() {
 		s += " until=" + v.Until.UTC().Format(time.RFC3339)
 	}
-	for _, k := range []string{"Retry-After", "Ratelimit", "Ratelimit-Policy", "Ratelimit-Remaining", "Ratelimit-Reset",
-		"X-Ratelimit-Remaining", "X-Ratelimit-Reset", "X-Ratelimit-Reset-After", "X-Rate-Limit-Remaining", "X-Rate-Limit-Reset"} {
+	for _, k := range pacer.ThrottleHeaders() {
 		if val := h.Get(k); val != "" {
 			s += " " + k + "=" + val
 		}
@@ -884,7 +883,7 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	meta := mirror.Meta{
 		Key:          j.job.Target,
-		URL:          stripUserinfo(j.job.URL),
+		URL:          authority.StripUserinfo(j.job.URL),
 		ETag:         resp.Header.Get("ETag"),
 		LastModified: resp.Header.Get("Last-Modified"),
 		ContentType:  resp.Header.Get("Content-Type"),
@@ -973,8 +972,17 @@ func (w *Worker) complete(j *heldJob, outcome string) {
 	w.final(j, outcome, "")
 }
 
-func (w *Worker) final(j *heldJob, outcome, reason string) {
+// count records one outcome of a job (mirrorworker_jobs_total and
+// Options.OnOutcome).
+func (w *Worker) count(outcome string) {
 	w.m.Jobs.WithLabelValues(outcome).Inc()
+	if w.o.OnOutcome != nil {
+		w.o.OnOutcome(outcome)
+	}
+}
+
+func (w *Worker) final(j *heldJob, outcome, reason string) {
+	w.count(outcome)
 	w.m.JobDuration.WithLabelValues(outcome).Observe(w.clk.Now().Sub(j.received).Seconds())
 	d := w.sched.deliveries(j)
 	w.m.DeliveriesPerJob.Observe(float64(d))
@@ -1012,7 +1020,7 @@ const SlowRetryFactor = 9
 func (w *Worker) retry(ctx context.Context, j *heldJob, reason string, status int, detail string, least time.Duration) {
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: truncate(detail, 512)}
+	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: jobs.Truncate(detail, 512)}
 	rec, err := addAttempt(kctx, w.kv, j.job.ID, a)
 	if err != nil {
 		// Without the counter the budget cannot be judged: retry later and
@@ -1042,7 +1050,7 @@ func (w *Worker) retry(ctx context.Context, j *heldJob, reason string, status in
 	if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
 	}
-	w.m.Jobs.WithLabelValues(OutcomeRetried).Inc()
+	w.count(OutcomeRetried)
 	ev := w.log.Info().Str("job", j.job.ID).Str("url", logURL(j.job.URL)).Str("authority", j.auth).Str("reason", reason)
 	if status != 0 {
 		ev = ev.Int("status", status)
@@ -1067,7 +1075,7 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 		Subject:    m.Subject(),
 		StreamSeq:  j.seq,
 		Reason:     reason,
-		Detail:     truncate(detail, 1024),
+		Detail:     jobs.Truncate(detail, 1024),
 		LastStatus: status,
 		Attempts:   append(append([]jobs.Attempt(nil), attempts...), j.throttles...),
 		First:      j.received.UTC(),
@@ -1101,15 +1109,8 @@ func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail stri
 		ev = ev.Str("url", logURL(j.job.URL))
 	}
 	if detail != "" {
-		ev = ev.Str("error", truncate(detail, 1024))
+		ev = ev.Str("error", jobs.Truncate(detail, 1024))
 	}
 	ev.Msg("job dead-lettered")
 	w.final(j, OutcomeDeadLettered, reason)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

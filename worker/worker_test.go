@@ -445,6 +445,9 @@ func (p *phasedPacer) Acquire(now time.Time, auth string, _ time.Duration) (pace
 	return pacer.Permit{Authority: auth, Start: now}, nil
 }
 
+// Confirm lets every granted permit go as granted.
+func (p *phasedPacer) Confirm(_ time.Time, pm pacer.Permit) (pacer.Permit, error) { return pm, nil }
+
 func (p *phasedPacer) Done(time.Time, pacer.Permit, pacer.Response) pacer.Verdict {
 	return pacer.Verdict{}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -19,20 +20,8 @@ import (
 // its URL and a JetStream context to inspect the streams.
 func enqueueServer(t *testing.T) (string, jetstream.JetStream) {
 	t.Helper()
-	e, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: t.TempDir(), Listen: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Shutdown)
-	nc, err := e.Connect("enqueue-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := brokertest.Start(t, broker.EmbeddedOptions{Listen: "127.0.0.1:0"})
+	js, _ := brokertest.JetStream(t, e)
 	return e.ClientURL(), js
 }
 

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/url"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
@@ -173,15 +173,13 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	var target *mirror.FileTarget
 	var policy *pacer.Policy
 	if !c.dryRun {
+		var err error
 		spec := c.target
 		if spec == "" {
-			dataDir, err := filepath.Abs(c.dataDir)
-			if err != nil {
-				return fmt.Errorf("data dir: %w", err)
+			if spec, err = pipeline.DefaultTarget(c.dataDir); err != nil {
+				return err
 			}
-			spec = "file://" + filepath.Join(dataDir, "mirror")
 		}
-		var err error
 		if target, err = openTarget(spec); err != nil {
 			return err
 		}
@@ -301,44 +299,47 @@ func probeDefaultNATS(ctx context.Context, natsURL string) error {
 
 func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan,
 	target *mirror.FileTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
-	// Metrics on a registry of the replay's own: they are its summary.
+	// Metrics on a registry of the replay's own, so they do not clash; the
+	// summary is counted by the worker's OnOutcome hook.
 	reg := prometheus.NewRegistry()
+	var tally replay.Tally
 	// The replay's pacer learns from the same origins as the live worker:
 	// its facts are published like the worker's, and it starts from theirs.
-	parts, err := c.buildParts(js, reg, policy, log)
+	parts, err := pipeline.New(js, c.pipelineConfig(reg, policy, log))
 	if err != nil {
 		return err
 	}
-	defer parts.fetch.CloseIdleConnections()
-	if _, err := replay.RestorePacer(ctx, js, parts.pacer, replay.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
+	defer parts.Close()
+	if _, err := replay.RestorePacer(ctx, js, parts.Pacer, replay.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
-
-	sctx, stopSink := context.WithCancel(context.WithoutCancel(ctx))
-	sinkDone := make(chan struct{})
-	go func() { defer close(sinkDone); _ = parts.sink.Run(sctx) }()
-	defer func() { stopSink(); <-sinkDone }() // flushes the last facts
 
 	work := func(ctx context.Context, cons jetstream.Consumer) error {
 		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
 		// parking, or moved into a partition) are not submitted jobs.
-		w, err := parts.newWorker(cons, target, 0, func(o *worker.Options, _ *worker.Deps) { o.SkipCopies = true })
+		w, err := parts.NewWorker(cons, target, 0, func(o *worker.Options, _ *worker.Deps) {
+			o.SkipCopies, o.OnOutcome = true, tally.Add
+		})
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
 		return w.Run(ctx)
 	}
-	res, err := replay.Run(ctx, js, work, &replay.Options{
-		Start:    plan.start,
-		Subjects: plan.subjects,
-		Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
-		Progress: newProgress(c.progress, stderr),
-		Logger:   log,
-	})
-	sum, serr := replay.SummaryFrom(reg)
-	if serr != nil {
-		log.Warn().Err(serr).Msg("replay summary")
-	}
+	// The event sink runs until the replay has returned, so that its last
+	// facts are published (pipeline.Run's stop order).
+	var res replay.Result
+	err = parts.Run(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = replay.Run(ctx, js, work, &replay.Options{
+			Start:    plan.start,
+			Subjects: plan.subjects,
+			Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
+			Progress: newProgress(c.progress, stderr),
+			Logger:   log,
+		})
+		return err
+	}, nil)
+	sum := tally.Summary()
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintf(stdout, "replay interrupted after %s: %s\n", res.Elapsed.Round(time.Millisecond), sum)

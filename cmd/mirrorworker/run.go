@@ -31,6 +31,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
@@ -185,12 +186,14 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
-	if err := checkWritableDir(dataDir); err != nil {
+	if err := pipeline.CheckWritableDir(dataDir); err != nil {
 		return fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
 	}
 	targetSpec := c.target
 	if targetSpec == "" {
-		targetSpec = "file://" + filepath.Join(dataDir, "mirror")
+		if targetSpec, err = pipeline.DefaultTarget(dataDir); err != nil {
+			return err
+		}
 	}
 	target, err := openTarget(targetSpec)
 	if err != nil {
@@ -277,7 +280,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		log.Warn().Msg("--embedded-listen is ignored with --nats-url")
 	}
 
-	p := &pipeline{
+	p := &natsStage{
 		c: c, log: log, reg: reg, conn: conn, target: target, policy: policy,
 		embedded: embedded, state: &state,
 		startFields: func(e *zerolog.Event) *zerolog.Event {
@@ -295,13 +298,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		g       oklogrun.Group
 		pipeErr error // set by the pipeline actor before it returns
 	)
-	{
-		stop, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			<-stop.Done()
-			return nil
-		}, func(error) { cancel() })
-	}
+	g.Add(oklogrun.ContextHandler(ctx))
 	{
 		// The admin endpoint serves from the start, so /healthz answers and
 		// /readyz says why not while NATS is being reached.
@@ -336,9 +333,9 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	return err
 }
 
-// pipeline is the part of the worker that needs NATS: streams, consumer,
+// natsStage is the part of the worker that needs NATS: streams, consumer,
 // pacer, fetcher and the consume loop. It runs as one actor of run's group.
-type pipeline struct {
+type natsStage struct {
 	c        *runConfig
 	log      zerolog.Logger
 	reg      prometheus.Registerer
@@ -354,7 +351,7 @@ type pipeline struct {
 // run connects, wires and runs the worker until ctx is cancelled, then stops
 // it gracefully. It returns nil after a stop asked for by ctx, even one
 // during start-up.
-func (p *pipeline) run(ctx context.Context) error {
+func (p *natsStage) run(ctx context.Context) error {
 	c, log := p.c, p.log
 	name := "mirrorworker " + c.workerID
 	var (
@@ -438,11 +435,11 @@ func (p *pipeline) run(ctx context.Context) error {
 		return fmt.Errorf("register consumer lag: %w", err)
 	}
 
-	parts, err := c.buildParts(js, p.reg, p.policy, log)
+	parts, err := pipeline.New(js, c.pipelineConfig(p.reg, p.policy, log))
 	if err != nil {
 		return err
 	}
-	defer parts.fetch.CloseIdleConnections()
+	defer parts.Close()
 	// The pods of `mirrorworker loadtest` record when each request leaves,
 	// so the load test can time departures across processes; nil otherwise.
 	departures, err := loadtest.OpenDepartureLog(os.Getenv(loadtest.DeparturesEnv))
@@ -450,7 +447,7 @@ func (p *pipeline) run(ctx context.Context) error {
 		return err
 	}
 	defer departures.Close()
-	pc, sink := parts.pacer, parts.sink
+	pc, sink := parts.Pacer, parts.Sink
 	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
 		return err
 	}
@@ -474,7 +471,7 @@ func (p *pipeline) run(ctx context.Context) error {
 	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
 	}
-	w, err := parts.newWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
+	w, err := parts.NewWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
 		d.Fetcher = departures.Fetcher(d.Fetcher)
 		if partitions > 0 {
 			o.Partitions, o.ParkAfter = partitions, c.parkAfter
@@ -521,43 +518,16 @@ func (p *pipeline) run(ctx context.Context) error {
 	}
 	ev.Msg(startMessage)
 
-	// The worker and the event sink. The worker's context is cancelled by
-	// the group's interrupt; that starts its graceful stop (stop pulling,
-	// finish or hand back in-flight jobs within --shutdown-grace). The sink
-	// stops only after the worker, so that pacer facts learned during the
-	// grace period are still published.
-	var g oklogrun.Group
-	wctx, stopWorker := context.WithCancel(context.Background())
-	sctx, stopSink := context.WithCancel(context.Background())
-	{
-		stop, cancel := context.WithCancel(ctx)
-		g.Add(func() error {
-			<-stop.Done()
-			return nil
-		}, func(error) { cancel() })
-	}
-	mctx, stopMgr := context.WithCancel(context.Background())
-	g.Add(func() error {
-		defer stopSink()
-		defer stopMgr() // leases are kept until every held job is handed back
-		if err := w.Run(wctx); err != nil {
-			return fmt.Errorf("worker: %w", err)
-		}
-		if wctx.Err() == nil {
-			return errors.New("worker: stopped on its own")
-		}
-		return nil
-	}, func(error) {
-		if mgr != nil {
-			mgr.StopTaking() // a stopping pod takes no partition another pod just gave up
-		}
-		stopWorker()
-	})
-	g.Add(func() error {
-		return sink.Run(sctx)
-	}, func(error) { stopWorker() }) // sctx ends when the worker has stopped
+	// The worker, the event sink and, in a cluster, the lease manager and
+	// the event follower, in the pipeline's stop order (pipeline.Run): the
+	// worker stops first (stop pulling, finish or hand back in-flight jobs
+	// within --shutdown-grace); the sink and the manager only after it, so
+	// that pacer facts learned during the grace period are still published
+	// and leases are kept until every held job is handed back.
+	ro := &pipeline.RunOptions{}
 	if mgr != nil {
-		g.Add(func() error {
+		ro.Stopping = mgr.StopTaking // a stopping pod takes no partition another pod just gave up
+		ro.Trailing = append(ro.Trailing, func(mctx context.Context) error {
 			// Leases are taken once the worker runs, so a partition taken
 			// is served at once.
 			for w.Ready() != nil && mctx.Err() == nil {
@@ -570,18 +540,21 @@ func (p *pipeline) run(ctx context.Context) error {
 				log.Warn().Err(cerr).Msg("give up leases at exit (they expire by themselves)")
 			}
 			return err
-		}, func(error) { stopWorker() }) // mctx ends when the worker has stopped
-		g.Add(func() error {
-			return follow()
-		}, func(error) { stopFollow() })
+		})
+		ro.Actors = append(ro.Actors, pipeline.Actor{Execute: follow, Interrupt: func(error) { stopFollow() }})
 	}
-	if err := g.Run(); err != nil {
-		return err
-	}
-	if ctx.Err() == nil {
-		return errors.New("worker stopped on its own")
-	}
-	return nil
+	return parts.Run(ctx, func(wctx context.Context) error {
+		err := w.Run(wctx)
+		switch {
+		case err != nil && wctx.Err() != nil && errors.Is(err, context.Canceled):
+			return nil // stopped while starting: the stop asked for, not a failure
+		case err != nil:
+			return fmt.Errorf("worker: %w", err)
+		case wctx.Err() == nil:
+			return errors.New("worker: stopped on its own")
+		}
+		return nil
+	}, ro)
 }
 
 // liveState is what the admin endpoint reads once the worker is wired.
@@ -605,22 +578,6 @@ func stoppedOr(ctx context.Context, err error) error {
 // through the worker's logger (never as plain text on stderr).
 func natsLogHandlers(log zerolog.Logger) []nats.Option {
 	return broker.ClientLogOptions(log)
-}
-
-// checkWritableDir creates dir if needed and proves a file can be created
-// in it, so that a read-only or foreign directory fails before start-up
-// rather than at the first job.
-func checkWritableDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".mirrorworker-write-check-*")
-	if err != nil {
-		return fmt.Errorf("not writable: %w", err)
-	}
-	name := f.Name()
-	f.Close()
-	return os.Remove(name)
 }
 
 // checkPortFree reports an address in use. The embedded server would only
@@ -681,7 +638,7 @@ func (b *byteSize) Set(s string) error {
 // newManager builds the lease manager of a partitioned worker: a partition
 // taken gets its consumer and is added to the worker; one given up is
 // removed (its jobs handed back, its requests ended) before the lease goes.
-func (p *pipeline) newManager(ctx context.Context, js jetstream.JetStream, w *worker.Worker, pc *pacer.Pacer, partitions int, consOpts *jobs.ConsumerOptions) (*cluster.Manager, error) {
+func (p *natsStage) newManager(ctx context.Context, js jetstream.JetStream, w *worker.Worker, pc *pacer.Pacer, partitions int, consOpts *jobs.ConsumerOptions) (*cluster.Manager, error) {
 	leases, err := js.KeyValue(ctx, jobs.LeasesBucket)
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", jobs.LeasesBucket, err)

@@ -5,18 +5,16 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -71,26 +69,26 @@ type workerDefaults struct {
 }
 
 func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
-	fs.IntVar(&w.concurrency, "concurrency", 16, "fetch slots: requests in flight across all authorities")
-	fs.DurationVar(&w.floor, "floor", time.Second, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
-	fs.IntVar(&w.maxInFlight, "max-in-flight", 2, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
+	fs.IntVar(&w.concurrency, "concurrency", worker.DefaultConcurrency, "fetch slots: requests in flight across all authorities")
+	fs.DurationVar(&w.floor, "floor", pacer.DefaultFloor, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
+	fs.IntVar(&w.maxInFlight, "max-in-flight", pacer.DefaultMaxInFlight, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
 	fs.StringVar(&w.policy, "policy", "", d.policyHelp)
 	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
-	w.maxBodySize = 16 << 30
+	w.maxBodySize = fetch.DefaultMaxBodySize
 	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, a `size` in bytes or with a unit (16GiB, 500MB)")
-	fs.DurationVar(&w.connectTO, "origin-connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
+	fs.DurationVar(&w.connectTO, "origin-connect-timeout", fetch.DefaultConnectTimeout, "timeout to connect to an origin (TLS handshake included)")
 	// Until this flag had "origin" in its name, --connect-timeout meant the
 	// origin here and NATS in enqueue; old configurations keep working.
 	deprecate(fs, "connect-timeout", "origin-connect-timeout")
-	fs.DurationVar(&w.headerTO, "header-timeout", 30*time.Second, "timeout from a request sent to its response headers")
-	fs.DurationVar(&w.idleTO, "idle-timeout", 60*time.Second, "longest wait for a body read to make progress")
+	fs.DurationVar(&w.headerTO, "header-timeout", fetch.DefaultResponseHeaderTimeout, "timeout from a request sent to its response headers")
+	fs.DurationVar(&w.idleTO, "idle-timeout", fetch.DefaultIdleTimeout, "longest wait for a body read to make progress")
 	w.minRate = fetch.DefaultMinRate
 	fs.Var(&w.minRate, "min-transfer-rate", "slowest body transfer kept, in `bytes` per second (with a unit: 1KiB); judged over --min-transfer-window, a slower fetch frees its slot and is retried (too_slow); 0: no minimum")
 	fs.DurationVar(&w.minRateWindow, "min-transfer-window", fetch.DefaultMinRateWindow, "time over which --min-transfer-rate is judged")
 	fs.DurationVar(&w.deadlineBase, "body-deadline-base", fetch.DefaultDeadlineBase, "total deadline of a body: this plus its expected size at --body-deadline-rate")
 	w.deadlineRate = fetch.DefaultDeadlineRate
 	fs.Var(&w.deadlineRate, "body-deadline-rate", "`bytes` per second the total deadline of a body allows for its expected size (Content-Length, else the job's size, else --max-body-size); 0: no total deadline")
-	fs.IntVar(&w.failureBudget, "failure-budget", 10, "attempts of a job with transient errors before it is dead-lettered")
+	fs.IntVar(&w.failureBudget, "failure-budget", worker.DefaultFailureBudget, "attempts of a job with transient errors before it is dead-lettered")
 	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
 	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
 	fs.StringVar(&w.workerID, "worker-id", "", d.workerIDHelp)
@@ -163,11 +161,7 @@ func (w *workerFlags) logger(stderr io.Writer) (zerolog.Logger, error) {
 		return log, usageError{err.Error()}
 	}
 	if w.workerID == "" {
-		host, _ := os.Hostname()
-		if host == "" {
-			host = "mirrorworker"
-		}
-		w.workerID = fmt.Sprintf("%s%s-%d", w.workerIDPrefix, host, os.Getpid())
+		w.workerID = w.workerIDPrefix + worker.DefaultWorkerID()
 	}
 	return log.With().Str("worker_id", w.workerID).Logger(), nil
 }
@@ -216,65 +210,30 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 	}
 }
 
-// workerParts are the pieces run and replay build alike before their
-// consumer exists: one Metrics for the worker and the event sink (so one
-// registry serves both), the sink that publishes the pacer's facts, the
-// pacer and the fetch client. The caller restores the pacer
-// (replay.RestorePacer), runs the sink and closes the fetch client's idle
-// connections.
-type workerParts struct {
-	w       *workerFlags
-	log     zerolog.Logger
-	js      jetstream.JetStream
-	metrics *worker.Metrics
-	sink    *worker.EventSink
-	pacer   *pacer.Pacer
-	fetch   *fetch.Client
-}
-
-func (w *workerFlags) buildParts(js jetstream.JetStream, reg prometheus.Registerer, policy *pacer.Policy, log zerolog.Logger) (*workerParts, error) {
-	metrics, err := worker.NewMetrics(reg, 0)
-	if err != nil {
-		return nil, err
+// pipelineConfig is the pipeline (package pipeline) the worker flags
+// describe, with the pacer policy and the registry of the command, so that
+// a replay is exactly as polite as the live worker.
+func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Policy, log zerolog.Logger) pipeline.Config {
+	return pipeline.Config{
+		Concurrency:   w.concurrency,
+		FailureBudget: w.failureBudget,
+		AckWait:       w.ackWait,
+		WorkerID:      w.workerID,
+		Policy:        policy,
+		TimeScale:     w.timeScale,
+		Fetch:         w.fetchOptions(),
+		Registerer:    reg,
+		Logger:        log,
 	}
-	sink := worker.NewEventSink(js, log, metrics)
-	return &workerParts{
-		w: w, log: log, js: js, metrics: metrics, sink: sink,
-		pacer: pacer.New(&pacer.Options{Policy: policy, Logger: log, OnEvent: sink.Handle, Scale: w.timeScale}),
-		fetch: fetch.New(w.fetchOptions()),
-	}, nil
-}
-
-// newWorker is a worker on cons with the parts and the flags;
-// shutdownGrace 0 is the worker's default.
-func (p *workerParts) newWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration, adjust ...func(*worker.Options, *worker.Deps)) (*worker.Worker, error) {
-	d := worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.fetch, Target: target, Pacer: p.pacer}
-	o := &worker.Options{
-		Concurrency:   p.w.concurrency,
-		FailureBudget: p.w.failureBudget,
-		AckWait:       p.w.ackWait,
-		ShutdownGrace: shutdownGrace,
-		WorkerID:      p.w.workerID,
-		Clock:         clock.Real{},
-		Logger:        p.log,
-		Metrics:       p.metrics,
-	}
-	for _, f := range adjust {
-		f(o, &d)
-	}
-	return worker.New(d, o)
 }
 
 // openTarget opens the mirror target and proves it writable, so that a
 // mistake fails before anything starts rather than at the first job.
 // MW_FAULT_POINT may name a step of the target's Put to die at (crash tests).
 func openTarget(spec string) (*mirror.FileTarget, error) {
-	target, err := mirror.OpenWith(spec, &mirror.Options{FaultHook: faultHook(os.Getenv(faultEnv))})
+	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: faultHook(os.Getenv(faultEnv))})
 	if err != nil {
 		return nil, fmt.Errorf("%w (pass --target)", err)
-	}
-	if err := checkWritableDir(filepath.Join(target.Root(), ".mirrorworker")); err != nil {
-		return nil, fmt.Errorf("mirror target %s: %w (pass --target)", target.Root(), err)
 	}
 	return target, nil
 }

@@ -1,0 +1,224 @@
+// Package pipeline builds and runs a worker pipeline, the one way every
+// command does (mirrorworker run, replay and the load test's in-process
+// workers): the metrics, the event sink that logs, counts and publishes the
+// pacer's facts, the HostPacer, the fetch client and the worker, and the
+// order in which they stop. It also holds the rule for the default mirror
+// target.
+//
+// It does not: parse flags (cmd/mirrorworker does, and fills a Config),
+// connect to NATS, create streams or consumers (package jobs does), or
+// restore the pacer (package replay does).
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// Config is what a pipeline is built from. Every zero field is the default
+// of the option it fills (worker.Options, pacer.Options, fetch.Options).
+type Config struct {
+	Concurrency   int           // worker.Options.Concurrency
+	FailureBudget int           // worker.Options.FailureBudget
+	AckWait       time.Duration // worker.Options.AckWait; must match the consumer's
+	WorkerID      string        // worker.Options.WorkerID
+	Policy        *pacer.Policy // floors and in-flight caps of the HostPacer
+	TimeScale     float64       // pacer.Options.Scale: load tests only
+	// Pacer, if set, is used instead of a HostPacer built from Policy and
+	// TimeScale; it is not wired to the event sink (the load test's
+	// strategies publish nothing).
+	Pacer *pacer.Pacer
+	Fetch *fetch.Options
+	// Registerer gets the worker's and the sink's metrics; nil keeps them
+	// on a private registry.
+	Registerer prometheus.Registerer
+	Logger     zerolog.Logger
+}
+
+// Parts are a pipeline's pieces, built before its consumer exists: one
+// Metrics for the worker and the event sink (so one registry serves both),
+// the sink, the pacer and the fetch client. Build workers with NewWorker
+// and run them with Run; Close when done.
+type Parts struct {
+	Metrics *worker.Metrics
+	Sink    *worker.EventSink
+	Pacer   *pacer.Pacer
+	Fetch   *fetch.Client
+
+	js  jetstream.JetStream
+	cfg Config
+}
+
+// New builds the parts. js is where the sink publishes pacer facts and the
+// worker dead-letters and parks; a nil js is allowed only for a sink that
+// publishes nothing (then workers cannot be built).
+func New(js jetstream.JetStream, c Config) (*Parts, error) {
+	metrics, err := worker.NewMetrics(c.Registerer, 0)
+	if err != nil {
+		return nil, err
+	}
+	p := &Parts{Metrics: metrics, Pacer: c.Pacer, Fetch: fetch.New(c.Fetch), js: js, cfg: c}
+	var pub worker.EventPublisher
+	if js != nil {
+		pub = js
+	}
+	p.Sink = worker.NewEventSink(pub, c.Logger, metrics)
+	if p.Pacer == nil {
+		p.Pacer = pacer.New(&pacer.Options{Policy: c.Policy, OnEvent: p.Sink.Handle, Scale: c.TimeScale})
+	}
+	return p, nil
+}
+
+// Close releases the fetch client's idle connections.
+func (p *Parts) Close() { p.Fetch.CloseIdleConnections() }
+
+// NewWorker is a worker on cons (nil in partitioned mode) storing into
+// target, with the parts and the Config; shutdownGrace 0 is the worker's
+// default. adjust may change the options and dependencies before the
+// worker is made (a fetcher wrapped, partitioned mode, a hook).
+func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration, adjust ...func(*worker.Options, *worker.Deps)) (*worker.Worker, error) {
+	d := worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.Fetch, Target: target, Pacer: p.Pacer}
+	o := &worker.Options{
+		Concurrency:   p.cfg.Concurrency,
+		FailureBudget: p.cfg.FailureBudget,
+		AckWait:       p.cfg.AckWait,
+		ShutdownGrace: shutdownGrace,
+		WorkerID:      p.cfg.WorkerID,
+		Clock:         clock.Real{},
+		Logger:        p.cfg.Logger,
+		Metrics:       p.Metrics,
+	}
+	for _, f := range adjust {
+		f(o, &d)
+	}
+	return worker.New(d, o)
+}
+
+// Actor is a long-running part with its own interrupt, as oklog/run's
+// Group.Add takes it.
+type Actor struct {
+	Execute   func() error
+	Interrupt func(error)
+}
+
+// RunOptions add parts to Run's group. The zero value adds none.
+type RunOptions struct {
+	// Stopping is called once when the stop begins, before work's context
+	// is cancelled (a pod's lease manager stops taking partitions).
+	Stopping func()
+	// Trailing parts run beside work; their context ends only once work has
+	// returned, like the event sink's (a lease manager keeps its leases
+	// until every held job is handed back).
+	Trailing []func(ctx context.Context) error
+	// Actors run beside work with their own interrupt.
+	Actors []Actor
+}
+
+// Run runs work (a worker's Run, or a replay driving workers) with the
+// event sink and o's parts in one oklog/run group, until ctx ends or one of
+// them returns. The stop order is the pipeline's rule: work is interrupted
+// first (its context is cancelled, which starts a worker's graceful stop),
+// and the sink and the trailing parts stop only after work has returned, so
+// that pacer facts learned during the grace period are still published.
+//
+// It returns work's error if work failed, including while stopping; else
+// nil after a stop asked for by ctx or after work returned nil; else the
+// error of the part that returned first. Work that must not end on its own
+// (a worker) says so by returning an error.
+func (p *Parts) Run(ctx context.Context, work func(ctx context.Context) error, o *RunOptions) error {
+	if o == nil {
+		o = &RunOptions{}
+	}
+	wctx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	tctx, stopTrailing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopTrailing()
+	var (
+		g       run.Group
+		workErr error // set by work's actor before it returns
+	)
+	g.Add(run.ContextHandler(ctx))
+	g.Add(func() error {
+		defer stopTrailing()
+		workErr = work(wctx)
+		return workErr
+	}, func(error) {
+		if o.Stopping != nil {
+			o.Stopping()
+		}
+		stopWork()
+	})
+	g.Add(func() error { return p.Sink.Run(tctx) }, func(error) { stopWork() })
+	for _, f := range o.Trailing {
+		g.Add(func() error { return f(tctx) }, func(error) { stopWork() })
+	}
+	for _, a := range o.Actors {
+		g.Add(a.Execute, a.Interrupt)
+	}
+	err := g.Run()
+	switch {
+	case workErr != nil:
+		return workErr
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return nil
+	}
+	return err
+}
+
+// DefaultTarget is the mirror target when none is given: the directory
+// "mirror" under dataDir, as a file:// URL with an absolute path.
+func DefaultTarget(dataDir string) (string, error) {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return "", fmt.Errorf("data dir: %w", err)
+	}
+	return "file://" + filepath.Join(abs, "mirror"), nil
+}
+
+// OpenTarget opens the mirror target at spec (a file:// URL or a
+// directory) and proves it writable, so that a mistake fails before
+// anything starts rather than at the first job.
+func OpenTarget(spec string) (*mirror.FileTarget, error) { return OpenTargetWith(spec, nil) }
+
+// OpenTargetWith is OpenTarget with the target's options (nil: defaults).
+func OpenTargetWith(spec string, o *mirror.Options) (*mirror.FileTarget, error) {
+	target, err := mirror.OpenWith(spec, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckWritableDir(filepath.Join(target.Root(), mirror.ReservedDir)); err != nil {
+		return nil, fmt.Errorf("mirror target %s: %w", target.Root(), err)
+	}
+	return target, nil
+}
+
+// CheckWritableDir creates dir if needed and proves a file can be created
+// in it, so that a read-only or foreign directory fails before start-up
+// rather than at the first job.
+func CheckWritableDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".mirrorworker-write-check-*")
+	if err != nil {
+		return fmt.Errorf("not writable: %w", err)
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
+}
