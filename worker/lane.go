@@ -553,8 +553,8 @@ func (l *lanes) serveReady(ctx context.Context) {
 	l.mu.Unlock()
 	for _, p := range pulls {
 		k := min(p.k-w.sched.pipeline(p.ln.auth), 256)
-		if k <= 0 || w.parking.has(p.ln.auth) {
-			continue // the jobs parked one by one before the lane go first
+		if k <= 0 {
+			continue
 		}
 		batch, err := p.ln.cons.Fetch(k, jetstream.FetchMaxWait(100*time.Millisecond))
 		if err != nil {
@@ -619,6 +619,16 @@ func (l *lanes) closeIfEmpty(ctx context.Context, ln *lane) {
 		return
 	}
 	w.log.Info().Int("partition", ln.part).Str("authority", ln.auth).Msg("lane drained; the partition consumer serves the authority again")
+}
+
+// has reports whether auth has a lane in partition part.
+func (l *lanes) has(part int, akey string) bool {
+	if l == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.byKey[laneKey{part, akey}] != nil
 }
 
 // laneFor returns the lane covering a job of partition part, authority key

@@ -147,7 +147,7 @@ func (p *parking) park(d deferral) {
 			return
 		}
 		w.fault("parked-before-ack")
-		if err := w.settle(j, Msg.Ack); err != nil {
+		if err := w.settler.settle(j, Msg.Ack); err != nil {
 			// Redelivered and parked again, or served: a duplicate at worst.
 			w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack parked job")
 		}
@@ -155,7 +155,7 @@ func (p *parking) park(d deferral) {
 		pa := p.authLocked(j.auth, j.part, akey)
 		pa.n++
 		p.mu.Unlock()
-		w.count(OutcomeDeferred)
+		w.settler.count(OutcomeDeferred)
 		w.m.Parks.WithLabelValues("parked").Inc()
 		w.m.ParkedJobs.WithLabelValues(w.hostPort(j.auth)).Inc()
 		w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", d.reason).
@@ -167,10 +167,10 @@ func (p *parking) parkFailed(d deferral, err error) {
 	w := p.w
 	w.log.Warn().Err(err).Str("job", d.job.job.ID).Str("authority", d.job.auth).
 		Msg("park job failed; deferring it by NAK instead")
-	if err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
+	if err := w.settler.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
 		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 	}
-	w.count(OutcomeDeferred)
+	w.settler.count(OutcomeDeferred)
 }
 
 // wait returns once every park in progress is settled.
@@ -309,14 +309,22 @@ func (p *parking) unparkReady(ctx context.Context) {
 	now := w.clk.Now()
 	want := max(1, w.o.MaxHeldPerAuthority/2)
 	type move struct {
-		auth string
-		pa   *parkedAuth
-		k    int
+		auth  string
+		pa    *parkedAuth
+		k     int
+		laned bool
 	}
 	var moves []move
 	p.mu.Lock()
 	for auth, pa := range p.auths {
 		if !w.owns(pa.part) {
+			continue
+		}
+		if w.lanes.has(pa.part, pa.akey) {
+			// The authority has a lane: its parked jobs go back into their
+			// partition, where the lane (which the pacer paces) takes them,
+			// or are dropped when the lane has them already.
+			moves = append(moves, move{auth: auth, pa: pa, k: 64, laned: true})
 			continue
 		}
 		if pa.transit > 0 && now.Sub(pa.transitAt) > 30*time.Second {
@@ -345,9 +353,12 @@ func (p *parking) unparkReady(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	for _, mv := range moves {
-		k := mv.k - w.sched.pipeline(mv.auth)
+		k := mv.k
+		if !mv.laned {
+			k -= w.sched.pipeline(mv.auth)
+		}
 		for i := 0; i < min(k, 64) && ctx.Err() == nil; i++ {
-			if !p.unparkOne(ctx, mv.auth, mv.pa) {
+			if !p.unparkOne(ctx, mv.auth, mv.pa, !mv.laned) {
 				break
 			}
 		}
@@ -357,11 +368,14 @@ func (p *parking) unparkReady(ctx context.Context) {
 // unparkOne moves the oldest parked job of auth back into its partition.
 // It publishes before it deletes: a crash in between leaves a duplicate,
 // never a loss.
-func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bool {
+// With counted, the copy counts in the authority's transit until it is
+// delivered; an authority with a lane takes its copies through the lane,
+// which the pacer paces, so they are not counted.
+func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth, counted bool) bool {
 	// Parked copies that a lane covers are dropped on the way, without
 	// using up the authority's room (at most a bounded number per call).
 	for range 1024 {
-		if moved, dropped := p.unparkNext(ctx, auth, pa); !dropped {
+		if moved, dropped := p.unparkNext(ctx, auth, pa, counted); !dropped {
 			return moved
 		}
 	}
@@ -370,7 +384,7 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth) bo
 
 // unparkNext moves the oldest parked job of auth back, or drops it when a
 // lane has it as well (dropped).
-func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth) (moved, dropped bool) {
+func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, counted bool) (moved, dropped bool) {
 	w := p.w
 	p.mu.Lock()
 	part, akey, cursor := pa.part, pa.akey, pa.cursor
@@ -418,15 +432,19 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth) (
 	m.Header.Set(jobs.HeaderUnparked, "parked")
 	// Counted in transit before the publish: the job can be delivered (and
 	// counted as arrived) before PublishMsg returns.
-	p.mu.Lock()
-	pa.transit++
-	pa.transitAt = w.clk.Now()
-	p.mu.Unlock()
+	if counted {
+		p.mu.Lock()
+		pa.transit++
+		pa.transitAt = w.clk.Now()
+		p.mu.Unlock()
+	}
 	if _, err := w.d.JS.PublishMsg(rctx, m); err != nil {
 		w.log.Warn().Err(err).Str("authority", auth).Msg("bring parked job back")
-		p.mu.Lock()
-		pa.transit = max(pa.transit-1, 0)
-		p.mu.Unlock()
+		if counted {
+			p.mu.Lock()
+			pa.transit = max(pa.transit-1, 0)
+			p.mu.Unlock()
+		}
 		return false, false
 	}
 	w.fault("unparked-before-delete")
@@ -458,14 +476,6 @@ func (p *parking) counts() map[string]int64 {
 		}
 	}
 	return out
-}
-
-// has reports whether auth has jobs parked one by one.
-func (p *parking) has(auth string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pa := p.auths[auth]
-	return pa != nil && pa.n > 0
 }
 
 // Parked returns how many jobs each authority of the partitions this worker

@@ -83,7 +83,7 @@ func (w *Worker) RemovePartition(ctx context.Context, p int) {
 	<-pt.done
 	w.lanes.partitionRemoved(p)
 	for _, j := range w.sched.drainPartition(p) {
-		w.handBack(j)
+		w.settler.handBack(j)
 	}
 	w.parking.partitionRemoved(p)
 	w.poke()
@@ -99,7 +99,7 @@ func (w *Worker) RemovePartition(ctx context.Context, p int) {
 	pt.cancelFetch()
 	// Jobs requeued by a throttled answer while we waited.
 	for _, j := range w.sched.drainPartition(p) {
-		w.handBack(j)
+		w.settler.handBack(j)
 	}
 }
 

@@ -339,10 +339,11 @@ func TestNoInProgressAfterADeferral(t *testing.T) {
 	// in-progress ack goes out: that ack must not follow the NAK, or the
 	// server would push the redelivery out to a full AckWait.
 	w := &Worker{sched: newScheduler(nil, schedOptions{}), m: mustMetrics(t)}
+	w.settler = &settler{sched: w.sched, m: w.m, o: &w.o}
 	m := &ackLog{}
 	j := &heldJob{msg: m, seq: 1, auth: "a:80"}
 	w.inProgress(j)
-	w.deferJob(deferral{job: j, delay: time.Second, reason: "cooling"})
+	w.settler.deferJob(deferral{job: j, delay: time.Second, reason: "cooling"})
 	w.inProgress(j)
 	if got := strings.Join(m.ops, ","); got != "wpi,nak" {
 		t.Fatalf("acks %s, want wpi,nak", got)

@@ -126,7 +126,7 @@ func (w *Worker) targetFailed(j *heldJob, code string, err error) {
 // The short delay keeps a job from circling through a pull that was
 // already in flight; it counts one delivery and no failure.
 func (w *Worker) handBackTargetDown(j *heldJob) {
-	if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(w.o.TargetProbeInitial) }); err != nil {
+	if err := w.settler.settle(j, func(m Msg) error { return m.NakWithDelay(w.o.TargetProbeInitial) }); err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak job while the mirror target fails")
 	}
 	w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Msg("job handed back: mirror target failing")

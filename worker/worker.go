@@ -254,11 +254,9 @@ type Worker struct {
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
 	slots sync.WaitGroup
-	kv    KV
 
-	state   atomic.Int32 // 0 new, 1 running (not yet pulling), 2 pulling, 3 stopped
-	anon    atomic.Uint64
-	onFinal func(Final) // test hook: every job's final outcome
+	state atomic.Int32 // 0 new, 1 running (not yet pulling), 2 pulling, 3 stopped
+	anon  atomic.Uint64
 
 	// Partitioned mode: the partitions being served and the worker's
 	// lifetime contexts, which AddPartition derives from.
@@ -272,6 +270,7 @@ type Worker struct {
 	pulling atomic.Int64
 	parking *parking
 	lanes   *lanes
+	settler *settler
 }
 
 // Final describes a job leaving the worker for good in one delivery.
@@ -326,6 +325,8 @@ func New(d Deps, o *Options) (*Worker, error) {
 	w.parts = map[int]*partition{}
 	w.parking = newParking(w)
 	w.lanes = newLanes(w)
+	w.settler = &settler{js: d.JS, sched: w.sched, parking: w.parking, lanes: w.lanes, m: m, o: &w.o,
+		clk: w.clk, log: w.log, backoff: w.backoff}
 	return w, nil
 }
 
@@ -377,7 +378,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err)
 	}
-	w.kv = kv
+	w.settler.kv = kv
 	// Fetches outlive ctx by the grace period; their context is cut after.
 	fctx, cancelFetch := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFetch()
@@ -439,21 +440,9 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) handBackQueued() int {
 	js := w.sched.drain()
 	for _, j := range js {
-		w.handBack(j)
+		w.settler.handBack(j)
 	}
 	return len(js)
-}
-
-// handBack returns a held job to the stream for immediate redelivery.
-func (w *Worker) handBack(j *heldJob) {
-	w.settle(j, func(m Msg) error { w.handBackMsg(m); return nil })
-}
-
-// handBackMsg returns a delivery to the stream for immediate redelivery.
-func (w *Worker) handBackMsg(m Msg) {
-	if err := m.Nak(); err != nil {
-		w.log.Warn().Err(err).Msg("nak at shutdown")
-	}
 }
 
 // intakeLoop pulls c while fewer than MaxHeld jobs are held (across every
@@ -517,7 +506,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		for m := range batch.Messages() {
 			got++
 			if ctx.Err() != nil {
-				w.handBackMsg(m)
+				w.settler.handBackMsg(m)
 				continue
 			}
 			w.intake(ctx, m)
@@ -553,7 +542,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 			if h.Get(jobs.HeaderUnparked) != "" {
 				if w.o.SkipCopies {
 					// A replay: the submitted job itself is in the stream too.
-					w.settle(j, Msg.Ack)
+					w.settler.settle(j, Msg.Ack)
 					return
 				}
 				defer func() { w.parking.arrived(j.auth) }()
@@ -564,7 +553,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
 		if w.lanes.covered(md.Consumer, j.seq, m.Subject()) {
 			// Served by a lane or by the partition consumer (lane.go).
-			if err := w.settle(j, Msg.Ack); err != nil {
+			if err := w.settler.settle(j, Msg.Ack); err != nil {
 				w.log.Debug().Err(err).Msg("ack a job served by another consumer")
 			}
 			return
@@ -592,7 +581,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		if !job.Authority.IsZero() {
 			j.auth = job.Authority.String()
 		}
-		w.deadLetter(ctx, j, reason, err.Error(), 0, nil)
+		w.settler.deadLetter(ctx, j, reason, err.Error(), 0, nil)
 		return
 	}
 	j.job, j.auth = job, job.Authority.String()
@@ -602,12 +591,12 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		// another partition than its authority's, and be served by a pod
 		// that does not own the authority.
 		if p, _, _, err := jobs.ParsePartitionSubject(m.Subject()); err == nil && p != j.part {
-			w.deadLetter(ctx, j, jobs.ReasonInvalidJob, fmt.Sprintf("subject %s names partition %d; the authority's is %d", m.Subject(), p, j.part), 0, nil)
+			w.settler.deadLetter(ctx, j, jobs.ReasonInvalidJob, fmt.Sprintf("subject %s names partition %d; the authority's is %d", m.Subject(), p, j.part), 0, nil)
 			return
 		}
 	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
-		w.deferJob(d)
+		w.settler.deferJob(d)
 		return
 	}
 	// Stat before queueing, not between the pacer's grant and the request:
@@ -618,7 +607,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
 	}
 	if d, deferred := w.sched.admit(now, j); deferred {
-		w.deferJob(d)
+		w.settler.deferJob(d)
 		return
 	}
 	w.poke()
@@ -638,7 +627,7 @@ func (w *Worker) dispatchLoop(ctx, fctx context.Context) {
 			go w.runSlot(ctx, fctx, g)
 		}
 		for _, d := range defers {
-			w.deferJob(d)
+			w.settler.deferJob(d)
 		}
 		if len(defers) > 0 {
 			// Memory was freed without a fetch completing: the intake may
@@ -690,71 +679,6 @@ func (w *Worker) inProgress(j *heldJob) {
 	}
 }
 
-// settle sends j's final acknowledgement of this delivery (ack, NAK, term)
-// with op, after which no in-progress ack is sent for it.
-func (w *Worker) settle(j *heldJob, op func(Msg) error) error {
-	j.ackMu.Lock()
-	defer j.ackMu.Unlock()
-	j.settled = true
-	return op(w.sched.msgOf(j))
-}
-
-// ackRetryFor bounds how long a stored job's ack is retried: long enough
-// for a replicated consumer to elect a new leader after losing a server.
-const ackRetryFor = 30 * time.Second
-
-// confirmedAck acks m and waits for the server to confirm it, retrying
-// while no consumer leader answers (a NATS server lost, a leader election).
-// A plain ack sent then is lost silently, and the job, already stored, is
-// redelivered after AckWait and costs the origin a second request.
-func (w *Worker) confirmedAck(m Msg) error {
-	deadline := w.clk.Now().Add(ackRetryFor)
-	for attempt := 1; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		err := m.DoubleAck(ctx)
-		cancel()
-		if err == nil || errors.Is(err, jetstream.ErrMsgAlreadyAckd) || !w.clk.Now().Before(deadline) {
-			return err
-		}
-		clock.Sleep(w.clk, min(time.Duration(attempt)*100*time.Millisecond, time.Second), nil)
-	}
-}
-
-// deferJob NAKs a job with the calendar's delay, or parks it when the wait
-// is long or its authority already holds its share of the consumer's
-// slots; no failure budget is used. A job whose partition was lost is
-// handed back for another pod instead.
-func (w *Worker) deferJob(d deferral) {
-	if d.handBack {
-		w.handBack(d.job)
-		return
-	}
-	if d.job.lane {
-		// A lane is pulled only when its authority is ready, so a job
-		// deferred from it waits there, holding only the lane's slots.
-		if err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
-			w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
-		}
-		w.count(OutcomeDeferred)
-		return
-	}
-	if w.parking.shouldPark(d) {
-		if d.delay >= w.o.ParkAfter {
-			w.lanes.consider(d.job.part, d.job.auth, d.job.job.Authority.Key())
-		}
-		w.parking.park(d)
-		return
-	}
-	w.parking.nakked(d.job.auth, d.delay)
-	err := w.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) })
-	if err != nil {
-		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
-	}
-	w.count(OutcomeDeferred)
-	w.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
-		Str("delay", d.delay.String()).Msg("job deferred")
-}
-
 // runSlot is one fetch slot working on a granted job.
 func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 	defer w.slots.Done()
@@ -763,7 +687,7 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 	if err != nil {
 		if ctx.Err() != nil {
 			// Shut down before the request started: hand it back untouched.
-			w.handBack(j)
+			w.settler.handBack(j)
 			w.finish(j, 0, false)
 			return
 		}
@@ -780,7 +704,7 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 		// The partition was lost between the grant and now: its new owner
 		// serves the job, and this pod sends nothing more to the authority.
 		w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
-		w.handBack(j)
+		w.settler.handBack(j)
 		w.finish(j, 0, false)
 		return
 	}
@@ -821,17 +745,17 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			// A redirect hop's authority cannot take it soon: defer on
 			// that authority's calendar, without using the budget.
 			delay := w.sched.deferFor(w.clk.Now(), re.Authority, string(re.Reason), re.Wait, re.Interval)
-			w.deferJob(deferral{job: j, delay: delay, reason: "redirect_" + string(re.Reason)})
+			w.settler.deferJob(deferral{job: j, delay: delay, reason: "redirect_" + string(re.Reason)})
 		case ctx.Err() != nil:
-			w.handBack(j)
+			w.settler.handBack(j)
 		case errors.Is(err, fetch.ErrSizeMismatch):
 			// A Content-Length other than the job's size: not one body byte
 			// was read.
-			w.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
+			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
 		case fetch.IsPermanent(err):
-			w.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
+			w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
 		default:
-			w.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
+			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
 		}
 		return false
 	}
@@ -851,11 +775,11 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	case fetch.ClassSuccess:
 		w.store(ctx, j, resp, began)
 	case fetch.ClassNotModified:
-		w.complete(j, OutcomeUnchanged)
+		w.settler.complete(j, OutcomeUnchanged)
 	case fetch.ClassTransient:
-		w.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "")
+		w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "")
 	default:
-		w.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
+		w.settler.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
 	}
 	return false
 }
@@ -896,40 +820,40 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	if err == nil {
 		w.m.FetchedBytes.Add(float64(body.n))
 		w.m.BodyReadBytes.WithLabelValues("stored").Observe(float64(body.n))
-		w.complete(j, OutcomeStored)
+		w.settler.complete(j, OutcomeStored)
 		return
 	}
 	w.m.BodyReadBytes.WithLabelValues("discarded").Observe(float64(body.n))
 	switch {
 	case ctx.Err() != nil:
-		w.handBack(j)
+		w.settler.handBack(j)
 	case body.err != nil && errors.Is(body.err, fetch.ErrSizeMismatch):
-		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
+		w.settler.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
 	case body.err != nil && fetch.IsPermanent(body.err):
-		w.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
 	case body.err != nil && errors.Is(body.err, fetch.ErrTooSlow):
 		// A trickle held a fetch slot all this time: it waits SlowRetryFactor
 		// times as long before it may hold one again.
 		held := w.clk.Now().Sub(began)
-		w.retry(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error(), SlowRetryFactor*held)
+		w.settler.retry(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error(), SlowRetryFactor*held)
 	case body.err != nil:
-		w.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
+		w.settler.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
 	case mirror.FailureCode(err) != "":
 		// The target itself failed (full, read-only, broken): the worker's
 		// problem, not the job's (targethealth.go).
 		w.targetFailed(j, mirror.FailureCode(err), err)
 	case errors.Is(err, mirror.ErrDigestMismatch):
-		w.transient(ctx, j, "digest_mismatch", resp.Status, err.Error())
+		w.settler.transient(ctx, j, "digest_mismatch", resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrSizeMismatch):
-		w.transient(ctx, j, "size_mismatch", resp.Status, err.Error())
+		w.settler.transient(ctx, j, "size_mismatch", resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrInvalidKey):
-		w.deadLetter(ctx, j, "invalid_target", err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, "invalid_target", err.Error(), resp.Status, nil)
 	case errors.Is(err, mirror.ErrKeyConflict):
 		// An object already stands where this key needs a directory (or the
 		// reverse): no retry can succeed until an operator resolves it.
-		w.deadLetter(ctx, j, "target_conflict", err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, "target_conflict", err.Error(), resp.Status, nil)
 	default:
-		w.transient(ctx, j, "target_write", resp.Status, err.Error())
+		w.settler.transient(ctx, j, "target_write", resp.Status, err.Error())
 	}
 }
 
@@ -955,42 +879,6 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// complete acks a job that is stored or unchanged.
-func (w *Worker) complete(j *heldJob, outcome string) {
-	if err := w.settle(j, w.confirmedAck); err != nil {
-		// The job will be redelivered and answered with a 304: no loss.
-		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack")
-	}
-	if w.sched.deliveries(j) > 1 && w.kv != nil {
-		// Only a redelivered job can have a failure counter.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := w.kv.Delete(ctx, attemptsKey(j.job.ID)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
-		}
-		cancel()
-	}
-	w.final(j, outcome, "")
-}
-
-// count records one outcome of a job (mirrorworker_jobs_total and
-// Options.OnOutcome).
-func (w *Worker) count(outcome string) {
-	w.m.Jobs.WithLabelValues(outcome).Inc()
-	if w.o.OnOutcome != nil {
-		w.o.OnOutcome(outcome)
-	}
-}
-
-func (w *Worker) final(j *heldJob, outcome, reason string) {
-	w.count(outcome)
-	w.m.JobDuration.WithLabelValues(outcome).Observe(w.clk.Now().Sub(j.received).Seconds())
-	d := w.sched.deliveries(j)
-	w.m.DeliveriesPerJob.Observe(float64(d))
-	if w.onFinal != nil {
-		w.onFinal(Final{JobID: j.job.ID, Authority: j.auth, Outcome: outcome, Reason: reason, Deliveries: d})
-	}
-}
-
 // MaxContentMismatches is how many answers with other bytes than the job's
 // size or sha256 a job takes before it is dead-lettered content_mismatch:
 // one retry, in case the origin changed the object in between (SPEC
@@ -1000,117 +888,9 @@ const MaxContentMismatches = 2
 // mismatchReasons are the attempt reasons that count as content mismatches.
 var mismatchReasons = map[string]bool{"size_mismatch": true, "digest_mismatch": true}
 
-// transient records a failed attempt against the job's budget and retries
-// it with backoff, or dead-letters it when the budget is spent. A content
-// mismatch (reason size_mismatch or digest_mismatch: the origin answered
-// with other bytes than the job expects) is such a failure too, and the
-// MaxContentMismatches-th one dead-letters the job content_mismatch.
-func (w *Worker) transient(ctx context.Context, j *heldJob, reason string, status int, detail string) {
-	w.retry(ctx, j, reason, status, detail, 0)
-}
-
 // SlowRetryFactor: a job whose transfer was cut as too slow (fetch.ErrTooSlow)
 // is retried no sooner than this many times the time its attempt held a
 // fetch slot (within BackoffMax), so that a trickling job spends at most
 // about a tenth of its time in a slot, and healthy origins keep flowing
 // beside trickling ones.
 const SlowRetryFactor = 9
-
-// retry is transient with a least retry delay (within BackoffMax).
-func (w *Worker) retry(ctx context.Context, j *heldJob, reason string, status int, detail string, least time.Duration) {
-	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	a := jobs.Attempt{Time: w.clk.Now().UTC(), Reason: reason, Status: status, Detail: jobs.Truncate(detail, 512)}
-	rec, err := addAttempt(kctx, w.kv, j.job.ID, a)
-	if err != nil {
-		// Without the counter the budget cannot be judged: retry later and
-		// count again then. The job is not lost.
-		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("record failed attempt")
-		rec = attemptRecord{Count: 1, Attempts: []jobs.Attempt{a}}
-	}
-	if mismatchReasons[reason] {
-		n := 0
-		for _, a := range rec.Attempts {
-			if mismatchReasons[a.Reason] {
-				n++
-			}
-		}
-		if n >= MaxContentMismatches {
-			w.deadLetter(ctx, j, jobs.ReasonContentMismatch,
-				fmt.Sprintf("%d answers with other bytes than the job expects, last: %s", n, detail), status, rec.Attempts)
-			return
-		}
-	}
-	if rec.Count >= w.o.FailureBudget {
-		w.deadLetter(ctx, j, jobs.ReasonBudgetExhausted,
-			fmt.Sprintf("%d failed attempts, last %s: %s", rec.Count, reason, detail), status, rec.Attempts)
-		return
-	}
-	delay := max(w.backoff(rec.Count), min(least, w.o.BackoffMax))
-	if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(delay) }); err != nil {
-		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
-	}
-	w.count(OutcomeRetried)
-	ev := w.log.Info().Str("job", j.job.ID).Str("url", logURL(j.job.URL)).Str("authority", j.auth).Str("reason", reason)
-	if status != 0 {
-		ev = ev.Int("status", status)
-	}
-	if detail != "" {
-		ev = ev.Str("error", detail)
-	}
-	ev.Int("attempt", rec.Count).Int("failure_budget", w.o.FailureBudget).Str("retry_in", delay.Round(time.Millisecond).String()).
-		Msg("job failed, retrying")
-}
-
-// deadLetter publishes the job's dead-letter record and terminates it. If
-// the record cannot be published the job is retried later instead: it never
-// leaves without its record.
-func (w *Worker) deadLetter(ctx context.Context, j *heldJob, reason, detail string, status int, attempts []jobs.Attempt) {
-	now := w.clk.Now().UTC()
-	m := w.sched.msgOf(j)
-	dl := jobs.DeadLetter{
-		JobID:      j.job.ID,
-		Tenant:     j.job.Tenant,
-		Authority:  j.auth,
-		Subject:    m.Subject(),
-		StreamSeq:  j.seq,
-		Reason:     reason,
-		Detail:     jobs.Truncate(detail, 1024),
-		LastStatus: status,
-		Attempts:   append(append([]jobs.Attempt(nil), attempts...), j.throttles...),
-		First:      j.received.UTC(),
-		Last:       now,
-		Worker:     w.o.WorkerID,
-	}
-	if len(attempts) > 0 && attempts[0].Time.Before(dl.First) {
-		dl.First = attempts[0].Time
-	}
-	dl.SetJob(j.data)
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if _, err := jobs.PublishDeadLetter(pctx, w.d.JS, dl); err != nil {
-		w.log.Error().Err(err).Str("job", j.job.ID).Str("reason", reason).Msg("publish dead letter; will retry the job")
-		if err := w.settle(j, func(m Msg) error { return m.NakWithDelay(w.backoff(1)) }); err != nil {
-			w.log.Warn().Err(err).Msg("nak")
-		}
-		return
-	}
-	if err := w.settle(j, func(m Msg) error { return m.TermWithReason(reason) }); err != nil {
-		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("term")
-	}
-	if len(attempts) > 0 && w.kv != nil {
-		if err := w.kv.Delete(pctx, attemptsKey(j.job.ID)); err != nil {
-			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
-		}
-	}
-	w.m.DeadLetters.WithLabelValues(reason).Inc()
-	ev := w.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status)
-	if j.job.URL != "" {
-		ev = ev.Str("url", logURL(j.job.URL))
-	}
-	if detail != "" {
-		ev = ev.Str("error", jobs.Truncate(detail, 1024))
-	}
-	ev.Msg("job dead-lettered")
-	w.final(j, OutcomeDeadLettered, reason)
-}

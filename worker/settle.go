@@ -1,0 +1,256 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/jobs"
+)
+
+// settler carries out what the worker decided for a delivery: ack it
+// (stored or unchanged), defer it (NAK with a delay, park it, leave it in
+// its lane), retry it against the failure budget, dead-letter it, or hand
+// it back; and it counts each outcome. The loops (intake, dispatch, fetch
+// slots) only decide which; every acknowledgement goes through here.
+type settler struct {
+	js      jetstream.JetStream
+	kv      KV // the attempts bucket, set by Run
+	sched   *scheduler
+	parking *parking
+	lanes   *lanes
+	m       *Metrics
+	o       *Options
+	clk     clock.Clock
+	log     zerolog.Logger
+	backoff func(n int) time.Duration
+	onFinal func(Final) // test hook: every job's final outcome
+}
+
+// ackRetryFor bounds how long a stored job's ack is retried: long enough
+// for a replicated consumer to elect a new leader after losing a server.
+const ackRetryFor = 30 * time.Second
+
+// handBack returns a held job to the stream for immediate redelivery.
+func (s *settler) handBack(j *heldJob) {
+	s.settle(j, func(m Msg) error { s.handBackMsg(m); return nil })
+}
+
+// handBackMsg returns a delivery to the stream for immediate redelivery.
+func (s *settler) handBackMsg(m Msg) {
+	if err := m.Nak(); err != nil {
+		s.log.Warn().Err(err).Msg("nak at shutdown")
+	}
+}
+
+// settle sends j's final acknowledgement of this delivery (ack, NAK, term)
+// with op, after which no in-progress ack is sent for it.
+func (s *settler) settle(j *heldJob, op func(Msg) error) error {
+	j.ackMu.Lock()
+	defer j.ackMu.Unlock()
+	j.settled = true
+	return op(s.sched.msgOf(j))
+}
+
+// confirmedAck acks m and waits for the server to confirm it, retrying
+// while no consumer leader answers (a NATS server lost, a leader election).
+// A plain ack sent then is lost silently, and the job, already stored, is
+// redelivered after AckWait and costs the origin a second request.
+func (s *settler) confirmedAck(m Msg) error {
+	deadline := s.clk.Now().Add(ackRetryFor)
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := m.DoubleAck(ctx)
+		cancel()
+		if err == nil || errors.Is(err, jetstream.ErrMsgAlreadyAckd) || !s.clk.Now().Before(deadline) {
+			return err
+		}
+		clock.Sleep(s.clk, min(time.Duration(attempt)*100*time.Millisecond, time.Second), nil)
+	}
+}
+
+// deferJob NAKs a job with the calendar's delay, or parks it when the wait
+// is long or its authority already holds its share of the consumer's
+// slots; no failure budget is used. A job whose partition was lost is
+// handed back for another pod instead.
+func (s *settler) deferJob(d deferral) {
+	if d.handBack {
+		s.handBack(d.job)
+		return
+	}
+	if d.job.lane {
+		// A lane is pulled only when its authority is ready, so a job
+		// deferred from it waits there, holding only the lane's slots.
+		if err := s.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
+			s.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
+		}
+		s.count(OutcomeDeferred)
+		return
+	}
+	if s.parking.shouldPark(d) {
+		if d.delay >= s.o.ParkAfter && d.reason != "overflow" {
+			// A backlog the authority cannot take for a long while (not
+			// merely more than its share of memory) may go to a lane.
+			s.lanes.consider(d.job.part, d.job.auth, d.job.job.Authority.Key())
+		}
+		s.parking.park(d)
+		return
+	}
+	s.parking.nakked(d.job.auth, d.delay)
+	err := s.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) })
+	if err != nil {
+		s.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
+	}
+	s.count(OutcomeDeferred)
+	s.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
+		Str("delay", d.delay.String()).Msg("job deferred")
+}
+
+// complete acks a job that is stored or unchanged.
+func (s *settler) complete(j *heldJob, outcome string) {
+	if err := s.settle(j, s.confirmedAck); err != nil {
+		// The job will be redelivered and answered with a 304: no loss.
+		s.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack")
+	}
+	if s.sched.deliveries(j) > 1 && s.kv != nil {
+		// Only a redelivered job can have a failure counter.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := s.kv.Delete(ctx, attemptsKey(j.job.ID)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+			s.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
+		}
+		cancel()
+	}
+	s.final(j, outcome, "")
+}
+
+// count records one outcome of a job (mirrorworker_jobs_total and
+// Options.OnOutcome).
+func (s *settler) count(outcome string) {
+	s.m.Jobs.WithLabelValues(outcome).Inc()
+	if s.o.OnOutcome != nil {
+		s.o.OnOutcome(outcome)
+	}
+}
+
+func (s *settler) final(j *heldJob, outcome, reason string) {
+	s.count(outcome)
+	s.m.JobDuration.WithLabelValues(outcome).Observe(s.clk.Now().Sub(j.received).Seconds())
+	d := s.sched.deliveries(j)
+	s.m.DeliveriesPerJob.Observe(float64(d))
+	if s.onFinal != nil {
+		s.onFinal(Final{JobID: j.job.ID, Authority: j.auth, Outcome: outcome, Reason: reason, Deliveries: d})
+	}
+}
+
+// transient records a failed attempt against the job's budget and retries
+// it with backoff, or dead-letters it when the budget is spent. A content
+// mismatch (reason size_mismatch or digest_mismatch: the origin answered
+// with other bytes than the job expects) is such a failure too, and the
+// MaxContentMismatches-th one dead-letters the job content_mismatch.
+func (s *settler) transient(ctx context.Context, j *heldJob, reason string, status int, detail string) {
+	s.retry(ctx, j, reason, status, detail, 0)
+}
+
+// retry is transient with a least retry delay (within BackoffMax).
+func (s *settler) retry(ctx context.Context, j *heldJob, reason string, status int, detail string, least time.Duration) {
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	a := jobs.Attempt{Time: s.clk.Now().UTC(), Reason: reason, Status: status, Detail: jobs.Truncate(detail, 512)}
+	rec, err := addAttempt(kctx, s.kv, j.job.ID, a)
+	if err != nil {
+		// Without the counter the budget cannot be judged: retry later and
+		// count again then. The job is not lost.
+		s.log.Warn().Err(err).Str("job", j.job.ID).Msg("record failed attempt")
+		rec = attemptRecord{Count: 1, Attempts: []jobs.Attempt{a}}
+	}
+	if mismatchReasons[reason] {
+		n := 0
+		for _, a := range rec.Attempts {
+			if mismatchReasons[a.Reason] {
+				n++
+			}
+		}
+		if n >= MaxContentMismatches {
+			s.deadLetter(ctx, j, jobs.ReasonContentMismatch,
+				fmt.Sprintf("%d answers with other bytes than the job expects, last: %s", n, detail), status, rec.Attempts)
+			return
+		}
+	}
+	if rec.Count >= s.o.FailureBudget {
+		s.deadLetter(ctx, j, jobs.ReasonBudgetExhausted,
+			fmt.Sprintf("%d failed attempts, last %s: %s", rec.Count, reason, detail), status, rec.Attempts)
+		return
+	}
+	delay := max(s.backoff(rec.Count), min(least, s.o.BackoffMax))
+	if err := s.settle(j, func(m Msg) error { return m.NakWithDelay(delay) }); err != nil {
+		s.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak failed job")
+	}
+	s.count(OutcomeRetried)
+	ev := s.log.Info().Str("job", j.job.ID).Str("url", logURL(j.job.URL)).Str("authority", j.auth).Str("reason", reason)
+	if status != 0 {
+		ev = ev.Int("status", status)
+	}
+	if detail != "" {
+		ev = ev.Str("error", detail)
+	}
+	ev.Int("attempt", rec.Count).Int("failure_budget", s.o.FailureBudget).Str("retry_in", delay.Round(time.Millisecond).String()).
+		Msg("job failed, retrying")
+}
+
+// deadLetter publishes the job's dead-letter record and terminates it. If
+// the record cannot be published the job is retried later instead: it never
+// leaves without its record.
+func (s *settler) deadLetter(ctx context.Context, j *heldJob, reason, detail string, status int, attempts []jobs.Attempt) {
+	now := s.clk.Now().UTC()
+	m := s.sched.msgOf(j)
+	dl := jobs.DeadLetter{
+		JobID:      j.job.ID,
+		Tenant:     j.job.Tenant,
+		Authority:  j.auth,
+		Subject:    m.Subject(),
+		StreamSeq:  j.seq,
+		Reason:     reason,
+		Detail:     jobs.Truncate(detail, 1024),
+		LastStatus: status,
+		Attempts:   append(append([]jobs.Attempt(nil), attempts...), j.throttles...),
+		First:      j.received.UTC(),
+		Last:       now,
+		Worker:     s.o.WorkerID,
+	}
+	if len(attempts) > 0 && attempts[0].Time.Before(dl.First) {
+		dl.First = attempts[0].Time
+	}
+	dl.SetJob(j.data)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if _, err := jobs.PublishDeadLetter(pctx, s.js, dl); err != nil {
+		s.log.Error().Err(err).Str("job", j.job.ID).Str("reason", reason).Msg("publish dead letter; will retry the job")
+		if err := s.settle(j, func(m Msg) error { return m.NakWithDelay(s.backoff(1)) }); err != nil {
+			s.log.Warn().Err(err).Msg("nak")
+		}
+		return
+	}
+	if err := s.settle(j, func(m Msg) error { return m.TermWithReason(reason) }); err != nil {
+		s.log.Warn().Err(err).Str("job", j.job.ID).Msg("term")
+	}
+	if len(attempts) > 0 && s.kv != nil {
+		if err := s.kv.Delete(pctx, attemptsKey(j.job.ID)); err != nil {
+			s.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
+		}
+	}
+	s.m.DeadLetters.WithLabelValues(reason).Inc()
+	ev := s.log.Warn().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", reason).Int("status", status)
+	if j.job.URL != "" {
+		ev = ev.Str("url", logURL(j.job.URL))
+	}
+	if detail != "" {
+		ev = ev.Str("error", jobs.Truncate(detail, 1024))
+	}
+	ev.Msg("job dead-lettered")
+	s.final(j, OutcomeDeadLettered, reason)
+}
