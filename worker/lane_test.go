@@ -71,7 +71,7 @@ func TestLaneSkipsACoolingBacklog(t *testing.T) {
 	const (
 		backlog    = 6000 // above the lane threshold (2000 pending)
 		healthyN   = 300
-		retryAfter = 6 * time.Second
+		retryAfter = 10 * time.Second // long enough for the healthy jobs on a loaded machine
 		floor      = 2 * time.Millisecond
 	)
 	e := newEnv(t, 30*time.Second)
