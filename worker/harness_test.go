@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
@@ -41,20 +42,7 @@ type env struct {
 func newEnv(t testing.TB, ackWait time.Duration) *env {
 	t.Helper()
 	dir := t.TempDir()
-	srv, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "js")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect("worker-test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, _ := brokertest.JetStream(t, brokertest.Start(t, broker.EmbeddedOptions{StoreDir: filepath.Join(dir, "js")}))
 	ctx := context.Background()
 	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
 // Lanes: skipping a cooling authority's backlog (docs/adr/0007, "Lanes").
@@ -535,18 +534,9 @@ func (l *lanes) serveReady(ctx context.Context) {
 		if !w.owns(ln.part) {
 			continue
 		}
-		k := max(1, w.o.MaxHeldPerAuthority/2)
-		if r, ok := w.d.Pacer.(readier); ok {
-			wait, spacing, reason := r.ReadyIn(now, ln.auth)
-			if wait > w.o.HoldMax {
-				continue
-			}
-			if spacing > 0 {
-				k = min(k, 1+int((w.o.HoldMax-wait)/spacing))
-			}
-			if reason == pacer.ReasonProbing {
-				k = 1
-			}
+		k, ok := w.startable(now, ln.auth, max(1, w.o.MaxHeldPerAuthority/2))
+		if !ok {
+			continue
 		}
 		pulls = append(pulls, pull{ln, k})
 	}

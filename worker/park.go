@@ -330,20 +330,9 @@ func (p *parking) unparkReady(ctx context.Context) {
 		if pa.transit > 0 && now.Sub(pa.transitAt) > 30*time.Second {
 			pa.transit = 0 // delivered elsewhere or lost in transit: recount
 		}
-		room := want
-		if r, ok := w.d.Pacer.(readier); ok {
-			wait, spacing, reason := r.ReadyIn(now, auth)
-			if wait > w.o.HoldMax {
-				continue
-			}
-			// Only what the authority can start within HoldMax: more would
-			// wait longer than that in memory, and be parked again.
-			if spacing > 0 {
-				room = min(room, 1+int((w.o.HoldMax-wait)/spacing))
-			}
-			if reason == pacer.ReasonProbing {
-				room = 1 // the probe first; the rest once it has answered
-			}
+		room, ok := w.startable(now, auth, want)
+		if !ok {
+			continue
 		}
 		k := room - pa.transit
 		if k <= 0 {
@@ -411,13 +400,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 			w.log.Warn().Err(err).Uint64("seq", rm.Sequence).Msg("delete parked job a lane covers")
 			return false, false
 		}
-		p.mu.Lock()
-		pa.cursor = rm.Sequence + 1
-		if pa.n > 0 {
-			pa.n--
-			w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Dec()
-		}
-		p.mu.Unlock()
+		p.taken(pa, auth, rm.Sequence)
 		return false, true
 	}
 	_, tenant, _, err := jobs.ParsePartitionSubject(rm.Subject)
@@ -451,15 +434,43 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 	if err := p.stream.DeleteMsg(rctx, rm.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		w.log.Warn().Err(err).Uint64("seq", rm.Sequence).Msg("delete parked job (it may come back once more)")
 	}
-	p.mu.Lock()
-	pa.cursor = rm.Sequence + 1
-	if pa.n > 0 {
-		pa.n--
-		w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Dec()
-	}
-	p.mu.Unlock()
+	p.taken(pa, auth, rm.Sequence)
 	w.m.Parks.WithLabelValues("unparked").Inc()
 	return true, false
+}
+
+// taken moves auth's cursor past the parked message at seq, which is gone.
+func (p *parking) taken(pa *parkedAuth, auth string, seq uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pa.cursor = seq + 1
+	if pa.n > 0 {
+		pa.n--
+		p.w.m.ParkedJobs.WithLabelValues(p.w.hostPort(auth)).Dec()
+	}
+}
+
+// startable returns how many jobs of auth, at most want, can start within
+// HoldMax from now, and false when none can: only what the authority can
+// start in that time (more would wait longer than that in memory, and be
+// deferred again), and only the probe while one is due (the rest once it
+// has answered), so that jobs coming back never arrive as a burst.
+func (w *Worker) startable(now time.Time, auth string, want int) (int, bool) {
+	r, ok := w.d.Pacer.(readier)
+	if !ok {
+		return want, true
+	}
+	wait, spacing, reason := r.ReadyIn(now, auth)
+	if wait > w.o.HoldMax {
+		return 0, false
+	}
+	if spacing > 0 {
+		want = min(want, 1+int((w.o.HoldMax-wait)/spacing))
+	}
+	if reason == pacer.ReasonProbing {
+		want = 1
+	}
+	return want, true
 }
 
 // counts returns the parked jobs per authority (a hint, see parkedAuth.n).

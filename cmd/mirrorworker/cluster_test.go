@@ -430,17 +430,7 @@ func TestProcessCrashWhileParking(t *testing.T) {
 			root := t.TempDir()
 			args := workerArgs(natsURL, t.TempDir(), "--target", root,
 				"--park-after", "1s", "--ack-wait", "2s", "--lease-ttl", "2s")
-			t.Setenv(faultEnv, point)
-			first := startWorkerProcess(t, args...)
-			select {
-			case <-first.exited:
-			case <-time.After(60 * time.Second):
-				t.Fatalf("the worker never reached %s; log:\n%s", point, first.log)
-			}
-			if first.err == nil || !strings.Contains(first.err.Error(), "killed") {
-				t.Fatalf("first worker exited with %v, want killed at %s", first.err, point)
-			}
-			os.Unsetenv(faultEnv)
+			first := startKilledAt(t, point, args...)
 			second := startWorkerProcess(t, args...)
 			waitQueueEmpty(t, natsURL, root, len(urls), 90*time.Second, multiLog([]*workerProcess{first, second}))
 			if _, err := second.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
@@ -449,6 +439,24 @@ func TestProcessCrashWhileParking(t *testing.T) {
 			checkClusterMirror(t, root, targets)
 		})
 	}
+}
+
+// startKilledAt starts a worker process that kills itself with SIGKILL at
+// the named fault point (MW_FAULT_POINT) and waits until it has.
+func startKilledAt(t *testing.T, point string, args ...string) *workerProcess {
+	t.Helper()
+	t.Setenv(faultEnv, point)
+	defer os.Unsetenv(faultEnv)
+	p := startWorkerProcess(t, args...)
+	select {
+	case <-p.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the worker never reached %s; log:\n%s", point, p.log)
+	}
+	if p.err == nil || !strings.Contains(p.err.Error(), "killed") {
+		t.Fatalf("the worker exited with %v, want killed at %s", p.err, point)
+	}
+	return p
 }
 
 // TestProcessCrashBeforeLaneSkip: a process killed (SIGKILL) after it moved
@@ -486,17 +494,7 @@ func TestProcessCrashBeforeLaneSkip(t *testing.T) {
 	// seconds once the 3 s Retry-After is over.
 	args := workerArgs(natsURL, t.TempDir(), "--target", root, "--park-after", "1s", "--ack-wait", "2s",
 		"--lease-ttl", "2s", "--lane-backlog", "50", "--time-scale", "0.01")
-	t.Setenv(faultEnv, "lane-before-reset")
-	first := startWorkerProcess(t, args...)
-	select {
-	case <-first.exited:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the worker never reached lane-before-reset; log:\n%s", first.log)
-	}
-	if first.err == nil || !strings.Contains(first.err.Error(), "killed") {
-		t.Fatalf("first worker exited with %v, want killed before the reset", first.err)
-	}
-	os.Unsetenv(faultEnv)
+	first := startKilledAt(t, "lane-before-reset", args...)
 	second := startWorkerProcess(t, args...)
 	logs := multiLog([]*workerProcess{first, second})
 	waitQueueEmpty(t, natsURL, root, len(urls), 120*time.Second, logs)

@@ -5,9 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -37,16 +35,7 @@ func TestProcessCrashWhileStoring(t *testing.T) {
 			publishURLs(t, natsURL, targets, urls)
 			root := t.TempDir()
 			args := workerArgs(natsURL, t.TempDir(), "--target", root, "--ack-wait", "2s")
-			t.Setenv(faultEnv, point)
-			first := startWorkerProcess(t, args...)
-			select {
-			case <-first.exited:
-			case <-time.After(60 * time.Second):
-				t.Fatalf("the worker never reached %s; log:\n%s", point, first.log)
-			}
-			if first.err == nil || !strings.Contains(first.err.Error(), "killed") {
-				t.Fatalf("first worker exited with %v, want killed at %s", first.err, point)
-			}
+			first := startKilledAt(t, point, args...)
 			stored := checkStoredWithMeta(t, root, false)
 			if point == mirror.FaultObjectSynced && stored != 0 {
 				t.Errorf("killed before the first rename, yet %d objects are visible", stored)
@@ -54,7 +43,6 @@ func TestProcessCrashWhileStoring(t *testing.T) {
 			if point != mirror.FaultObjectSynced && stored == 0 {
 				t.Errorf("killed after a rename, yet no object is visible")
 			}
-			os.Unsetenv(faultEnv)
 			second := startWorkerProcess(t, args...)
 			waitQueueEmpty(t, natsURL, root, len(urls), 90*time.Second, multiLog([]*workerProcess{first, second}))
 			if _, err := second.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
