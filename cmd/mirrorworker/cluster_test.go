@@ -160,11 +160,17 @@ func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int
 		a := o.auths[n]
 		arr := append([]time.Time(nil), a.arrivals...)
 		sort.Slice(arr, func(i, j int) bool { return arr[i].Before(arr[j]) })
+		// Arrivals are timed by the origin's handlers, which a loaded
+		// machine can run late, so a correctly spaced gap can look short by
+		// some ms when the earlier request was the later to run. The slack
+		// (a tenth of the floor) excuses only that; pods without one owner
+		// per authority show gaps of 0.1 to 60 ms here.
+		slack := floor / 10
 		minGap, below := time.Duration(1<<62), 0
 		for i := 1; i < len(arr); i++ {
 			g := arr[i].Sub(arr[i-1])
 			minGap = min(minGap, g)
-			if g < floor {
+			if g < floor-slack {
 				below++
 			}
 		}
