@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -125,6 +126,12 @@ func BenchmarkParking(b *testing.B) {
 		b.ReportMetric(float64(backlogN), "parked")
 		b.ReportMetric(cpu/float64(backlogN)*1e6, "cpu-µs/parked-job")
 		b.ReportMetric(rssMiB(), "rss-MiB")
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		// The Go heap in use: the worker's, the embedded server's and the
+		// benchmark's own (the published jobs are garbage by now).
+		b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "heap-inuse-MiB")
 		b.ReportMetric(rssMiB()-rss0, "rss-growth-MiB")
 		b.ReportMetric(float64(pi.State.Bytes)/(1<<20), "parked-store-MiB")
 		b.ReportMetric(tAlone.Seconds()/tMixed.Seconds(), "healthy-drain-ratio")
