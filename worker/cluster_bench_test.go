@@ -100,6 +100,10 @@ func BenchmarkParking(b *testing.B) {
 		start = time.Now()
 		e.publish(round("mixed")...)
 		tMixed := r.f.waitFor(b, 1000, isRound("mixed"), 30*time.Minute).Sub(start)
+		// The authority in the cooling one's partition, against the others.
+		mate := healthy[0].auth
+		tMate := r.f.lastAt(func(f worker.Final) bool { return isRound("mixed")(f) && f.Authority == mate }).Sub(start)
+		tOthers := r.f.lastAt(func(f worker.Final) bool { return isRound("mixed")(f) && f.Authority != mate }).Sub(start)
 		waitCond(b, 60*time.Minute, "the backlog parked", func() bool {
 			return parkedTotal(b, e) >= uint64(backlogN)
 		})
@@ -135,6 +139,8 @@ func BenchmarkParking(b *testing.B) {
 		b.ReportMetric(rssMiB()-rss0, "rss-growth-MiB")
 		b.ReportMetric(float64(pi.State.Bytes)/(1<<20), "parked-store-MiB")
 		b.ReportMetric(tAlone.Seconds()/tMixed.Seconds(), "healthy-drain-ratio")
+		b.Logf("behind the backlog, the healthy authority in the cooling partition was done after %v, the others after %v",
+			tMate.Round(time.Millisecond), tOthers.Round(time.Millisecond))
 		b.Logf("%d of 10 healthy authorities share the cooling one's partition", shared)
 		b.Logf("%d parked: cpu %.1fs (%.0f µs each: publish, delivery, parking and acks, server included), store %.1f MiB, RSS %.0f MiB (+%.0f); healthy 1000 jobs alone %v, behind the backlog %v",
 			backlogN, cpu, cpu/float64(backlogN)*1e6, float64(pi.State.Bytes)/(1<<20), rssMiB(), rssMiB()-rss0, tAlone.Round(time.Millisecond), tMixed.Round(time.Millisecond))

@@ -136,12 +136,27 @@ func (e *env) deadLetters() []jobs.DeadLetter {
 type finals struct {
 	mu  sync.Mutex
 	all []worker.Final
+	at  []time.Time // when each of all arrived
 }
 
 func (f *finals) add(x worker.Final) {
 	f.mu.Lock()
 	f.all = append(f.all, x)
+	f.at = append(f.at, time.Now())
 	f.mu.Unlock()
+}
+
+// lastAt returns when the last final that matches arrived.
+func (f *finals) lastAt(match func(worker.Final) bool) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var last time.Time
+	for i, x := range f.all {
+		if match(x) && f.at[i].After(last) {
+			last = f.at[i]
+		}
+	}
+	return last
 }
 
 func (f *finals) snapshot() []worker.Final {
