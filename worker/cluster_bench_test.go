@@ -59,6 +59,8 @@ func envInt(name string, def int) int {
 // against the same 1,000 alone measured just before.
 //
 //	MW_BENCH_PARKED=1000000 go test -run '^$' -bench Parking -benchtime 1x -timeout 60m ./worker/
+//
+// MW_BENCH_LANES=0 turns lanes off (parking job by job only), for comparison.
 func BenchmarkParking(b *testing.B) {
 	backlogN := envInt("MW_BENCH_PARKED", 10_000)
 	for range b.N {
@@ -83,7 +85,11 @@ func BenchmarkParking(b *testing.B) {
 			}
 			return js
 		}
-		r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{})
+		o := worker.Options{}
+		if os.Getenv("MW_BENCH_LANES") == "0" {
+			o.LaneBacklog = -1 // parking alone, for comparison
+		}
+		r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), o)
 		start := time.Now()
 		e.publish(round("alone")...)
 		tAlone := r.f.waitFor(b, 1000, isRound("alone"), 5*time.Minute).Sub(start)
