@@ -47,6 +47,29 @@ const (
 	DefaultDeadlineRate = 16 << 10
 )
 
+// Defaults of the connection pool (Options.MaxIdleConns and the rest); see
+// docs/adr/0014-connection-pool-bounds-and-held-overflow.md.
+const (
+	// DefaultMaxIdleConns bounds the idle keep-alive connections kept across
+	// all authorities, and so the file descriptors and memory they hold
+	// (about 22 KiB of RSS each with their buffers and two goroutines,
+	// measured; plus the kernel's socket): at most 4096 descriptors and
+	// ~90 MiB however many authorities are cycled. It is
+	// well above what a worker cycling a thousand authorities reuses (one or
+	// two each); a smaller pool closes each connection, least recently used
+	// first, before its authority comes round again, and every job then
+	// pays a connect (and a TLS handshake).
+	DefaultMaxIdleConns = 4096
+	// DefaultMaxIdleConnsPerHost is the idle connections kept per
+	// authority: the default in-flight cap (2) with room for a policy that
+	// raises it. Connections beyond it are closed after their request.
+	DefaultMaxIdleConnsPerHost = 4
+	// DefaultIdleConnTimeout closes a connection idle this long: an
+	// authority not asked again within it costs a new connect, not a
+	// descriptor held for nothing. Origins often close sooner themselves.
+	DefaultIdleConnTimeout = 90 * time.Second
+)
+
 // drainLimit bounds how much of a redirect or non-2xx body is read so its
 // connection can be reused; a longer body costs its connection instead.
 const drainLimit = 64 << 10
@@ -84,8 +107,16 @@ type Options struct {
 	// AllowPrivate admits loopback, private, shared (CGNAT), unspecified,
 	// multicast and reserved destinations. Link-local and cloud metadata
 	// addresses are refused regardless.
-	AllowPrivate        bool
-	MaxIdleConnsPerHost int         // 8
+	AllowPrivate bool
+	// MaxIdleConns bounds the idle connections kept across all authorities
+	// (DefaultMaxIdleConns); MaxIdleConnsPerHost those kept per authority
+	// (DefaultMaxIdleConnsPerHost); IdleConnTimeout closes one idle longer
+	// (DefaultIdleConnTimeout). Together they bound the descriptors the
+	// pool holds, whatever the number of authorities: MaxIdleConns plus
+	// the requests in flight.
+	MaxIdleConns        int
+	MaxIdleConnsPerHost int
+	IdleConnTimeout     time.Duration
 	TLSConfig           *tls.Config // nil: system roots
 }
 
@@ -123,9 +154,13 @@ func (o *Options) withDefaults() Options {
 	if r.UserAgent == "" {
 		r.UserAgent = DefaultUserAgent
 	}
-	if r.MaxIdleConnsPerHost <= 0 {
-		r.MaxIdleConnsPerHost = 8
+	if r.MaxIdleConns <= 0 {
+		r.MaxIdleConns = DefaultMaxIdleConns
 	}
+	if r.MaxIdleConnsPerHost <= 0 {
+		r.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	}
+	def(&r.IdleConnTimeout, DefaultIdleConnTimeout)
 	return r
 }
 
@@ -154,9 +189,9 @@ func New(o *Options) *Client {
 		TLSHandshakeTimeout:   c.opt.TLSHandshakeTimeout,
 		ResponseHeaderTimeout: c.opt.ResponseHeaderTimeout,
 		DisableCompression:    true, // bodies are stored as sent
-		MaxIdleConns:          256,
+		MaxIdleConns:          c.opt.MaxIdleConns,
 		MaxIdleConnsPerHost:   c.opt.MaxIdleConnsPerHost,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       c.opt.IdleConnTimeout,
 		ExpectContinueTimeout: time.Second,
 	}
 	c.hc = &http.Client{

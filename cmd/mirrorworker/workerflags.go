@@ -32,6 +32,7 @@ type workerFlags struct {
 	policy        string
 	allowPrivate  bool
 	maxBodySize   byteSize
+	maxIdleConns  int
 	connectTO     time.Duration
 	headerTO      time.Duration
 	idleTO        time.Duration
@@ -78,6 +79,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
 	w.maxBodySize = 16 << 30
 	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, a `size` in bytes or with a unit (16GiB, 500MB)")
+	fs.IntVar(&w.maxIdleConns, "max-idle-conns", fetch.DefaultMaxIdleConns, "idle keep-alive connections kept across all origins (about 22 KiB and one file descriptor each): above the authorities a worker cycles through, or each job pays a new connection (README: Sizing)")
 	fs.DurationVar(&w.connectTO, "origin-connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
 	// Until this flag had "origin" in its name, --connect-timeout meant the
 	// origin here and NATS in enqueue; old configurations keep working.
@@ -130,6 +132,9 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	}
 	if w.maxInFlight < 1 {
 		bad("--max-in-flight %d: want at least 1", w.maxInFlight)
+	}
+	if w.maxIdleConns < 1 {
+		bad("--max-idle-conns %d: want at least 1", w.maxIdleConns)
 	}
 	if w.maxBodySize <= 0 {
 		bad("--max-body-size %d: want more than 0", w.maxBodySize)
@@ -211,6 +216,7 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 		DeadlineBase:          w.deadlineBase,
 		DeadlineRate:          orNone(w.deadlineRate),
 		MaxBodySize:           int64(w.maxBodySize),
+		MaxIdleConns:          w.maxIdleConns,
 		AllowPrivate:          w.allowPrivate,
 		UserAgent:             fetch.UserAgent(version),
 	}
