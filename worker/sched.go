@@ -118,6 +118,9 @@ type scheduler struct {
 	// partition was taken over (fenced against its previous owner).
 	busyPart map[int]int
 	since    map[int]time.Time
+	// over counts, per partition, the authorities queued past maxPerAuth
+	// because they drain fast (authQ.over).
+	over map[int]int
 	// onCounts, if set, is called with the per-state counts after a change,
 	// under mu (it must only set gauges).
 	onCounts func(counts [3]int, busy int)
@@ -147,6 +150,10 @@ type authQ struct {
 	armed       time.Time     // the wake-up time in the heap, if any
 	cal         calendar
 	inReady     bool
+	// over: the queue was let past maxPerAuth because the authority serves
+	// it within holdMax (deferOnAdmitLocked); its partition's intake waits
+	// until the queue is back under the cap (scheduler.saturated).
+	over bool
 }
 
 type fifo struct{ jobs []*heldJob }
@@ -168,7 +175,7 @@ func newScheduler(p Pacer, o schedOptions) *scheduler {
 		o.inflightRe = time.Second
 	}
 	return &scheduler{pacer: p, o: o, auths: map[string]*authQ{}, bySeq: map[uint64]*heldJob{},
-		busyPart: map[int]int{}, since: map[int]time.Time{}}
+		busyPart: map[int]int{}, since: map[int]time.Time{}, over: map[int]int{}}
 }
 
 func (s *scheduler) authLocked(name string) *authQ {
@@ -353,9 +360,40 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 			until = max(a.notBefore.Sub(now), 0)
 		}
 		wait := until + max(ahead, 10*time.Millisecond)
+		if wait <= s.o.holdMax {
+			// The authority serves its whole queue within HoldMax: the job
+			// waits in memory like any short wait, rather than going back
+			// to the stream to be delivered again (docs/adr/0014). The
+			// partition's intake stops pulling until the queue is back
+			// under the cap, so memory stays with the other authorities.
+			if !a.over {
+				a.over = true
+				s.over[a.part]++
+			}
+			return deferral{}, false
+		}
 		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, per), reason: "overflow"}, true
 	}
 	return deferral{}, false
+}
+
+// saturated reports whether partition p (0 with one consumer) has an
+// authority queued past MaxHeldPerAuthority because it drains within
+// HoldMax: its intake waits rather than pull jobs that would overflow.
+func (s *scheduler) saturated(p int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.over[p] > 0
+}
+
+// underCapLocked ends a's saturation once its queue is under the cap.
+func (s *scheduler) underCapLocked(a *authQ) {
+	if a.over && a.n < s.o.maxPerAuth {
+		a.over = false
+		if s.over[a.part]--; s.over[a.part] <= 0 {
+			delete(s.over, a.part)
+		}
+	}
 }
 
 // perJob estimates how long the authority takes per job: the spacing in
@@ -402,6 +440,7 @@ func (s *scheduler) popLocked(a *authQ) *heldJob {
 		}
 		j := t.pop()
 		a.n--
+		s.underCapLocked(a)
 		if len(t.jobs) == 0 {
 			delete(a.tenants, name)
 			a.order = append(a.order[:a.cursor], a.order[a.cursor+1:]...)

@@ -245,7 +245,8 @@ func TestSchedulerInFlightCapWaitsForACompletion(t *testing.T) {
 }
 
 func TestSchedulerOverflowIsDeferred(t *testing.T) {
-	p := pacer.New(&pacer.Options{Policy: policy(100*time.Millisecond, 1)})
+	// A 1 s floor: the three jobs queued ahead take longer than HoldMax.
+	p := pacer.New(&pacer.Options{Policy: policy(time.Second, 1)})
 	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
 	seq := uint64(0)
 	admit := func(host string) (deferral, bool) {
@@ -266,16 +267,53 @@ func TestSchedulerOverflowIsDeferred(t *testing.T) {
 	}
 	for k := range 3 {
 		d, deferred := admit("hot.test")
-		// Three queued ahead at 100 ms each, then one interval per
+		// Three queued ahead at 1 s each, then one interval per
 		// overflowing job (the calendar).
-		want := 300*time.Millisecond + time.Duration(k)*100*time.Millisecond
+		want := 3*time.Second + time.Duration(k)*time.Second
 		if !deferred || d.reason != "overflow" || d.delay != want {
 			t.Fatalf("overflow %d: deferred=%v reason=%q delay=%v, want overflow after %v", k, deferred, d.reason, d.delay, want)
 		}
 	}
+	if s.saturated(0) {
+		t.Error("a slow authority's overflow saturates the partition; its jobs are deferred instead")
+	}
 	// Another authority is unaffected.
 	if _, d := admit("cold.test"); d {
 		t.Fatal("other authority's job deferred")
+	}
+}
+
+func TestSchedulerFastOverflowIsHeldAndPausesIntake(t *testing.T) {
+	// Floor 0: the authority serves its queue within HoldMax, so jobs past
+	// the per-authority bound wait in memory (one delivery each) and the
+	// partition is saturated until the queue is back under the bound.
+	p := pacer.New(&pacer.Options{Policy: policy(0, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
+	var seq uint64
+	admit := func(host string) (deferral, bool) {
+		seq++
+		return s.admit(t0, testJob(t, seq, "http://"+host+"/"+string(rune('a'+seq)), "default"))
+	}
+	for i := range 5 {
+		if d, deferred := admit("fast.test"); deferred {
+			t.Fatalf("job %d deferred (%s after %v); want it held", i, d.reason, d.delay)
+		}
+	}
+	if !s.saturated(0) {
+		t.Fatal("5 jobs queued past a bound of 3: want the partition saturated")
+	}
+	now := t0
+	for range 3 {
+		g, _, _ := s.next(now)
+		if len(g) != 1 {
+			t.Fatalf("grants %d, want 1", len(g))
+		}
+		now = now.Add(time.Millisecond)
+		p.Done(now, g[0].permit, pacer.Response{Status: 200})
+		s.finished(now, g[0].job, time.Millisecond, false)
+	}
+	if s.saturated(0) {
+		t.Fatal("queue back under the bound: want the partition no longer saturated")
 	}
 }
 

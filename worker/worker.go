@@ -139,7 +139,10 @@ type Options struct {
 	// the worker pulls only below it. 1000.
 	MaxHeld int
 	// MaxHeldPerAuthority bounds one authority's queue, so a hot authority
-	// cannot take all of MaxHeld; past it jobs are deferred. MaxHeld/4.
+	// cannot take all of MaxHeld; past it jobs are deferred, unless the
+	// authority serves its queue within HoldMax: then they wait in memory
+	// and the intake of its partition pauses until the queue is back under
+	// the bound (docs/adr/0014). MaxHeld/4.
 	MaxHeldPerAuthority int
 	// AckWait must match the consumer's; held jobs get an in-progress ack
 	// well before it runs out. 60 s.
@@ -463,11 +466,18 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			lowWater = max(1, min(lowWater, batchMax/2))
 		}
 		free := w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
-		if free < lowWater {
+		saturated := w.sched.saturated(part)
+		if free < lowWater || saturated {
 			// Woken when jobs leave memory; the timeout is a safety net
 			// against a missed wake-up, which would otherwise stall pulling
-			// for good (deferred jobs only come back through a pull).
-			t := w.clk.NewTimer(w.o.PullWait)
+			// for good (deferred jobs only come back through a pull). A
+			// saturated partition looks again soon: its authority drains
+			// fast, and the wake-up may have gone to another intake.
+			wait := w.o.PullWait
+			if saturated {
+				wait = min(wait, 20*time.Millisecond)
+			}
+			t := w.clk.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
