@@ -53,13 +53,14 @@ const (
 	// DefaultMaxIdleConns bounds the idle keep-alive connections kept across
 	// all authorities, and so the file descriptors and memory they hold
 	// (about 22 KiB of RSS each with their buffers and two goroutines,
-	// measured; plus the kernel's socket): at most 4096 descriptors and
-	// ~90 MiB however many authorities are cycled. It is
-	// well above what a worker cycling a thousand authorities reuses (one or
-	// two each); a smaller pool closes each connection, least recently used
-	// first, before its authority comes round again, and every job then
-	// pays a connect (and a TLS handshake).
-	DefaultMaxIdleConns = 4096
+	// measured; plus the kernel's socket): at most 16384 descriptors and
+	// ~350 MiB however many authorities are cycled, and never more than
+	// poolLimit allows under the process's file limit. It covers a worker
+	// cycling 10,000 authorities (one or two connections each); a pool
+	// smaller than the authorities in use closes each connection, least
+	// recently used first, before its authority comes round again, and
+	// every job then pays a connect (and a TLS handshake).
+	DefaultMaxIdleConns = 16384
 	// DefaultMaxIdleConnsPerHost is the idle connections kept per
 	// authority: the default in-flight cap (2) with room for a policy that
 	// raises it. Connections beyond it are closed after their request.
@@ -69,6 +70,18 @@ const (
 	// descriptor held for nothing. Origins often close sooner themselves.
 	DefaultIdleConnTimeout = 90 * time.Second
 )
+
+// poolLimit is want idle connections within a file limit of files (0:
+// unknown): at most the limit less 1024 descriptors for everything else
+// (the mirror's files, NATS, requests in flight, listeners), or half the
+// limit when that is more, so that idle connections cannot starve the
+// store of descriptors.
+func poolLimit(want, files int) int {
+	if files <= 0 {
+		return want
+	}
+	return max(min(want, max(files/2, files-1024)), 1)
+}
 
 // drainLimit bounds how much of a redirect or non-2xx body is read so its
 // connection can be reused; a longer body costs its connection instead.
@@ -109,7 +122,8 @@ type Options struct {
 	// addresses are refused regardless.
 	AllowPrivate bool
 	// MaxIdleConns bounds the idle connections kept across all authorities
-	// (DefaultMaxIdleConns); MaxIdleConnsPerHost those kept per authority
+	// (DefaultMaxIdleConns, and never more than poolLimit allows under the
+	// process's file limit); MaxIdleConnsPerHost those kept per authority
 	// (DefaultMaxIdleConnsPerHost); IdleConnTimeout closes one idle longer
 	// (DefaultIdleConnTimeout). Together they bound the descriptors the
 	// pool holds, whatever the number of authorities: MaxIdleConns plus
@@ -157,6 +171,7 @@ func (o *Options) withDefaults() Options {
 	if r.MaxIdleConns <= 0 {
 		r.MaxIdleConns = DefaultMaxIdleConns
 	}
+	r.MaxIdleConns = poolLimit(r.MaxIdleConns, fileLimit())
 	if r.MaxIdleConnsPerHost <= 0 {
 		r.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
 	}
