@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -125,10 +126,21 @@ type Deps struct {
 	Legacy jetstream.Consumer
 }
 
+// DefaultConcurrency returns the default of Options.Concurrency (and of
+// --concurrency): 16 fetch slots per CPU the Go runtime uses (GOMAXPROCS,
+// which follows a container's CPU limit), at least 16 and at most 128. A
+// slot mostly waits (on the origin, on the disk's fsync), so slots go well
+// beyond the CPUs; against loopback origins, where a job costs only CPU,
+// 16 to 64 slots on 2 CPUs ran within the noise of each other
+// (BenchmarkThroughput). README "Sizing" says when to set it.
+func DefaultConcurrency() int {
+	return min(max(16*runtime.GOMAXPROCS(0), 16), 128)
+}
+
 // Options tune a Worker. A nil *Options, and every zero field, means the
 // default given on the field.
 type Options struct {
-	Concurrency    int           // fetch slots; 8
+	Concurrency    int           // fetch slots; DefaultConcurrency()
 	FailureBudget  int           // failed attempts before a job is dead-lettered; 10
 	BackoffInitial time.Duration // first retry delay; 1 s
 	BackoffMax     time.Duration // longest retry delay; 5 min
@@ -204,7 +216,7 @@ func (o *Options) withDefaults() Options {
 			*p = v
 		}
 	}
-	defInt(&r.Concurrency, 8)
+	defInt(&r.Concurrency, DefaultConcurrency())
 	defInt(&r.FailureBudget, 10)
 	defDur(&r.BackoffInitial, time.Second)
 	defDur(&r.BackoffMax, 5*time.Minute)

@@ -72,14 +72,14 @@ type workerDefaults struct {
 }
 
 func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
-	fs.IntVar(&w.concurrency, "concurrency", 16, "fetch slots: requests in flight across all authorities")
+	fs.IntVar(&w.concurrency, "concurrency", worker.DefaultConcurrency(), "fetch slots: requests in flight across all authorities; the default is 16 per CPU (GOMAXPROCS), within 16..128 (README: Sizing)")
 	fs.DurationVar(&w.floor, "floor", time.Second, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
 	fs.IntVar(&w.maxInFlight, "max-in-flight", 2, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
 	fs.StringVar(&w.policy, "policy", "", d.policyHelp)
 	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
 	w.maxBodySize = 16 << 30
 	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, a `size` in bytes or with a unit (16GiB, 500MB)")
-	fs.IntVar(&w.maxIdleConns, "max-idle-conns", fetch.DefaultMaxIdleConns, "idle keep-alive connections kept across all origins (about 22 KiB and one file descriptor each): above the authorities a worker cycles through, or each job pays a new connection (README: Sizing)")
+	fs.IntVar(&w.maxIdleConns, "max-idle-conns", fetch.DefaultMaxIdleConns, "idle keep-alive connections kept across all origins (about 22 KiB and one file descriptor each; never more than the file limit less 1024): above the authorities a worker cycles through, or each job pays a new connection (README: Sizing)")
 	fs.DurationVar(&w.connectTO, "origin-connect-timeout", 10*time.Second, "timeout to connect to an origin (TLS handshake included)")
 	// Until this flag had "origin" in its name, --connect-timeout meant the
 	// origin here and NATS in enqueue; old configurations keep working.
