@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,9 +18,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/mirrorworker/mirrorworker/broker"
-	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
 // BenchmarkThroughput measures, side by side in one run, the worker end to
@@ -135,6 +131,10 @@ func (r pipelineResult) deliveriesPerJob() float64 {
 type ackWatch struct {
 	warm, measured uint64
 	onWarm         func() // called once the warm-up jobs are acked
+	// anyJob counts acks in the order they come, whatever their stream
+	// sequence: the first warm acks are the warm-up, the next measured
+	// are timed.
+	anyJob bool
 
 	mu         sync.Mutex
 	acked      map[uint64]uint64 // stream sequence -> NumDelivered of its ack
@@ -199,6 +199,9 @@ func (a *ackWatch) handle(m *nats.Msg) {
 		return
 	}
 	a.acked[seq] = delivered
+	if a.anyJob {
+		seq = uint64(len(a.acked)) // the order of arrival
+	}
 	switch {
 	case seq <= a.warm:
 		a.nWarm++
@@ -424,89 +427,6 @@ func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 func runWorkerPipeline(b *testing.B, bl benchBacklog, args []string) pipelineResult {
 	b.Helper()
 	dataDir := b.TempDir()
-	ctx := context.Background()
-	emb, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: filepath.Join(dataDir, "nats")})
-	if err != nil {
-		b.Fatal(err)
-	}
-	nc, err := emb.Connect("bench-publish")
-	if err != nil {
-		b.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
-		b.Fatal(err)
-	}
-	for i := range bl.total() {
-		u, t := bl.job(i)
-		m, _, err := jobs.NewMsg(jobs.Job{ID: "j" + strconv.Itoa(i), URL: u, Target: t})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if _, err := js.PublishMsgAsync(m); err != nil {
-			b.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(5 * time.Minute):
-		b.Fatal("publish acks did not arrive")
-	}
-	nc.Close()
-	emb.Shutdown()
-
-	bl.origin.reset(b, bl.warm)
-	full := append([]string{"run", "--data-dir", dataDir, "--embedded-listen", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
-		"--floor", "0", "--allow-private-networks"}, args...)
-	lw := newLogWatch()
-	rctx, cancel := context.WithCancel(ctx)
-	exited := make(chan struct{})
-	var runErr error
-	go func() {
-		defer close(exited)
-		runErr = run(rctx, full, noEnv, strings.NewReader(""), io.Discard, lw)
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-exited:
-		case <-time.After(time.Minute):
-			b.Errorf("worker did not stop; log:\n%s", lw)
-		}
-		if runErr != nil {
-			b.Errorf("run: %v; log:\n%s", runErr, lw)
-		}
-	}()
-	var si startInfo
-	select {
-	case si = <-lw.started:
-	case <-exited:
-		b.Fatalf("worker exited before its start line; log:\n%s", lw)
-	case <-time.After(time.Minute):
-		b.Fatalf("no start line; log:\n%s", lw)
-	}
-	wnc, err := nats.Connect(si.NATSURL)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer wnc.Close()
-	watch := newAckWatch(bl.warm, bl.measured, nil)
-	watch.subscribe(b, wnc, jobs.JobsStream)
-	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
-	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks}
-	wjs, err := jetstream.New(wnc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if s, err := wjs.Stream(ctx, jobs.ParkStream); err == nil {
-		if info, err := s.Info(ctx); err == nil {
-			res.parked = info.State.LastSeq // every job ever parked, unparked or not
-		}
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		b.Fatal(err)
-	}
-	return res
+	publishBacklog(b, dataDir, bl.total(), bl.job)
+	return runWorkerOn(b, dataDir, bl, args, false)
 }
