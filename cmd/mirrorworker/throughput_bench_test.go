@@ -41,8 +41,8 @@ import (
 //
 // MW_BENCH_JOBS sets the measured jobs per configuration (default: 10,000,
 // and 20,000 at 10,000 authorities); MW_BENCH_WORKER_ARGS adds flags to
-// the worker (e.g. "--concurrency 64"); MW_BENCH_ONLY=worker runs the
-// worker alone, for -cpuprofile. ns/op is meaningless here: each
+// the worker (e.g. "--concurrency 64"); MW_BENCH_ONLY=worker (or raw) runs
+// one pipeline alone, for -cpuprofile or strace. ns/op is meaningless here: each
 // configuration runs once per -count, whatever b.N.
 func BenchmarkThroughput(b *testing.B) {
 	for _, c := range []struct {
@@ -66,12 +66,17 @@ func BenchmarkThroughput(b *testing.B) {
 			o := startBenchOrigin(b, c.authorities, 4<<10)
 			bl := benchBacklog{origin: o, authorities: c.authorities, warm: c.authorities, measured: n}
 
-			if os.Getenv("MW_BENCH_ONLY") == "worker" {
-				// For profiles of the worker alone: no ratio.
+			switch os.Getenv("MW_BENCH_ONLY") {
+			case "worker": // for profiles and syscall counts of one pipeline: no ratio
 				wk := runWorkerPipeline(b, bl, args)
 				b.ReportMetric(wk.rate(), "worker_jobs/s")
 				b.ReportMetric(wk.connectsPerJob(), "worker_connects/job")
 				b.ReportMetric(wk.deliveriesPerJob(), "worker_deliveries/job")
+				return
+			case "raw":
+				raw := runRawPipeline(b, bl, c.raw)
+				b.ReportMetric(raw.rate(), "raw_jobs/s")
+				b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
 				return
 			}
 			raw := runRawPipeline(b, bl, c.raw)
