@@ -118,9 +118,9 @@ type scheduler struct {
 	// partition was taken over (fenced against its previous owner).
 	busyPart map[int]int
 	since    map[int]time.Time
-	// over counts, per partition, the authorities queued past maxPerAuth
-	// because they drain fast (authQ.over).
-	over map[int]int
+	// overs are the authorities queued past maxPerAuth because they drain
+	// fast (authQ.over).
+	overs map[*authQ]struct{}
 	// onCounts, if set, is called with the per-state counts after a change,
 	// under mu (it must only set gauges).
 	onCounts func(counts [3]int, busy int)
@@ -138,8 +138,9 @@ type authQ struct {
 	inflight int           // our granted permits not yet done (first hops)
 	maxSeen  int           // most permits we ever had out at once, >= 1 once used
 	svc      time.Duration // EWMA of a job's time in its slot
-	gap      time.Duration // EWMA of the time between completions while busy
-	lastDone time.Time
+	gap       time.Duration // EWMA of the time between completions while busy
+	lastDone  time.Time
+	lastGrant time.Time
 	// notBefore is a hint from the last refusal: the head does not ask the
 	// pacer again before it. Zero: ask at once.
 	notBefore time.Time
@@ -151,9 +152,11 @@ type authQ struct {
 	cal         calendar
 	inReady     bool
 	// over: the queue was let past maxPerAuth because the authority serves
-	// it within holdMax (deferOnAdmitLocked); its partition's intake waits
-	// until the queue is back under the cap (scheduler.saturated).
-	over bool
+	// it within holdMax (deferOnAdmitLocked), since overSince; its
+	// partition's intake waits until the queue is back under the cap, or
+	// the authority stops serving it fast (scheduler.saturated).
+	over      bool
+	overSince time.Time
 }
 
 type fifo struct{ jobs []*heldJob }
@@ -175,7 +178,7 @@ func newScheduler(p Pacer, o schedOptions) *scheduler {
 		o.inflightRe = time.Second
 	}
 	return &scheduler{pacer: p, o: o, auths: map[string]*authQ{}, bySeq: map[uint64]*heldJob{},
-		busyPart: map[int]int{}, since: map[int]time.Time{}, over: map[int]int{}}
+		busyPart: map[int]int{}, since: map[int]time.Time{}, overs: map[*authQ]struct{}{}}
 }
 
 func (s *scheduler) authLocked(name string) *authQ {
@@ -360,15 +363,15 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 			until = max(a.notBefore.Sub(now), 0)
 		}
 		wait := until + max(ahead, 10*time.Millisecond)
-		if wait <= s.o.holdMax {
+		if wait <= s.o.holdMax && !a.stalled(now, s.o.holdMax) {
 			// The authority serves its whole queue within HoldMax: the job
 			// waits in memory like any short wait, rather than going back
 			// to the stream to be delivered again (docs/adr/0014). The
 			// partition's intake stops pulling until the queue is back
 			// under the cap, so memory stays with the other authorities.
 			if !a.over {
-				a.over = true
-				s.over[a.part]++
+				a.over, a.overSince = true, now
+				s.overs[a] = struct{}{}
 			}
 			return deferral{}, false
 		}
@@ -379,21 +382,51 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 
 // saturated reports whether partition p (0 with one consumer) has an
 // authority queued past MaxHeldPerAuthority because it drains within
-// HoldMax: its intake waits rather than pull jobs that would overflow.
-func (s *scheduler) saturated(p int) bool {
+// HoldMax: its intake waits rather than pull jobs that would overflow. An
+// authority that has completed nothing for HoldMax (an origin that stalled)
+// no longer holds the partition: its next jobs overflow to the stream as
+// any slow authority's do, and the other authorities are pulled again.
+func (s *scheduler) saturated(now time.Time, p int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.over[p] > 0
+	sat := false
+	for a := range s.overs {
+		if a.part != p {
+			continue
+		}
+		if now.Sub(later(later(a.lastDone, a.lastGrant), a.overSince)) > s.o.holdMax {
+			s.endOverLocked(a)
+			continue
+		}
+		sat = true
+	}
+	return sat
 }
 
 // underCapLocked ends a's saturation once its queue is under the cap.
 func (s *scheduler) underCapLocked(a *authQ) {
 	if a.over && a.n < s.o.maxPerAuth {
-		a.over = false
-		if s.over[a.part]--; s.over[a.part] <= 0 {
-			delete(s.over, a.part)
-		}
+		s.endOverLocked(a)
 	}
+}
+
+// stalled reports an authority with requests in flight that neither
+// completed nor started one for holdMax: its observed pace is stale, and
+// its queue is not served within holdMax whatever the estimate says.
+func (a *authQ) stalled(now time.Time, holdMax time.Duration) bool {
+	return a.inflight > 0 && now.Sub(later(a.lastDone, a.lastGrant)) > holdMax
+}
+
+func (s *scheduler) endOverLocked(a *authQ) {
+	a.over = false
+	delete(s.overs, a)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // perJob estimates how long the authority takes per job: the spacing in
@@ -533,6 +566,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			s.setStateLocked(j, stateWaiting)
 			a.interval = pm.Interval
 			a.inflight++
+			a.lastGrant = now
 			a.maxSeen = max(a.maxSeen, a.inflight)
 			s.busy++
 			s.busyPart[a.part]++

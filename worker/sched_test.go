@@ -274,7 +274,7 @@ func TestSchedulerOverflowIsDeferred(t *testing.T) {
 			t.Fatalf("overflow %d: deferred=%v reason=%q delay=%v, want overflow after %v", k, deferred, d.reason, d.delay, want)
 		}
 	}
-	if s.saturated(0) {
+	if s.saturated(t0, 0) {
 		t.Error("a slow authority's overflow saturates the partition; its jobs are deferred instead")
 	}
 	// Another authority is unaffected.
@@ -299,7 +299,7 @@ func TestSchedulerFastOverflowIsHeldAndPausesIntake(t *testing.T) {
 			t.Fatalf("job %d deferred (%s after %v); want it held", i, d.reason, d.delay)
 		}
 	}
-	if !s.saturated(0) {
+	if !s.saturated(t0, 0) {
 		t.Fatal("5 jobs queued past a bound of 3: want the partition saturated")
 	}
 	now := t0
@@ -312,8 +312,45 @@ func TestSchedulerFastOverflowIsHeldAndPausesIntake(t *testing.T) {
 		p.Done(now, g[0].permit, pacer.Response{Status: 200})
 		s.finished(now, g[0].job, time.Millisecond, false)
 	}
-	if s.saturated(0) {
+	if s.saturated(now, 0) {
 		t.Fatal("queue back under the bound: want the partition no longer saturated")
+	}
+}
+
+func TestSchedulerStalledAuthorityReleasesItsPartition(t *testing.T) {
+	// A fast authority past its bound saturates the partition; when its
+	// requests stop completing for HoldMax, the partition is pulled again
+	// and the authority's next job goes back to the stream.
+	p := pacer.New(&pacer.Options{Policy: policy(0, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
+	var seq uint64
+	admit := func(now time.Time) (deferral, bool) {
+		seq++
+		return s.admit(now, testJob(t, seq, "http://hang.test/"+string(rune('a'+seq)), "default"))
+	}
+	for range 4 {
+		if _, deferred := admit(t0); deferred {
+			t.Fatal("deferred with a fast authority")
+		}
+	}
+	if g, _, _ := s.next(t0); len(g) != 1 { // its request hangs from here
+		t.Fatalf("grants %d, want 1", len(g))
+	}
+	if _, deferred := admit(t0); deferred {
+		t.Fatal("deferred with a fast authority")
+	}
+	if !s.saturated(t0.Add(time.Second), 0) {
+		t.Fatal("want the partition saturated within HoldMax")
+	}
+	late := t0.Add(3 * time.Second) // past HoldMax (2 s) with nothing done
+	if s.saturated(late, 0) {
+		t.Fatal("a stalled authority still holds its partition")
+	}
+	if d, deferred := admit(late); !deferred || d.reason != "overflow" {
+		t.Fatalf("a stalled authority's job past the bound: deferred=%v reason=%q, want overflow", deferred, d.reason)
+	}
+	if s.saturated(late, 0) {
+		t.Fatal("the deferred job saturated the partition again")
 	}
 }
 

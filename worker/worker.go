@@ -478,7 +478,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			lowWater = max(1, min(lowWater, batchMax/2))
 		}
 		free := w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
-		saturated := w.sched.saturated(part)
+		saturated := w.sched.saturated(w.clk.Now(), part)
 		if free < lowWater || saturated {
 			// Woken when jobs leave memory; the timeout is a safety net
 			// against a missed wake-up, which would otherwise stall pulling
