@@ -78,6 +78,10 @@ type deferral struct {
 type schedOptions struct {
 	slots      int
 	holdMax    time.Duration
+	// overHorizon: an authority whose queue past maxPerAuth is served
+	// within it is held, pausing its partition's intake; one that makes no
+	// progress for it no longer pauses it (see saturated). holdMax if 0.
+	overHorizon time.Duration
 	reserve    time.Duration // maxWait passed to Acquire: a slot reserved this close is taken
 	maxHeld    int
 	maxPerAuth int
@@ -152,7 +156,7 @@ type authQ struct {
 	cal         calendar
 	inReady     bool
 	// over: the queue was let past maxPerAuth because the authority serves
-	// it within holdMax (deferOnAdmitLocked), since overSince; its
+	// it within overHorizon (deferOnAdmitLocked), since overSince; its
 	// partition's intake waits until the queue is back under the cap, or
 	// the authority stops serving it fast (scheduler.saturated).
 	over      bool
@@ -173,6 +177,9 @@ func (f *fifo) pop() *heldJob {
 func newScheduler(p Pacer, o schedOptions) *scheduler {
 	if o.rand == nil {
 		o.rand = rand.Float64
+	}
+	if o.overHorizon <= 0 {
+		o.overHorizon = o.holdMax
 	}
 	if o.inflightRe <= 0 {
 		o.inflightRe = time.Second
@@ -363,12 +370,13 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 			until = max(a.notBefore.Sub(now), 0)
 		}
 		wait := until + max(ahead, 10*time.Millisecond)
-		if wait <= s.o.holdMax && !a.stalled(now, s.o.holdMax) {
-			// The authority serves its whole queue within HoldMax: the job
-			// waits in memory like any short wait, rather than going back
-			// to the stream to be delivered again (docs/adr/0014). The
+		if wait <= s.o.overHorizon && !a.stalled(now, s.o.overHorizon) {
+			// The authority serves its whole queue soon (within ParkAfter,
+			// short of which a deferred job would be NAKed and delivered
+			// again for nothing): the job waits in memory, and the
 			// partition's intake stops pulling until the queue is back
-			// under the cap, so memory stays with the other authorities.
+			// under the cap, so memory stays with the other authorities
+			// (docs/adr/0014).
 			if !a.over {
 				a.over, a.overSince = true, now
 				s.overs[a] = struct{}{}
@@ -381,11 +389,12 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 }
 
 // saturated reports whether partition p (0 with one consumer) has an
-// authority queued past MaxHeldPerAuthority because it drains within
-// HoldMax: its intake waits rather than pull jobs that would overflow. An
-// authority that has completed nothing for HoldMax (an origin that stalled)
-// no longer holds the partition: its next jobs overflow to the stream as
-// any slow authority's do, and the other authorities are pulled again.
+// authority queued past MaxHeldPerAuthority because it drains fast (within
+// overHorizon): its intake waits rather than pull jobs that would overflow.
+// An authority that has neither completed nor started a request for
+// overHorizon (an origin that stalled) no longer holds the partition: its
+// next jobs overflow to the stream as any slow authority's do, and the
+// other authorities are pulled again.
 func (s *scheduler) saturated(now time.Time, p int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -394,7 +403,7 @@ func (s *scheduler) saturated(now time.Time, p int) bool {
 		if a.part != p {
 			continue
 		}
-		if now.Sub(later(later(a.lastDone, a.lastGrant), a.overSince)) > s.o.holdMax {
+		if now.Sub(later(later(a.lastDone, a.lastGrant), a.overSince)) > s.o.overHorizon {
 			s.endOverLocked(a)
 			continue
 		}
@@ -411,10 +420,10 @@ func (s *scheduler) underCapLocked(a *authQ) {
 }
 
 // stalled reports an authority with requests in flight that neither
-// completed nor started one for holdMax: its observed pace is stale, and
-// its queue is not served within holdMax whatever the estimate says.
-func (a *authQ) stalled(now time.Time, holdMax time.Duration) bool {
-	return a.inflight > 0 && now.Sub(later(a.lastDone, a.lastGrant)) > holdMax
+// completed nor started one for d: its observed pace is stale, and its
+// queue is not served soon whatever the estimate says.
+func (a *authQ) stalled(now time.Time, d time.Duration) bool {
+	return a.inflight > 0 && now.Sub(later(a.lastDone, a.lastGrant)) > d
 }
 
 func (s *scheduler) endOverLocked(a *authQ) {

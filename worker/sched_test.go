@@ -2,6 +2,7 @@ package worker
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -431,4 +432,31 @@ func mustMetrics(t *testing.T) *Metrics {
 		t.Fatal(err)
 	}
 	return m
+}
+
+func TestSchedulerOverflowHeldWithinTheHorizon(t *testing.T) {
+	// A 1 s floor and three jobs ahead: 3 s of queue, longer than HoldMax
+	// but within the horizon (the worker's ParkAfter): held, not deferred.
+	p := pacer.New(&pacer.Options{Policy: policy(time.Second, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3; o.overHorizon = 10 * time.Second })
+	var seq uint64
+	for i := range 5 {
+		seq++
+		if d, deferred := s.admit(t0, testJob(t, seq, "http://floored.test/"+string(rune('a'+seq)), "default")); deferred {
+			t.Fatalf("job %d deferred (%s after %v); want it held", i, d.reason, d.delay)
+		}
+		if i == 0 {
+			s.next(t0) // one granted: the scheduler learns the 1 s interval
+		}
+	}
+	if !s.saturated(t0, 0) {
+		t.Fatal("want the partition saturated")
+	}
+	for i := range 20 {
+		seq++
+		if _, deferred := s.admit(t0, testJob(t, seq, "http://floored.test/z"+strconv.Itoa(i), "default")); deferred {
+			return // the queue grew past the horizon: deferred from here
+		}
+	}
+	t.Fatal("20 more jobs at 1 s each all held: want those past the 10 s horizon deferred")
 }

@@ -152,9 +152,10 @@ type Options struct {
 	MaxHeld int
 	// MaxHeldPerAuthority bounds one authority's queue, so a hot authority
 	// cannot take all of MaxHeld; past it jobs are deferred, unless the
-	// authority serves its queue within HoldMax: then they wait in memory
-	// and the intake of its partition pauses until the queue is back under
-	// the bound (docs/adr/0014). MaxHeld/4.
+	// authority serves its queue within ParkAfter (HoldMax if longer): then
+	// they wait in memory and the intake of its partition pauses until the
+	// queue is back under the bound, or until the authority makes no
+	// progress for that long (docs/adr/0014). MaxHeld/4.
 	MaxHeldPerAuthority int
 	// AckWait must match the consumer's; held jobs get an in-progress ack
 	// well before it runs out. 60 s.
@@ -317,14 +318,17 @@ func New(d Deps, o *Options) (*Worker, error) {
 		space: make(chan struct{}, 1),
 	}
 	w.sched = newScheduler(d.Pacer, schedOptions{
-		slots:      r.Concurrency,
-		holdMax:    r.HoldMax,
-		reserve:    min(r.HoldMax, 5*time.Millisecond),
-		maxHeld:    r.MaxHeld,
-		maxPerAuth: r.MaxHeldPerAuthority,
-		spread:     r.DeferSpread,
-		partitions: r.Partitions,
-		owns:       d.Owns,
+		slots:   r.Concurrency,
+		holdMax: r.HoldMax,
+		// A wait within ParkAfter would be a NAK (a delivery more for
+		// nothing); a longer one parks anyway.
+		overHorizon: max(r.HoldMax, r.ParkAfter),
+		reserve:     min(r.HoldMax, 5*time.Millisecond),
+		maxHeld:     r.MaxHeld,
+		maxPerAuth:  r.MaxHeldPerAuthority,
+		spread:      r.DeferSpread,
+		partitions:  r.Partitions,
+		owns:        d.Owns,
 	})
 	w.sched.onCounts = m.setHeld
 	w.parts = map[int]*partition{}

@@ -203,6 +203,11 @@ func runWorkerOn(b testing.TB, dataDir string, bl benchBacklog, args []string, a
 	watch.anyJob = anyJob
 	watch.subscribe(b, wnc, jobs.JobsStream)
 	elapsed, deliveries, naks := watch.wait(b, 20*time.Minute)
+	if path := os.Getenv("MW_BENCH_LOG"); path != "" {
+		// The worker's log, for a look at why jobs were deferred
+		// (MW_BENCH_WORKER_ARGS="--log-level debug").
+		os.WriteFile(path, []byte(lw.String()), 0o644)
+	}
 	if path := os.Getenv("MW_BENCH_HEAPPROFILE"); path != "" {
 		// The heap while the worker runs (go test -memprofile writes it
 		// only after the worker has stopped).
