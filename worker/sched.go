@@ -78,10 +78,6 @@ type deferral struct {
 type schedOptions struct {
 	slots      int
 	holdMax    time.Duration
-	// overHorizon: an authority whose queue past maxPerAuth is served
-	// within it is held, pausing its partition's intake; one that makes no
-	// progress for it no longer pauses it (see saturated). holdMax if 0.
-	overHorizon time.Duration
 	reserve    time.Duration // maxWait passed to Acquire: a slot reserved this close is taken
 	maxHeld    int
 	maxPerAuth int
@@ -92,6 +88,10 @@ type schedOptions struct {
 	// while owns(partition) is true (docs/adr/0007).
 	partitions int
 	owns       func(p int) bool
+	// overHorizon: an authority whose queue past maxPerAuth is served
+	// within it is held, pausing its partition's intake; one that makes no
+	// progress for it no longer pauses it (see saturated). holdMax if 0.
+	overHorizon time.Duration
 }
 
 // fencer is a Pacer that can be told another pod may have started a
@@ -142,9 +142,9 @@ type authQ struct {
 	inflight int           // our granted permits not yet done (first hops)
 	maxSeen  int           // most permits we ever had out at once, >= 1 once used
 	svc      time.Duration // EWMA of a job's time in its slot
-	gap       time.Duration // EWMA of the time between completions while busy
-	lastDone  time.Time
-	lastGrant time.Time
+	gap      time.Duration // EWMA of the time between completions while busy
+	lastDone time.Time
+	granted  time.Time // when its last permit was granted
 	// notBefore is a hint from the last refusal: the head does not ask the
 	// pacer again before it. Zero: ask at once.
 	notBefore time.Time
@@ -403,7 +403,7 @@ func (s *scheduler) saturated(now time.Time, p int) bool {
 		if a.part != p {
 			continue
 		}
-		if now.Sub(later(later(a.lastDone, a.lastGrant), a.overSince)) > s.o.overHorizon {
+		if now.Sub(later(later(a.lastDone, a.granted), a.overSince)) > s.o.overHorizon {
 			s.endOverLocked(a)
 			continue
 		}
@@ -423,7 +423,7 @@ func (s *scheduler) underCapLocked(a *authQ) {
 // completed nor started one for d: its observed pace is stale, and its
 // queue is not served soon whatever the estimate says.
 func (a *authQ) stalled(now time.Time, d time.Duration) bool {
-	return a.inflight > 0 && now.Sub(later(a.lastDone, a.lastGrant)) > d
+	return a.inflight > 0 && now.Sub(later(a.lastDone, a.granted)) > d
 }
 
 func (s *scheduler) endOverLocked(a *authQ) {
@@ -575,7 +575,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			s.setStateLocked(j, stateWaiting)
 			a.interval = pm.Interval
 			a.inflight++
-			a.lastGrant = now
+			a.granted = now
 			a.maxSeen = max(a.maxSeen, a.inflight)
 			s.busy++
 			s.busyPart[a.part]++
