@@ -11,7 +11,7 @@ PKGS      := ./...
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
 
-.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench soak clean image
+.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench bench-throughput bench-memory soak clean image
 
 all: build
 
@@ -66,6 +66,16 @@ lint: vet fmt-check
 ## bench: benchmarks of every package (end-to-end jobs/s, pacer ns/op, stub origin req/s).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s $(PKGS)
+
+## bench-throughput: the worker end to end against a raw pipeline of no project code, side by
+## side, at 10, 1,000 and 10,000 authorities and at one (README: Sizing; docs/adr/0014).
+bench-throughput:
+	$(GO) test -run '^$$' -bench Throughput -benchtime 1x -count 3 -timeout 60m ./cmd/mirrorworker/
+
+## bench-memory: RSS of the worker over backlogs of 10,000 to 1,000,000 jobs on 100,000
+## authorities (~15 minutes).
+bench-memory:
+	MW_BENCH_BACKLOG=10000,100000,1000000 $(GO) test -run '^$$' -bench BacklogMemory -benchtime 1x -timeout 60m ./cmd/mirrorworker/
 
 ## soak: the crash soak (issue 13, R1): SIGKILLs at random moments of a 10,000-job run of a
 ## real worker process, then 0 lost, 0 corrupt, no partial or temporary file. ~5 GB of disk.

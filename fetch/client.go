@@ -47,6 +47,42 @@ const (
 	DefaultDeadlineRate = 16 << 10
 )
 
+// Defaults of the connection pool (Options.MaxIdleConns and the rest); see
+// docs/adr/0014-connection-pool-bounds-and-held-overflow.md.
+const (
+	// DefaultMaxIdleConns bounds the idle keep-alive connections kept across
+	// all authorities, and so the file descriptors and memory they hold
+	// (about 22 KiB of RSS each with their buffers and two goroutines,
+	// measured; plus the kernel's socket): at most 16384 descriptors and
+	// ~350 MiB however many authorities are cycled, and never more than
+	// poolLimit allows under the process's file limit. It covers a worker
+	// cycling 10,000 authorities (one or two connections each); a pool
+	// smaller than the authorities in use closes each connection, least
+	// recently used first, before its authority comes round again, and
+	// every job then pays a connect (and a TLS handshake).
+	DefaultMaxIdleConns = 16384
+	// DefaultMaxIdleConnsPerHost is the idle connections kept per
+	// authority: the default in-flight cap (2) with room for a policy that
+	// raises it. Connections beyond it are closed after their request.
+	DefaultMaxIdleConnsPerHost = 4
+	// DefaultIdleConnTimeout closes a connection idle this long: an
+	// authority not asked again within it costs a new connect, not a
+	// descriptor held for nothing. Origins often close sooner themselves.
+	DefaultIdleConnTimeout = 90 * time.Second
+)
+
+// poolLimit is want idle connections within a file limit of files (0:
+// unknown): at most the limit less 1024 descriptors for everything else
+// (the mirror's files, NATS, requests in flight, listeners), or half the
+// limit when that is more, so that idle connections cannot starve the
+// store of descriptors.
+func poolLimit(want, files int) int {
+	if files <= 0 {
+		return want
+	}
+	return max(min(want, max(files/2, files-1024)), 1)
+}
+
 // drainLimit bounds how much of a redirect or non-2xx body is read so its
 // connection can be reused; a longer body costs its connection instead.
 const drainLimit = 64 << 10
@@ -93,8 +129,17 @@ type Options struct {
 	// AllowPrivate admits loopback, private, shared (CGNAT), unspecified,
 	// multicast and reserved destinations. Link-local and cloud metadata
 	// addresses are refused regardless.
-	AllowPrivate        bool
-	MaxIdleConnsPerHost int         // 8
+	AllowPrivate bool
+	// MaxIdleConns bounds the idle connections kept across all authorities
+	// (DefaultMaxIdleConns, and never more than poolLimit allows under the
+	// process's file limit); MaxIdleConnsPerHost those kept per authority
+	// (DefaultMaxIdleConnsPerHost); IdleConnTimeout closes one idle longer
+	// (DefaultIdleConnTimeout). Together they bound the descriptors the
+	// pool holds, whatever the number of authorities: MaxIdleConns plus
+	// the requests in flight.
+	MaxIdleConns        int
+	MaxIdleConnsPerHost int
+	IdleConnTimeout     time.Duration
 	TLSConfig           *tls.Config // nil: system roots
 }
 
@@ -132,9 +177,14 @@ func (o *Options) withDefaults() Options {
 	if r.UserAgent == "" {
 		r.UserAgent = DefaultUserAgent
 	}
-	if r.MaxIdleConnsPerHost <= 0 {
-		r.MaxIdleConnsPerHost = 8
+	if r.MaxIdleConns <= 0 {
+		r.MaxIdleConns = DefaultMaxIdleConns
 	}
+	r.MaxIdleConns = poolLimit(r.MaxIdleConns, fileLimit())
+	if r.MaxIdleConnsPerHost <= 0 {
+		r.MaxIdleConnsPerHost = DefaultMaxIdleConnsPerHost
+	}
+	def(&r.IdleConnTimeout, DefaultIdleConnTimeout)
 	return r
 }
 
@@ -163,9 +213,9 @@ func New(o *Options) *Client {
 		TLSHandshakeTimeout:   c.opt.TLSHandshakeTimeout,
 		ResponseHeaderTimeout: c.opt.ResponseHeaderTimeout,
 		DisableCompression:    true, // bodies are stored as sent
-		MaxIdleConns:          256,
+		MaxIdleConns:          c.opt.MaxIdleConns,
 		MaxIdleConnsPerHost:   c.opt.MaxIdleConnsPerHost,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       c.opt.IdleConnTimeout,
 		ExpectContinueTimeout: time.Second,
 	}
 	c.hc = &http.Client{

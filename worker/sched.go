@@ -89,6 +89,10 @@ type schedOptions struct {
 	// while owns(partition) is true (docs/adr/0007).
 	partitions int
 	owns       func(p int) bool
+	// overHorizon: an authority whose queue past maxPerAuth is served
+	// within it is held, pausing its partition's intake; one that makes no
+	// progress for it no longer pauses it (see saturated). holdMax if 0.
+	overHorizon time.Duration
 }
 
 // fencer is a Pacer that can be told another pod may have started a
@@ -119,6 +123,9 @@ type scheduler struct {
 	// partition was taken over (fenced against its previous owner).
 	busyPart map[int]int
 	since    map[int]time.Time
+	// overs are the authorities queued past maxPerAuth because they drain
+	// fast (authQ.over).
+	overs map[*authQ]struct{}
 	// onCounts, if set, is called with the per-state counts after a change,
 	// under mu (it must only set gauges).
 	onCounts func(counts [3]int, busy int)
@@ -138,6 +145,7 @@ type authQ struct {
 	svc      time.Duration // EWMA of a job's time in its slot
 	gap      time.Duration // EWMA of the time between completions while busy
 	lastDone time.Time
+	granted  time.Time // when its last permit was granted
 	// notBefore is a hint from the last refusal: the head does not ask the
 	// pacer again before it. Zero: ask at once.
 	notBefore time.Time
@@ -148,6 +156,12 @@ type authQ struct {
 	armed       time.Time     // the wake-up time in the heap, if any
 	cal         calendar
 	inReady     bool
+	// over: the queue was let past maxPerAuth because the authority serves
+	// it within overHorizon (deferOnAdmitLocked), since overSince; its
+	// partition's intake waits until the queue is back under the cap, or
+	// the authority stops serving it fast (scheduler.saturated).
+	over      bool
+	overSince time.Time
 }
 
 type fifo struct{ jobs []*heldJob }
@@ -165,11 +179,14 @@ func newScheduler(p Pacer, o schedOptions) *scheduler {
 	if o.rand == nil {
 		o.rand = rand.Float64
 	}
+	if o.overHorizon <= 0 {
+		o.overHorizon = o.holdMax
+	}
 	if o.inflightRe <= 0 {
 		o.inflightRe = time.Second
 	}
 	return &scheduler{pacer: p, o: o, auths: map[string]*authQ{}, bySeq: map[uint64]*heldJob{},
-		busyPart: map[int]int{}, since: map[int]time.Time{}}
+		busyPart: map[int]int{}, since: map[int]time.Time{}, overs: map[*authQ]struct{}{}}
 }
 
 func (s *scheduler) authLocked(name string) *authQ {
@@ -354,9 +371,72 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 			until = max(a.notBefore.Sub(now), 0)
 		}
 		wait := until + max(ahead, 10*time.Millisecond)
+		if wait <= s.o.overHorizon && !a.stalled(now, s.o.overHorizon) {
+			// The authority serves its whole queue soon (within ParkAfter,
+			// short of which a deferred job would be NAKed and delivered
+			// again for nothing): the job waits in memory, and the
+			// partition's intake stops pulling until the queue is back
+			// under the cap, so memory stays with the other authorities
+			// (docs/adr/0014).
+			if !a.over {
+				a.over, a.overSince = true, now
+				s.overs[a] = struct{}{}
+			}
+			return deferral{}, false
+		}
 		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, per), reason: "overflow"}, true
 	}
 	return deferral{}, false
+}
+
+// saturated reports whether partition p (0 with one consumer) has an
+// authority queued past MaxHeldPerAuthority because it drains fast (within
+// overHorizon): its intake waits rather than pull jobs that would overflow.
+// An authority that has neither completed nor started a request for
+// overHorizon (an origin that stalled) no longer holds the partition: its
+// next jobs overflow to the stream as any slow authority's do, and the
+// other authorities are pulled again.
+func (s *scheduler) saturated(now time.Time, p int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sat := false
+	for a := range s.overs {
+		if a.part != p {
+			continue
+		}
+		if now.Sub(later(later(a.lastDone, a.granted), a.overSince)) > s.o.overHorizon {
+			s.endOverLocked(a)
+			continue
+		}
+		sat = true
+	}
+	return sat
+}
+
+// underCapLocked ends a's saturation once its queue is under the cap.
+func (s *scheduler) underCapLocked(a *authQ) {
+	if a.over && a.n < s.o.maxPerAuth {
+		s.endOverLocked(a)
+	}
+}
+
+// stalled reports an authority with requests in flight that neither
+// completed nor started one for d: its observed pace is stale, and its
+// queue is not served soon whatever the estimate says.
+func (a *authQ) stalled(now time.Time, d time.Duration) bool {
+	return a.inflight > 0 && now.Sub(later(a.lastDone, a.granted)) > d
+}
+
+func (s *scheduler) endOverLocked(a *authQ) {
+	a.over = false
+	delete(s.overs, a)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // perJob estimates how long the authority takes per job: the spacing in
@@ -403,6 +483,7 @@ func (s *scheduler) popLocked(a *authQ) *heldJob {
 		}
 		j := t.pop()
 		a.n--
+		s.underCapLocked(a)
 		if len(t.jobs) == 0 {
 			delete(a.tenants, name)
 			a.order = append(a.order[:a.cursor], a.order[a.cursor+1:]...)
@@ -495,6 +576,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			s.setStateLocked(j, stateWaiting)
 			a.interval = pm.Interval
 			a.inflight++
+			a.granted = now
 			a.maxSeen = max(a.maxSeen, a.inflight)
 			s.busy++
 			s.busyPart[a.part]++

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -245,7 +246,8 @@ func TestSchedulerInFlightCapWaitsForACompletion(t *testing.T) {
 }
 
 func TestSchedulerOverflowIsDeferred(t *testing.T) {
-	p := pacer.New(&pacer.Options{Policy: policy(100*time.Millisecond, 1)})
+	// A 1 s floor: the three jobs queued ahead take longer than HoldMax.
+	p := pacer.New(&pacer.Options{Policy: policy(time.Second, 1)})
 	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
 	seq := uint64(0)
 	admit := func(host string) (deferral, bool) {
@@ -266,16 +268,90 @@ func TestSchedulerOverflowIsDeferred(t *testing.T) {
 	}
 	for k := range 3 {
 		d, deferred := admit("hot.test")
-		// Three queued ahead at 100 ms each, then one interval per
+		// Three queued ahead at 1 s each, then one interval per
 		// overflowing job (the calendar).
-		want := 300*time.Millisecond + time.Duration(k)*100*time.Millisecond
+		want := 3*time.Second + time.Duration(k)*time.Second
 		if !deferred || d.reason != "overflow" || d.delay != want {
 			t.Fatalf("overflow %d: deferred=%v reason=%q delay=%v, want overflow after %v", k, deferred, d.reason, d.delay, want)
 		}
 	}
+	if s.saturated(t0, 0) {
+		t.Error("a slow authority's overflow saturates the partition; its jobs are deferred instead")
+	}
 	// Another authority is unaffected.
 	if _, d := admit("cold.test"); d {
 		t.Fatal("other authority's job deferred")
+	}
+}
+
+func TestSchedulerFastOverflowIsHeldAndPausesIntake(t *testing.T) {
+	// Floor 0: the authority serves its queue within HoldMax, so jobs past
+	// the per-authority bound wait in memory (one delivery each) and the
+	// partition is saturated until the queue is back under the bound.
+	p := pacer.New(&pacer.Options{Policy: policy(0, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
+	var seq uint64
+	admit := func(host string) (deferral, bool) {
+		seq++
+		return s.admit(t0, testJob(t, seq, "http://"+host+"/"+string(rune('a'+seq)), "default"))
+	}
+	for i := range 5 {
+		if d, deferred := admit("fast.test"); deferred {
+			t.Fatalf("job %d deferred (%s after %v); want it held", i, d.reason, d.delay)
+		}
+	}
+	if !s.saturated(t0, 0) {
+		t.Fatal("5 jobs queued past a bound of 3: want the partition saturated")
+	}
+	now := t0
+	for range 3 {
+		g, _, _ := s.next(now)
+		if len(g) != 1 {
+			t.Fatalf("grants %d, want 1", len(g))
+		}
+		now = now.Add(time.Millisecond)
+		p.Done(now, g[0].permit, pacer.Response{Status: 200})
+		s.finished(now, g[0].job, time.Millisecond, false)
+	}
+	if s.saturated(now, 0) {
+		t.Fatal("queue back under the bound: want the partition no longer saturated")
+	}
+}
+
+func TestSchedulerStalledAuthorityReleasesItsPartition(t *testing.T) {
+	// A fast authority past its bound saturates the partition; when its
+	// requests stop completing for HoldMax, the partition is pulled again
+	// and the authority's next job goes back to the stream.
+	p := pacer.New(&pacer.Options{Policy: policy(0, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
+	var seq uint64
+	admit := func(now time.Time) (deferral, bool) {
+		seq++
+		return s.admit(now, testJob(t, seq, "http://hang.test/"+string(rune('a'+seq)), "default"))
+	}
+	for range 4 {
+		if _, deferred := admit(t0); deferred {
+			t.Fatal("deferred with a fast authority")
+		}
+	}
+	if g, _, _ := s.next(t0); len(g) != 1 { // its request hangs from here
+		t.Fatalf("grants %d, want 1", len(g))
+	}
+	if _, deferred := admit(t0); deferred {
+		t.Fatal("deferred with a fast authority")
+	}
+	if !s.saturated(t0.Add(time.Second), 0) {
+		t.Fatal("want the partition saturated within HoldMax")
+	}
+	late := t0.Add(3 * time.Second) // past HoldMax (2 s) with nothing done
+	if s.saturated(late, 0) {
+		t.Fatal("a stalled authority still holds its partition")
+	}
+	if d, deferred := admit(late); !deferred || d.reason != "overflow" {
+		t.Fatalf("a stalled authority's job past the bound: deferred=%v reason=%q, want overflow", deferred, d.reason)
+	}
+	if s.saturated(late, 0) {
+		t.Fatal("the deferred job saturated the partition again")
 	}
 }
 
@@ -357,4 +433,31 @@ func mustMetrics(t *testing.T) *Metrics {
 		t.Fatal(err)
 	}
 	return m
+}
+
+func TestSchedulerOverflowHeldWithinTheHorizon(t *testing.T) {
+	// A 1 s floor and three jobs ahead: 3 s of queue, longer than HoldMax
+	// but within the horizon (the worker's ParkAfter): held, not deferred.
+	p := pacer.New(&pacer.Options{Policy: policy(time.Second, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3; o.overHorizon = 10 * time.Second })
+	var seq uint64
+	for i := range 5 {
+		seq++
+		if d, deferred := s.admit(t0, testJob(t, seq, "http://floored.test/"+string(rune('a'+seq)), "default")); deferred {
+			t.Fatalf("job %d deferred (%s after %v); want it held", i, d.reason, d.delay)
+		}
+		if i == 0 {
+			s.next(t0) // one granted: the scheduler learns the 1 s interval
+		}
+	}
+	if !s.saturated(t0, 0) {
+		t.Fatal("want the partition saturated")
+	}
+	for i := range 20 {
+		seq++
+		if _, deferred := s.admit(t0, testJob(t, seq, "http://floored.test/z"+strconv.Itoa(i), "default")); deferred {
+			return // the queue grew past the horizon: deferred from here
+		}
+	}
+	t.Fatal("20 more jobs at 1 s each all held: want those past the 10 s horizon deferred")
 }

@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -99,15 +100,9 @@ type Deps struct {
 	Legacy jetstream.Consumer
 }
 
-// Defaults of Options that the commands' flags share.
-const (
-	// DefaultConcurrency is the default of Options.Concurrency and of the
-	// --concurrency flag: fetch slots across all authorities.
-	DefaultConcurrency = 16
-	// DefaultFailureBudget is the default of Options.FailureBudget and of
-	// the --failure-budget flag.
-	DefaultFailureBudget = 10
-)
+// DefaultFailureBudget is the default of Options.FailureBudget and of the
+// --failure-budget flag.
+const DefaultFailureBudget = 10
 
 // DefaultWorkerID is the default of Options.WorkerID (and, after a
 // command's prefix, of the --worker-id flag): <hostname>-<pid>, with
@@ -120,10 +115,21 @@ func DefaultWorkerID() string {
 	return host + "-" + strconv.Itoa(os.Getpid())
 }
 
+// DefaultConcurrency returns the default of Options.Concurrency (and of
+// --concurrency): 16 fetch slots per CPU the Go runtime uses (GOMAXPROCS,
+// which follows a container's CPU limit), at least 16 and at most 128. A
+// slot mostly waits (on the origin, on the disk's fsync), so slots go well
+// beyond the CPUs; against loopback origins, where a job costs only CPU,
+// 16 to 64 slots on 2 CPUs ran within the noise of each other
+// (BenchmarkThroughput). README "Sizing" says when to set it.
+func DefaultConcurrency() int {
+	return min(max(16*runtime.GOMAXPROCS(0), 16), 128)
+}
+
 // Options tune a Worker. A nil *Options, and every zero field, means the
 // default given on the field.
 type Options struct {
-	Concurrency    int           // fetch slots; DefaultConcurrency
+	Concurrency    int           // fetch slots; DefaultConcurrency()
 	FailureBudget  int           // failed attempts before a job is dead-lettered; DefaultFailureBudget
 	BackoffInitial time.Duration // first retry delay; 1 s
 	BackoffMax     time.Duration // longest retry delay; 5 min
@@ -134,7 +140,11 @@ type Options struct {
 	// the worker pulls only below it. 1000.
 	MaxHeld int
 	// MaxHeldPerAuthority bounds one authority's queue, so a hot authority
-	// cannot take all of MaxHeld; past it jobs are deferred. MaxHeld/4.
+	// cannot take all of MaxHeld; past it jobs are deferred, unless the
+	// authority serves its queue within ParkAfter (HoldMax if longer): then
+	// they wait in memory and the intake of its partition pauses until the
+	// queue is back under the bound, or until the authority makes no
+	// progress for that long (docs/adr/0014). MaxHeld/4.
 	MaxHeldPerAuthority int
 	// AckWait must match the consumer's; held jobs get an in-progress ack
 	// well before it runs out. 60 s.
@@ -209,7 +219,7 @@ func (o *Options) withDefaults() Options {
 			*p = v
 		}
 	}
-	defInt(&r.Concurrency, DefaultConcurrency)
+	defInt(&r.Concurrency, DefaultConcurrency())
 	defInt(&r.FailureBudget, DefaultFailureBudget)
 	defDur(&r.BackoffInitial, time.Second)
 	defDur(&r.BackoffMax, 5*time.Minute)
@@ -312,14 +322,17 @@ func New(d Deps, o *Options) (*Worker, error) {
 		space: make(chan struct{}, 1),
 	}
 	w.sched = newScheduler(d.Pacer, schedOptions{
-		slots:      r.Concurrency,
-		holdMax:    r.HoldMax,
-		reserve:    min(r.HoldMax, 5*time.Millisecond),
-		maxHeld:    r.MaxHeld,
-		maxPerAuth: r.MaxHeldPerAuthority,
-		spread:     r.DeferSpread,
-		partitions: r.Partitions,
-		owns:       d.Owns,
+		slots:   r.Concurrency,
+		holdMax: r.HoldMax,
+		// A wait within ParkAfter would be a NAK (a delivery more for
+		// nothing); a longer one parks anyway.
+		overHorizon: max(r.HoldMax, r.ParkAfter),
+		reserve:     min(r.HoldMax, 5*time.Millisecond),
+		maxHeld:     r.MaxHeld,
+		maxPerAuth:  r.MaxHeldPerAuthority,
+		spread:      r.DeferSpread,
+		partitions:  r.Partitions,
+		owns:        d.Owns,
 	})
 	w.sched.onCounts = m.setHeld
 	w.parts = map[int]*partition{}
@@ -468,11 +481,18 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			lowWater = max(1, min(lowWater, batchMax/2))
 		}
 		free := w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
-		if free < lowWater {
+		saturated := w.sched.saturated(w.clk.Now(), part)
+		if free < lowWater || saturated {
 			// Woken when jobs leave memory; the timeout is a safety net
 			// against a missed wake-up, which would otherwise stall pulling
-			// for good (deferred jobs only come back through a pull).
-			t := w.clk.NewTimer(w.o.PullWait)
+			// for good (deferred jobs only come back through a pull). A
+			// saturated partition looks again soon: its authority drains
+			// fast, and the wake-up may have gone to another intake.
+			wait := w.o.PullWait
+			if saturated {
+				wait = min(wait, 20*time.Millisecond)
+			}
+			t := w.clk.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()

@@ -40,7 +40,7 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	fs.StringVar(&strategies, "strategy", strategy.HostPacer, "strategies to compare, comma-separated, or all: "+strings.Join(strategy.Names(), ", "))
 	fs.StringVar(&reportDir, "report", "loadtest-report", "directory for report.json and report.html")
 	fs.DurationVar(&timeLimit, "time-limit", 3*time.Minute, "longest run of one strategy")
-	fs.IntVar(&concurrency, "concurrency", worker.DefaultConcurrency, "fetch slots of each worker")
+	fs.IntVar(&concurrency, "concurrency", worker.DefaultConcurrency(), "fetch slots of each worker")
 	fs.BoolVar(&realTime, "real-time", false, "run the strategies at real time constants (scale 1: 2 s first step, 60-600 s cooldowns, 30 min quiet window) whatever the profile's scale")
 	fs.BoolVar(&inProcess, "in-process", false, "run the hostpacer's workers in this process like the other strategies' (quicker to start; not the cluster layout)")
 	fs.BoolVar(&shared, "shared-consumer", false, "in-process workers pull from one durable consumer instead of each from its own share of the authorities")

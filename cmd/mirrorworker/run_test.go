@@ -198,6 +198,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{name: "unknown flag", args: []string{"--bogus"}, wantCode: 2, wantMsg: "bogus"},
 		{name: "stray argument", args: []string{"extra"}, wantCode: 2, wantMsg: "unexpected arguments"},
 		{name: "concurrency zero", args: []string{"--concurrency", "0"}, wantCode: 2, wantMsg: "--concurrency"},
+		{name: "no idle connections", args: []string{"--max-idle-conns", "0"}, wantCode: 2, wantMsg: "--max-idle-conns"},
 		{name: "replicas on the embedded server", args: []string{"--stream-replicas", "3"}, wantCode: 2, wantMsg: "needs a NATS cluster"},
 		{name: "replicas from the environment", env: map[string]string{"MIRRORWORKER_STREAM_REPLICAS": "3"}, wantCode: 2, wantMsg: "--stream-replicas"},
 		{name: "too many replicas", args: []string{"--nats-url", "nats://127.0.0.1:1", "--stream-replicas", "6"}, wantCode: 2, wantMsg: "want 1 to 5"},

@@ -30,6 +30,7 @@ type workerFlags struct {
 	policy        string
 	allowPrivate  bool
 	maxBodySize   byteSize
+	maxIdleConns  int
 	connectTO     time.Duration
 	headerTO      time.Duration
 	idleTO        time.Duration
@@ -69,13 +70,14 @@ type workerDefaults struct {
 }
 
 func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
-	fs.IntVar(&w.concurrency, "concurrency", worker.DefaultConcurrency, "fetch slots: requests in flight across all authorities")
+	fs.IntVar(&w.concurrency, "concurrency", worker.DefaultConcurrency(), "fetch slots: requests in flight across all authorities; the default is 16 per CPU (GOMAXPROCS), within 16..128 (README: Sizing)")
 	fs.DurationVar(&w.floor, "floor", pacer.DefaultFloor, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
 	fs.IntVar(&w.maxInFlight, "max-in-flight", pacer.DefaultMaxInFlight, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
 	fs.StringVar(&w.policy, "policy", "", d.policyHelp)
 	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
 	w.maxBodySize = fetch.DefaultMaxBodySize
 	fs.Var(&w.maxBodySize, "max-body-size", "largest body stored, a `size` in bytes or with a unit (16GiB, 500MB)")
+	fs.IntVar(&w.maxIdleConns, "max-idle-conns", fetch.DefaultMaxIdleConns, "idle keep-alive connections kept across all origins (about 22 KiB and one file descriptor each; never more than the file limit less 1024): above the authorities a worker cycles through, or each job pays a new connection (README: Sizing)")
 	fs.DurationVar(&w.connectTO, "origin-connect-timeout", fetch.DefaultConnectTimeout, "timeout to connect to an origin (TLS handshake included)")
 	// Until this flag had "origin" in its name, --connect-timeout meant the
 	// origin here and NATS in enqueue; old configurations keep working.
@@ -128,6 +130,9 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	}
 	if w.maxInFlight < 1 {
 		bad("--max-in-flight %d: want at least 1", w.maxInFlight)
+	}
+	if w.maxIdleConns < 1 {
+		bad("--max-idle-conns %d: want at least 1", w.maxIdleConns)
 	}
 	if w.maxBodySize <= 0 {
 		bad("--max-body-size %d: want more than 0", w.maxBodySize)
@@ -205,6 +210,7 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 		DeadlineBase:          w.deadlineBase,
 		DeadlineRate:          orNone(w.deadlineRate),
 		MaxBodySize:           int64(w.maxBodySize),
+		MaxIdleConns:          w.maxIdleConns,
 		AllowPrivate:          w.allowPrivate,
 		UserAgent:             fetch.UserAgent(version),
 	}

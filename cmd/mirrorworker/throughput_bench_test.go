@@ -1,0 +1,437 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// BenchmarkThroughput measures, side by side in one run, the worker end to
+// end (`mirrorworker run` in-process, as a user starts it: embedded
+// JetStream, the file mirror with fsync, default flags but --floor 0) and a
+// raw pipeline written with no project code: G goroutines that pull from a
+// JetStream pull consumer on an embedded nats-server, GET with net/http
+// keep-alive, write a temp file, fsync it, rename it into place, fsync the
+// directory and ack. Both drain the same backlog shape: one warm-up job per
+// authority, then the measured jobs, round robin over the authorities, 4 KiB
+// bodies from loopback origins (child processes, benchorigin_test.go). The
+// clock runs from the moment the warm-up jobs are acked to the last
+// measured ack, both seen on the acks' subjects; connections are those the
+// origin accepted whose first request was a measured job.
+//
+// Metrics: raw_jobs/s, worker_jobs/s, ratio (worker/raw), connects/job and
+// deliveries/job (NumDelivered of each acked delivery) for both, and the
+// worker's naks/job and parked/job (0 when nothing throttles).
+//
+//	go test -run '^$' -bench Throughput -benchtime 1x -count 3 -timeout 60m ./cmd/mirrorworker/
+//
+// MW_BENCH_JOBS sets the measured jobs per configuration (default: 10,000,
+// and 20,000 at 10,000 authorities); MW_BENCH_WORKER_ARGS adds flags to
+// the worker (e.g. "--concurrency 64"); MW_BENCH_ONLY=worker (or raw) runs
+// one pipeline alone, for -cpuprofile or strace. ns/op is meaningless here: each
+// configuration runs once per -count, whatever b.N.
+func BenchmarkThroughput(b *testing.B) {
+	for _, c := range []struct {
+		name        string
+		authorities int
+		raw         int      // goroutines of the raw pipeline
+		args        []string // worker flags beyond the defaults
+		jobs        int
+	}{
+		{name: "authorities=10", authorities: 10, raw: 32, jobs: 10000},
+		{name: "authorities=1000", authorities: 1000, raw: 32, jobs: 10000},
+		{name: "authorities=10000", authorities: 10000, raw: 32, jobs: 20000},
+		{name: "authorities=1/max-in-flight=2", authorities: 1, raw: 2, args: []string{"--max-in-flight", "2"}, jobs: 3000},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			n := c.jobs
+			if v, err := strconv.Atoi(os.Getenv("MW_BENCH_JOBS")); err == nil && v > 0 {
+				n = v
+			}
+			args := append(c.args, strings.Fields(os.Getenv("MW_BENCH_WORKER_ARGS"))...)
+			o := startBenchOrigin(b, c.authorities, 4<<10)
+			bl := benchBacklog{origin: o, authorities: c.authorities, warm: c.authorities, measured: n}
+
+			switch os.Getenv("MW_BENCH_ONLY") {
+			case "worker": // for profiles and syscall counts of one pipeline: no ratio
+				wk := runWorkerPipeline(b, bl, args)
+				b.ReportMetric(wk.rate(), "worker_jobs/s")
+				b.ReportMetric(wk.connectsPerJob(), "worker_connects/job")
+				b.ReportMetric(wk.deliveriesPerJob(), "worker_deliveries/job")
+				return
+			case "raw":
+				raw := runRawPipeline(b, bl, c.raw)
+				b.ReportMetric(raw.rate(), "raw_jobs/s")
+				b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
+				return
+			}
+			raw := runRawPipeline(b, bl, c.raw)
+			wk := runWorkerPipeline(b, bl, args)
+
+			b.ReportMetric(raw.rate(), "raw_jobs/s")
+			b.ReportMetric(wk.rate(), "worker_jobs/s")
+			b.ReportMetric(wk.rate()/raw.rate(), "ratio")
+			b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
+			b.ReportMetric(wk.connectsPerJob(), "worker_connects/job")
+			b.ReportMetric(raw.deliveriesPerJob(), "raw_deliveries/job")
+			b.ReportMetric(wk.deliveriesPerJob(), "worker_deliveries/job")
+			b.ReportMetric(float64(wk.naks)/float64(n), "worker_naks/job")
+			b.ReportMetric(float64(wk.parked)/float64(n), "worker_parked/job")
+		})
+	}
+}
+
+// benchBacklog is the backlog of one configuration: job i goes to
+// authority i mod authorities; jobs 0..warm-1 are the warm-up.
+type benchBacklog struct {
+	origin      *benchOrigin
+	authorities int
+	warm        int
+	measured    int
+}
+
+func (bl benchBacklog) total() int { return bl.warm + bl.measured }
+
+func (bl benchBacklog) job(i int) (url, target string) {
+	k := i % bl.authorities
+	return bl.origin.url(k, i), fmt.Sprintf("a%d/%d", k, i)
+}
+
+// pipelineResult is what one pipeline did on the measured jobs.
+type pipelineResult struct {
+	measured   int
+	elapsed    time.Duration
+	origin     originStats
+	deliveries uint64 // sum of NumDelivered over the measured acks
+	naks       int
+	parked     uint64
+}
+
+func (r pipelineResult) rate() float64 { return float64(r.measured) / r.elapsed.Seconds() }
+func (r pipelineResult) connectsPerJob() float64 {
+	return float64(r.origin.measured) / float64(r.measured)
+}
+func (r pipelineResult) deliveriesPerJob() float64 {
+	return float64(r.deliveries) / float64(r.measured)
+}
+
+// ackWatch follows the acknowledgements of one stream's consumers on their
+// subjects ($JS.ACK.<stream>.>), where every pipeline's acks pass whatever
+// its code, and times the measured jobs: stream sequences 1..warm are the
+// warm-up, the next measured ones are timed. Safe for concurrent use.
+type ackWatch struct {
+	warm, measured uint64
+	onWarm         func() // called once the warm-up jobs are acked
+	// anyJob counts acks in the order they come, whatever their stream
+	// sequence: the first warm acks are the warm-up, the next measured
+	// are timed.
+	anyJob bool
+
+	mu         sync.Mutex
+	acked      map[uint64]uint64 // stream sequence -> NumDelivered of its ack
+	nWarm      uint64
+	nMeasured  uint64
+	deliveries uint64
+	naks       int
+	tWarm      time.Time
+	tEnd       time.Time
+	done       chan struct{}
+}
+
+func newAckWatch(warm, measured int, onWarm func()) *ackWatch {
+	return &ackWatch{warm: uint64(warm), measured: uint64(measured), onWarm: onWarm,
+		acked: map[uint64]uint64{}, done: make(chan struct{})}
+}
+
+// subscribe watches stream's acks on nc.
+func (a *ackWatch) subscribe(b testing.TB, nc *nats.Conn, stream string) {
+	b.Helper()
+	sub, err := nc.Subscribe("$JS.ACK."+stream+".>", a.handle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		b.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { sub.Unsubscribe() })
+}
+
+func (a *ackWatch) handle(m *nats.Msg) {
+	now := time.Now()
+	// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>,
+	// or with <domain>.<account hash> before <stream> (and a token after).
+	t := strings.Split(m.Subject, ".")
+	var delivered, seq uint64
+	switch {
+	case len(t) == 9:
+		delivered, _ = strconv.ParseUint(t[4], 10, 64)
+		seq, _ = strconv.ParseUint(t[5], 10, 64)
+	case len(t) >= 11:
+		delivered, _ = strconv.ParseUint(t[6], 10, 64)
+		seq, _ = strconv.ParseUint(t[7], 10, 64)
+	default:
+		return
+	}
+	data := string(m.Data)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case data == "" || data == "+ACK":
+	case strings.HasPrefix(data, "-NAK"):
+		a.naks++
+		return
+	default: // +WPI, +NXT, +TERM
+		return
+	}
+	if _, dup := a.acked[seq]; dup {
+		return
+	}
+	a.acked[seq] = delivered
+	if a.anyJob {
+		seq = uint64(len(a.acked)) // the order of arrival
+	}
+	switch {
+	case seq <= a.warm:
+		a.nWarm++
+		if a.nWarm == a.warm {
+			a.tWarm = now
+			if a.onWarm != nil {
+				a.onWarm()
+			}
+		}
+	case seq <= a.warm+a.measured:
+		a.nMeasured++
+		a.deliveries += delivered
+		if a.nMeasured == a.measured {
+			a.tEnd = now
+		}
+	}
+	if a.nWarm == a.warm && a.nMeasured == a.measured && a.done != nil {
+		close(a.done)
+		a.done = nil
+	}
+}
+
+// wait waits until every job is acked and returns the measured time.
+func (a *ackWatch) wait(b testing.TB, timeout time.Duration) (elapsed time.Duration, deliveries uint64, naks int) {
+	b.Helper()
+	a.mu.Lock()
+	done := a.done
+	a.mu.Unlock()
+	if done != nil {
+		select {
+		case <-done:
+		case <-time.After(timeout):
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			b.Fatalf("after %s: %d of %d warm-up and %d of %d measured jobs acked", timeout, a.nWarm, a.warm, a.nMeasured, a.measured)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	start := a.tWarm
+	if a.warm == 0 {
+		b.Fatal("ackWatch: no warm-up")
+	}
+	return a.tEnd.Sub(start), a.deliveries, a.naks
+}
+
+// rawServer starts a nats-server with JetStream storing under dir, as the
+// raw pipeline's own (no project code).
+func rawServer(b testing.TB, dir string) (*server.Server, *nats.Conn) {
+	b.Helper()
+	srv, err := server.NewServer(&server.Options{
+		JetStream: true, StoreDir: dir, DontListen: true, NoSigs: true, NoLog: true,
+		JetStreamMaxMemory: 256 << 20, MaxPayload: 8 << 20,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		b.Fatal("raw nats-server not ready")
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(srv))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return srv, nc
+}
+
+// runRawPipeline drains bl with g goroutines and no project code.
+func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
+	b.Helper()
+	dir := b.TempDir()
+	ctx := context.Background()
+
+	// The backlog, stored before the server restarts (as the worker's is).
+	srv, nc := rawServer(b, filepath.Join(dir, "nats"))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "RAW", Subjects: []string{"raw.>"}, Storage: jetstream.FileStorage}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, "RAW", jetstream.ConsumerConfig{
+		Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxAckPending: 20000,
+	}); err != nil {
+		b.Fatal(err)
+	}
+	type rawJob struct {
+		URL    string `json:"url"`
+		Target string `json:"target"`
+	}
+	for i := range bl.total() {
+		u, t := bl.job(i)
+		data, _ := json.Marshal(rawJob{URL: u, Target: t})
+		if _, err := js.PublishAsync("raw.jobs."+strconv.Itoa(i%bl.authorities), data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		b.Fatal("raw publish acks did not arrive")
+	}
+	nc.Close()
+	srv.Shutdown()
+	srv.WaitForShutdown()
+
+	srv, nc = rawServer(b, filepath.Join(dir, "nats"))
+	defer func() { nc.Close(); srv.Shutdown(); srv.WaitForShutdown() }()
+	wnc, err := nats.Connect("", nats.InProcessServer(srv))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer wnc.Close()
+	bl.origin.reset(b, bl.warm)
+	watch := newAckWatch(bl.warm, bl.measured, nil)
+	watch.subscribe(b, wnc, "RAW")
+	if js, err = jetstream.New(nc); err != nil {
+		b.Fatal(err)
+	}
+	cons, err := js.Consumer(ctx, "RAW", "raw")
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := filepath.Join(dir, "mirror")
+	tmp := filepath.Join(root, ".tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	hc := &http.Client{Transport: &http.Transport{
+		MaxIdleConns: 0, MaxIdleConnsPerHost: g, IdleConnTimeout: 90 * time.Second, DisableCompression: true,
+	}}
+	defer hc.CloseIdleConnections()
+	var dirs sync.Map // directories known to exist
+	store := func(j rawJob) error {
+		resp, err := hc.Get(j.URL)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", j.URL, resp.Status)
+		}
+		f, err := os.CreateTemp(tmp, "obj-*")
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, resp.Body)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(f.Name())
+			return err
+		}
+		dst := filepath.Join(root, filepath.FromSlash(j.Target))
+		parent := filepath.Dir(dst)
+		if _, ok := dirs.Load(parent); !ok {
+			if err := os.MkdirAll(parent, 0o755); err != nil {
+				return err
+			}
+			dirs.Store(parent, true)
+		}
+		if err := os.Rename(f.Name(), dst); err != nil {
+			return err
+		}
+		d, err := os.Open(parent)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		d.Close()
+		return err
+	}
+
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * g))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				m, err := it.Next()
+				if err != nil {
+					return // stopped
+				}
+				var j rawJob
+				if err := json.Unmarshal(m.Data(), &j); err != nil {
+					failed.Add(1)
+					m.Term()
+					continue
+				}
+				if err := store(j); err != nil {
+					failed.Add(1)
+					b.Log(err)
+					m.Nak()
+					continue
+				}
+				m.Ack()
+			}
+		}()
+	}
+	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
+	it.Stop()
+	wg.Wait()
+	if failed.Load() > 0 || naks > 0 {
+		b.Fatalf("raw pipeline: %d jobs failed", failed.Load())
+	}
+	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries}
+}
+
+// runWorkerPipeline drains bl with `mirrorworker run` in-process: the
+// backlog is stored first (the streams as run makes them), then run starts
+// on the same data dir with the default flags, --floor 0 and args.
+func runWorkerPipeline(b *testing.B, bl benchBacklog, args []string) pipelineResult {
+	b.Helper()
+	dataDir := b.TempDir()
+	publishBacklog(b, dataDir, bl.total(), bl.job)
+	return runWorkerOn(b, dataDir, bl, args, false)
+}
