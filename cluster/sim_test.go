@@ -171,14 +171,20 @@ func (o *simOrigin) start(now time.Time, pod *simPod, auth string, pm pacer.Perm
 	return r
 }
 
-// answer is when the origin sends r's response (or the connection closes).
-func (o *simOrigin) answer(now time.Time, r *simReq) {
+// answer is when the origin sends r's response.
+func (o *simOrigin) answer(now time.Time, r *simReq) { o.end(now, r, true) }
+
+// closed is when r's connection closes before its response reaches anyone
+// (its pod was killed): the origin has told nobody to wait.
+func (o *simOrigin) closed(now time.Time, r *simReq) { o.end(now, r, false) }
+
+func (o *simOrigin) end(now time.Time, r *simReq, delivered bool) {
 	a := o.auths[r.auth]
 	a.inflight--
 	if r.probe {
 		a.probing = false
 	}
-	if r.status == http.StatusTooManyRequests {
+	if delivered && r.status == http.StatusTooManyRequests {
 		a.until = now.Add(a.retryAfter)
 		a.cooled = true
 	}
@@ -420,7 +426,7 @@ func TestSimulatedClusterKeepsOnePace(t *testing.T) {
 						p.killed = true
 						for _, q := range p.inflight {
 							if !s.cancelled[q] {
-								s.origin.answer(clk.Now(), q) // the kernel closes its connections
+								s.origin.closed(clk.Now(), q) // the kernel closes its connections
 							}
 						}
 						p.inflight = nil
