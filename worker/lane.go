@@ -38,9 +38,10 @@ import (
 // jobs without serving them (the lane has them), and the catch-up consumer
 // acks what is past L (the partition consumer has it) and is deleted once
 // everything up to L is acked. While jobs of a lane's authority keep
-// arriving faster than the partition consumer acks them, the skip (steps 2
-// and 3) is repeated, at most once a second. A lane is deleted when it is
-// empty and its authority can take requests again.
+// arriving, the skip (steps 2 and 3) is repeated as soon as the partition
+// consumer is an eighth of the lane threshold behind, at most every
+// laneRetry. A lane is deleted when it is empty and its authority can take
+// requests again.
 
 // Lane limits.
 const (
@@ -53,7 +54,7 @@ const (
 	// partition holding more subjects (tenant and authority pairs) than
 	// this is not skipped, and its cooling backlog is parked job by job.
 	maxCatchupSubjects = 2000
-	// laneRetry spaces attempts to open a lane in one partition.
+	// laneRetry spaces attempts to open a lane or skip in one partition.
 	laneRetry = 100 * time.Millisecond
 )
 
