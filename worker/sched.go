@@ -162,6 +162,13 @@ type authQ struct {
 	// the authority stops serving it fast (scheduler.saturated).
 	over      bool
 	overSince time.Time
+	// overRun is when the current run of over episodes began (episodes
+	// less than overHorizon apart are one run); overEnded is when the last
+	// episode ended. A run longer than overHorizon ends, and the authority
+	// may not be over again until overBlocked: its overflow is deferred as
+	// a slow authority's, and its partition's other authorities are reached
+	// at pull speed meanwhile (docs/adr/0014).
+	overRun, overEnded, overBlocked time.Time
 }
 
 type fifo struct{ jobs []*heldJob }
@@ -371,7 +378,10 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 			until = max(a.notBefore.Sub(now), 0)
 		}
 		wait := until + max(ahead, 10*time.Millisecond)
-		if wait <= s.o.overHorizon && !a.stalled(now, s.o.overHorizon) {
+		if a.over && now.Sub(a.overRun) > s.o.overHorizon {
+			s.blockOverLocked(a, now)
+		}
+		if wait <= s.o.overHorizon && !a.stalled(now, s.o.overHorizon) && !now.Before(a.overBlocked) {
 			// The authority serves its whole queue soon (within ParkAfter,
 			// short of which a deferred job would be NAKed and delivered
 			// again for nothing): the job waits in memory, and the
@@ -380,6 +390,9 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 			// (docs/adr/0014).
 			if !a.over {
 				a.over, a.overSince = true, now
+				if a.overEnded.IsZero() || now.Sub(a.overEnded) > s.o.overHorizon {
+					a.overRun = now
+				}
 				s.overs[a] = struct{}{}
 			}
 			return deferral{}, false
@@ -405,7 +418,11 @@ func (s *scheduler) saturated(now time.Time, p int) bool {
 			continue
 		}
 		if now.Sub(later(later(a.lastDone, a.granted), a.overSince)) > s.o.overHorizon {
-			s.endOverLocked(a)
+			s.endOverLocked(a, now)
+			continue
+		}
+		if now.Sub(a.overRun) > s.o.overHorizon {
+			s.blockOverLocked(a, now)
 			continue
 		}
 		sat = true
@@ -416,7 +433,7 @@ func (s *scheduler) saturated(now time.Time, p int) bool {
 // underCapLocked ends a's saturation once its queue is under the cap.
 func (s *scheduler) underCapLocked(a *authQ) {
 	if a.over && a.n < s.o.maxPerAuth {
-		s.endOverLocked(a)
+		s.endOverLocked(a, later(a.lastDone, a.granted))
 	}
 }
 
@@ -427,9 +444,20 @@ func (a *authQ) stalled(now time.Time, d time.Duration) bool {
 	return a.inflight > 0 && now.Sub(later(a.lastDone, a.granted)) > d
 }
 
-func (s *scheduler) endOverLocked(a *authQ) {
-	a.over = false
+// endOverLocked ends a's over episode at about now (the latest instant
+// the scheduler knows of a: its last grant or completion, when no now is
+// at hand).
+func (s *scheduler) endOverLocked(a *authQ, now time.Time) {
+	a.over, a.overEnded = false, later(now, a.overSince)
 	delete(s.overs, a)
+}
+
+// blockOverLocked ends a run of over episodes that held a's partition for
+// longer than overHorizon: for the next overHorizon a's overflow is deferred
+// again, so that the partition's other authorities are pulled.
+func (s *scheduler) blockOverLocked(a *authQ, now time.Time) {
+	s.endOverLocked(a, now)
+	a.overBlocked = now.Add(s.o.overHorizon)
 }
 
 func later(a, b time.Time) time.Time {

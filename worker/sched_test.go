@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -352,6 +353,63 @@ func TestSchedulerStalledAuthorityReleasesItsPartition(t *testing.T) {
 	}
 	if s.saturated(late, 0) {
 		t.Fatal("the deferred job saturated the partition again")
+	}
+}
+
+func TestSchedulerHeldOverflowIsBoundedInTime(t *testing.T) {
+	// A fast authority with a long backlog keeps going over its bound, one
+	// short episode after another. After HoldMax (the horizon here) of that,
+	// its overflow is deferred for a horizon, so that its partition's other
+	// authorities are pulled; then it may hold again.
+	p := pacer.New(&pacer.Options{Policy: policy(0, 1)})
+	s := newTestSched(p, func(o *schedOptions) { o.maxPerAuth = 3 })
+	var seq uint64
+	admit := func(now time.Time) (deferral, bool) {
+		seq++
+		return s.admit(now, testJob(t, seq, fmt.Sprint("http://hot.test/", seq), "default"))
+	}
+	now := t0
+	serve := func() {
+		g, _, _ := s.next(now)
+		if len(g) != 1 {
+			t.Fatalf("at %v: grants %d, want 1", now.Sub(t0), len(g))
+		}
+		now = now.Add(100 * time.Millisecond)
+		p.Done(now, g[0].permit, pacer.Response{Status: 200})
+		s.finished(now, g[0].job, 100*time.Millisecond, false)
+	}
+	for range 4 {
+		if _, deferred := admit(now); deferred {
+			t.Fatal("deferred with a fast authority")
+		}
+	}
+	// Serve one, admit one: the queue stays over its bound, episode after
+	// episode, for 2 s (the horizon).
+	for now.Sub(t0)+100*time.Millisecond <= 2*time.Second {
+		serve()
+		if d, deferred := admit(now); deferred {
+			t.Fatalf("at %v, within the horizon: deferred (%s)", now.Sub(t0), d.reason)
+		}
+	}
+	serve()
+	if s.saturated(now, 0) {
+		t.Fatalf("at %v the authority still holds its partition, after the horizon", now.Sub(t0))
+	}
+	if d, deferred := admit(now); !deferred || d.reason != "overflow" {
+		t.Fatalf("past the horizon: deferred=%v reason=%q, want overflow", deferred, d.reason)
+	}
+	// A horizon later it may hold again.
+	now = now.Add(2100 * time.Millisecond)
+	for s.held() > 2 {
+		serve()
+	}
+	for range 2 {
+		if _, deferred := admit(now); deferred {
+			t.Fatal("deferred under the bound")
+		}
+	}
+	if _, deferred := admit(now); deferred {
+		t.Fatalf("a horizon after the block: deferred, want held")
 	}
 }
 
