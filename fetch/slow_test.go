@@ -11,36 +11,13 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/fetch/fetchtest"
 )
-
-// trickle answers with a large Content-Length and then one byte per tick
-// until the client goes away (or the test ends).
-func trickle(tick time.Duration, stop <-chan struct{}) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", "1000000")
-		w.WriteHeader(http.StatusOK)
-		t := time.NewTicker(tick)
-		defer t.Stop()
-		for range 1000000 {
-			if _, err := w.Write([]byte("x")); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-stop:
-				return
-			case <-t.C:
-			}
-		}
-	}
-}
 
 func TestMinRateCutsATrickle(t *testing.T) {
 	stop := make(chan struct{})
 	t.Cleanup(func() { close(stop) }) // runs before the server closes
-	o := newOrigin(t, trickle(20*time.Millisecond, stop))
+	o := newOrigin(t, fetchtest.Trickle(20*time.Millisecond, stop))
 	// Every read makes progress well within the idle timeout: only the
 	// minimum rate can end this fetch.
 	c := fetch.New(private(&fetch.Options{IdleTimeout: time.Minute, MinRate: 1 << 10, MinRateWindow: 200 * time.Millisecond}))
@@ -65,7 +42,7 @@ func TestMinRateCutsATrickle(t *testing.T) {
 func TestTotalDeadlineGrowsWithSize(t *testing.T) {
 	stop := make(chan struct{})
 	t.Cleanup(func() { close(stop) })
-	o := newOrigin(t, trickle(5*time.Millisecond, stop))
+	o := newOrigin(t, fetchtest.Trickle(5*time.Millisecond, stop))
 	// No minimum rate: the total deadline alone (100 ms + 1 MB at 1 GB/s)
 	// ends the transfer.
 	c := fetch.New(private(&fetch.Options{MinRate: -1, DeadlineBase: 100 * time.Millisecond, DeadlineRate: 1 << 30}))

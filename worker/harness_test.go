@@ -225,38 +225,15 @@ func testLogger(t testing.TB) zerolog.Logger {
 // start runs a worker on e with p and the given options.
 func (e *env) start(p worker.Pacer, o worker.Options) *running {
 	e.t.Helper()
-	reg, _ := o.Registerer.(*prometheus.Registry)
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		o.Registerer = reg
-	}
-	o.Logger = testLogger(e.t)
-	f := fetch.New(&fetch.Options{AllowPrivate: true})
-	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.cons, Fetcher: f, Target: e.target, Pacer: p}, &o)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	r := &running{w: w, f: &finals{}, reg: reg, done: make(chan struct{})}
-	worker.SetFinalHook(w, r.f.add)
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	go func() { r.err = w.Run(ctx); close(r.done) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(30 * time.Second):
-		}
-		f.CloseIdleConnections()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for w.Ready() != nil {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("worker not ready: %v", w.Ready())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	r := e.startWith(p, o, fetch.New(&fetch.Options{AllowPrivate: true}), e.target)
+	e.waitReady(r.w)
 	return r
+}
+
+// waitReady waits until w is bound to its consumers and pulling.
+func (e *env) waitReady(w *worker.Worker) {
+	e.t.Helper()
+	waitCond(e.t, 10*time.Second, "the worker ready", func() bool { return w.Ready() == nil })
 }
 
 // counter reads a counter or the sum of a counter vector's series matching labels.

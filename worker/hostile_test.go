@@ -18,23 +18,34 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/fetch/fetchtest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/worker"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// startWith runs a worker on e as start does, with the given fetch client
-// and target.
+// startWith runs a worker on e with the given fetch client and target
+// (start is startWith with the default client and e's target, waiting
+// until the worker is ready).
 func (e *env) startWith(p worker.Pacer, o worker.Options, f *fetch.Client, target worker.Target) *running {
 	e.t.Helper()
-	reg := prometheus.NewRegistry()
-	o.Registerer = reg
+	reg, _ := o.Registerer.(*prometheus.Registry)
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		o.Registerer = reg
+	}
 	o.Logger = testLogger(e.t)
 	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.cons, Fetcher: f, Target: target, Pacer: p}, &o)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	return e.launch(w, reg, f)
+}
+
+// launch runs w until the test ends (stopped and waited for at cleanup,
+// then f's idle connections closed), recording its finals.
+func (e *env) launch(w *worker.Worker, reg *prometheus.Registry, f *fetch.Client) *running {
 	r := &running{w: w, f: &finals{}, reg: reg, done: make(chan struct{})}
 	worker.SetFinalHook(w, r.f.add)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -51,40 +62,10 @@ func (e *env) startWith(p worker.Pacer, o worker.Options, f *fetch.Client, targe
 	return r
 }
 
-// waitUntil polls cond until it holds or timeout passes.
-func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // trickleOrigin announces a large body and sends one byte every 20 ms.
 func trickleOrigin(t testing.TB) string {
 	stop := make(chan struct{})
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", "1000000")
-		w.WriteHeader(http.StatusOK)
-		tk := time.NewTicker(20 * time.Millisecond)
-		defer tk.Stop()
-		for range 1000000 {
-			if _, err := w.Write([]byte("x")); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-		}
-	}))
+	srv := httptest.NewUnstartedServer(fetchtest.Trickle(20*time.Millisecond, stop))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +101,7 @@ func TestTrickleDoesNotStallHealthyOrigins(t *testing.T) {
 	}
 	e.publish(js...)
 	// Healthy jobs arrive once the trickles hold every slot.
-	waitUntil(t, 30*time.Second, "the trickling jobs did not all start", func() bool {
+	waitCond(t, 30*time.Second, "the trickling jobs did not all start", func() bool {
 		return counter(t, r.reg, "mirrorworker_held_jobs", map[string]string{"state": "fetching"}) == 4
 	})
 	js = nil
@@ -223,11 +204,11 @@ func TestFullTargetCostsNoBudget(t *testing.T) {
 	e.publish(js...)
 
 	// Phase 1: the disk is full for writes and probes alike.
-	waitUntil(t, 30*time.Second, "the worker never said the disk is full", func() bool {
+	waitCond(t, 30*time.Second, "the worker never said the disk is full", func() bool {
 		err := r.w.Ready()
 		return err != nil && strings.Contains(err.Error(), "no space left on device") && strings.Contains(err.Error(), "ENOSPC")
 	})
-	waitUntil(t, 30*time.Second, "the target was not probed again and again", func() bool { return ft.probes.Load() >= 5 })
+	waitCond(t, 30*time.Second, "the target was not probed again and again", func() bool { return ft.probes.Load() >= 5 })
 	if got := counter(t, r.reg, "mirrorworker_target_up", nil); got != 0 {
 		t.Errorf("target_up = %v while the disk is full, want 0", got)
 	}
@@ -239,7 +220,7 @@ func TestFullTargetCostsNoBudget(t *testing.T) {
 	// fit: the worker resumes, fails, stops again, over and over. Every job
 	// meets the full disk more often than its budget.
 	ft.probeErr.Store(nil)
-	waitUntil(t, 60*time.Second, "not every job met the full disk more often than its budget", func() bool {
+	waitCond(t, 60*time.Second, "not every job met the full disk more often than its budget", func() bool {
 		return ft.minPutFails(keys) > budget
 	})
 	if dls := e.deadLetters(); len(dls) != 0 {
@@ -256,7 +237,7 @@ func TestFullTargetCostsNoBudget(t *testing.T) {
 	if dls := e.deadLetters(); len(dls) != 0 {
 		t.Fatalf("%d dead letters, first %+v", len(dls), dls[0])
 	}
-	waitUntil(t, 10*time.Second, "not ready after the disk recovered", func() bool { return r.w.Ready() == nil })
+	waitCond(t, 10*time.Second, "not ready after the disk recovered", func() bool { return r.w.Ready() == nil })
 	if got := counter(t, r.reg, "mirrorworker_target_up", nil); got != 1 {
 		t.Errorf("target_up = %v after recovery, want 1", got)
 	}

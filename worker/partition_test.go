@@ -47,23 +47,8 @@ func (e *env) startPartitionedWith(p worker.Pacer, o worker.Options, legacy jets
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	r := &running{w: w, f: &finals{}, reg: reg, done: make(chan struct{})}
-	pw.running = r
-	worker.SetFinalHook(w, r.f.add)
-	rctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	go func() { r.err = w.Run(rctx); close(r.done) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(30 * time.Second):
-		}
-		f.CloseIdleConnections()
-	})
-	for w.Ready() != nil {
-		time.Sleep(5 * time.Millisecond)
-	}
+	pw.running = e.launch(w, reg, f)
+	e.waitReady(w)
 	for i := range parts {
 		c, err := jobs.EnsurePartitionConsumer(ctx, e.js, i, &jobs.ConsumerOptions{AckWait: 30 * time.Second}, 0)
 		if err != nil {

@@ -36,7 +36,7 @@ func BenchmarkHealthyBesideTrickles(b *testing.B) {
 			}
 			if len(slow) > 0 {
 				e.publish(slow...)
-				waitUntil(b, time.Minute, "the trickles did not take every slot", func() bool {
+				waitCond(b, time.Minute, "the trickles did not take every slot", func() bool {
 					return counter(b, r.reg, "mirrorworker_held_jobs", map[string]string{"state": "fetching"}) == 16
 				})
 			}

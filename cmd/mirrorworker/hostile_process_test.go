@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/fetch/fetchtest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -87,27 +88,12 @@ type trickler struct {
 func newTrickler(t *testing.T) *trickler {
 	tr := &trickler{inflight: make(chan struct{}, 64)}
 	stop := make(chan struct{})
+	trickle := fetchtest.Trickle(20*time.Millisecond, stop)
 	tr.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tr.started.Add(1)
 		tr.inflight <- struct{}{}
 		defer func() { <-tr.inflight }()
-		w.Header().Set("Content-Length", "1000000")
-		w.WriteHeader(http.StatusOK)
-		tk := time.NewTicker(20 * time.Millisecond)
-		defer tk.Stop()
-		for range 1000000 {
-			if _, err := w.Write([]byte("x")); err != nil {
-				return
-			}
-			w.(http.Flusher).Flush()
-			select {
-			case <-r.Context().Done():
-				return
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-		}
+		trickle(w, r)
 	}))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
