@@ -124,6 +124,15 @@ func ParkFilter(p int, akey string) string {
 // PartitionConsumer returns the durable name of partition p's consumer.
 func PartitionConsumer(p int) string { return fmt.Sprintf("%s%02d", PartitionConsumerPrefix, p) }
 
+// HoldsJobs reports whether a consumer of MIRROR_JOBS is one of the
+// workers' own that jobs wait in: a partition consumer, a lane or a
+// catch-up consumer (not replay's, nor the single consumer of earlier
+// versions).
+func HoldsJobs(consumer string) bool {
+	return strings.HasPrefix(consumer, PartitionConsumerPrefix) || strings.HasPrefix(consumer, LaneConsumerPrefix) ||
+		strings.HasPrefix(consumer, CatchupConsumerPrefix)
+}
+
 // LaneConsumer returns the durable name of the lane of authority key akey
 // in partition p.
 func LaneConsumer(p int, akey string) string {

@@ -273,8 +273,9 @@ func leaseHolders(ctx context.Context, kv jetstream.KeyValue) map[string]int {
 
 // partitionedQueue reads the partitioned layout's queue (docs/adr/0007): a
 // job waits in its partition consumer on MIRROR_JOBS (pending or delivered
-// and unacked) or in MIRROR_PARKED. Deliveries are summed over the
-// partition consumers.
+// and unacked), in a lane or catch-up consumer, or in MIRROR_PARKED.
+// Deliveries are summed over those consumers (a lane's are gone with it
+// once it is deleted).
 func partitionedQueue(js jetstream.JetStream) func(context.Context) (queueSnap, error) {
 	return func(ctx context.Context) (queueSnap, error) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -286,7 +287,7 @@ func partitionedQueue(js jetstream.JetStream) func(context.Context) (queueSnap, 
 		}
 		cl := js0.ListConsumers(ctx)
 		for ci := range cl.Info() {
-			if !strings.HasPrefix(ci.Name, jobs.PartitionConsumerPrefix) {
+			if !jobs.HoldsJobs(ci.Name) {
 				continue
 			}
 			s.pending += ci.NumPending
