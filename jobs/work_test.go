@@ -165,3 +165,18 @@ func TestUpgradeAddsThePartitionTransform(t *testing.T) {
 		t.Errorf("partition consumers see %d jobs, want only the one published after the upgrade", total)
 	}
 }
+
+func TestHoldsJobs(t *testing.T) {
+	for name, want := range map[string]bool{
+		jobs.PartitionConsumer(7):              true,
+		jobs.LaneConsumer(7, "h_example_443"):  true,
+		jobs.CatchupConsumer(7, 1234):          true,
+		jobs.ConsumerName:                      false, // the single consumer of earlier versions
+		"mirrorworker-replay-20261130T120000Z": false,
+		"someone-else":                         false,
+	} {
+		if got := jobs.HoldsJobs(name); got != want {
+			t.Errorf("HoldsJobs(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
