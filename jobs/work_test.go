@@ -172,7 +172,7 @@ func TestHoldsJobs(t *testing.T) {
 		jobs.LaneConsumer(7, "h_example_443"):  true,
 		jobs.CatchupConsumer(7, 1234):          true,
 		jobs.ConsumerName:                      false, // the single consumer of earlier versions
-		"mirrorworker-replay-20261130T120000Z": false,
+		"mirrorworker_replay_3kK9uA8bXn2PqZt4": false, // replay's ephemeral consumers
 		"someone-else":                         false,
 	} {
 		if got := jobs.HoldsJobs(name); got != want {
