@@ -175,10 +175,7 @@ func TestLaneSkipsACoolingBacklog(t *testing.T) {
 		t.Errorf("%d requests for %d jobs of the cooling origin: too many served twice", n, backlog)
 	}
 	waitCond(t, time.Minute, "the lane and the catch-up consumer deleted", func() bool {
-		l, c, n := laneConsumers(t, e)
-		if l+c > 0 && time.Now().Second()%10 == 0 {
-			t.Logf("%d lanes (%d jobs waiting), %d catch-up consumers", l, n, c)
-		}
+		l, c, _ := laneConsumers(t, e)
 		return l == 0 && c == 0
 	})
 	t.Logf("healthy %d stored %v after the 429 (cooldown %v); %v parked one by one; %d requests and %d stored outcomes for %d cooling jobs",
