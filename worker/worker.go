@@ -11,6 +11,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -835,7 +836,9 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		JobID:        j.job.ID,
 	}
 	body := &countingReader{r: resp.Body}
-	_, err := w.d.Target.Put(ctx, j.job.Target, body, want, meta)
+	src, done := readAhead(body)
+	_, err := w.d.Target.Put(ctx, j.job.Target, src, want, meta)
+	done()
 	resp.Body.Close()
 	if err == nil {
 		w.m.FetchedBytes.Add(float64(body.n))
@@ -876,6 +879,44 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		w.settler.transient(ctx, j, "target_write", resp.Status, err.Error())
 	}
 }
+
+// ReadAheadSize is how much of a body store reads into memory before the
+// target sees a byte. A body this small is read whole, so its request is
+// done, and stops counting against the authority's in-flight cap, before
+// the target creates a file: the origin never waits on our disk.
+const ReadAheadSize = 64 << 10
+
+var readAheadBufs = sync.Pool{New: func() any { b := make([]byte, ReadAheadSize); return &b }}
+
+// readAhead reads up to ReadAheadSize bytes of r and returns a reader of
+// all of r: those bytes, then the rest (or r's error). done gives the
+// buffer back; the returned reader must not be used after it.
+func readAhead(r io.Reader) (io.Reader, func()) {
+	bufp := readAheadBufs.Get().(*[]byte)
+	done := func() { readAheadBufs.Put(bufp) }
+	// Not io.ReadFull: it would turn a body's own io.ErrUnexpectedEOF (a
+	// truncated transfer) into a short, complete-looking read.
+	buf, n := *bufp, 0
+	var err error
+	for n < len(buf) && err == nil {
+		var m int
+		m, err = r.Read(buf[n:])
+		n += m
+	}
+	head := bytes.NewReader(buf[:n])
+	switch err {
+	case nil: // more may follow
+		return io.MultiReader(head, r), done
+	case io.EOF: // the whole body
+		return head, done
+	}
+	return io.MultiReader(head, failingReader{err}), done
+}
+
+// failingReader returns its error: the rest of a body whose read failed.
+type failingReader struct{ err error }
+
+func (f failingReader) Read([]byte) (int, error) { return 0, f.err }
 
 // countingReader counts body bytes and remembers the body's own read error,
 // to tell a failing origin from a failing target. It closes the body at its
