@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,10 +9,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,8 +37,14 @@ import (
 // origin accepted whose first request was a measured job.
 //
 // Metrics: raw_jobs/s, worker_jobs/s, ratio (worker/raw), connects/job and
-// deliveries/job (NumDelivered of each acked delivery) for both, and the
-// worker's naks/job and parked/job (0 when nothing throttles).
+// deliveries/job (NumDelivered of each acked delivery) and CPU µs/job
+// (this process's user and system time over the measured window: the
+// pipeline and its embedded nats-server, not the origins) for both, and
+// the worker's naks/job and parked/job (0 when nothing throttles). Each
+// configuration runs MW_BENCH_ROUNDS (default 3) rounds, alternating which
+// pipeline goes first; ratio is the median of the rounds' ratios, with
+// ratio_min and ratio_max, and the other metrics are those of each
+// pipeline's median run. The log (-v) has every round.
 //
 //	go test -run '^$' -bench Throughput -benchtime 1x -count 3 -timeout 60m ./cmd/mirrorworker/
 //
@@ -70,21 +79,48 @@ func BenchmarkThroughput(b *testing.B) {
 			case "worker": // for profiles and syscall counts of one pipeline: no ratio
 				wk := runWorkerPipeline(b, bl, args)
 				b.ReportMetric(wk.rate(), "worker_jobs/s")
+				b.ReportMetric(wk.cpuPerJob(), "worker_cpu_µs/job")
 				b.ReportMetric(wk.connectsPerJob(), "worker_connects/job")
 				b.ReportMetric(wk.deliveriesPerJob(), "worker_deliveries/job")
 				return
 			case "raw":
 				raw := runRawPipeline(b, bl, c.raw)
 				b.ReportMetric(raw.rate(), "raw_jobs/s")
+				b.ReportMetric(raw.cpuPerJob(), "raw_cpu_µs/job")
 				b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
 				return
 			}
-			raw := runRawPipeline(b, bl, c.raw)
-			wk := runWorkerPipeline(b, bl, args)
-
+			rounds := 3
+			if v, err := strconv.Atoi(os.Getenv("MW_BENCH_ROUNDS")); err == nil && v > 0 {
+				rounds = v
+			}
+			// Rounds alternate which pipeline goes first (raw-worker,
+			// worker-raw, ...), so that neither always meets the disk
+			// after the other; the ratio is the median of the rounds'.
+			var raws, wks []pipelineResult
+			var ratios []float64
+			for r := range rounds {
+				var raw, wk pipelineResult
+				if r%2 == 0 {
+					raw = runRawPipeline(b, bl, c.raw)
+					wk = runWorkerPipeline(b, bl, args)
+				} else {
+					wk = runWorkerPipeline(b, bl, args)
+					raw = runRawPipeline(b, bl, c.raw)
+				}
+				raws, wks = append(raws, raw), append(wks, wk)
+				ratios = append(ratios, wk.rate()/raw.rate())
+				b.Logf("round %d: raw %.0f jobs/s (%.0f µs CPU/job), worker %.0f jobs/s (%.0f µs CPU/job), ratio %.3f",
+					r+1, raw.rate(), raw.cpuPerJob(), wk.rate(), wk.cpuPerJob(), ratios[r])
+			}
+			raw, wk := medianResult(raws), medianResult(wks)
 			b.ReportMetric(raw.rate(), "raw_jobs/s")
 			b.ReportMetric(wk.rate(), "worker_jobs/s")
-			b.ReportMetric(wk.rate()/raw.rate(), "ratio")
+			b.ReportMetric(median(ratios), "ratio")
+			b.ReportMetric(slices.Min(ratios), "ratio_min")
+			b.ReportMetric(slices.Max(ratios), "ratio_max")
+			b.ReportMetric(raw.cpuPerJob(), "raw_cpu_µs/job")
+			b.ReportMetric(wk.cpuPerJob(), "worker_cpu_µs/job")
 			b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
 			b.ReportMetric(wk.connectsPerJob(), "worker_connects/job")
 			b.ReportMetric(raw.deliveriesPerJob(), "raw_deliveries/job")
@@ -93,6 +129,23 @@ func BenchmarkThroughput(b *testing.B) {
 			b.ReportMetric(float64(wk.parked)/float64(n), "worker_parked/job")
 		})
 	}
+}
+
+// median is the median of xs (the mean of the middle two for an even
+// count).
+func median(xs []float64) float64 {
+	s := slices.Sorted(slices.Values(xs))
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// medianResult is the run of median rate among rs (the slower middle one
+// for an even count).
+func medianResult(rs []pipelineResult) pipelineResult {
+	s := slices.SortedFunc(slices.Values(rs), func(a, b pipelineResult) int { return cmp.Compare(a.rate(), b.rate()) })
+	return s[(len(s)-1)/2]
 }
 
 // benchBacklog is the backlog of one configuration: job i goes to
@@ -119,9 +172,13 @@ type pipelineResult struct {
 	deliveries uint64 // sum of NumDelivered over the measured acks
 	naks       int
 	parked     uint64
+	cpu        time.Duration // this process's CPU time over the measured window
 }
 
 func (r pipelineResult) rate() float64 { return float64(r.measured) / r.elapsed.Seconds() }
+func (r pipelineResult) cpuPerJob() float64 {
+	return float64(r.cpu.Microseconds()) / float64(r.measured)
+}
 func (r pipelineResult) connectsPerJob() float64 {
 	return float64(r.origin.measured) / float64(r.measured)
 }
@@ -149,6 +206,8 @@ type ackWatch struct {
 	naks       int
 	tWarm      time.Time
 	tEnd       time.Time
+	cpuWarm    time.Duration // processCPU when the warm-up was acked
+	cpuEnd     time.Duration // and when the last measured job was
 	done       chan struct{}
 }
 
@@ -211,7 +270,7 @@ func (a *ackWatch) handle(m *nats.Msg) {
 	case seq <= a.warm:
 		a.nWarm++
 		if a.nWarm == a.warm {
-			a.tWarm = now
+			a.tWarm, a.cpuWarm = now, processCPU()
 			if a.onWarm != nil {
 				a.onWarm()
 			}
@@ -220,7 +279,7 @@ func (a *ackWatch) handle(m *nats.Msg) {
 		a.nMeasured++
 		a.deliveries += delivered
 		if a.nMeasured == a.measured {
-			a.tEnd = now
+			a.tEnd, a.cpuEnd = now, processCPU()
 		}
 	}
 	if a.nWarm == a.warm && a.nMeasured == a.measured && a.done != nil {
@@ -251,6 +310,22 @@ func (a *ackWatch) wait(b testing.TB, timeout time.Duration) (elapsed time.Durat
 		b.Fatal("ackWatch: no warm-up")
 	}
 	return a.tEnd.Sub(start), a.deliveries, a.naks
+}
+
+// cpu is this process's CPU time over the measured window (after wait).
+func (a *ackWatch) cpu() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cpuEnd - a.cpuWarm
+}
+
+// processCPU is the user and system time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // rawServer starts a nats-server with JetStream storing under dir, as the
@@ -423,7 +498,7 @@ func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 	if failed.Load() > 0 || naks > 0 {
 		b.Fatalf("raw pipeline: %d jobs failed", failed.Load())
 	}
-	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries}
+	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu()}
 }
 
 // runWorkerPipeline drains bl with `mirrorworker run` in-process: the
