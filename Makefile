@@ -70,7 +70,7 @@ bench:
 ## bench-throughput: the worker end to end against a raw pipeline of no project code, side by
 ## side, at 10, 1,000 and 10,000 authorities and at one (README: Sizing; docs/adr/0014).
 bench-throughput:
-	$(GO) test -run '^$$' -bench Throughput -benchtime 1x -count 3 -timeout 60m ./cmd/mirrorworker/
+	$(GO) test -run '^$$' -bench Throughput -benchtime 1x -timeout 60m -v ./cmd/mirrorworker/
 
 ## bench-memory: RSS of the worker over backlogs of 10,000 to 1,000,000 jobs on 100,000
 ## authorities (~15 minutes).

@@ -46,7 +46,7 @@ import (
 // ratio_min and ratio_max, and the other metrics are those of each
 // pipeline's median run. The log (-v) has every round.
 //
-//	go test -run '^$' -bench Throughput -benchtime 1x -count 3 -timeout 60m ./cmd/mirrorworker/
+//	go test -run '^$' -bench Throughput -benchtime 1x -timeout 60m -v ./cmd/mirrorworker/
 //
 // MW_BENCH_JOBS sets the measured jobs per configuration (default: 10,000,
 // and 20,000 at 10,000 authorities); MW_BENCH_WORKER_ARGS adds flags to
