@@ -3,6 +3,7 @@ package fetch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -28,6 +29,10 @@ type Request struct {
 	// total deadline when the answer has no Content-Length.
 	Size    int64
 	HasSize bool
+	// Hops is how many redirects were followed before URL, by an earlier
+	// fetch that handed the rest over (a continuation job): they count
+	// against MaxRedirects, and hop numbers go on from there.
+	Hops int
 }
 
 // Result is what one hop's request produced, reported to the Gate's done func.
@@ -44,6 +49,25 @@ type Result struct {
 // the hop's result, or an error that aborts the fetch (for example a pacer
 // refusal, which the caller turns into a deferral).
 type Gate func(ctx context.Context, hop int, a authority.Authority) (done func(Result), err error)
+
+// GateError is a hop the Gate did not admit: Do returns it before that
+// hop's request starts, with the URL the hop would have fetched, so that
+// the caller can defer the job or hand the rest of the fetch to another
+// worker. Err is the gate's error (errors.Is and errors.As see it).
+type GateError struct {
+	Hop       int
+	Authority authority.Authority
+	// URL is the hop's URL. Past hop 0 it has no userinfo: credentials
+	// never follow a redirect.
+	URL string
+	Err error
+}
+
+func (e *GateError) Error() string {
+	return fmt.Sprintf("admit hop %d to %s: %v", e.Hop, e.Authority, e.Err)
+}
+
+func (e *GateError) Unwrap() error { return e.Err }
 
 // Response is the final hop's answer. Body is non-nil only for a 2xx status
 // and must be closed; other bodies are drained (bounded) and closed by Do so

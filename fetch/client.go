@@ -251,7 +251,7 @@ func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error
 		return nil, fmt.Errorf("url: %v: %w", err, ErrInvalidURL)
 	}
 	first := u
-	for hop := 0; ; hop++ {
+	for hop := max(r.Hops, 0); ; hop++ {
 		a, err := authority.FromURL(u)
 		if err != nil {
 			return nil, fmt.Errorf("hop %d: %v: %w", hop, err, ErrInvalidURL)
@@ -263,7 +263,7 @@ func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error
 		if gate != nil {
 			d, err := gate(ctx, hop, a)
 			if err != nil {
-				return nil, fmt.Errorf("admit hop %d to %s: %w", hop, a, err)
+				return nil, &GateError{Hop: hop, Authority: a, URL: u.String(), Err: err}
 			}
 			if d != nil {
 				done = d

@@ -332,6 +332,62 @@ func TestCheckAddr(t *testing.T) {
 	}
 }
 
+// TestContinuationCountsEarlierRedirects: a fetch that goes on from a hop
+// an earlier fetch reached (Request.Hops) has only the rest of the
+// redirect limit, and its hops are numbered on from there.
+func TestContinuationCountsEarlierRedirects(t *testing.T) {
+	o := newOrigin(t, func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		http.Redirect(w, r, "/"+strconv.Itoa(n+1), http.StatusFound)
+	})
+	var hops []int
+	gate := func(_ context.Context, hop int, _ authority.Authority) (func(fetch.Result), error) {
+		hops = append(hops, hop)
+		return nil, nil
+	}
+	c := fetch.New(private(&fetch.Options{MaxRedirects: 3}))
+	before := o.requests.Load()
+	_, err := c.Do(context.Background(), fetch.Request{URL: o.URL + "/2", Hops: 2}, gate)
+	if !errors.Is(err, fetch.ErrTooManyRedirects) {
+		t.Fatalf("Do: %v, want ErrTooManyRedirects", err)
+	}
+	if got := o.requests.Load() - before; got != 2 {
+		t.Errorf("%d requests, want 2 (hops 2 and 3 of a limit of 3 redirects)", got)
+	}
+	if fmt.Sprint(hops) != "[2 3]" {
+		t.Errorf("gate saw hops %v, want [2 3]", hops)
+	}
+}
+
+// TestGateErrorNamesTheHop: a hop the gate refuses ends Do before its
+// request, with a *GateError holding the hop's URL (userinfo dropped at
+// the redirect) and the gate's own error.
+func TestGateErrorNamesTheHop(t *testing.T) {
+	second := newOrigin(t, func(w http.ResponseWriter, r *http.Request) {
+		t.Errorf("the refused hop reached its origin: %s", r.URL)
+	})
+	first := newOrigin(t, func(w http.ResponseWriter, r *http.Request) {
+		loc, _ := url.Parse(second.URL + "/obj?x=1")
+		loc.User = url.UserPassword("u", "p")
+		http.Redirect(w, r, loc.String(), http.StatusFound)
+	})
+	refused := errors.New("refused for the test")
+	gate := func(_ context.Context, hop int, _ authority.Authority) (func(fetch.Result), error) {
+		if hop == 1 {
+			return nil, refused
+		}
+		return nil, nil
+	}
+	_, err := fetch.New(private(nil)).Do(context.Background(), fetch.Request{URL: first.URL + "/start"}, gate)
+	var ge *fetch.GateError
+	if !errors.As(err, &ge) || !errors.Is(err, refused) {
+		t.Fatalf("Do: %v, want a *GateError wrapping the gate's error", err)
+	}
+	if want := second.URL + "/obj?x=1"; ge.Hop != 1 || ge.URL != want {
+		t.Errorf("GateError hop %d URL %q, want hop 1 URL %q", ge.Hop, ge.URL, want)
+	}
+}
+
 func TestMaxRedirects(t *testing.T) {
 	o := newOrigin(t, func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))

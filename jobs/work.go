@@ -76,6 +76,15 @@ const (
 	// HeaderSeq is the MIRROR_JOBS sequence of a parked job, so that a
 	// parked copy that a lane covers as well is dropped, not fetched twice.
 	HeaderSeq = "Mirror-Seq"
+	// HeaderContinues marks a continuation: the rest of a job's redirect
+	// chain, handed over by a pod that does not serve the hop's authority
+	// to the pod that does. It holds the job's original URL (without
+	// userinfo), which the stored metadata keeps. Replay skips such
+	// copies, as it skips HeaderUnparked ones.
+	HeaderContinues = "Mirror-Continues"
+	// HeaderHops is the redirects a continuation's fetch followed before
+	// its URL: they count against the redirect limit.
+	HeaderHops = "Mirror-Hops"
 )
 
 // MinServerVersion is the oldest nats-server the cluster layout works with:

@@ -21,6 +21,7 @@ type hopSet struct {
 	w     *Worker
 	first pacer.Permit
 	kind  string
+	part  int // the job's partition
 
 	mu        sync.Mutex
 	firstUsed bool
@@ -45,6 +46,9 @@ func (h *hopSet) gate(ctx context.Context, _ int, a authority.Authority) (func(f
 	h.mu.Unlock()
 	pm := h.first
 	if !useFirst {
+		if h.w.handsOff(h.part, auth) {
+			return nil, errHandOff
+		}
 		var err error
 		if pm, err = h.w.acquireHop(ctx, auth); err != nil {
 			return nil, err

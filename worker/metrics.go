@@ -19,6 +19,9 @@ const (
 	OutcomeDeferred     = "deferred"
 	OutcomeRetried      = "retried"
 	OutcomeDeadLettered = "dead_lettered"
+	// OutcomeHandedOff: a redirect to another pod's authority, whose
+	// continuation that pod fetches (handoff.go).
+	OutcomeHandedOff = "handed_off"
 )
 
 // DefaultHostLabelLimit is how many distinct (host, port) pairs get their

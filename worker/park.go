@@ -131,6 +131,7 @@ func (p *parking) park(d deferral) {
 	if j.seq < 1<<63 {
 		m.Header.Set(jobs.HeaderSeq, strconv.FormatUint(j.seq, 10))
 	}
+	setContinuation(m.Header, j)
 	p.started.Add(1)
 	fut, err := w.d.JS.PublishMsgAsync(m)
 	if err != nil {
@@ -411,6 +412,11 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 	m.Data = rm.Data
 	if d := rm.Header.Get(jobs.HeaderDeliveries); d != "" {
 		m.Header.Set(jobs.HeaderDeliveries, d)
+	}
+	for _, k := range []string{jobs.HeaderContinues, jobs.HeaderHops} {
+		if v := rm.Header.Get(k); v != "" {
+			m.Header.Set(k, v)
+		}
 	}
 	m.Header.Set(jobs.HeaderUnparked, "parked")
 	// Counted in transit before the publish: the job can be delivered (and

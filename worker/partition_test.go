@@ -31,6 +31,13 @@ func (e *env) startPartitioned(p worker.Pacer, o worker.Options) *partitioned {
 // earlier version to move unpartitioned jobs from (nil: none).
 func (e *env) startPartitionedWith(p worker.Pacer, o worker.Options, legacy jetstream.Consumer) *partitioned {
 	e.t.Helper()
+	return e.startServing(p, o, legacy, func(int) bool { return true })
+}
+
+// startServing is a partitioned worker, one pod of several on e, that
+// owns and serves the partitions serve selects.
+func (e *env) startServing(p worker.Pacer, o worker.Options, legacy jetstream.Consumer, serve func(int) bool) *partitioned {
+	e.t.Helper()
 	ctx := context.Background()
 	parts, err := jobs.EnsureWork(ctx, e.js, &jobs.WorkOptions{Consumer: &jobs.ConsumerOptions{AckWait: 30 * time.Second}})
 	if err != nil {
@@ -50,6 +57,9 @@ func (e *env) startPartitionedWith(p worker.Pacer, o worker.Options, legacy jets
 	pw.running = e.launch(w, reg, f)
 	e.waitReady(w)
 	for i := range parts {
+		if !serve(i) {
+			continue
+		}
 		c, err := jobs.EnsurePartitionConsumer(ctx, e.js, i, &jobs.ConsumerOptions{AckWait: 30 * time.Second}, 0)
 		if err != nil {
 			e.t.Fatal(err)

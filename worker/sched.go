@@ -34,8 +34,12 @@ type heldJob struct {
 	part int    // its authority's partition (0 with one consumer)
 	// prior is the deliveries the job had before it was parked
 	// (jobs.HeaderDeliveries), so deliveries per job count across parking.
-	prior  uint64
-	lane   bool   // delivered by a lane (lane.go)
+	prior uint64
+	lane  bool // delivered by a lane (lane.go)
+	// hops and origin are set on a continuation (handoff.go): redirects
+	// already followed, and the job's original URL.
+	hops   int
+	origin string
 	auth   string // "host:port" of the first hop
 	etag   string // from the stored metadata, for a conditional request
 	lastMo string

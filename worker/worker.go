@@ -12,6 +12,7 @@ package worker
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -183,8 +184,8 @@ type Options struct {
 	TargetProbeMax     time.Duration
 	WorkerID           string // in dead letters; DefaultWorkerID()
 	// SkipCopies acks, without doing them, the copies the worker itself
-	// wrote into MIRROR_JOBS (jobs.HeaderUnparked): replay sets it, so that
-	// it does each submitted job once.
+	// wrote into MIRROR_JOBS (jobs.HeaderUnparked, jobs.HeaderContinues):
+	// replay sets it, so that it does each submitted job once.
 	SkipCopies bool
 	// FaultHook, if set, is called at named points of the parking protocol
 	// ("parked-before-ack", "unparked-before-delete", "lane-before-reset"),
@@ -560,6 +561,15 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	if hm, ok := m.(interface{ Headers() nats.Header }); ok {
 		if h := hm.Headers(); h != nil {
 			j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
+			if c := h.Get(jobs.HeaderContinues); c != "" {
+				if w.o.SkipCopies {
+					// A replay: the job that was continued is in the stream.
+					w.settler.settle(j, Msg.Ack)
+					return
+				}
+				j.origin = c
+				j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
+			}
 			if h.Get(jobs.HeaderUnparked) != "" {
 				if w.o.SkipCopies {
 					// A replay: the submitted job itself is in the stream too.
@@ -746,9 +756,9 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // throttled answer: the pacer now knows when the next request may go).
 func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
 	began := w.clk.Now()
-	hops := &hopSet{w: w, first: pm, kind: j.job.Kind}
+	hops := &hopSet{w: w, first: pm, kind: j.job.Kind, part: j.part}
 	defer hops.close()
-	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo}
+	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
 	if j.job.Size != nil {
 		req.Size, req.HasSize = *j.job.Size, true
 	}
@@ -761,7 +771,15 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	resp, err := w.d.Fetcher.Do(ctx, req, hops.gate)
 	if err != nil {
 		var re *pacer.RefusedError
+		var ge *fetch.GateError
 		switch {
+		case errors.Is(err, errHandOff) && errors.As(err, &ge):
+			// The hop's authority is another pod's: it fetches the rest.
+			w.handOff(ctx, j, ge, "other_pod")
+		case errors.As(err, &re) && errors.As(err, &ge) && w.continuesRefused():
+			// The hop's authority cannot take it soon: the rest waits in
+			// that authority's queue, and the first hop is not asked again.
+			w.handOff(ctx, j, ge, string(re.Reason))
 		case errors.As(err, &re):
 			// A redirect hop's authority cannot take it soon: defer on
 			// that authority's calendar, without using the budget.
@@ -828,7 +846,7 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	meta := mirror.Meta{
 		Key:          j.job.Target,
-		URL:          authority.StripUserinfo(j.job.URL),
+		URL:          authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
 		ETag:         resp.Header.Get("ETag"),
 		LastModified: resp.Header.Get("Last-Modified"),
 		ContentType:  resp.Header.Get("Content-Type"),

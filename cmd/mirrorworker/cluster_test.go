@@ -34,7 +34,7 @@ type clusterOrigin struct {
 
 type originAuth struct {
 	name     string
-	behave   string // plain, 429, 503date, ratelimit
+	behave   string // plain, 429, 503date, ratelimit; cdn (plain), redirect<n> (a 302 to the cdn)
 	every    int    // the n-th requests (n % every == every-1) are throttled
 	wait     time.Duration
 	n        int
@@ -102,8 +102,16 @@ func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Requ
 		a.cooled, a.probing, probe = false, true, true
 		a.probes++
 	}
-	throttle := a.behave != "plain" && a.n%a.every == a.every-1 && !probe
+	throttle := throttles(a.behave) && a.n%a.every == a.every-1 && !probe
 	a.n++
+	cdn := ""
+	if strings.HasPrefix(a.behave, "redirect") {
+		for n, b := range o.auths {
+			if b.behave == "cdn" {
+				cdn = n
+			}
+		}
+	}
 	if throttle {
 		a.until = now.Add(a.wait)
 		a.cooled = true
@@ -120,6 +128,11 @@ func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Requ
 	}()
 	// A little service time, so requests overlap as they would for real.
 	time.Sleep(20 * time.Millisecond)
+	if cdn != "" {
+		// The same path on the cdn, which serves the same bytes.
+		http.Redirect(w, r, "http://"+cdn+r.URL.Path, http.StatusFound)
+		return
+	}
 	if throttle {
 		switch a.behave {
 		case "429":
@@ -144,6 +157,11 @@ func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Requ
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Write(clusterBody(r.URL.Path))
+}
+
+// throttles reports whether an authority of this behaviour throttles.
+func throttles(behave string) bool {
+	return behave != "plain" && behave != "cdn" && !strings.HasPrefix(behave, "redirect")
 }
 
 // check reports every breach of the politeness contract the origin saw.
@@ -188,7 +206,7 @@ func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int
 		if a.maxIn > maxInFlight {
 			t.Errorf("%s: %d requests in flight at once, cap %d", n, a.maxIn, maxInFlight)
 		}
-		if a.behave != "plain" && a.probes == 0 {
+		if throttles(a.behave) && a.probes == 0 {
 			t.Errorf("%s: no cooldown was ever probed; the test proves nothing", n)
 		}
 	}
@@ -314,6 +332,72 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 				t.Errorf("only %d pods took partitions; the work was not shared", served)
 			}
 		})
+	}
+}
+
+// TestProcessClusterHandsRedirectsToTheCDNsPod: three `mirrorworker run`
+// processes, eight authorities whose every answer is a redirect to one cdn
+// authority, which has jobs of its own; every authority in a partition of
+// its own, floor 300 ms. A pod that follows a redirect to the cdn while
+// another pod serves the cdn's partition would put two pods' requests on
+// it; instead the redirect is handed to the cdn's pod (worker/handoff.go).
+// As the origin times them: no gap below the floor at the cdn either, each
+// job fetched once from its authority and once from the cdn, every job
+// stored byte-exact.
+func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	const (
+		partitions = jobs.DefaultPartitions
+		perAuth    = 5
+		floor      = 300 * time.Millisecond
+	)
+	natsURL := externalNATS(t)
+	behaves := []string{"cdn"}
+	for i := range 8 {
+		behaves = append(behaves, fmt.Sprint("redirect", i))
+	}
+	origin := newClusterOrigin(t, partitions, behaves...)
+	targets, urls := origin.urls(perAuth)
+	publishURLs(t, natsURL, targets, urls)
+	root := t.TempDir()
+	args := func() []string {
+		return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(),
+			"--max-in-flight", "2", "--lease-ttl", "2s", "--ack-wait", "5s", "--log-level", "info")
+	}
+	pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+	waitQueueEmpty(t, natsURL, root, len(urls), 120*time.Second, multiLog(pods))
+	// Which redirects crossed pods, by the leases at the end (they can
+	// move while the pods start; a redirect whose authority shares the
+	// cdn's pod is followed there, with the cdn's own pacer).
+	cdnPod, crossed := podServing(t, natsURL, origin.named("cdn"), partitions, pods), 0
+	for _, b := range behaves[1:] {
+		if podServing(t, natsURL, origin.named(b), partitions, pods) != cdnPod {
+			crossed++
+		}
+	}
+	for _, p := range pods {
+		if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Errorf("pod exit after SIGTERM: %v", err)
+		}
+	}
+	checkClusterMirror(t, root, targets)
+	origin.check(t, floor, 2)
+	t.Logf("%d of %d redirecting authorities served by another pod than the cdn's", crossed, len(behaves)-1)
+	if crossed == 0 {
+		t.Error("every redirecting authority shares the cdn's pod; the test proves nothing")
+	}
+	origin.mu.Lock()
+	defer origin.mu.Unlock()
+	for n, a := range origin.auths {
+		want := perAuth
+		if a.behave == "cdn" {
+			want = perAuth * len(behaves) // its own jobs and every redirect
+		}
+		if len(a.arrivals) != want {
+			t.Errorf("%s (%s): %d requests, want %d", n, a.behave, len(a.arrivals), want)
+		}
 	}
 }
 

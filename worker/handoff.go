@@ -1,0 +1,97 @@
+package worker
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/jobs"
+)
+
+// A redirect to an authority of a partition another pod serves is not
+// followed here (and neither is one its authority cannot take soon, see
+// continuesRefused): this pod's pacer for that authority is not the one the
+// origin's other requests go through, so the two pods together could
+// break its floor or its in-flight cap. The job is handed over instead: a
+// continuation, the same job with the hop's URL, goes to the hop
+// authority's partition, where its owner fetches it paced with everything
+// else it sends there, and the job here is acked once the continuation is
+// stored. A crash in between redelivers the job, and the continuation's
+// message id makes its second copy a duplicate the stream drops.
+
+// errHandOff is the gate's answer for such a hop.
+var errHandOff = errors.New("the authority's partition is served by another pod")
+
+// handsOff reports whether a redirect hop to auth, in a job of partition
+// part, is handed over rather than followed.
+func (w *Worker) handsOff(part int, auth string) bool {
+	if w.o.Partitions <= 0 || w.d.Owns == nil {
+		return false
+	}
+	p := w.sched.partitionOf(auth)
+	return p != part && !w.owns(p)
+}
+
+// continuesRefused reports whether a redirect hop that its authority's
+// pacer refuses (a cooldown, a long spacing wait, the in-flight cap past
+// HoldMax) goes on as a continuation in that authority's queue rather than
+// deferring the whole job, which would ask the first hop again. Only with
+// partitions, where the continuation has a partition to wait in, and not
+// in a replay, which skips continuations.
+func (w *Worker) continuesRefused() bool {
+	return w.o.Partitions > 0 && !w.o.SkipCopies
+}
+
+// handOff publishes j's continuation at the hop ge and acks j. why is for
+// the log: other_pod, or the pacer's reason for refusing the hop.
+func (w *Worker) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError, why string) {
+	cj := j.job
+	cj.URL = ge.URL
+	m, nj, err := jobs.NewMsg(cj)
+	if err != nil {
+		// A redirect to a URL no job may hold (too long, say).
+		err = fmt.Errorf("redirect to %s: %v: %w", ge.Authority, err, fetch.ErrInvalidURL)
+		w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), 0, nil)
+		return
+	}
+	akey := nj.Authority.Key()
+	m.Subject = jobs.PartitionedSubject(jobs.Partition(akey, w.o.Partitions), nj.Tenant, akey)
+	// One id per delivered job and hop: a redelivery hands over again, and
+	// the stream drops that copy within its duplicate window.
+	m.Header.Set(jetstream.MsgIDHeader, nj.ID+"~"+strconv.FormatUint(j.seq, 10)+"~"+strconv.Itoa(ge.Hop))
+	m.Header.Set(jobs.HeaderContinues, authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)))
+	m.Header.Set(jobs.HeaderHops, strconv.Itoa(ge.Hop))
+	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(w.sched.deliveries(j), 10))
+	pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = w.d.JS.PublishMsg(pctx, m)
+	cancel()
+	if err != nil {
+		w.log.Warn().Err(err).Str("job", j.job.ID).Str("authority", ge.Authority.String()).Msg("publish a redirect's continuation; the job comes back")
+		w.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: "handoff"})
+		return
+	}
+	if err := w.settler.settle(j, w.settler.confirmedAck); err != nil {
+		// The job comes back and is handed over again: a duplicate the
+		// stream drops.
+		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack a handed-over job")
+	}
+	w.log.Debug().Str("job", j.job.ID).Str("authority", ge.Authority.String()).Int("hop", ge.Hop).Str("reason", why).Msg("redirect continued in its authority's queue")
+	w.settler.final(j, OutcomeHandedOff, "")
+}
+
+// setContinuation copies a continuation's headers onto another copy of
+// it (a parked one).
+func setContinuation(h nats.Header, j *heldJob) {
+	if j.origin != "" {
+		h.Set(jobs.HeaderContinues, j.origin)
+		h.Set(jobs.HeaderHops, strconv.Itoa(j.hops))
+	}
+}

@@ -1,0 +1,131 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// TestRedirectIsHandedToTheAuthoritysPod: two pods on one stream, each
+// serving its own partitions. Every job of origin a redirects to origin b,
+// whose partition the other pod serves, and b has jobs of its own. The pod
+// of a does not follow the redirect with its own pacer for b: it hands the
+// rest of the fetch to b's pod, so every request b sees is paced by one
+// pacer and b's floor holds, and every object is stored once, with b's
+// bytes and a's URL in its metadata.
+func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	parts, err := jobs.EnsureWork(context.Background(), e.js, &jobs.WorkOptions{Consumer: &jobs.ConsumerOptions{AckWait: 30 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	partOf := func(o *origin) int { return jobs.Partition(authority.KeyOf(o.auth), parts) }
+	a := newOrigin(t)
+	b := newOrigin(t)
+	for partOf(b) == partOf(a) {
+		b = newOrigin(t)
+	}
+	pb := partOf(b)
+	a.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		http.Redirect(w, r, b.url(r.URL.Path), http.StatusFound)
+		return true
+	})
+
+	const floor = 300 * time.Millisecond
+	const per = 6
+	podA := e.startServing(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8}, nil, func(i int) bool { return i != pb })
+	podB := e.startServing(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8}, nil, func(i int) bool { return i == pb })
+	var js []jobs.Job
+	for i := range per {
+		js = append(js,
+			jobs.Job{ID: fmt.Sprint("r-", i), URL: a.url(fmt.Sprint("/r/", i)), Target: fmt.Sprint("r/", i)},
+			jobs.Job{ID: fmt.Sprint("d-", i), URL: b.url(fmt.Sprint("/d/", i)), Target: fmt.Sprint("d/", i)})
+	}
+	e.publish(js...)
+
+	podA.f.waitFor(t, per, isOutcome(worker.OutcomeHandedOff), 60*time.Second)
+	podB.f.waitFor(t, 2*per, isOutcome(worker.OutcomeStored), 60*time.Second)
+	if n := podA.f.count(isOutcome(worker.OutcomeStored)); n != 0 {
+		t.Errorf("a's pod stored %d objects itself, want 0: it followed redirects to b", n)
+	}
+	for i := range per {
+		e.checkStored(fmt.Sprint("r/", i), body(fmt.Sprint("/r/", i)))
+		e.checkStored(fmt.Sprint("d/", i), body(fmt.Sprint("/d/", i)))
+		m, err := e.target.Stat(context.Background(), fmt.Sprint("r/", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := a.url(fmt.Sprint("/r/", i)); m.URL != want {
+			t.Errorf("r/%d: metadata URL %q, want the job's %q", i, m.URL, want)
+		}
+	}
+	if got := len(a.log()); got != per {
+		t.Errorf("a saw %d requests, want %d (one redirect per job)", got, per)
+	}
+	log := b.log()
+	if len(log) != 2*per {
+		t.Fatalf("b saw %d requests, want %d", len(log), 2*per)
+	}
+	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
+	// The slack is TestFloorHoldsAtTheOrigin's: arrival times
+	// are taken at the origin, after loopback and the server's scheduling.
+	const slack = floor / 3
+	minGap := time.Hour
+	for i := 1; i < len(log); i++ {
+		gap := log[i].at.Sub(log[i-1].at)
+		minGap = min(minGap, gap)
+		if gap < floor-slack {
+			t.Errorf("b: requests %d (%s) and %d (%s) arrived %v apart, floor %v", i-1, log[i-1].path, i, log[i].path, gap, floor)
+		}
+	}
+	t.Logf("b: smallest gap between request arrivals %v", minGap)
+}
+
+// TestRedirectToACoolingAuthorityContinuesThere: with partitions, a
+// redirect whose authority is cooling past HoldMax does not defer the whole job (which
+// would ask the first hop again after the wait): the rest of the fetch
+// waits in the cooling authority's queue, as a continuation, and is
+// fetched there once the cooldown ends. The first hop is asked once.
+func TestRedirectToACoolingAuthorityContinuesThere(t *testing.T) {
+	e := newEnv(t, 30*time.Second)
+	from, to := newOrigin(t), newOrigin(t)
+	from.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		http.Redirect(w, r, to.url("/target"), http.StatusFound)
+		return true
+	})
+	p := testPacer(0, 2, nil, 0, nil)
+	// The redirect's authority is cooling for 3 s, longer than HoldMax.
+	pm, err := p.Acquire(time.Now(), to.auth, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cooled := time.Now()
+	p.Done(cooled, pm, pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"3"}}})
+	r := e.startPartitioned(p, worker.Options{Concurrency: 4, HoldMax: 500 * time.Millisecond})
+	e.publish(jobs.Job{ID: "redir", URL: from.url("/start"), Target: "redir"})
+
+	r.f.waitFor(t, 1, isOutcome(worker.OutcomeHandedOff), 20*time.Second)
+	r.f.waitFor(t, 1, isOutcome(worker.OutcomeStored), 30*time.Second)
+	e.checkStored("redir", body("/target"))
+	if n := len(from.log()); n != 1 {
+		t.Errorf("first hop requested %d times, want 1", n)
+	}
+	log := to.log()
+	if len(log) != 1 {
+		t.Fatalf("cooling authority received %d requests, want 1", len(log))
+	}
+	if at := log[0].at.Sub(cooled); at < 3*time.Second {
+		t.Errorf("the cooling authority was asked %v after its 429, Retry-After 3 s", at)
+	}
+	if dl := e.deadLetters(); len(dl) != 0 {
+		t.Errorf("dead-lettered: %+v", dl)
+	}
+}
