@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/replay"
 )
@@ -128,6 +130,24 @@ func TestCountJobsNotMessages(t *testing.T) {
 	pub(c)
 	seqC := pub(c)
 	pub(c) // c again after its dead letter below: not dead-lettered any more
+	// Copies the workers wrote are not submitted jobs: a parked one brought
+	// back, and a redirect's continuation (on another authority).
+	for _, h := range []string{jobs.HeaderUnparked, jobs.HeaderContinues} {
+		cont, err := jobs.Parse([]byte(`{"id":"` + a.ID + `","url":"http://127.0.0.1:18766/cdn/hello.txt"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := json.Marshal(cont)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := nats.NewMsg(cont.Subject())
+		m.Data = data
+		m.Header.Set(h, a.URL)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, d := range []struct {
 		j   jobs.Job
 		seq uint64
