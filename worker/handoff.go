@@ -27,18 +27,9 @@ import (
 // stored. A crash in between redelivers the job, and the continuation's
 // message id makes its second copy a duplicate the stream drops.
 
-// errHandOff is the gate's answer for such a hop.
+// errHandOff is the gate's answer for a hop to an authority of a
+// partition this pod does not serve (hopSet.gate, scheduler.hopBegin).
 var errHandOff = errors.New("the authority's partition is served by another pod")
-
-// handsOff reports whether a redirect hop to auth, in a job of partition
-// part, is handed over rather than followed.
-func (w *Worker) handsOff(part int, auth string) bool {
-	if w.o.Partitions <= 0 || w.d.Owns == nil {
-		return false
-	}
-	p := w.sched.partitionOf(auth)
-	return p != part && !w.owns(p)
-}
 
 // continuesRefused reports whether a redirect hop that its authority's
 // pacer refuses (a cooldown, a long spacing wait, the in-flight cap past

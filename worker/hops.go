@@ -29,7 +29,10 @@ type hopSet struct {
 }
 
 type hop struct {
-	pm      pacer.Permit
+	pm pacer.Permit
+	// part is the hop authority's partition when hopBegin counted the hop
+	// there (-1: not counted).
+	part    int
 	once    sync.Once
 	status  int
 	verdict pacer.Verdict
@@ -44,17 +47,25 @@ func (h *hopSet) gate(ctx context.Context, _ int, a authority.Authority) (func(f
 		h.firstUsed = true
 	}
 	h.mu.Unlock()
-	pm := h.first
+	pm, part := h.first, -1
 	if !useFirst {
-		if h.w.handsOff(h.part, auth) {
-			return nil, errHandOff
+		if hp := h.w.sched.partitionOf(auth); h.w.o.Partitions > 0 && hp != h.part {
+			// Another partition's authority: followed only if this pod
+			// serves it, and counted there while it runs.
+			if !h.w.sched.hopBegin(h.w.clk.Now(), hp, auth) {
+				return nil, errHandOff
+			}
+			part = hp
 		}
 		var err error
 		if pm, err = h.w.acquireHop(ctx, auth); err != nil {
+			if part >= 0 {
+				h.w.sched.hopEnd(part)
+			}
 			return nil, err
 		}
 	}
-	p := &hop{pm: pm}
+	p := &hop{pm: pm, part: part}
 	h.mu.Lock()
 	h.hops = append(h.hops, p)
 	h.mu.Unlock()
@@ -74,6 +85,9 @@ func (h *hopSet) done(p *hop, r fetch.Result) {
 			w.m.CountUpstreamRequest(host, port, h.kind, upstreamOutcome(r, v))
 		}
 		w.sched.released(now, p.pm.Authority)
+		if p.part >= 0 {
+			w.sched.hopEnd(p.part)
+		}
 		w.poke()
 	})
 }
@@ -90,7 +104,7 @@ func (h *hopSet) close() {
 		h.done(p, fetch.Result{Cancelled: true})
 	}
 	if firstUnused {
-		h.done(&hop{pm: h.first}, fetch.Result{Cancelled: true})
+		h.done(&hop{pm: h.first, part: -1}, fetch.Result{Cancelled: true})
 	}
 }
 

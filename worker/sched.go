@@ -123,7 +123,8 @@ type scheduler struct {
 	bySeq  map[uint64]*heldJob
 	counts [3]int // held jobs per state
 	busy   int    // fetch slots in use
-	// busyPart counts fetch slots in use per partition; since is when each
+	// busyPart counts fetch slots in use per partition (and redirect hops
+	// to its authorities from jobs of others, hopBegin); since is when each
 	// partition was taken over (fenced against its previous owner).
 	busyPart map[int]int
 	since    map[int]time.Time
@@ -262,6 +263,35 @@ func (s *scheduler) queuedByAuth() map[string]int {
 		}
 	}
 	return out
+}
+
+// hopBegin counts a redirect hop to auth, an authority of partition p
+// other than its job's, as a request of p while it runs, so that giving p
+// up waits for it (RemovePartition), and fences auth from p's take-over as
+// next does for p's own authorities. It counts nothing and returns false
+// when p is not served here: the hop is handed over (handoff.go).
+func (s *scheduler) hopBegin(now time.Time, p int, auth string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ownsLocked(p) {
+		return false
+	}
+	s.busyPart[p]++
+	if since, ok := s.since[p]; ok {
+		if f, ok := s.pacer.(fencer); ok {
+			f.Fence(now, auth, since)
+		}
+	}
+	return true
+}
+
+// hopEnd ends what hopBegin counted.
+func (s *scheduler) hopEnd(p int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.busyPart[p]--; s.busyPart[p] <= 0 {
+		delete(s.busyPart, p)
+	}
 }
 
 // busyIn returns how many fetch slots work on jobs of partition p.
