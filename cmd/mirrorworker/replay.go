@@ -310,6 +310,17 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 		return err
 	}
 	defer parts.Close()
+	// The live pods' facts and operators' pauses while the replay runs, as
+	// a pod follows them (started before the restore, so that nothing
+	// published in between is missed); the replay's own facts carry its
+	// name, so that it skips them and the pods apply them.
+	parts.Sink.SetPod(c.workerID)
+	fctx, stopFollow := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFollow()
+	follow, err := worker.FollowEvents(fctx, js, parts.Pacer, c.workerID, log)
+	if err != nil {
+		return err
+	}
 	if _, err := replay.RestorePacer(ctx, js, parts.Pacer, replay.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
@@ -338,7 +349,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 			Logger:   log,
 		})
 		return err
-	}, nil)
+	}, &pipeline.RunOptions{Actors: []pipeline.Actor{{Execute: follow, Interrupt: func(error) { stopFollow() }}}})
 	sum := tally.Summary()
 	if err != nil {
 		if ctx.Err() != nil {

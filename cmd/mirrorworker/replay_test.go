@@ -87,6 +87,7 @@ type replayOrigin struct {
 	mu   sync.Mutex
 	hits int
 	cond int
+	at   []time.Time // arrivals
 }
 
 func newReplayOrigin(t *testing.T) *replayOrigin {
@@ -94,6 +95,7 @@ func newReplayOrigin(t *testing.T) *replayOrigin {
 	o.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		o.mu.Lock()
 		o.hits++
+		o.at = append(o.at, time.Now())
 		if r.Header.Get("If-None-Match") != "" {
 			o.cond++
 		}
@@ -195,6 +197,65 @@ func TestReplayCommand(t *testing.T) {
 	if h, c := b.counts(); h != 8 || c != 4 {
 		t.Errorf("origin b: %d requests (%d conditional), want 4 + 4 conditional", h, c)
 	}
+}
+
+// TestReplayObeysAPauseGivenDuringIt: an operator's pause given while a
+// replay runs reaches the replay's pacer as it reaches every pod: the
+// paused authority gets no request after it, and the other goes on.
+func TestReplayObeysAPauseGivenDuringIt(t *testing.T) {
+	url, js := enqueueServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		t.Fatal(err)
+	}
+	a, b := newReplayOrigin(t), newReplayOrigin(t)
+	const n = 10
+	for i := range n {
+		for _, o := range []*replayOrigin{a, b} {
+			if _, err := jobs.Publish(ctx, js, jobs.Job{URL: fmt.Sprintf("%s/%d.bin", o.srv.URL, i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan replayResult, 1)
+	go func() {
+		var stdout, stderr bytes.Buffer
+		err := run(rctx, []string{"replay", "--nats-url", url, "--floor", "300ms", "--allow-private-networks",
+			"--progress", "lines", "--target", t.TempDir()}, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
+		done <- replayResult{err, stdout.String(), stderr.String()}
+	}()
+	waitFor(t, 30*time.Second, "the replay's first requests to a", func() bool { h, _ := a.counts(); return h >= 2 })
+	var out, errOut bytes.Buffer
+	if err := run(ctx, []string{"pause", "--nats-url", url, "--authority", a.auth.String(), "--for", "10m", "--reason", "test"},
+		func(string) string { return "" }, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("pause: %v; %s", err, errOut.String())
+	}
+	paused := time.Now()
+	// b's remaining jobs take 300 ms each after the pause: time for as many
+	// of a's, had the pause not reached the replay.
+	waitFor(t, 30*time.Second, "every job of b", func() bool { h, _ := b.counts(); return h >= n })
+	stop()
+	r := <-done
+	if r.err == nil || !strings.Contains(r.err.Error(), "replay interrupted") {
+		t.Errorf("replay stopped with %v, want interrupted (a's jobs wait for the pause)\n%s", r.err, r.stderr)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// A request whose permit was confirmed before the pause arrived may
+	// still be on its way: 250 ms, less than the floor, allows for that.
+	late := 0
+	for _, at := range a.at {
+		if at.After(paused.Add(250 * time.Millisecond)) {
+			late++
+		}
+	}
+	if late > 0 || len(a.at) >= n {
+		t.Errorf("a got %d requests, %d of them after its pause; want none after it", len(a.at), late)
+	}
+	t.Logf("a: %d requests, %d of them after the pause; b: all %d", len(a.at), late, n)
 }
 
 // TestReplayDryRunCountsJobs: a job in the stream twice is one job (of two
