@@ -77,15 +77,22 @@ const (
 	// parked copy that a lane covers as well is dropped, not fetched twice.
 	HeaderSeq = "Mirror-Seq"
 	// HeaderContinues marks a continuation: the rest of a job's redirect
-	// chain, handed over by a pod that does not serve the hop's authority
-	// to the pod that does. It holds the job's original URL (without
-	// userinfo), which the stored metadata keeps. Replay skips such
-	// copies, as it skips HeaderUnparked ones.
+	// chain, queued in the hop authority's partition (worker/handoff.go).
+	// It holds the job's original URL (without userinfo), which the stored
+	// metadata keeps. Replay skips such copies (IsCopy).
 	HeaderContinues = "Mirror-Continues"
 	// HeaderHops is the redirects a continuation's fetch followed before
 	// its URL: they count against the redirect limit.
 	HeaderHops = "Mirror-Hops"
 )
+
+// IsCopy reports whether a MIRROR_JOBS message with headers h is a copy the
+// workers wrote (a parked job brought back, a job moved into its
+// partition, a redirect's continuation) rather than a submitted job: replay
+// skips such copies, so that it sees each submitted job once.
+func IsCopy(h nats.Header) bool {
+	return h.Get(HeaderUnparked) != "" || h.Get(HeaderContinues) != ""
+}
 
 // MinServerVersion is the oldest nats-server the cluster layout works with:
 // stream subject transforms with the partition() mapping.

@@ -65,8 +65,8 @@ func Count(ctx context.Context, js jetstream.JetStream, start Start, subjects []
 		OptStartSeq:    seq,
 		OptStartTime:   at,
 	}, func(m jetstream.Msg, md *jetstream.MsgMetadata) error {
-		if h := m.Headers(); h.Get(jobs.HeaderUnparked) != "" || h.Get(jobs.HeaderContinues) != "" {
-			return nil // a copy the workers wrote (parking, partitioning, a redirect's continuation), not a submitted job
+		if jobs.IsCopy(m.Headers()) {
+			return nil // a copy the workers wrote, not a submitted job
 		}
 		s := md.Sequence.Stream
 		auth, id := InvalidJobs, ""

@@ -277,12 +277,18 @@ func (s *scheduler) hopBegin(now time.Time, p int, auth string) bool {
 		return false
 	}
 	s.busyPart[p]++
+	s.fenceLocked(now, p, auth)
+	return true
+}
+
+// fenceLocked spaces auth's next start from the take-over of its partition
+// p, when p was taken over from another pod (fencer).
+func (s *scheduler) fenceLocked(now time.Time, p int, auth string) {
 	if since, ok := s.since[p]; ok {
 		if f, ok := s.pacer.(fencer); ok {
 			f.Fence(now, auth, since)
 		}
 	}
-	return true
 }
 
 // hopEnd ends what hopBegin counted.
@@ -627,9 +633,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			continue
 		}
 		if since, ok := s.since[a.part]; ok && !a.fenced.Equal(since) {
-			if f, ok := s.pacer.(fencer); ok {
-				f.Fence(now, a.name, since)
-			}
+			s.fenceLocked(now, a.part, a.name)
 			a.fenced = since
 		}
 		pm, err := s.pacer.Acquire(now, a.name, s.o.reserve)

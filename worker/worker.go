@@ -184,8 +184,8 @@ type Options struct {
 	TargetProbeMax     time.Duration
 	WorkerID           string // in dead letters; DefaultWorkerID()
 	// SkipCopies acks, without doing them, the copies the worker itself
-	// wrote into MIRROR_JOBS (jobs.HeaderUnparked, jobs.HeaderContinues):
-	// replay sets it, so that it does each submitted job once.
+	// wrote into MIRROR_JOBS (jobs.IsCopy): replay sets it, so that it does
+	// each submitted job once.
 	SkipCopies bool
 	// FaultHook, if set, is called at named points of the parking protocol
 	// ("parked-before-ack", "unparked-before-delete", "lane-before-reset"),
@@ -560,22 +560,17 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	j := &heldJob{msg: m, data: m.Data(), received: now, delivered: 1}
 	if hm, ok := m.(interface{ Headers() nats.Header }); ok {
 		if h := hm.Headers(); h != nil {
+			if w.o.SkipCopies && jobs.IsCopy(h) {
+				// A replay: the submitted job itself is in the stream too.
+				w.settler.settle(j, Msg.Ack)
+				return
+			}
 			j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
 			if c := h.Get(jobs.HeaderContinues); c != "" {
-				if w.o.SkipCopies {
-					// A replay: the job that was continued is in the stream.
-					w.settler.settle(j, Msg.Ack)
-					return
-				}
 				j.origin = c
 				j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
 			}
 			if h.Get(jobs.HeaderUnparked) != "" {
-				if w.o.SkipCopies {
-					// A replay: the submitted job itself is in the stream too.
-					w.settler.settle(j, Msg.Ack)
-					return
-				}
 				defer func() { w.parking.arrived(j.auth) }()
 			}
 		}
