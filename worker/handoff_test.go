@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"sort"
 	"testing"
 	"time"
 
@@ -74,19 +73,7 @@ func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
 	if len(log) != 2*per {
 		t.Fatalf("b saw %d requests, want %d", len(log), 2*per)
 	}
-	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
-	// The slack is TestFloorHoldsAtTheOrigin's: arrival times
-	// are taken at the origin, after loopback and the server's scheduling.
-	const slack = floor / 3
-	minGap := time.Hour
-	for i := 1; i < len(log); i++ {
-		gap := log[i].at.Sub(log[i-1].at)
-		minGap = min(minGap, gap)
-		if gap < floor-slack {
-			t.Errorf("b: requests %d (%s) and %d (%s) arrived %v apart, floor %v", i-1, log[i-1].path, i, log[i].path, gap, floor)
-		}
-	}
-	t.Logf("b: smallest gap between request arrivals %v", minGap)
+	checkFloor(t, "b", log, floor)
 }
 
 // TestRedirectToACoolingAuthorityContinuesThere: with partitions, a

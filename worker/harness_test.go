@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -378,6 +379,35 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 		s.status = http.StatusOK
 	}
 	return s.ResponseWriter.Write(b)
+}
+
+// checkFloor reports every pair of consecutive arrivals in log (any order)
+// closer than floor less a slack of a third of it, naming the origin.
+//
+// Arrival times are taken at the origin, as the politeness rule is about
+// what the origin sees. The pacer spaces grants; a request leaves its slot
+// a little after its grant, and loopback plus the server's accept, parse
+// and handler scheduling add more, so a correctly paced gap can look short
+// when the earlier request was the slower one: on a loaded 2-core machine
+// by tens of ms (a 140 ms gap was seen once). The slack excuses only that:
+// it is subtracted from the floor (never added to a measured gap, no
+// outlier is dropped), and two requests sent together would still show a
+// gap near zero. The exact spacing, free of this noise, is checked on the
+// worker's fake clock (TestFloorOnTheFakeClock).
+func checkFloor(t testing.TB, name string, log []arrival, floor time.Duration) {
+	t.Helper()
+	log = append([]arrival(nil), log...)
+	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
+	slack := floor / 3
+	minGap := time.Hour
+	for i := 1; i < len(log); i++ {
+		gap := log[i].at.Sub(log[i-1].at)
+		minGap = min(minGap, gap)
+		if gap < floor-slack {
+			t.Errorf("%s: requests %d (%s) and %d (%s) arrived %v apart, floor %v", name, i-1, log[i-1].path, i, log[i].path, gap, floor)
+		}
+	}
+	t.Logf("%s: smallest gap between request arrivals %v", name, minGap)
 }
 
 // testPacer returns a pacer whose default floor and cap are floor and cap.
