@@ -154,8 +154,15 @@ func HoldsJobs(consumer string) bool {
 func LaneConsumer(p int, akey string) string {
 	h := fnv.New64a()
 	h.Write([]byte(akey))
-	return fmt.Sprintf("%s%02d-%016x", LaneConsumerPrefix, p, h.Sum64())
+	return fmt.Sprintf("%s%016x", LanePrefix(p), h.Sum64())
 }
+
+// LanePrefix is the start of the name of every lane of partition p.
+func LanePrefix(p int) string { return fmt.Sprintf("%s%02d-", LaneConsumerPrefix, p) }
+
+// CatchupPrefix is the start of the name of every catch-up consumer of
+// partition p.
+func CatchupPrefix(p int) string { return fmt.Sprintf("%s%02d-", CatchupConsumerPrefix, p) }
 
 // LaneFilter returns the filter of one authority's jobs of every tenant in
 // partition p of MIRROR_JOBS.
@@ -166,7 +173,7 @@ func LaneFilter(p int, akey string) string {
 // CatchupConsumer returns the durable name of partition p's catch-up
 // consumer that covers the skipped jobs up to stream sequence until.
 func CatchupConsumer(p int, until uint64) string {
-	return fmt.Sprintf("%s%02d-%d", CatchupConsumerPrefix, p, until)
+	return CatchupPrefix(p) + strconv.FormatUint(until, 10)
 }
 
 // LeaseKey returns the MIRROR_LEASES key of partition p.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -158,7 +159,7 @@ func isLane(consumer string) bool { return strings.HasPrefix(consumer, jobs.Lane
 // when the partition's consumer has a large backlog ahead: called when a
 // job of auth must wait longer than ParkAfter.
 func (l *lanes) consider(part int, auth, akey string) {
-	if l == nil || l.stream == nil || l.w.o.LaneBacklog < 0 || !l.w.owns(part) {
+	if l == nil || l.stream == nil || !l.w.owns(part) { // no stream: lanes are off
 		return
 	}
 	l.mu.Lock()
@@ -222,10 +223,7 @@ func (l *lanes) backlog(ctx context.Context, part int, atLeast int) (*jetstream.
 	if err != nil {
 		return nil, false, err
 	}
-	mi, err := main.Info(ctx)
-	if err != nil {
-		return nil, false, err
-	}
+	mi := main.CachedInfo() // fetched by Consumer just now
 	return mi, mi.NumPending+uint64(mi.NumAckPending) >= uint64(atLeast), nil
 }
 
@@ -367,7 +365,7 @@ func (l *lanes) addLane(ln *lane) bool {
 	l.byKey[k] = ln
 	l.countLocked()
 	l.mu.Unlock()
-	l.refreshOne(ln)
+	l.setCount(ln, ln.cons.CachedInfo()) // just created or looked up
 	return true
 }
 
@@ -377,6 +375,14 @@ func (l *lanes) refreshOne(ln *lane) {
 	defer cancel()
 	info, err := ln.cons.Info(ctx)
 	if err != nil {
+		return
+	}
+	l.setCount(ln, info)
+}
+
+// setCount records how many jobs wait in a lane, from its consumer's info.
+func (l *lanes) setCount(ln *lane, info *jetstream.ConsumerInfo) {
+	if info == nil {
 		return
 	}
 	n := int64(info.NumPending) + int64(info.NumAckPending)
@@ -416,7 +422,7 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 		defer close(cu.done)
 		intake := make(chan struct{})
 		go func() { defer close(intake); w.intakeLoop(ctx, c, part) }()
-		for w.sleep(ctx, 250*time.Millisecond) {
+		for clock.Sleep(w.clk, 250*time.Millisecond, ctx.Done()) {
 			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			info, err := c.Info(ictx)
 			cancel()
@@ -454,8 +460,7 @@ func (l *lanes) partitionAdded(ctx context.Context, part int) {
 		return
 	}
 	w := l.w
-	lp := fmt.Sprintf("%s%02d-", jobs.LaneConsumerPrefix, part)
-	cp := fmt.Sprintf("%s%02d-", jobs.CatchupConsumerPrefix, part)
+	lp, cp := jobs.LanePrefix(part), jobs.CatchupPrefix(part)
 	names := l.stream.ConsumerNames(ctx)
 	var found []string
 	for name := range names.Name() {

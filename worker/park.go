@@ -168,10 +168,7 @@ func (p *parking) parkFailed(d deferral, err error) {
 	w := p.w
 	w.log.Warn().Err(err).Str("job", d.job.job.ID).Str("authority", d.job.auth).
 		Msg("park job failed; deferring it by NAK instead")
-	if err := w.settler.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
-		w.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
-	}
-	w.settler.count(OutcomeDeferred)
+	w.settler.nakDeferred(d)
 }
 
 // wait returns once every park in progress is settled.
@@ -410,10 +407,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 	}
 	m := nats.NewMsg(jobs.PartitionedSubject(part, tenant, akey))
 	m.Data = rm.Data
-	if d := rm.Header.Get(jobs.HeaderDeliveries); d != "" {
-		m.Header.Set(jobs.HeaderDeliveries, d)
-	}
-	for _, k := range []string{jobs.HeaderContinues, jobs.HeaderHops} {
+	for _, k := range []string{jobs.HeaderDeliveries, jobs.HeaderContinues, jobs.HeaderHops} {
 		if v := rm.Header.Get(k); v != "" {
 			m.Header.Set(k, v)
 		}

@@ -187,8 +187,3 @@ func (w *Worker) runCtxOr() context.Context {
 	}
 	return context.Background()
 }
-
-// sleep waits d on the worker's clock; false when ctx ended first.
-func (w *Worker) sleep(ctx context.Context, d time.Duration) bool {
-	return clock.Sleep(w.clk, d, ctx.Done())
-}

@@ -86,10 +86,7 @@ func (s *settler) deferJob(d deferral) {
 	if d.job.lane {
 		// A lane is pulled only when its authority is ready, so a job
 		// deferred from it waits there, holding only the lane's slots.
-		if err := s.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
-			s.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
-		}
-		s.count(OutcomeDeferred)
+		s.nakDeferred(d)
 		return
 	}
 	if s.parking.shouldPark(d) {
@@ -102,13 +99,17 @@ func (s *settler) deferJob(d deferral) {
 		return
 	}
 	s.parking.nakked(d.job.auth, d.delay)
-	err := s.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) })
-	if err != nil {
+	s.nakDeferred(d)
+	s.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
+		Str("delay", d.delay.String()).Msg("job deferred")
+}
+
+// nakDeferred NAKs a deferred job with its delay and counts the deferral.
+func (s *settler) nakDeferred(d deferral) {
+	if err := s.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {
 		s.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("nak deferred job")
 	}
 	s.count(OutcomeDeferred)
-	s.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
-		Str("delay", d.delay.String()).Msg("job deferred")
 }
 
 // complete acks a job that is stored or unchanged.
