@@ -116,6 +116,23 @@ type Actor struct {
 	Interrupt func(error)
 }
 
+// Follow names this process (self) on the pacer facts the sink publishes
+// and follows MIRROR_EVENTS: the facts of every other pod (and replay) and
+// operators' pauses are applied to the pacer as they are published
+// (worker.FollowEvents). Call it before the cold-start restore, so that
+// nothing published in between is missed, and run the Actor it returns in
+// Run's group (RunOptions.Actors).
+func (p *Parts) Follow(js jetstream.JetStream, self string, log zerolog.Logger) (Actor, error) {
+	p.Sink.SetPod(self)
+	ctx, stop := context.WithCancel(context.Background())
+	follow, err := worker.FollowEvents(ctx, js, p.Pacer, self, log)
+	if err != nil {
+		stop()
+		return Actor{}, err
+	}
+	return Actor{Execute: follow, Interrupt: func(error) { stop() }}, nil
+}
+
 // RunOptions add parts to Run's group. The zero value adds none.
 type RunOptions struct {
 	// Stopping is called once when the stop begins, before work's context

@@ -81,7 +81,7 @@ func (h *hopSet) done(p *hop, r fetch.Result) {
 		p.status, p.verdict = r.Status, v
 		h.mu.Unlock()
 		if r.Status != 0 || (r.Err != nil && !r.Cancelled) {
-			host, port := splitAuth(p.pm.Authority)
+			host, port := authority.Split(p.pm.Authority)
 			w.m.CountUpstreamRequest(host, port, h.kind, upstreamOutcome(r, v))
 		}
 		w.sched.released(now, p.pm.Authority)
@@ -189,14 +189,6 @@ func (w *Worker) backoff(n int) time.Duration {
 		d = b.NextBackOff()
 	}
 	return d
-}
-
-func splitAuth(auth string) (host, port string) {
-	a, err := authority.Parse("http://" + auth)
-	if err != nil {
-		return auth, ""
-	}
-	return a.Host, a.Port
 }
 
 // logURL returns rawURL fit for a log line (SPEC section 7): without

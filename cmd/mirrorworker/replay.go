@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/broker"
@@ -299,25 +298,20 @@ func probeDefaultNATS(ctx context.Context, natsURL string) error {
 
 func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan,
 	target *mirror.FileTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
-	// Metrics on a registry of the replay's own, so they do not clash; the
-	// summary is counted by the worker's OnOutcome hook.
-	reg := prometheus.NewRegistry()
+	// Metrics stay private (a nil registerer); the summary is counted by
+	// the worker's OnOutcome hook.
 	var tally replay.Tally
 	// The replay's pacer learns from the same origins as the live worker:
 	// its facts are published like the worker's, and it starts from theirs.
-	parts, err := pipeline.New(js, c.pipelineConfig(reg, policy, log))
+	parts, err := pipeline.New(js, c.pipelineConfig(nil, policy, log))
 	if err != nil {
 		return err
 	}
 	defer parts.Close()
 	// The live pods' facts and operators' pauses while the replay runs, as
-	// a pod follows them (started before the restore, so that nothing
-	// published in between is missed); the replay's own facts carry its
-	// name, so that it skips them and the pods apply them.
-	parts.Sink.SetPod(c.workerID)
-	fctx, stopFollow := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopFollow()
-	follow, err := worker.FollowEvents(fctx, js, parts.Pacer, c.workerID, log)
+	// a pod follows them; the replay's own facts carry its name, so that it
+	// skips them and the pods apply them.
+	follow, err := parts.Follow(js, c.workerID, log)
 	if err != nil {
 		return err
 	}
@@ -349,7 +343,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 			Logger:   log,
 		})
 		return err
-	}, &pipeline.RunOptions{Actors: []pipeline.Actor{{Execute: follow, Interrupt: func(error) { stopFollow() }}}})
+	}, &pipeline.RunOptions{Actors: []pipeline.Actor{follow}})
 	sum := tally.Summary()
 	if err != nil {
 		if ctx.Err() != nil {

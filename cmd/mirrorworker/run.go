@@ -447,21 +447,18 @@ func (p *natsStage) run(ctx context.Context) error {
 		return err
 	}
 	defer departures.Close()
-	pc, sink := parts.Pacer, parts.Sink
+	pc := parts.Pacer
 	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
 		return err
 	}
 	if err := p.reg.Register(worker.NewCoolingCollector(pc.Snapshot, clock.Real{})); err != nil {
 		return fmt.Errorf("register cooling gauge: %w", err)
 	}
-	var follow func() error
-	fctx, stopFollow := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopFollow()
+	var follow pipeline.Actor
 	if partitions > 0 {
 		// Other pods' facts and operators' pauses, live; started before the
 		// restore so that nothing published in between is missed.
-		sink.SetPod(c.workerID)
-		if follow, err = worker.FollowEvents(fctx, js, pc, c.workerID, log); err != nil {
+		if follow, err = parts.Follow(js, c.workerID, log); err != nil {
 			return stoppedOr(ctx, err)
 		}
 	}
@@ -541,7 +538,7 @@ func (p *natsStage) run(ctx context.Context) error {
 			}
 			return err
 		})
-		ro.Actors = append(ro.Actors, pipeline.Actor{Execute: follow, Interrupt: func(error) { stopFollow() }})
+		ro.Actors = append(ro.Actors, follow)
 	}
 	return parts.Run(ctx, func(wctx context.Context) error {
 		err := w.Run(wctx)
