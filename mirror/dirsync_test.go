@@ -49,8 +49,8 @@ func TestDirSyncCoversEveryEarlierChange(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("%d fsyncs for %d calls", fsyncs.Load(), callers*rounds)
-	if n := fsyncs.Load(); n > callers*rounds {
-		t.Errorf("%d fsyncs for %d calls", n, callers*rounds)
+	if n := fsyncs.Load(); n >= callers*rounds {
+		t.Errorf("%d fsyncs for %d calls: none was shared", n, callers*rounds)
 	}
 }
 

@@ -85,7 +85,7 @@ func (f *tempFile) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-func (f *tempFile) sync() error { return f.op("sync", func() error { return fsyncRetry(f.fd) }) }
+func (f *tempFile) sync() error { return f.op("sync", func() error { return syscall.Fsync(f.fd) }) }
 
 func (f *tempFile) close() error {
 	err := syscall.Close(f.fd)
