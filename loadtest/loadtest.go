@@ -29,12 +29,11 @@ import (
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
-// The concrete types the load test wires satisfy the worker's interfaces,
-// and so does every strategy.
+// The concrete types the load test wires satisfy the worker's interfaces
+// (every strategy is a *pacer.Pacer, which worker.Pacer checks itself).
 var (
 	_ worker.Fetcher = (*fetch.Client)(nil)
 	_ worker.Target  = (*mirror.FileTarget)(nil)
-	_ worker.Pacer   = (strategy.Pacer)(nil)
 )
 
 // Options configure Run. Jobs, Authorities, Workers, Profile and Strategies

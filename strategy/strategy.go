@@ -33,14 +33,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
-// Pacer is what the worker needs from a politeness strategy: the worker's own
-// Pacer interface, repeated here so this package does not import the worker.
-type Pacer interface {
-	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
-	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
-	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
-}
-
 // Names of the strategies New knows, the HostPacer first.
 const (
 	HostPacer  = "hostpacer"

@@ -49,7 +49,7 @@ func ra(secs int) http.Header { return http.Header{"Retry-After": {strconv.Itoa(
 
 func ms(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 
-func run(t *testing.T, p strategy.Pacer, steps []step) {
+func run(t *testing.T, p *pacer.Pacer, steps []step) {
 	t.Helper()
 	var outstanding []pacer.Permit
 	for i, s := range steps {
@@ -93,7 +93,7 @@ func run(t *testing.T, p strategy.Pacer, steps []step) {
 	}
 }
 
-func newStrategy(t *testing.T, name string, o strategy.Options) strategy.Pacer {
+func newStrategy(t *testing.T, name string, o strategy.Options) *pacer.Pacer {
 	t.Helper()
 	if o.StartGuard == 0 && name != strategy.HostPacer {
 		o.StartGuard = -1 // the tables speak of the interval alone
@@ -438,7 +438,6 @@ func TestConfirmSpacesFromActualStarts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var c strategy.Pacer = p // Confirm is part of the interface
 			a, err := p.Acquire(t0, auth, time.Second)
 			if err != nil {
 				t.Fatal(err)
@@ -451,17 +450,17 @@ func TestConfirmSpacesFromActualStarts(t *testing.T) {
 				t.Fatalf("second grant starts at %s, want %s", b.Start.Sub(t0), want.Sub(t0))
 			}
 			late := t0.Add(90 * time.Millisecond) // a's timer fired 90 ms late
-			if a2, err := c.Confirm(late, a); err != nil || !a2.Start.Equal(a.Start) {
+			if a2, err := p.Confirm(late, a); err != nil || !a2.Start.Equal(a.Start) {
 				t.Fatalf("Confirm(a) = %+v, %v; want a unchanged", a2, err)
 			}
-			b2, err := c.Confirm(b.Start, b)
+			b2, err := p.Confirm(b.Start, b)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if want := late.Add(floor + guard); !b2.Start.Equal(want) {
 				t.Fatalf("Confirm(b) at its Start moves it to %s, want %s (a floor and guard after a's actual start)", b2.Start.Sub(t0), want.Sub(t0))
 			}
-			if b3, err := c.Confirm(b2.Start, b2); err != nil || !b3.Start.Equal(b2.Start) {
+			if b3, err := p.Confirm(b2.Start, b2); err != nil || !b3.Start.Equal(b2.Start) {
 				t.Fatalf("Confirm(b) at its new Start = %+v, %v; want it to go", b3, err)
 			}
 		})

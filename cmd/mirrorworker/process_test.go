@@ -358,17 +358,25 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 		if err != nil {
 			return q, err
 		}
-		for p := range n {
-			c, err := js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(p))
-			if err != nil {
-				return q, err
+		// Jobs wait in the partition consumers, lanes and catch-up
+		// consumers (jobs.HoldsJobs), and parked in MIRROR_PARKED.
+		parts := 0
+		cl := s.ListConsumers(ctx)
+		for ci := range cl.Info() {
+			if !jobs.HoldsJobs(ci.Name) {
+				continue
 			}
-			ci, err := c.Info(ctx)
-			if err != nil {
-				return q, err
+			if strings.HasPrefix(ci.Name, jobs.PartitionConsumerPrefix) {
+				parts++
 			}
 			q.pending += ci.NumPending
 			q.ackPending += uint64(ci.NumAckPending)
+		}
+		if err := cl.Err(); err != nil {
+			return q, err
+		}
+		if parts != n {
+			return q, fmt.Errorf("%d partition consumers of %d", parts, n)
 		}
 		ps, err := js.Stream(ctx, jobs.ParkStream)
 		if err != nil {
@@ -379,17 +387,6 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 			return q, err
 		}
 		q.pending += pi.State.Msgs
-		// And in lanes; catch-up consumers hold jobs a partition skipped.
-		cl := s.ListConsumers(ctx)
-		for ci := range cl.Info() {
-			if strings.HasPrefix(ci.Name, jobs.LaneConsumerPrefix) || strings.HasPrefix(ci.Name, jobs.CatchupConsumerPrefix) {
-				q.pending += ci.NumPending
-				q.ackPending += uint64(ci.NumAckPending)
-			}
-		}
-		if err := cl.Err(); err != nil {
-			return q, err
-		}
 	} else {
 		c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName)
 		if err != nil {
