@@ -383,15 +383,22 @@ func (w *Worker) wakeIntake() {
 // Run consumes until ctx is cancelled, then stops pulling, lets in-flight
 // fetches finish within ShutdownGrace (then cancels them), hands every held
 // job back with a NAK without delay, and returns nil. It returns an error
-// only when it cannot start.
+// only when it cannot start; stopped while starting (ctx cancelled), it
+// returns nil too.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.state.CompareAndSwap(0, 1) {
 		return errors.New("worker: Run called twice")
 	}
 	defer w.state.Store(3)
+	startErr := func(err error) error {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // the stop asked for, not a failure
+		}
+		return err
+	}
 	kv, err := w.d.JS.KeyValue(ctx, jobs.AttemptsBucket)
 	if err != nil {
-		return fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err)
+		return startErr(fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err))
 	}
 	w.settler.kv = kv
 	// Fetches outlive ctx by the grace period; their context is cut after.
@@ -403,10 +410,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	var loops sync.WaitGroup
 	if w.o.Partitions > 0 {
 		if err := w.parking.open(ctx); err != nil {
-			return err
+			return startErr(err)
 		}
 		if err := w.lanes.open(ctx); err != nil {
-			return err
+			return startErr(err)
 		}
 		w.pmu.Lock()
 		w.runCtx, w.fetchCt = ctx, fctx

@@ -543,8 +543,6 @@ func (p *natsStage) run(ctx context.Context) error {
 	return parts.Run(ctx, func(wctx context.Context) error {
 		err := w.Run(wctx)
 		switch {
-		case err != nil && wctx.Err() != nil && errors.Is(err, context.Canceled):
-			return nil // stopped while starting: the stop asked for, not a failure
 		case err != nil:
 			return fmt.Errorf("worker: %w", err)
 		case wctx.Err() == nil:
