@@ -89,7 +89,7 @@ const (
 	// EventCapped: a response asked for a pause longer than MaxPause while
 	// a longer cooldown was already in force, so nothing changed but the
 	// request is worth a warning. It is for logs only: the worker's
-	// EventSink does not publish it, and Apply ignores it.
+	// facts.Sink does not publish it, and Apply ignores it.
 	EventCapped EventType = "capped"
 )
 

@@ -25,10 +25,12 @@
 //     (Options.OnEvent) and their replay after a cold start (Apply);
 //   - compressed time for load tests (Options.Scale).
 //
-// It does not: log (it emits events; the worker's EventSink logs them),
-// derive authorities from URLs (package authority does), sleep,
-// read a clock, talk to NATS or make HTTP requests. Every method takes the
-// current instant as a parameter, as golang.org/x/time/rate does, so every
-// rule is testable on a virtual clock. State is per process; coordination
+// It does not: log (it emits events; package facts' Sink logs them),
+// derive authorities from URLs (package authority does), talk to NATS or
+// make HTTP requests. Every decision method takes the current instant as a
+// parameter, as golang.org/x/time/rate does, so every rule is testable on a
+// virtual clock; the one exception is Wait, the loop from a grant to the
+// request's start, which sleeps on the clock.Clock it is given (never on the
+// wall clock of its own). State is per process; coordination
 // across a cluster (docs/contract.md section 8) is not part of this package.
 package pacer

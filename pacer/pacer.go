@@ -62,7 +62,7 @@ type Options struct {
 	// call the Pacer.
 	Rand func() float64
 	// OnEvent, if set, receives every fact (the pacer logs nothing: the
-	// worker's EventSink logs, counts and publishes), never under a lock, in the order they happened for one authority. It must not block
+	// facts.Sink logs, counts and publishes), never under a lock, in the order they happened for one authority. It must not block
 	// for long: it runs on the caller's goroutine of Acquire or Done.
 	OnEvent func(Event)
 	// Scale compresses time for load tests: it multiplies every fixed

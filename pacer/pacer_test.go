@@ -618,7 +618,7 @@ func TestApplyNeverRuder(t *testing.T) {
 }
 
 // TestCappedPauseEvents: the pacer logs nothing; what the log line of a
-// capped pause needs travels on the events (the EventSink writes it).
+// capped pause needs travels on the events (the facts.Sink writes it).
 func TestCappedPauseEvents(t *testing.T) {
 	var evs []pacer.Event
 	p := newPacer(t, time.Second, &pacer.Options{OnEvent: func(ev pacer.Event) { evs = append(evs, ev) }})

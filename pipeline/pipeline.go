@@ -7,7 +7,7 @@
 //
 // It does not: parse flags (cmd/mirrorworker does, and fills a Config),
 // connect to NATS, create streams or consumers (package jobs does), or
-// restore the pacer (package replay does).
+// restore the pacer (package facts does).
 package pipeline
 
 import (
@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -50,13 +51,15 @@ type Config struct {
 	Logger     zerolog.Logger
 }
 
+var _ facts.Metrics = (*worker.Metrics)(nil)
+
 // Parts are a pipeline's pieces, built before its consumer exists: one
 // Metrics for the worker and the event sink (so one registry serves both),
 // the sink, the pacer and the fetch client. Build workers with NewWorker
 // and run them with Run; Close when done.
 type Parts struct {
 	Metrics *worker.Metrics
-	Sink    *worker.EventSink
+	Sink    *facts.Sink
 	Pacer   *pacer.Pacer
 	Fetch   *fetch.Client
 
@@ -73,11 +76,11 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 		return nil, err
 	}
 	p := &Parts{Metrics: metrics, Pacer: c.Pacer, Fetch: fetch.New(c.Fetch), js: js, cfg: c}
-	var pub worker.EventPublisher
+	var pub facts.Publisher
 	if js != nil {
 		pub = js
 	}
-	p.Sink = worker.NewEventSink(pub, c.Logger, metrics)
+	p.Sink = facts.NewSink(pub, c.Logger, metrics)
 	if p.Pacer == nil {
 		p.Pacer = pacer.New(&pacer.Options{Policy: c.Policy, OnEvent: p.Sink.Handle, Scale: c.TimeScale})
 	}
@@ -119,13 +122,13 @@ type Actor struct {
 // Follow names this process (self) on the pacer facts the sink publishes
 // and follows MIRROR_EVENTS: the facts of every other pod (and replay) and
 // operators' pauses are applied to the pacer as they are published
-// (worker.FollowEvents). Call it before the cold-start restore, so that
+// (facts.Follow). Call it before the cold-start restore, so that
 // nothing published in between is missed, and run the Actor it returns in
 // Run's group (RunOptions.Actors).
 func (p *Parts) Follow(js jetstream.JetStream, self string, log zerolog.Logger) (Actor, error) {
 	p.Sink.SetPod(self)
 	ctx, stop := context.WithCancel(context.Background())
-	follow, err := worker.FollowEvents(ctx, js, p.Pacer, self, log)
+	follow, err := facts.Follow(ctx, js, p.Pacer, self, clock.Real{}, log)
 	if err != nil {
 		stop()
 		return Actor{}, err

@@ -59,7 +59,7 @@ func Count(ctx context.Context, js jetstream.JetStream, start Start, subjects []
 	}
 	byID := map[string]*seen{}
 	policy, seq, at := start.deliver(now)
-	err := scan(ctx, js, jobs.JobsStream, jetstream.OrderedConsumerConfig{
+	err := jobs.Scan(ctx, js, jobs.JobsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: subjects,
 		DeliverPolicy:  policy,
 		OptStartSeq:    seq,
@@ -124,7 +124,7 @@ func Count(ctx context.Context, js jetstream.JetStream, start Start, subjects []
 // message at or after from to its reason.
 func deadLetteredSeqs(ctx context.Context, js jetstream.JetStream, from uint64) (map[uint64]string, error) {
 	out := map[uint64]string{}
-	err := scan(ctx, js, jobs.DLQStream, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg, _ *jetstream.MsgMetadata) error {
+	err := jobs.Scan(ctx, js, jobs.DLQStream, jetstream.OrderedConsumerConfig{}, func(m jetstream.Msg, _ *jetstream.MsgMetadata) error {
 		var d struct {
 			StreamSeq uint64 `json:"stream_seq"`
 			Reason    string `json:"reason"`

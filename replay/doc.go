@@ -1,6 +1,6 @@
-// Package replay re-drives what is already in JetStream: the jobs of
-// MIRROR_JOBS, into a mirror target again, and the pacer facts of
-// MIRROR_EVENTS, into a fresh pacer at a cold start.
+// Package replay re-drives the jobs of MIRROR_JOBS that are already in
+// JetStream into a mirror target again. (Restoring a fresh pacer from the
+// pacer facts of MIRROR_EVENTS at a cold start is package facts' Restore.)
 //
 // It provides:
 //
@@ -10,10 +10,7 @@
 //     every job stored up to the stream's last sequence at the start has been
 //     handled, reporting progress on the way;
 //   - dry runs (Count): how many jobs a replay would re-drive, per authority
-//     key, without fetching anything;
-//   - cold start (RestorePacer): the recent pacer facts applied, in order, to
-//     a new pacer, so that a restarted worker owes every origin the pauses
-//     and intervals it owed before.
+//     key, without fetching anything.
 //
 // It does not fetch, store or pace: a replay runs the same worker, pacer and
 // mirror target as live jobs (cmd/mirrorworker wires them), so it is never a

@@ -1,15 +1,11 @@
 package replay_test
 
 import (
-	"context"
 	"fmt"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
-	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/replay"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 )
 
 func ExampleParseStart() {
@@ -38,17 +34,4 @@ func ExampleFilter_Subjects() {
 	fmt.Println(subjects)
 	// Output:
 	// [mirror.jobs.acme.files_example_org_443 mirror.jobs.acme.files_example_org_443.* mirror.jobs.acme.mirror_example_net_8443 mirror.jobs.acme.mirror_example_net_8443.*]
-}
-
-// The worker restores its pacer before it takes its first job.
-func ExampleRestorePacer() {
-	var js jetstream.JetStream // connected to the deployment's NATS
-	ctx := context.Background()
-	p := pacer.New(nil)
-	n, err := replay.RestorePacer(ctx, js, p, replay.RestoreOptions{Logger: zerolog.Nop()})
-	if err != nil {
-		return // cannot read MIRROR_EVENTS: do not start ruder than before
-	}
-	_ = n // facts applied; RestorePacer also logs them
-	// ... start the worker with p
 }

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
-	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/mirrorworker/mirrorworker/worker"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
@@ -42,10 +42,10 @@ func startLiveWorker(t *testing.T, js jetstream.JetStream, root string, restore 
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := worker.NewEventSink(js, log, metrics)
+	sink := facts.NewSink(js, log, metrics)
 	pc := pacer.New(&pacer.Options{Policy: testPolicy(), OnEvent: sink.Handle})
 	if restore {
-		if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
+		if _, err := facts.Restore(ctx, js, pc, facts.RestoreOptions{Logger: log}); err != nil {
 			t.Fatal(err)
 		}
 	}

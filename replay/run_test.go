@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
@@ -49,10 +50,10 @@ func replayInto(t *testing.T, js jetstream.JetStream, root string, start replay.
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := worker.NewEventSink(js, log, metrics)
+	sink := facts.NewSink(js, log, metrics)
 	var tally replay.Tally
 	pc := pacer.New(&pacer.Options{Policy: testPolicy(), OnEvent: sink.Handle})
-	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
+	if _, err := facts.Restore(ctx, js, pc, facts.RestoreOptions{Logger: log}); err != nil {
 		t.Fatal(err)
 	}
 	target, err := mirror.Open(root)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -51,7 +52,7 @@ func TestIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sink := worker.NewEventSink(e.js, testLogger(t), m)
+	sink := facts.NewSink(e.js, testLogger(t), m)
 	sctx, stopSink := context.WithCancel(context.Background())
 	sinkDone := make(chan struct{})
 	go func() { sink.Run(sctx); close(sinkDone) }()

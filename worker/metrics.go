@@ -32,7 +32,7 @@ const DefaultHostLabelLimit = 500
 const OtherHost = "other"
 
 // Metrics are the worker's Prometheus metrics (docs/contract.md section 7), built from
-// an injected Registerer. The worker and the EventSink share one Metrics so
+// an injected Registerer. The worker and the facts.Sink share one Metrics so
 // that one registry serves both. Safe for concurrent use.
 type Metrics struct {
 	UpstreamRequests *prometheus.CounterVec   // {host,port,kind,outcome}
@@ -196,6 +196,10 @@ func (m *Metrics) CountCooldown(host, port, reason string) {
 	host, port = m.hosts.labels(host, port)
 	m.Cooldowns.WithLabelValues(host, port, reason).Inc()
 }
+
+// CountEventDropped counts one pacer fact not published in
+// events_dropped_total (package facts' Sink counts through it).
+func (m *Metrics) CountEventDropped() { m.EventsDropped.Inc() }
 
 func (m *Metrics) setHeld(counts [3]int, busy int) {
 	for i, n := range counts {

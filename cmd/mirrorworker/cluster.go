@@ -11,19 +11,16 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/cluster"
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
-
-// operatorPod is the jobs.HeaderPod of facts an operator publishes.
-const operatorPod = "operator"
 
 // opFlags are the flags of pause, resume and status.
 type opFlags struct {
@@ -136,19 +133,9 @@ func publishOperatorFact(ctx context.Context, o *opFlags, ev pacer.Event) error 
 		return err
 	}
 	defer closeConn()
-	b, err := json.Marshal(ev)
-	if err != nil {
-		return err
-	}
-	m := nats.NewMsg(jobs.EventSubject(authority.KeyOf(ev.Authority)))
-	m.Data = b
-	m.Header.Set(jobs.HeaderPod, operatorPod)
 	pctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	if _, err := js.PublishMsg(pctx, m); err != nil {
-		return fmt.Errorf("publish %s of %s: %w (is stream %s there? start 'mirrorworker run' once)", ev.Type, ev.Authority, err, jobs.EventsStream)
-	}
-	return nil
+	return facts.PublishOperator(pctx, js, ev)
 }
 
 // statusRow is one authority in `mirrorworker status`.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -68,7 +69,7 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 		logFormat:         "console",
 		logLevel:          "warn",
 	})
-	fs.DurationVar(&c.restoreWindow, "restore-window", replay.DefaultWindow, "pacer facts of MIRROR_EVENTS replayed before the first request: at least the longest pause (10m) and the quiet window (30m)")
+	fs.DurationVar(&c.restoreWindow, "restore-window", facts.DefaultWindow, "pacer facts of MIRROR_EVENTS replayed before the first request: at least the longest pause (10m) and the quiet window (30m)")
 	fs.DurationVar(&c.natsTO, "nats-connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, else a line every 10 s), bar, lines or none")
 	registerReplicasFlag(fs, &c.streamReplicas)
@@ -123,8 +124,8 @@ func (c *replayConfig) check(now time.Time) (replayPlan, error) {
 	}
 	c.workerFlags.check(bad, durationFlag{"nats-connect-timeout", c.natsTO})
 	checkReplicas(bad, c.streamReplicas)
-	if c.restoreWindow < replay.DefaultWindow {
-		bad("--restore-window %s: want at least %s, or the replay could be ruder than the live worker", c.restoreWindow, replay.DefaultWindow)
+	if c.restoreWindow < facts.DefaultWindow {
+		bad("--restore-window %s: want at least %s, or the replay could be ruder than the live worker", c.restoreWindow, facts.DefaultWindow)
 	}
 	switch c.progress {
 	case "auto", "bar", "lines", "none":
@@ -315,7 +316,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	if err != nil {
 		return err
 	}
-	if _, err := replay.RestorePacer(ctx, js, parts.Pacer, replay.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
+	if _, err := facts.Restore(ctx, js, parts.Pacer, facts.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
 

@@ -26,13 +26,13 @@ import (
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/cluster"
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
-	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -465,7 +465,7 @@ func (p *natsStage) run(ctx context.Context) error {
 	// Cold start: come up with the cooldowns and intervals this worker (or
 	// another) learned recently, so a restart is never ruder than before.
 	// Starting without them would be, so a read error is fatal.
-	if _, err := replay.RestorePacer(ctx, js, pc, replay.RestoreOptions{Logger: log}); err != nil {
+	if _, err := facts.Restore(ctx, js, pc, facts.RestoreOptions{Logger: log}); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
 	}
 	w, err := parts.NewWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {

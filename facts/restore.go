@@ -1,4 +1,4 @@
-package replay
+package facts
 
 import (
 	"context"
@@ -13,21 +13,14 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// DefaultWindow is how far back RestorePacer reads by default: the longer of
+// DefaultWindow is how far back Restore reads by default: the longer of
 // the longest pause a worker can still owe (pacer.MaxPause, 600 s) and the
 // quiet window after which an escalated interval decays (30 min). Facts
 // older than that are read too, but only the newest of each authority that
 // is silent within the window (see docs/adr/0004).
 const DefaultWindow = max(pacer.MaxPause, pacer.DefaultQuietWindow)
 
-// Applier takes replayed pacer facts; *pacer.Pacer is one.
-type Applier interface {
-	Apply(now time.Time, ev pacer.Event)
-}
-
-var _ Applier = (*pacer.Pacer)(nil)
-
-// RestoreOptions configure RestorePacer. The zero value of every field is
+// RestoreOptions configure Restore. The zero value of every field is
 // its default.
 type RestoreOptions struct {
 	// Window is how far back to replay every fact; 0 means DefaultWindow. A
@@ -40,16 +33,17 @@ type RestoreOptions struct {
 	Logger zerolog.Logger
 }
 
-// RestoreResult says what RestorePacer did.
+// RestoreResult says what Restore did.
 type RestoreResult struct {
 	Facts       int // facts applied
 	Authorities int // distinct authorities among them
 	Skipped     int // messages that were not pacer facts
 }
 
-// RestorePacer rebuilds pacer state at a cold start from the facts on
-// mirror.events.pacer.> in MIRROR_EVENTS, and returns how many facts it
-// applied. Call it before the worker takes its first job.
+// Restore rebuilds pacer state at a cold start from the facts on
+// mirror.events.pacer.> in MIRROR_EVENTS, and says how many facts it
+// applied. Call it after Follow has started and before the worker takes its
+// first job, so that no fact falls between the two.
 //
 // It applies, in stream order, first the newest fact of every authority with
 // no fact within the window (an escalated interval decays slowly, and the
@@ -58,12 +52,6 @@ type RestoreResult struct {
 // more, so a restart never makes the worker ruder; replaying a fact twice is
 // harmless. A message that is not a pacer fact is logged and skipped. The
 // error is about reading the stream (the stream missing included).
-func RestorePacer(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOptions) (int, error) {
-	r, err := Restore(ctx, js, p, o)
-	return r.Facts, err
-}
-
-// Restore is RestorePacer with the details.
 func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOptions) (RestoreResult, error) {
 	window := o.Window
 	if window <= 0 {
@@ -113,7 +101,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 	// cooldown, which has long expired (at most MaxPause after the fact)
 	// but may still want its probe.
 	var old []pacer.Event
-	err := scan(ctx, js, jobs.EventsStream, jetstream.OrderedConsumerConfig{
+	err := jobs.Scan(ctx, js, jobs.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filter,
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	}, func(m jetstream.Msg, md *jetstream.MsgMetadata) error {
@@ -132,7 +120,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 		apply(ev)
 	}
 
-	err = scan(ctx, js, jobs.EventsStream, jetstream.OrderedConsumerConfig{
+	err = jobs.Scan(ctx, js, jobs.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filter,
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &from,

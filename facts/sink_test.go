@@ -1,4 +1,4 @@
-package worker_test
+package facts_test
 
 import (
 	"bytes"
@@ -6,16 +6,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/pacer"
-	"github.com/mirrorworker/mirrorworker/worker"
 	"github.com/rs/zerolog"
 )
 
-// TestEventSinkLogLines: the pacer logs nothing; the sink writes the lines
+// TestSinkLogLines: the pacer logs nothing; the sink writes the lines
 // of a capped pause, a cooldown and a recovery from the pacer's events.
-func TestEventSinkLogLines(t *testing.T) {
+func TestSinkLogLines(t *testing.T) {
 	var buf bytes.Buffer
-	sink := worker.NewEventSink(nil, zerolog.New(&buf), nil)
+	sink := facts.NewSink(nil, zerolog.New(&buf), nil)
 	p := pacer.New(&pacer.Options{OnEvent: sink.Handle})
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	const auth = "files.example.org:443"

@@ -1,4 +1,4 @@
-package replay
+package jobs
 
 import (
 	"context"
@@ -9,17 +9,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// scanIdle bounds the wait for the next message of a scan. Every message a
+// scanIdle bounds the wait for the next message of a Scan. Every message a
 // scan waits for was stored before it began, so only a message removed
 // meanwhile (MaxAge, MaxBytes, a purge) can keep it waiting.
 const scanIdle = 10 * time.Second
 
-// scan calls fn, in stream order, for every message of stream that cfg
-// selects, up to the last such message stored when scan begins; messages
+// Scan calls fn, in stream order, for every message of stream that cfg
+// selects, up to the last such message stored when Scan begins; messages
 // stored later are left for the live path. It reads with an ordered
 // consumer (no acks, no server state left behind) and returns fn's first
-// error.
-func scan(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig,
+// error. Replay's counts and the pacer's cold-start restore (package facts)
+// read with it.
+func Scan(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig,
 	fn func(jetstream.Msg, *jetstream.MsgMetadata) error) error {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {

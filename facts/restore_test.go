@@ -1,4 +1,4 @@
-package replay_test
+package facts_test
 
 import (
 	"encoding/json"
@@ -9,9 +9,9 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
-	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 )
@@ -21,7 +21,7 @@ type recorder struct{ got []pacer.Event }
 
 func (r *recorder) Apply(_ time.Time, ev pacer.Event) { r.got = append(r.got, ev) }
 
-var _ replay.Applier = (*recorder)(nil)
+var _ facts.Applier = (*recorder)(nil)
 
 func publishRaw(t *testing.T, js jetstream.JetStream, subject string, data []byte) {
 	t.Helper()
@@ -44,7 +44,7 @@ func TestRestoreReplaysFactsInOrderAndSkipsGarbage(t *testing.T) {
 	ctx := testContext(t)
 	at := time.Now().Truncate(time.Millisecond)
 	const a, b = "a.example:443", "b.example:8080"
-	facts := []pacer.Event{
+	given := []pacer.Event{
 		{Type: pacer.EventInterval, Authority: a, At: at, Status: 429, Interval: 2 * time.Second},
 		{Type: pacer.EventThrottle, Authority: a, At: at, Status: 429, Interval: 2 * time.Second, Until: at.Add(30 * time.Second), Ceiling: time.Minute},
 		{Type: pacer.EventCooldown, Authority: a, At: at, Status: 429, Interval: 2 * time.Second, Until: at.Add(30 * time.Second), Ceiling: time.Minute},
@@ -53,26 +53,26 @@ func TestRestoreReplaysFactsInOrderAndSkipsGarbage(t *testing.T) {
 	}
 	// Garbage between the facts, on pacer subjects: not JSON, an unknown
 	// type, a fact without an authority.
-	publishFact(t, js, facts[0])
+	publishFact(t, js, given[0])
 	publishRaw(t, js, "mirror.events.pacer.a_example_443", []byte("not json"))
-	publishFact(t, js, facts[1])
-	publishFact(t, js, facts[2])
+	publishFact(t, js, given[1])
+	publishFact(t, js, given[2])
 	publishRaw(t, js, "mirror.events.pacer.junk", []byte(`{"type":"party","authority":"junk"}`))
-	mid := time.Now() // facts[3] and later are stored after mid
-	publishFact(t, js, facts[3])
+	mid := time.Now() // given[3] and later are stored after mid
+	publishFact(t, js, given[3])
 	publishRaw(t, js, "mirror.events.pacer.nobody", []byte(`{"type":"cooldown"}`))
-	publishFact(t, js, facts[4])
+	publishFact(t, js, given[4])
 	// Not a pacer fact at all, and not on a pacer subject: never read.
 	publishRaw(t, js, "mirror.events.other.thing", []byte(`{"type":"cooldown","authority":"c.example:443"}`))
 
 	t.Run("within the window: every fact, in order", func(t *testing.T) {
 		var r recorder
-		res, err := replay.Restore(ctx, js, &r, replay.RestoreOptions{Logger: zerolog.New(zerolog.NewTestWriter(t))})
+		res, err := facts.Restore(ctx, js, &r, facts.RestoreOptions{Logger: zerolog.New(zerolog.NewTestWriter(t))})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !sameEvents(r.got, facts) {
-			t.Errorf("applied\n%v\nwant\n%v", r.got, facts)
+		if !sameEvents(r.got, given) {
+			t.Errorf("applied\n%v\nwant\n%v", r.got, given)
 		}
 		if res.Facts != 5 || res.Authorities != 2 || res.Skipped != 3 {
 			t.Errorf("Restore = %+v, want 5 facts, 2 authorities, 3 skipped", res)
@@ -86,20 +86,21 @@ func TestRestoreReplaysFactsInOrderAndSkipsGarbage(t *testing.T) {
 		// interval fact.
 		var r recorder
 		clk := clock.NewFake(time.Now().Add(time.Hour))
-		n, err := replay.RestorePacer(ctx, js, &r, replay.RestoreOptions{Clock: clk})
+		res, err := facts.Restore(ctx, js, &r, facts.RestoreOptions{Clock: clk})
+		n := res.Facts
 		if err != nil {
 			t.Fatal(err)
 		}
 		want := []pacer.Event{
-			facts[3],
-			{Type: pacer.EventInterval, Authority: a, At: facts[4].At, Interval: 2 * time.Second, Reason: "restored"},
-			facts[4],
+			given[3],
+			{Type: pacer.EventInterval, Authority: a, At: given[4].At, Interval: 2 * time.Second, Reason: "restored"},
+			given[4],
 		}
 		if !sameEvents(r.got, want) {
 			t.Errorf("applied\n%v\nwant\n%v", r.got, want)
 		}
 		if n != 2 {
-			t.Errorf("RestorePacer = %d facts, want 2", n)
+			t.Errorf("Restore = %d facts, want 2", n)
 		}
 	})
 
@@ -108,15 +109,15 @@ func TestRestoreReplaysFactsInOrderAndSkipsGarbage(t *testing.T) {
 		// newest fact is within), a's recovery restores its interval, and
 		// b's cooldown is read within the window.
 		var r recorder
-		clk := clock.NewFake(mid.Add(replay.DefaultWindow))
-		res, err := replay.Restore(ctx, js, &r, replay.RestoreOptions{Clock: clk})
+		clk := clock.NewFake(mid.Add(facts.DefaultWindow))
+		res, err := facts.Restore(ctx, js, &r, facts.RestoreOptions{Clock: clk})
 		if err != nil {
 			t.Fatal(err)
 		}
 		want := []pacer.Event{
-			facts[3],
-			{Type: pacer.EventInterval, Authority: a, At: facts[4].At, Interval: 2 * time.Second, Reason: "restored"},
-			facts[4],
+			given[3],
+			{Type: pacer.EventInterval, Authority: a, At: given[4].At, Interval: 2 * time.Second, Reason: "restored"},
+			given[4],
 		}
 		if !sameEvents(r.got, want) {
 			t.Errorf("applied\n%v\nwant\n%v", r.got, want)
@@ -133,20 +134,21 @@ func TestRestoreEmptyAndMissingStream(t *testing.T) {
 	ctx := testContext(t)
 	var r recorder
 	began := time.Now()
-	n, err := replay.RestorePacer(ctx, js, &r, replay.RestoreOptions{})
+	res, err := facts.Restore(ctx, js, &r, facts.RestoreOptions{})
+	n := res.Facts
 	if err != nil || n != 0 || len(r.got) != 0 {
-		t.Fatalf("RestorePacer on an empty stream = %d, %v (applied %v)", n, err, r.got)
+		t.Fatalf("Restore on an empty stream = %d, %v (applied %v)", n, err, r.got)
 	}
 	// Nothing to read must not mean waiting for a message that never comes.
 	if took := time.Since(began); took > 5*time.Second {
-		t.Errorf("RestorePacer on an empty stream took %s", took)
+		t.Errorf("Restore on an empty stream took %s", took)
 	}
 
 	if err := js.DeleteStream(ctx, jobs.EventsStream); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := replay.RestorePacer(ctx, js, &r, replay.RestoreOptions{}); !errors.Is(err, jetstream.ErrStreamNotFound) {
-		t.Errorf("RestorePacer without the stream = %v, want ErrStreamNotFound", err)
+	if _, err := facts.Restore(ctx, js, &r, facts.RestoreOptions{}); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("Restore without the stream = %v, want ErrStreamNotFound", err)
 	}
 }
 
@@ -182,9 +184,10 @@ func TestRestoredPacerOwesTheCooldown(t *testing.T) {
 	// A restart 5 s later, on a virtual clock.
 	clk := clock.NewFake(now.Add(5 * time.Second))
 	second := pacer.New(nil)
-	n, err := replay.RestorePacer(ctx, js, second, replay.RestoreOptions{Clock: clk})
+	res, err := facts.Restore(ctx, js, second, facts.RestoreOptions{Clock: clk})
+	n := res.Facts
 	if err != nil || n != len(published) {
-		t.Fatalf("RestorePacer = %d, %v; want %d facts", n, err, len(published))
+		t.Fatalf("Restore = %d, %v; want %d facts", n, err, len(published))
 	}
 	for _, d := range []time.Duration{5 * time.Second, 29 * time.Second, 30*time.Second - time.Millisecond} {
 		_, err := second.Acquire(now.Add(d), auth, 0)

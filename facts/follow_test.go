@@ -1,0 +1,108 @@
+package facts_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/rs/zerolog"
+)
+
+// stamped is an Applier that remembers each fact with the instant it was
+// applied at; safe for concurrent use.
+type stamped struct {
+	mu  sync.Mutex
+	got []pacer.Event
+	at  []time.Time
+}
+
+func (s *stamped) Apply(now time.Time, ev pacer.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got, s.at = append(s.got, ev), append(s.at, now)
+}
+
+func (s *stamped) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.got)
+}
+
+// TestFollowAppliesOthersFactsOnItsClock: Follow applies the operator's
+// pause and another pod's cooldown at the injected clock's instant, and
+// skips the facts its own pod published.
+func TestFollowAppliesOthersFactsOnItsClock(t *testing.T) {
+	js, _ := startJetStream(t)
+	ctx := testContext(t)
+	virtual := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	clk := clock.NewFake(virtual)
+	var r stamped
+	fctx, stop := context.WithCancel(ctx)
+	run, err := facts.Follow(fctx, js, &r, "pod-a", clk, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- run() }()
+
+	const auth = "origin.example:443"
+	now := time.Now()
+	own := facts.NewSink(js, zerolog.Nop(), nil)
+	own.SetPod("pod-a")
+	other := facts.NewSink(js, zerolog.Nop(), nil)
+	other.SetPod("pod-b")
+	sctx, stopSinks := context.WithCancel(ctx)
+	var sinks sync.WaitGroup
+	for _, s := range []*facts.Sink{own, other} {
+		sinks.Add(1)
+		go func() { defer sinks.Done(); s.Run(sctx) }()
+	}
+	own.Handle(pacer.Event{Type: pacer.EventCooldown, Authority: auth, At: now, Until: now.Add(time.Minute)})
+	pause := pacer.Event{Type: pacer.EventPaused, Authority: auth, At: now, Until: now.Add(time.Hour), Reason: "maintenance"}
+	if err := facts.PublishOperator(ctx, js, pause); err != nil {
+		t.Fatal(err)
+	}
+	other.Handle(pacer.Event{Type: pacer.EventCooldown, Authority: auth, At: now, Until: now.Add(2 * time.Minute)})
+
+	deadline := time.Now().Add(30 * time.Second)
+	for r.len() < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // polling a condition with a deadline
+	}
+	stopSinks()
+	sinks.Wait()
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("follow returned %v", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.got) != 2 {
+		t.Fatalf("applied %d facts, want 2 (the operator's pause, pod-b's cooldown): %+v", len(r.got), r.got)
+	}
+	if r.got[0].Type != pacer.EventPaused || !r.got[0].Until.Equal(pause.Until) || r.got[0].Reason != "maintenance" {
+		t.Errorf("first fact = %+v, want the operator's pause", r.got[0])
+	}
+	if r.got[1].Type != pacer.EventCooldown || !r.got[1].Until.Equal(now.Add(2*time.Minute)) {
+		t.Errorf("second fact = %+v, want pod-b's cooldown (pod-a's own is skipped)", r.got[1])
+	}
+	for i, at := range r.at {
+		if !at.Equal(virtual) {
+			t.Errorf("fact %d applied at %s, want the injected clock's %s", i, at, virtual)
+		}
+	}
+}
+
+func TestPublishOperatorRefusesOtherFacts(t *testing.T) {
+	for _, ev := range []pacer.Event{
+		{Type: pacer.EventCooldown, Authority: "a.example:443"},
+		{Type: pacer.EventPaused},
+	} {
+		if err := facts.PublishOperator(context.Background(), nil, ev); err == nil {
+			t.Errorf("PublishOperator(%+v) = nil, want an error", ev)
+		}
+	}
+}

@@ -1,0 +1,25 @@
+package facts
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// PublishOperator publishes an operator's fact (pacer.EventPaused or
+// pacer.EventResumed) for every worker: the live ones apply it through
+// Follow, and a worker starting later through Restore.
+func PublishOperator(ctx context.Context, js Publisher, ev pacer.Event) error {
+	if ev.Type != pacer.EventPaused && ev.Type != pacer.EventResumed {
+		return fmt.Errorf("publish operator fact: %q is not an operator's fact", ev.Type)
+	}
+	if ev.Authority == "" {
+		return fmt.Errorf("publish operator fact: %s without an authority", ev.Type)
+	}
+	if err := publish(ctx, js, ev, OperatorPod); err != nil {
+		return fmt.Errorf("publish %s of %s: %w (is stream %s there? start 'mirrorworker run' once)", ev.Type, ev.Authority, err, jobs.EventsStream)
+	}
+	return nil
+}
