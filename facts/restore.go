@@ -45,12 +45,13 @@ type RestoreResult struct {
 // applied. Call it after Follow has started and before the worker takes its
 // first job, so that no fact falls between the two.
 //
-// It applies, in stream order, first the newest fact of every authority with
+// It applies, in stream order, first the newest fact of every subject with
 // no fact within the window (an escalated interval decays slowly, and the
-// pacer decays it from the fact's time), then every fact within the window.
-// Applying a fact only ever makes the pacer as polite as the fact says or
-// more, so a restart never makes the worker ruder; replaying a fact twice is
-// harmless. A message that is not a pacer fact is logged and skipped. The
+// pacer decays it from the fact's time; an operator's pause is not capped),
+// then every fact within the window. Applying a pacer fact only ever makes
+// the pacer as polite as the fact says or more, so a restart never makes the
+// worker ruder; an operator's pause and resume are restored as the operator
+// gave them, the newest word last. Replaying a fact twice is harmless. A message that is not a pacer fact is logged and skipped. The
 // error is about reading the stream (the stream missing included).
 func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOptions) (RestoreResult, error) {
 	window := o.Window
@@ -67,7 +68,8 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 	filter := []string{jobs.PacerEventPrefix + ">"}
 
 	var res RestoreResult
-	seen := map[string]bool{} // authorities with a fact applied
+	seen := map[string]bool{}  // authorities with a fact applied
+	paced := map[string]bool{} // authorities with a pacer fact (not an operator's) applied
 	decode := func(m jetstream.Msg, md *jetstream.MsgMetadata) (pacer.Event, bool) {
 		var ev pacer.Event
 		err := json.Unmarshal(m.Data(), &ev)
@@ -83,7 +85,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 		return ev, true
 	}
 	apply := func(ev pacer.Event) {
-		if !seen[ev.Authority] && ev.Type == pacer.EventRecovered && ev.Interval > 0 {
+		if !paced[ev.Authority] && ev.Type == pacer.EventRecovered && ev.Interval > 0 {
 			// Apply reads no interval from a recovery, but when it is the
 			// first fact we have of an authority, it is the only record of
 			// the interval escalated before the cooldown. Restoring it from
@@ -93,13 +95,18 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 		}
 		p.Apply(clk.Now(), ev)
 		seen[ev.Authority] = true
+		if !isOperatorFact(ev.Type) {
+			paced[ev.Authority] = true
+		}
 		res.Facts++
 	}
 
 	// Authorities silent within the window: their newest fact only. It is
 	// the last word on their interval (every fact carries it) and on their
 	// cooldown, which has long expired (at most MaxPause after the fact)
-	// but may still want its probe.
+	// but may still want its probe. An operator's facts have a subject of
+	// their own (jobs.OperatorEventSubject), so the newest of them comes
+	// too: the last word on a pause, which no cap keeps within the window.
 	var old []pacer.Event
 	err := jobs.Scan(ctx, js, jobs.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: filter,
@@ -143,7 +150,8 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 // checkEvent refuses a message that decoded but is no pacer fact.
 func checkEvent(ev pacer.Event) error {
 	switch ev.Type {
-	case pacer.EventThrottle, pacer.EventCooldown, pacer.EventRecovered, pacer.EventInterval:
+	case pacer.EventThrottle, pacer.EventCooldown, pacer.EventRecovered, pacer.EventInterval,
+		pacer.EventPaused, pacer.EventResumed:
 	default:
 		return fmt.Errorf("unknown fact type %q", ev.Type)
 	}

@@ -216,3 +216,72 @@ func sameEvents(a, b []pacer.Event) bool {
 			x.Reason == y.Reason && x.Interval == y.Interval && x.Until.Equal(y.Until) && x.Ceiling == y.Ceiling
 	})
 }
+
+// TestRestoreKeepsAnOperatorsPause: a restarted worker owes an operator's
+// pause as it owes a cooldown (mirrorworker pause, then a restart: issue
+// 26), within the window and beyond it, even when pacer facts of the
+// authority follow the pause; and a resume is restored too.
+func TestRestoreKeepsAnOperatorsPause(t *testing.T) {
+	js, _ := startJetStream(t)
+	ctx := testContext(t)
+	const auth = "paused.example:443"
+	now := time.Now()
+	pause := pacer.Event{Type: pacer.EventPaused, Authority: auth, At: now, Until: now.Add(3 * time.Hour), Reason: "maintenance"}
+	if err := facts.PublishOperator(ctx, js, pause); err != nil {
+		t.Fatal(err)
+	}
+	// A pod's facts after the pause (a decay step, a late response's
+	// cooldown): the newest pacer fact of the authority is not the pause.
+	publishFact(t, js, pacer.Event{Type: pacer.EventInterval, Authority: auth, At: now, Interval: 2 * time.Second})
+	publishFact(t, js, pacer.Event{Type: pacer.EventCooldown, Authority: auth, At: now, Status: 429, Until: now.Add(time.Second)})
+
+	refusedPaused := func(t *testing.T, p *pacer.Pacer, at time.Time) {
+		t.Helper()
+		_, err := p.Acquire(at, auth, 0)
+		var re *pacer.RefusedError
+		if !errors.As(err, &re) || re.Reason != pacer.ReasonPaused || !re.Until.Equal(pause.Until) {
+			t.Fatalf("Acquire at %s after the restore = %v; want refused as paused until %s", at, err, pause.Until)
+		}
+	}
+	restore := func(t *testing.T, at time.Time) (*pacer.Pacer, facts.RestoreResult) {
+		t.Helper()
+		p := pacer.New(nil)
+		res, err := facts.Restore(ctx, js, p, facts.RestoreOptions{Clock: clock.NewFake(at), Logger: zerolog.New(zerolog.NewTestWriter(t))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Skipped != 0 {
+			t.Errorf("Restore skipped %d messages, want 0 (a pause is a fact)", res.Skipped)
+		}
+		return p, res
+	}
+	t.Run("within the window", func(t *testing.T) {
+		at := now.Add(time.Minute)
+		p, res := restore(t, at)
+		if res.Facts != 3 {
+			t.Errorf("Restore applied %d facts, want 3", res.Facts)
+		}
+		refusedPaused(t, p, at)
+	})
+	t.Run("beyond the window, pacer facts after it", func(t *testing.T) {
+		at := now.Add(2 * time.Hour) // every fact is older than the window; the pause is not over
+		p, _ := restore(t, at)
+		refusedPaused(t, p, at)
+		if _, err := p.Acquire(pause.Until, auth, 0); err != nil {
+			t.Errorf("Acquire when the pause ends = %v, want granted", err)
+		}
+	})
+
+	resumedAt := time.Now()
+	if err := facts.PublishOperator(ctx, js, pacer.Event{Type: pacer.EventResumed, Authority: auth, At: resumedAt}); err != nil {
+		t.Fatal(err)
+	}
+	for name, at := range map[string]time.Time{"resumed, within the window": resumedAt.Add(time.Minute), "resumed, beyond the window": resumedAt.Add(2 * time.Hour)} {
+		t.Run(name, func(t *testing.T) {
+			p, _ := restore(t, at)
+			if _, err := p.Acquire(at, auth, 0); err != nil {
+				t.Errorf("Acquire after restoring the resume = %v, want granted", err)
+			}
+		})
+	}
+}

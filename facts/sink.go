@@ -145,13 +145,18 @@ func (s *Sink) publish(ctx context.Context, ev pacer.Event) {
 }
 
 // publish is the one way a fact goes onto MIRROR_EVENTS: JSON on the
-// authority's subject, the publisher named in jobs.HeaderPod.
+// authority's subject (an operator's fact on the authority's operator
+// subject), the publisher named in jobs.HeaderPod.
 func publish(ctx context.Context, js Publisher, ev pacer.Event, pod string) error {
 	b, err := json.Marshal(ev)
 	if err != nil {
 		return err
 	}
-	m := nats.NewMsg(jobs.EventSubject(authority.KeyOf(ev.Authority)))
+	subject := jobs.EventSubject(authority.KeyOf(ev.Authority))
+	if isOperatorFact(ev.Type) {
+		subject = jobs.OperatorEventSubject(authority.KeyOf(ev.Authority))
+	}
+	m := nats.NewMsg(subject)
 	m.Data = b
 	if pod != "" {
 		m.Header.Set(jobs.HeaderPod, pod)

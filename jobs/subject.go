@@ -112,6 +112,15 @@ func EventSubject(akey string) string {
 	return PacerEventPrefix + akey
 }
 
+// OperatorEventSubject returns mirror.events.pacer.<akey>.operator, the
+// subject of an operator's pause and resume of the authority: a subject of
+// their own, so that the newest of them is found by subject however many
+// pacer facts follow it (the cold start reads the newest fact of every
+// subject), and PacerEventPrefix + ">" reads both.
+func OperatorEventSubject(akey string) string {
+	return PacerEventPrefix + akey + ".operator"
+}
+
 // validAkey reports whether s could be an authority key: one non-empty
 // subject token made of the characters authority.Key produces.
 func validAkey(s string) bool {

@@ -101,6 +101,7 @@ func TestDeadLetterAndEventSubjects(t *testing.T) {
 		{"dlq for extra tokens", jobs.DeadLetterSubjectFor("mirror.jobs.acme.h_80.x"), "mirror.dlq.acme.invalid"},
 		{"dlq for garbage", jobs.DeadLetterSubjectFor("foo"), "mirror.dlq.invalid.invalid"},
 		{"event", jobs.EventSubject("h_example_443"), "mirror.events.pacer.h_example_443"},
+		{"operator event", jobs.OperatorEventSubject("h_example_443"), "mirror.events.pacer.h_example_443.operator"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
