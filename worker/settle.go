@@ -30,6 +30,7 @@ type settler struct {
 	log     zerolog.Logger
 	backoff func(n int) time.Duration
 	onFinal func(Final) // test hook: every job's final outcome
+	stored  *storedLog  // the log of stored objects (stored.go)
 }
 
 // ackRetryFor bounds how long a stored job's ack is retried: long enough

@@ -341,7 +341,8 @@ func New(d Deps, o *Options) (*Worker, error) {
 	w.parking = newParking(w)
 	w.lanes = newLanes(w)
 	w.settler = &settler{js: d.JS, sched: w.sched, parking: w.parking, lanes: w.lanes, m: m, o: &w.o,
-		clk: w.clk, log: w.log, backoff: w.backoff}
+		clk: w.clk, log: w.log, backoff: w.backoff,
+		stored: &storedLog{log: w.log, clk: w.clk, every: DefaultStoredSummaryEvery}}
 	return w, nil
 }
 
@@ -431,6 +432,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer close(hbDone); w.heartbeatLoop(hbCtx) }()
 	probeDone := make(chan struct{})
 	go func() { defer close(probeDone); w.targetProbeLoop(hbCtx) }()
+	storedDone := make(chan struct{})
+	go func() { defer close(storedDone); w.settler.stored.run(hbCtx) }()
 
 	<-ctx.Done()
 	loops.Wait()
@@ -450,6 +453,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopHB()
 	<-hbDone
 	<-probeDone
+	<-storedDone
 	if nc := w.d.JS.Conn(); nc != nil {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			w.log.Warn().Err(err).Msg("flush acks at shutdown")
@@ -817,6 +821,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		w.store(ctx, j, resp, began)
 	case fetch.ClassNotModified:
 		w.settler.complete(j, OutcomeUnchanged)
+		w.settler.stored.add(j, resp.Status, 0, began)
 	case fetch.ClassTransient:
 		w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "")
 	default:
@@ -864,6 +869,7 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		w.m.FetchedBytes.Add(float64(body.n))
 		w.m.BodyReadBytes.WithLabelValues("stored").Observe(float64(body.n))
 		w.settler.complete(j, OutcomeStored)
+		w.settler.stored.add(j, resp.Status, body.n, began)
 		return
 	}
 	w.m.BodyReadBytes.WithLabelValues("discarded").Observe(float64(body.n))
