@@ -16,14 +16,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
-// readier is a Pacer that can say, without side effects, how long until an
-// authority could take a request (*pacer.Pacer is one).
-type readier interface {
-	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
-}
-
-var _ readier = (*pacer.Pacer)(nil)
-
 // parking moves the jobs of an authority that cannot take them for a long
 // while out of the consumer, into MIRROR_PARKED, where they hold no
 // ack-pending slot, no memory and are not redelivered; and brings them back
@@ -456,11 +448,7 @@ func (p *parking) taken(pa *parkedAuth, auth string, seq uint64) {
 // deferred again), and only the probe while one is due (the rest once it
 // has answered), so that jobs coming back never arrive as a burst.
 func (w *Worker) startable(now time.Time, auth string, want int) (int, bool) {
-	r, ok := w.d.Pacer.(readier)
-	if !ok {
-		return want, true
-	}
-	wait, spacing, reason := r.ReadyIn(now, auth)
+	wait, spacing, reason := w.d.Pacer.ReadyIn(now, auth)
 	if wait > w.o.HoldMax {
 		return 0, false
 	}

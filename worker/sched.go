@@ -99,15 +99,6 @@ type schedOptions struct {
 	overHorizon time.Duration
 }
 
-// fencer is a Pacer that can be told another pod may have started a
-// request (*pacer.Pacer is one); the scheduler fences every authority of a
-// partition it takes over.
-type fencer interface {
-	Fence(now time.Time, auth string, at time.Time)
-}
-
-var _ fencer = (*pacer.Pacer)(nil)
-
 // scheduler holds the per-authority queues and decides, on the pacer's
 // answers, which job goes to a free fetch slot, which waits in memory and
 // which is deferred. It does no I/O: its methods take the current instant
@@ -282,12 +273,10 @@ func (s *scheduler) hopBegin(now time.Time, p int, auth string) bool {
 }
 
 // fenceLocked spaces auth's next start from the take-over of its partition
-// p, when p was taken over from another pod (fencer).
+// p, when p was taken over from another pod (Pacer.Fence).
 func (s *scheduler) fenceLocked(now time.Time, p int, auth string) {
 	if since, ok := s.since[p]; ok {
-		if f, ok := s.pacer.(fencer); ok {
-			f.Fence(now, auth, since)
-		}
+		s.pacer.Fence(now, auth, since)
 	}
 }
 
@@ -394,11 +383,9 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 	if wait := a.notBefore.Sub(now); wait > s.o.holdMax && !a.waitRelease {
 		// The hint may be stale: a pause resumed, or a recovery learned from
 		// another pod. The pacer has the last word (ReadyIn changes nothing).
-		if r, ok := s.pacer.(readier); ok {
-			if pw, _, _ := r.ReadyIn(now, a.name); pw <= s.o.holdMax {
-				a.notBefore = time.Time{}
-				wait = 0
-			}
+		if pw, _, _ := s.pacer.ReadyIn(now, a.name); pw <= s.o.holdMax {
+			a.notBefore = time.Time{}
+			wait = 0
 		}
 		if wait > s.o.holdMax {
 			return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, a.interval), reason: a.reason}, true

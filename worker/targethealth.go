@@ -23,15 +23,6 @@ import (
 // Put here, runSlot asks before a fetch, the intake asks before a pull,
 // and Ready reports the cause.
 
-// prober is a Target that can test itself without storing an object
-// (*mirror.FileTarget is one). Without it the worker resumes after each
-// probe delay and lets the next write tell.
-type prober interface {
-	Probe(ctx context.Context) error
-}
-
-var _ prober = (*mirror.FileTarget)(nil)
-
 // targetHealth is whether the mirror target takes writes. The zero value
 // is a target that is up. Safe for concurrent use.
 type targetHealth struct {
@@ -166,7 +157,6 @@ func (w *Worker) waitTargetUp(ctx context.Context) bool {
 // with jitter) until a probe succeeds, and marks it up. It returns when
 // ctx is done.
 func (w *Worker) targetProbeLoop(ctx context.Context) {
-	p, _ := w.d.Target.(prober)
 	b := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(w.o.TargetProbeInitial),
 		backoff.WithMaxInterval(w.o.TargetProbeMax),
@@ -197,12 +187,9 @@ func (w *Worker) targetProbeLoop(ctx context.Context) {
 			if !clock.Sleep(w.clk, delay, ctx.Done()) {
 				return
 			}
-			var err error
-			if p != nil {
-				pctx, cancel := context.WithTimeout(ctx, time.Minute)
-				err = p.Probe(pctx)
-				cancel()
-			}
+			pctx, cancel := context.WithTimeout(ctx, time.Minute)
+			err := w.d.Target.Probe(pctx)
+			cancel()
 			if ctx.Err() != nil {
 				return
 			}
@@ -211,7 +198,7 @@ func (w *Worker) targetProbeLoop(ctx context.Context) {
 				downFor, _ := w.health.recover(upAt)
 				w.m.TargetUp.Set(1)
 				w.log.Info().Str("down_for", downFor.Round(time.Millisecond).String()).Int("probes", probes).
-					Bool("probed", p != nil).Msg("mirror target takes writes again: pulling jobs")
+					Msg("mirror target takes writes again: pulling jobs")
 				w.wakeIntake()
 				break
 			}

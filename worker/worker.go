@@ -43,19 +43,28 @@ type Fetcher interface {
 }
 
 // Target is where fetched objects are stored; *mirror.FileTarget is one.
+// Probe tests, without storing an object, whether the target takes writes
+// again after it failed (targethealth.go).
 type Target interface {
 	Stat(ctx context.Context, key string) (mirror.Meta, error)
 	Put(ctx context.Context, key string, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error)
+	Probe(ctx context.Context) error
 }
 
 // Pacer decides when a request to an authority may start; *pacer.Pacer is
 // one. Its contract is pacer.Permit's: Acquire grants, Confirm re-checks
 // immediately before every request start (it may revoke the permit or move
-// its Start later), and Done is called exactly once per grant.
+// its Start later), and Done is called exactly once per grant. ReadyIn says,
+// without side effects, how long until auth could take a request (parked
+// jobs come back by it, and a stale hint is checked against it); Fence
+// spaces the next start from at, when another pod may have started a
+// request to auth as late as at (a partition taken over).
 type Pacer interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
 	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
+	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
+	Fence(now time.Time, auth string, at time.Time)
 }
 
 var _ Pacer = (*pacer.Pacer)(nil)

@@ -429,6 +429,20 @@ func (p *phasedPacer) Acquire(now time.Time, auth string, _ time.Duration) (pace
 // Confirm lets every granted permit go as granted.
 func (p *phasedPacer) Confirm(_ time.Time, pm pacer.Permit) (pacer.Permit, error) { return pm, nil }
 
+// ReadyIn says what Acquire would: the wait until hold, then until open.
+func (p *phasedPacer) ReadyIn(now time.Time, _ string) (time.Duration, time.Duration, pacer.Reason) {
+	switch {
+	case now.Before(p.hold):
+		return p.hold.Sub(now), 10 * time.Millisecond, pacer.ReasonSpacing
+	case now.Before(p.open):
+		return p.open.Sub(now), 10 * time.Millisecond, pacer.ReasonCooling
+	}
+	return 0, 0, ""
+}
+
+// Fence changes nothing: the phases are the pacer's whole rule.
+func (p *phasedPacer) Fence(time.Time, string, time.Time) {}
+
 func (p *phasedPacer) Done(time.Time, pacer.Permit, pacer.Response) pacer.Verdict {
 	return pacer.Verdict{}
 }
