@@ -276,7 +276,7 @@ type Worker struct {
 	space chan struct{} // wakes the intake when held jobs drop
 	slots sync.WaitGroup
 
-	state atomic.Int32 // 0 new, 1 running (not yet pulling), 2 pulling, 3 stopped
+	state atomic.Int32 // a runState
 	anon  atomic.Uint64
 
 	// Partitioned mode: the partitions being served and the worker's
@@ -358,13 +358,23 @@ func New(d Deps, o *Options) (*Worker, error) {
 // Metrics returns the worker's metrics.
 func (w *Worker) Metrics() *Metrics { return w.m }
 
+// runState is where a Worker is in its life (Worker.state).
+type runState int32
+
+const (
+	stateNew      runState = iota // made by New, Run not called
+	stateStarting                 // Run called, not pulling yet (or the consumer cannot be pulled)
+	statePulling                  // bound to its consumers and pulling: Ready
+	stateStopped                  // Run returned
+)
+
 // Ready reports nil once the worker is bound to the consumer and pulling,
 // and the cause while the mirror target fails (it pulls nothing then).
 func (w *Worker) Ready() error {
-	switch w.state.Load() {
-	case 2:
+	switch runState(w.state.Load()) {
+	case statePulling:
 		return w.health.err(w.clk.Now())
-	case 3:
+	case stateStopped:
 		return errors.New("worker: stopped")
 	}
 	return errors.New("worker: not pulling yet")
@@ -396,10 +406,10 @@ func (w *Worker) wakeIntake() {
 // only when it cannot start; stopped while starting (ctx cancelled), it
 // returns nil too.
 func (w *Worker) Run(ctx context.Context) error {
-	if !w.state.CompareAndSwap(0, 1) {
+	if !w.state.CompareAndSwap(int32(stateNew), int32(stateStarting)) {
 		return errors.New("worker: Run called twice")
 	}
-	defer w.state.Store(3)
+	defer w.state.Store(int32(stateStopped))
 	startErr := func(err error) error {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			return nil // the stop asked for, not a failure
@@ -428,7 +438,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.pmu.Lock()
 		w.runCtx, w.fetchCt = ctx, fctx
 		w.pmu.Unlock()
-		w.state.Store(2) // ready: partitions come and go with the leases
+		w.state.Store(int32(statePulling)) // ready: partitions come and go with the leases
 		loops.Add(1)
 		go func() { defer loops.Done(); w.parking.run(ctx) }()
 	} else {
@@ -532,7 +542,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			w.pulling.Add(-int64(want))
 			failures++
 			if w.o.Partitions <= 0 {
-				w.state.CompareAndSwap(2, 1) // not ready while the consumer cannot be pulled
+				w.state.CompareAndSwap(int32(statePulling), int32(stateStarting)) // not ready while the consumer cannot be pulled
 			}
 			w.log.Warn().Err(err).Int("failures", failures).Int("partition", part).Msg("pull from consumer")
 			if !clock.Sleep(w.clk, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second), ctx.Done()) {
@@ -541,7 +551,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			continue
 		}
 		failures = 0
-		w.state.CompareAndSwap(1, 2)
+		w.state.CompareAndSwap(int32(stateStarting), int32(statePulling))
 		// Drain the whole batch even after ctx is done: a message the server
 		// already sent must be handed back, not left to its ack wait.
 		got, parks0, t0 := 0, w.parking.started.Load(), w.clk.Now()
