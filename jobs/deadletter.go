@@ -26,10 +26,21 @@ const (
 	ReasonTooManyRedirects   = "too_many_redirects"
 	ReasonBodyTooLarge       = "body_too_large"
 	ReasonContentMismatch    = "content_mismatch" // the origin answered, twice, with other bytes than the job's size or sha256
+	ReasonInvalidTarget      = "invalid_target"   // the mirror refused the job's target key
+	ReasonTargetConflict     = "target_conflict"  // an object stands where the key needs a directory, or the reverse
+	// Reasons of failed attempts the worker retries against the budget
+	// (besides fetch.ReasonCode's transport codes and HTTPReason of a 5xx).
+	ReasonSizeMismatch   = "size_mismatch"   // other bytes than the job's size
+	ReasonDigestMismatch = "digest_mismatch" // other bytes than the job's sha256
+	ReasonTargetWrite    = "target_write"    // the mirror failed to store the object for another cause
 )
 
 // HTTPReason returns the reason code of a permanent HTTP status: "http_404".
 func HTTPReason(status int) string { return "http_" + strconv.Itoa(status) }
+
+// ThrottledReason is the reason of a throttling answer kept among a dead
+// letter's attempts (it never counts against the budget): "throttled_429".
+func ThrottledReason(status int) string { return "throttled_" + strconv.Itoa(status) }
 
 // MaxDeadLetterJob bounds the copy of the original message kept in a dead
 // letter; a longer message (only a hostile or broken producer sends one) is

@@ -66,7 +66,7 @@ func (w *Worker) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError, w
 	cancel()
 	if err != nil {
 		w.log.Warn().Err(err).Str("job", j.job.ID).Str("authority", ge.Authority.String()).Msg("publish a redirect's continuation; the job comes back")
-		w.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: "handoff"})
+		w.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: reasonHandoff})
 		return
 	}
 	if err := w.settler.settle(j, w.settler.confirmedAck); err != nil {

@@ -63,18 +63,18 @@ func (p *parking) open(ctx context.Context) error {
 	return nil
 }
 
-// shouldPark decides whether a deferral parks the job: its wait is long
-// (ParkAfter), or its authority already has ParkShare jobs deferred by NAK.
-func (p *parking) shouldPark(d deferral) bool {
-	if p == nil || p.stream == nil {
-		return false
-	}
-	if d.delay >= p.w.o.ParkAfter {
-		return true
+// on reports whether parking is open (partitioned mode).
+func (p *parking) on() bool { return p != nil && p.stream != nil }
+
+// outstanding returns how many NAK deferrals of auth are not yet due (0
+// when parking is off).
+func (p *parking) outstanding(auth string) int {
+	if !p.on() {
+		return 0
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.outstandingLocked(d.job.auth, p.w.clk.Now()) >= p.w.o.ParkShare
+	return p.outstandingLocked(auth, p.w.clk.Now())
 }
 
 // nakked records a NAK deferral of auth due after delay.
@@ -151,7 +151,7 @@ func (p *parking) park(d deferral) {
 		w.settler.count(OutcomeDeferred)
 		w.m.Parks.WithLabelValues("parked").Inc()
 		w.m.ParkedJobs.WithLabelValues(w.hostPort(j.auth)).Inc()
-		w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", d.reason).
+		w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", string(d.reason)).
 			Dur("wait", d.delay).Msg("job parked")
 	}()
 }

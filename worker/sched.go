@@ -69,14 +69,13 @@ type grant struct {
 	permit pacer.Permit
 }
 
-// deferral is a job taken out of memory to be redelivered after delay.
+// deferral is a job taken out of memory without being fetched, with the
+// calendar's delay and the reason; decideRoute (route.go) says where it
+// goes: NAKed, parked (and laned), or handed back (reasonHandover).
 type deferral struct {
 	job    *heldJob
 	delay  time.Duration
-	reason string // "cooling", "spacing", "probing", "overflow", "throttled", "handover"
-	// handBack: return the job for immediate redelivery (its partition was
-	// lost), not a deferral.
-	handBack bool
+	reason reason
 }
 
 // schedOptions are the scheduler's knobs (see Options).
@@ -148,7 +147,7 @@ type authQ struct {
 	// waitRelease: refused for the in-flight cap; a completion wakes it.
 	waitRelease bool
 	interval    time.Duration // spacing in force at the last refusal
-	reason      string        // the last refusal's reason
+	reason      reason        // the last refusal's reason
 	armed       time.Time     // the wake-up time in the heap, if any
 	cal         calendar
 	inReady     bool
@@ -424,7 +423,7 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 			}
 			return deferral{}, false
 		}
-		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, per), reason: "overflow"}, true
+		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, per), reason: reasonOverflow}, true
 	}
 	return deferral{}, false
 }
@@ -614,7 +613,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			for a.n > 0 {
 				j := s.popLocked(a)
 				s.dropLocked(j)
-				defers = append(defers, deferral{job: j, reason: "handover", handBack: true})
+				defers = append(defers, deferral{job: j, reason: reasonHandover})
 			}
 			s.forgetLocked(a, now)
 			continue
@@ -645,7 +644,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			// A pacer that fails otherwise is a bug; retry later rather than spin.
 			re = &pacer.RefusedError{Authority: a.name, Reason: pacer.ReasonSpacing, Wait: s.o.inflightRe}
 		}
-		a.interval, a.reason = re.Interval, string(re.Reason)
+		a.interval, a.reason = re.Interval, reasonOf(re.Reason)
 		switch {
 		case re.Reason == pacer.ReasonInFlight:
 			// A completion of one of this authority's requests wakes it;
@@ -661,7 +660,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			for a.n > 0 {
 				j := s.popLocked(a)
 				s.dropLocked(j)
-				defers = append(defers, deferral{job: j, delay: s.deferDelayLocked(now, a, re.Wait, re.Interval), reason: string(re.Reason)})
+				defers = append(defers, deferral{job: j, delay: s.deferDelayLocked(now, a, re.Wait, re.Interval), reason: reasonOf(re.Reason)})
 			}
 			s.forgetLocked(a, now)
 		}
@@ -697,12 +696,12 @@ func (s *scheduler) deferDelayLocked(now time.Time, a *authQ, wait, step time.Du
 // deferFor returns the delay for a job deferred outside the dispatcher (a
 // redirect hop refused, a throttled answer) using the refused authority's
 // calendar.
-func (s *scheduler) deferFor(now time.Time, auth, reason string, wait, step time.Duration) time.Duration {
+func (s *scheduler) deferFor(now time.Time, auth string, r reason, wait, step time.Duration) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := s.authLocked(auth)
 	if wait > s.o.holdMax && now.Add(wait).After(a.notBefore) {
-		a.notBefore, a.interval, a.reason = now.Add(wait), step, reason
+		a.notBefore, a.interval, a.reason = now.Add(wait), step, r
 	}
 	d := s.deferDelayLocked(now, a, wait, step)
 	s.forgetLocked(a, now)

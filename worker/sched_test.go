@@ -155,7 +155,7 @@ func TestSchedulerCoolingAuthorityDoesNotBlockOthers(t *testing.T) {
 		if d.delay != want {
 			t.Errorf("deferral %d: delay %v, want %v", k, d.delay, want)
 		}
-		if d.reason != string(pacer.ReasonCooling) {
+		if d.reason != reasonCooling {
 			t.Errorf("deferral %d: reason %q", k, d.reason)
 		}
 	}

@@ -75,34 +75,33 @@ func (s *settler) confirmedAck(m Msg) error {
 	}
 }
 
-// deferJob NAKs a job with the calendar's delay, or parks it when the wait
-// is long or its authority already holds its share of the consumer's
-// slots; no failure budget is used. A job whose partition was lost is
-// handed back for another pod instead.
+// deferJob carries out a deferral's route (decideRoute): a NAK with the
+// calendar's delay, a park (and a lane considered), or a hand-back; no
+// failure budget is used.
 func (s *settler) deferJob(d deferral) {
-	if d.handBack {
+	r := decideRoute(routeFacts{
+		reason: d.reason, delay: d.delay, fromLane: d.job.lane,
+		parking: s.parking.on(), nakked: s.parking.outstanding(d.job.auth),
+		parkAfter: s.o.ParkAfter, parkShare: s.o.ParkShare,
+	})
+	switch r {
+	case routeHandBack:
 		s.handBack(d.job)
-		return
-	}
-	if d.job.lane {
-		// A lane is pulled only when its authority is ready, so a job
-		// deferred from it waits there, holding only the lane's slots.
-		s.nakDeferred(d)
-		return
-	}
-	if s.parking.shouldPark(d) {
-		if d.delay >= s.o.ParkAfter && d.reason != "overflow" {
-			// A backlog the authority cannot take for a long while (not
-			// merely more than its share of memory) may go to a lane.
-			s.lanes.consider(d.job.part, d.job.auth, d.job.job.Authority.Key())
-		}
+	case routeParkAndLane:
+		s.lanes.consider(d.job.part, d.job.auth, d.job.job.Authority.Key())
 		s.parking.park(d)
-		return
+	case routePark:
+		s.parking.park(d)
+	case routeNak:
+		if d.job.lane {
+			s.nakDeferred(d) // it waits in its lane, holding only the lane's slots
+			return
+		}
+		s.parking.nakked(d.job.auth, d.delay)
+		s.nakDeferred(d)
+		s.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", string(d.reason)).
+			Str("delay", d.delay.String()).Msg("job deferred")
 	}
-	s.parking.nakked(d.job.auth, d.delay)
-	s.nakDeferred(d)
-	s.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", d.reason).
-		Str("delay", d.delay.String()).Msg("job deferred")
 }
 
 // nakDeferred NAKs a deferred job with its delay and counts the deferral.

@@ -808,8 +808,8 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		case errors.As(err, &re):
 			// A redirect hop's authority cannot take it soon: defer on
 			// that authority's calendar, without using the budget.
-			delay := w.sched.deferFor(w.clk.Now(), re.Authority, string(re.Reason), re.Wait, re.Interval)
-			w.settler.deferJob(deferral{job: j, delay: delay, reason: "redirect_" + string(re.Reason)})
+			delay := w.sched.deferFor(w.clk.Now(), re.Authority, reasonOf(re.Reason), re.Wait, re.Interval)
+			w.settler.deferJob(deferral{job: j, delay: delay, reason: redirectReason(re.Reason)})
 		case ctx.Err() != nil:
 			w.settler.handBack(j)
 		case errors.Is(err, fetch.ErrSizeMismatch):
@@ -830,7 +830,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			resp.Body.Close()
 		}
 		j.throttles = append(j.throttles, jobs.Attempt{
-			Time: w.clk.Now(), Reason: "throttled_" + strconv.Itoa(resp.Status), Status: resp.Status,
+			Time: w.clk.Now(), Reason: jobs.ThrottledReason(resp.Status), Status: resp.Status,
 			Detail: throttleDetail(v, resp.Header),
 		})
 		return true
@@ -911,17 +911,17 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		// problem, not the job's (targethealth.go).
 		w.targetFailed(j, mirror.FailureCode(err), err)
 	case errors.Is(err, mirror.ErrDigestMismatch):
-		w.settler.transient(ctx, j, "digest_mismatch", resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonDigestMismatch, resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrSizeMismatch):
-		w.settler.transient(ctx, j, "size_mismatch", resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonSizeMismatch, resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrInvalidKey):
-		w.settler.deadLetter(ctx, j, "invalid_target", err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, jobs.ReasonInvalidTarget, err.Error(), resp.Status, nil)
 	case errors.Is(err, mirror.ErrKeyConflict):
 		// An object already stands where this key needs a directory (or the
 		// reverse): no retry can succeed until an operator resolves it.
-		w.settler.deadLetter(ctx, j, "target_conflict", err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, jobs.ReasonTargetConflict, err.Error(), resp.Status, nil)
 	default:
-		w.settler.transient(ctx, j, "target_write", resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
 	}
 }
 
@@ -992,7 +992,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 const MaxContentMismatches = 2
 
 // mismatchReasons are the attempt reasons that count as content mismatches.
-var mismatchReasons = map[string]bool{"size_mismatch": true, "digest_mismatch": true}
+var mismatchReasons = map[string]bool{jobs.ReasonSizeMismatch: true, jobs.ReasonDigestMismatch: true}
 
 // SlowRetryFactor: a job whose transfer was cut as too slow (fetch.ErrTooSlow)
 // is retried no sooner than this many times the time its attempt held a
