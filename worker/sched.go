@@ -35,7 +35,7 @@ type heldJob struct {
 	// prior is the deliveries the job had before it was parked
 	// (jobs.HeaderDeliveries), so deliveries per job count across parking.
 	prior uint64
-	lane  bool // delivered by a lane (lane.go)
+	laned bool // delivered by a lane (lane.go)
 	// hops and origin are set on a continuation (handoff.go): redirects
 	// already followed, and the job's original URL.
 	hops   int

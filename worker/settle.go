@@ -80,8 +80,8 @@ func (s *settler) confirmedAck(m Msg) error {
 // failure budget is used.
 func (s *settler) deferJob(d deferral) {
 	r := decideRoute(routeFacts{
-		reason: d.reason, delay: d.delay, fromLane: d.job.lane,
-		parking: s.parking.on(), nakked: s.parking.outstanding(d.job.auth),
+		reason: d.reason, delay: d.delay, fromLane: d.job.laned,
+		parkOn: s.parking.on(), nakked: s.parking.outstanding(d.job.auth),
 		parkAfter: s.o.ParkAfter, parkShare: s.o.ParkShare,
 	})
 	switch r {
@@ -93,7 +93,7 @@ func (s *settler) deferJob(d deferral) {
 	case routePark:
 		s.parking.park(d)
 	case routeNak:
-		if d.job.lane {
+		if d.job.laned {
 			s.nakDeferred(d) // it waits in its lane, holding only the lane's slots
 			return
 		}

@@ -629,7 +629,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 			}
 			return
 		}
-		j.lane = isLane(md.Consumer)
+		j.laned = isLane(md.Consumer)
 	} else {
 		// Not a JetStream delivery (never from a real consumer): a private
 		// key keeps it apart from every other held job.
