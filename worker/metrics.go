@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -195,6 +196,11 @@ func (m *Metrics) CountUpstreamRequest(host, port, kind, outcome string) {
 func (m *Metrics) CountCooldown(host, port, reason string) {
 	host, port = m.hosts.labels(host, port)
 	m.Cooldowns.WithLabelValues(host, port, reason).Inc()
+}
+
+// hostPort returns the capped metric labels of an authority.
+func (m *Metrics) hostPort(auth string) (string, string) {
+	return m.hosts.labels(authority.Split(auth))
 }
 
 // CountEventDropped counts one pacer fact not published in

@@ -104,6 +104,21 @@ func (s *settler) deferJob(d deferral) {
 	}
 }
 
+// parked carries out a park's outcome (parking reports it): a job stored
+// in MIRROR_PARKED is acked and counted as deferred; one whose publish
+// failed is deferred by NAK instead.
+func (s *settler) parked(d deferral, err error) {
+	if err != nil {
+		s.nakDeferred(d)
+		return
+	}
+	if err := s.settle(d.job, Msg.Ack); err != nil {
+		// Redelivered and parked again, or served: a duplicate at worst.
+		s.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("ack parked job")
+	}
+	s.count(OutcomeDeferred)
+}
+
 // nakDeferred NAKs a deferred job with its delay and counts the deferral.
 func (s *settler) nakDeferred(d deferral) {
 	if err := s.settle(d.job, func(m Msg) error { return m.NakWithDelay(d.delay) }); err != nil {

@@ -350,11 +350,17 @@ func New(d Deps, o *Options) (*Worker, error) {
 	})
 	w.sched.onCounts = m.setHeld
 	w.parts = map[int]*partition{}
-	w.parking = newParking(w)
 	w.lanes = newLanes(w)
-	w.settler = &settler{js: d.JS, sched: w.sched, parking: w.parking, lanes: w.lanes, m: m, o: &w.o,
+	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
 		clk: w.clk, log: w.log, backoff: w.backoff,
 		stored: &storedLog{log: w.log, clk: w.clk, every: DefaultStoredSummaryEvery}}
+	w.parking = newParking(parkDeps{
+		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
+		readyIn: d.Pacer.ReadyIn, mayServe: w.owns, servedNow: w.served, faultHook: w.fault,
+		holdMax: r.HoldMax, maxPerAuth: r.MaxHeldPerAuthority,
+		parked: w.settler.parked,
+	})
+	w.settler.parking = w.parking
 	return w, nil
 }
 
@@ -454,6 +460,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.setPulling() // ready: partitions come and go with the leases
 		loops.Add(1)
 		go func() { defer loops.Done(); w.parking.run(ctx) }()
+		loops.Add(1)
+		go func() { defer loops.Done(); w.lanes.run(ctx) }()
 	} else {
 		loops.Add(1)
 		go func() { defer loops.Done(); w.intakeLoop(ctx, w.d.Consumer, 0) }()
