@@ -29,22 +29,24 @@ const operatorPod = "operator"
 type opFlags struct {
 	nats      natsFlags
 	authority string
-	timeout   time.Duration
+	stderr    io.Writer
 }
 
 func (o *opFlags) register(fs *flag.FlagSet, authHelp string) {
-	o.nats = natsFlags{defaultTo: defaultEnqueueURL}
-	o.nats.register(fs, "NATS server URL(s) of the deployment the workers use (default "+defaultEnqueueURL+", the embedded server of 'mirrorworker run')")
+	// --nats-timeout was these commands' name for --nats-connect-timeout.
+	o.nats.registerClient(fs, nil, "nats-timeout")
 	fs.StringVar(&o.authority, "authority", "", authHelp)
-	fs.DurationVar(&o.timeout, "nats-timeout", 10*time.Second, "give up reaching NATS after this long")
 }
 
-func (o *opFlags) connect(ctx context.Context) (jetstream.JetStream, func(), error) {
-	cctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
-	nc, err := o.nats.connect(cctx, "mirrorworker-operator")
+// timeout bounds each request to NATS.
+func (o *opFlags) timeout() time.Duration { return o.nats.timeout }
+
+// connect reaches NATS; stream is the one the command reads or writes,
+// for the line that says which server is used.
+func (o *opFlags) connect(ctx context.Context, stream string) (jetstream.JetStream, func(), error) {
+	nc, err := o.nats.dial(ctx, "mirrorworker-operator", stream, o.stderr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w (is 'mirrorworker run' running? otherwise pass --nats-url)", err)
+		return nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -71,6 +73,8 @@ func (o *opFlags) parse(fs *flag.FlagSet, args []string, getenv func(string) str
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return "", err
 	}
+	o.stderr = stderr
+	o.nats.markGiven(fs, getenv)
 	name := strings.TrimPrefix(fs.Name(), "mirrorworker ")
 	if o.authority == "" {
 		if optional {
@@ -131,7 +135,7 @@ func cmdResume(ctx context.Context, args []string, getenv func(string) string, _
 }
 
 func publishOperatorFact(ctx context.Context, o *opFlags, ev pacer.Event) error {
-	js, closeConn, err := o.connect(ctx)
+	js, closeConn, err := o.connect(ctx, jobs.EventsStream)
 	if err != nil {
 		return err
 	}
@@ -143,7 +147,7 @@ func publishOperatorFact(ctx context.Context, o *opFlags, ev pacer.Event) error 
 	m := nats.NewMsg(jobs.EventSubject(authority.KeyOf(ev.Authority)))
 	m.Data = b
 	m.Header.Set(jobs.HeaderPod, operatorPod)
-	pctx, cancel := context.WithTimeout(ctx, o.timeout)
+	pctx, cancel := context.WithTimeout(ctx, o.timeout())
 	defer cancel()
 	if _, err := js.PublishMsg(pctx, m); err != nil {
 		return fmt.Errorf("publish %s of %s: %w (is stream %s there? start 'mirrorworker run' once)", ev.Type, ev.Authority, err, jobs.EventsStream)
@@ -172,12 +176,12 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 	if err != nil {
 		return err
 	}
-	js, closeConn, err := o.connect(ctx)
+	js, closeConn, err := o.connect(ctx, jobs.PodsBucket+" and "+jobs.LeasesBucket)
 	if err != nil {
 		return err
 	}
 	defer closeConn()
-	rctx, cancel := context.WithTimeout(ctx, o.timeout)
+	rctx, cancel := context.WithTimeout(ctx, o.timeout())
 	defer cancel()
 	pods, err := readPods(rctx, js)
 	if err != nil {

@@ -218,10 +218,12 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	// The admin endpoint is bound before anything starts, so that a port in
 	// use is one clear error.
 	var state atomic.Pointer[liveState]
+	var connectErr atomic.Pointer[error] // the last failed connect, for /readyz
+	c.nats.onRetry = natsRetryReporter(log, c.nats.url, &connectErr)
 	ready := func() error {
 		s := state.Load()
 		if s == nil {
-			return errors.New("starting: connecting to NATS and binding the consumer")
+			return startingError(connectErr.Load())
 		}
 		return s.ready()
 	}
@@ -276,6 +278,14 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 			return err
 		}
 		defer embedded.Shutdown() // after the group: the worker acks until its last job
+		if u := embedded.ClientURL(); u != "" {
+			// Commands given this --data-dir find this worker's server.
+			removeURL, err := broker.WriteClientURL(dataDir, u)
+			if err != nil {
+				return err
+			}
+			defer removeURL()
+		}
 	} else if c.explicit["embedded-listen"] {
 		log.Warn().Msg("--embedded-listen is ignored with --nats-url")
 	}
