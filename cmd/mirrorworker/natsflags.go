@@ -201,7 +201,7 @@ func natsRetryReporter(log zerolog.Logger, url string, last *atomic.Pointer[erro
 // waits for, and the last connect error if there was one.
 func startingError(last *error) error {
 	if last != nil {
-		return fmt.Errorf("starting: cannot reach NATS: %w", *last)
+		return fmt.Errorf("starting: connecting to NATS, retrying every second; last attempt: %w", *last)
 	}
 	return errors.New("starting: connecting to NATS and binding the consumer")
 }
