@@ -130,6 +130,13 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 	if err := f.check(fs, getenv); err != nil {
 		return err
 	}
+	if !f.dryRun {
+		// Which server comes first, before what is said about the jobs.
+		if err := f.nats.resolve(); err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		f.nats.announce(stderr, jobs.JobsStream)
+	}
 	e := &enqueuer{stderr: stderr, dryRun: f.dryRun}
 	valid, err := e.validateArgs(&f)
 	if err != nil {

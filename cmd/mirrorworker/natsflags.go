@@ -49,6 +49,7 @@ type natsFlags struct {
 
 	// resolved by resolve: the URL used and where it came from.
 	resolvedURL, source string
+	announced           bool
 }
 
 func (n *natsFlags) register(fs *flag.FlagSet, urlHelp string) {
@@ -97,6 +98,9 @@ func (n *natsFlags) markGiven(fs *flag.FlagSet, getenv func(string) string) {
 // --data-dir (an error when none runs there); else the worker running on
 // ./data, if one does; else defaultNATS.
 func (n *natsFlags) resolve() error {
+	if n.resolvedURL != "" {
+		return nil
+	}
 	switch {
 	case n.url != "":
 		n.resolvedURL, n.source = n.url, "--nats-url"
@@ -130,9 +134,10 @@ func (n *natsFlags) local() bool { return n.url == "" }
 // --nats-url (a command must never reach a deployment by accident
 // without saying so), and with -v.
 func (n *natsFlags) announce(w io.Writer, stream string) {
-	if n.url != "" && !n.verbose {
+	if n.announced || n.url != "" && !n.verbose {
 		return
 	}
+	n.announced = true
 	fmt.Fprintf(w, "using NATS %s (%s), stream %s\n", broker.RedactURL(n.resolvedURL), n.source, stream)
 }
 
