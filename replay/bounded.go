@@ -60,4 +60,3 @@ type boundedBatch struct {
 
 func (b *boundedBatch) Messages() <-chan jetstream.Msg { return b.ch }
 func (b *boundedBatch) Error() error                   { return b.in.Error() }
-
