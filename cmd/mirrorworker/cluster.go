@@ -191,10 +191,25 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 	if err != nil {
 		return err
 	}
-	// One row per authority. Every pod knows every authority's cooldowns
-	// and pauses (they share pacer facts), but only the lease holder of its
-	// partition serves it: its view wins, and the jobs any pod still holds
-	// or has parked are added up.
+	rows := statusRows(pods, leases, partitions, only)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Pods        []worker.PodStatus `json:"pods"`
+			Leases      map[int]string     `json:"leases"`
+			Authorities []statusRow        `json:"authorities"`
+		}{pods, leases, rows})
+	}
+	return writeStatus(stdout, pods, leases, partitions, rows, time.Now())
+}
+
+// statusRows is one row per authority, sorted, of those only selects (""
+// for all). Every pod knows every authority's cooldowns and pauses (they
+// share pacer facts), but only the lease holder of its partition serves
+// it: its view wins, and the jobs any pod still holds or has parked are
+// added up. An authority asked for by name that no pod knows is idle.
+func statusRows(pods []worker.PodStatus, leases map[int]string, partitions int, only string) []statusRow {
 	byAuth := map[string]*statusRow{}
 	for _, ps := range pods {
 		for _, a := range ps.Authorities {
@@ -228,19 +243,15 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 			Pod: leases[p], Partition: p})
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].Authority < rows[j].Authority })
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			Pods        []worker.PodStatus `json:"pods"`
-			Leases      map[int]string     `json:"leases"`
-			Authorities []statusRow        `json:"authorities"`
-		}{pods, leases, rows})
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	return rows
+}
+
+// writeStatus prints the pods table and the authorities table.
+func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, partitions int, rows []statusRow, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "POD\tPARTITIONS\tHELD\tUPDATED")
 	for _, ps := range pods {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s ago\n", ps.Pod, len(ps.Partitions), ps.Held, time.Since(ps.Updated).Round(100*time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s ago\n", ps.Pod, len(ps.Partitions), ps.Held, now.Sub(ps.Updated).Round(100*time.Millisecond))
 	}
 	if free := partitions - len(leases); free > 0 {
 		fmt.Fprintf(tw, "(unowned)\t%d\t\t\n", free)

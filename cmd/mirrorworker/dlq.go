@@ -172,6 +172,34 @@ func (f *dlqFlags) check(sub string, args []string, now time.Time) (deadletter.Q
 		bad("%s", strings.TrimPrefix(err.Error(), replay.ErrFilter.Error()+": "))
 	}
 	q.Reasons = f.reasons
+	f.window(&q, now, bad)
+	if f.limit < 0 {
+		bad("--limit %d: want 0 (all) or more", f.limit)
+	}
+	q.Limit = f.limit
+	if sub == "list" && f.output != "table" && f.output != "json" {
+		bad("--output %q: want table or json", f.output)
+	}
+	filtered := len(f.tenants)+len(f.authorities)+len(f.reasons) > 0 || f.since != "" || f.fromTime != "" || f.until != ""
+	if sub == "requeue" {
+		switch {
+		case len(seqs) > 0 && (filtered || f.all):
+			bad("give SEQ arguments or filters, not both")
+		case len(args) == 0 && !filtered && !f.all:
+			bad("requeue needs SEQ arguments, a filter (--reason, --tenant, --authority, --since ...), or --all")
+		}
+		if f.maxGen < 1 {
+			bad("--max-generation %d: want at least 1", f.maxGen)
+		}
+	}
+	if len(errs) > 0 {
+		return q, nil, usageError{"dlq " + sub + ": " + strings.Join(errs, "; ")}
+	}
+	return q, seqs, nil
+}
+
+// window sets q's time bounds from --since, --from-time and --until.
+func (f *dlqFlags) window(q *deadletter.Query, now time.Time, bad func(string, ...any)) {
 	since, err := replay.ParseSince(f.since)
 	switch {
 	case f.since == "":
@@ -200,29 +228,6 @@ func (f *dlqFlags) check(sub string, args []string, now time.Time) (deadletter.Q
 		}
 		q.Until = t
 	}
-	if f.limit < 0 {
-		bad("--limit %d: want 0 (all) or more", f.limit)
-	}
-	q.Limit = f.limit
-	if sub == "list" && f.output != "table" && f.output != "json" {
-		bad("--output %q: want table or json", f.output)
-	}
-	filtered := len(f.tenants)+len(f.authorities)+len(f.reasons) > 0 || f.since != "" || f.fromTime != "" || f.until != ""
-	if sub == "requeue" {
-		switch {
-		case len(seqs) > 0 && (filtered || f.all):
-			bad("give SEQ arguments or filters, not both")
-		case len(args) == 0 && !filtered && !f.all:
-			bad("requeue needs SEQ arguments, a filter (--reason, --tenant, --authority, --since ...), or --all")
-		}
-		if f.maxGen < 1 {
-			bad("--max-generation %d: want at least 1", f.maxGen)
-		}
-	}
-	if len(errs) > 0 {
-		return q, nil, usageError{"dlq " + sub + ": " + strings.Join(errs, "; ")}
-	}
-	return q, seqs, nil
 }
 
 func writeRecords(w io.Writer, output string, recs []deadletter.Record) error {
