@@ -109,3 +109,16 @@ func TestEnqueueValidatesBeforeConnecting(t *testing.T) {
 		t.Errorf("tried to connect: %q", r.stderr)
 	}
 }
+
+// TestLoadtestScratchDirMissing: a --scratch-dir that does not exist is one
+// usage error, not a report of rows of "error".
+func TestLoadtestScratchDirMissing(t *testing.T) {
+	missing := t.TempDir() + "/not-there"
+	stdout, _, err := runCmd(t, nil, "loadtest", "--scratch-dir", missing, "--report", t.TempDir()+"/r.html")
+	if exitCode(err) != 2 || !strings.Contains(err.Error(), "--scratch-dir "+missing+": no such directory (create it first: mkdir -p "+missing+")") {
+		t.Fatalf("exit %d: %v", exitCode(err), err)
+	}
+	if stdout != "" {
+		t.Errorf("stdout %q", stdout)
+	}
+}
