@@ -544,3 +544,38 @@ func TestRunbooksPointTheRightWay(t *testing.T) {
 		}
 	}
 }
+
+// TestSystemdInstall: the unit's install commands create the directories
+// they write into, and the credentials file reaches the dynamic user
+// through LoadCredential, not a path it cannot read.
+func TestSystemdInstall(t *testing.T) {
+	unit, err := os.ReadFile(filepath.Join("systemd", "mirrorworker.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := os.ReadFile(filepath.Join("systemd", "mirrorworker.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	installs := 0
+	for _, l := range strings.Split(string(unit), "\n") {
+		l = strings.TrimSpace(strings.TrimPrefix(l, "#"))
+		if strings.HasPrefix(l, "install ") {
+			installs++
+			if !strings.HasPrefix(l, "install -D ") {
+				t.Errorf("%q fails when the directory does not exist: use install -D", l)
+			}
+		}
+	}
+	if installs < 3 {
+		t.Errorf("the unit's header has %d install commands, want the binary, the unit and the env file", installs)
+	}
+	for _, want := range []string{"DynamicUser=yes", "LoadCredential=nats.creds:/etc/mirrorworker/nats.creds", "MIRRORWORKER_NATS_CREDS=%d/nats.creds"} {
+		if !strings.Contains(string(unit), want) {
+			t.Errorf("the unit does not say %q", want)
+		}
+	}
+	if strings.Contains(string(env), "MIRRORWORKER_NATS_CREDS=") {
+		t.Error("mirrorworker.env sets a credentials path the dynamic user cannot read; it goes through LoadCredential")
+	}
+}
