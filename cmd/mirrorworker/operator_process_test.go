@@ -150,6 +150,9 @@ func TestProcessReplayKeepsTheLiveDLQ(t *testing.T) {
 	if !strings.Contains(stdout, "dlq list --replays") || !strings.Contains(stdout, "the live "+jobs.DLQStream+" is untouched") {
 		t.Errorf("the replay's summary does not say where its dead letters are: %q", stdout)
 	}
+	if !strings.Contains(stdout, "by reason: destination_refused 5") || !strings.Contains(stdout, "pass it to the replay too") {
+		t.Errorf("the replay's summary does not say why its jobs failed and what to pass: %q", stdout)
+	}
 	js, closeConn := connectJS(t, natsURL)
 	defer closeConn()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

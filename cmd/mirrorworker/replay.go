@@ -17,6 +17,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/deadletter"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -323,6 +324,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	}
 	// The event sink runs until the replay has returned, so that its last
 	// facts are published (pipeline.Run's stop order).
+	began := time.Now()
 	var res replay.Result
 	err = parts.Run(ctx, func(ctx context.Context) error {
 		var err error
@@ -351,6 +353,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	if sum.DeadLettered > 0 {
 		fmt.Fprintf(stdout, "%d jobs dead-lettered by this replay (worker %s): 'mirrorworker dlq list --replays' lists them (stream %s; the live %s is untouched)\n",
 			sum.DeadLettered, c.workerID, replay.DeadLetterStream, jobs.DLQStream)
+		explainReplayFailures(ctx, js, c, began, stdout)
 	}
 	return nil
 }
@@ -371,4 +374,37 @@ func newProgress(mode string, stderr io.Writer) replay.Progress {
 		return replay.NewLines(stderr, 10*time.Second, clock.Real{})
 	}
 	return nil
+}
+
+// explainReplayFailures says why the replay's jobs were dead-lettered, by
+// reason, and what to pass when the reason is one of the replay's own
+// settings: a destination the live worker was allowed to fetch.
+func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *replayConfig, since time.Time, w io.Writer) {
+	recs, err := deadletter.List(ctx, js, deadletter.Query{Replays: true, Since: since.Add(-time.Second)})
+	if err != nil {
+		return // the summary line above already says where they are
+	}
+	reasons := map[string]int{}
+	for _, r := range recs {
+		if r.Record.Worker == c.workerID {
+			reasons[r.Record.Reason]++
+		}
+	}
+	if len(reasons) == 0 {
+		return
+	}
+	names := make([]string, 0, len(reasons))
+	for r := range reasons {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, r := range names {
+		parts[i] = fmt.Sprintf("%s %d", r, reasons[r])
+	}
+	fmt.Fprintf(w, "  by reason: %s\n", strings.Join(parts, ", "))
+	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate {
+		fmt.Fprintf(w, "  %d %s refused as loopback or private destinations: if the live worker runs with --allow-private-networks, pass it to the replay too\n",
+			n, plural(n, "was", "were"))
+	}
 }
