@@ -142,7 +142,12 @@ func TestProcessReplayKeepsTheLiveDLQ(t *testing.T) {
 	w := startWorkerProcess(t, workerArgs(natsURL, live)...)
 	waitDrained(t, natsURL, filepath.Join(live, "mirror"), n, 60*time.Second, w.log)
 
-	stdout, stderr, exit := runProcess(t, "replay", "--nats-url", natsURL, "--data-dir", live,
+	// The dry run says which authorities such a replay refuses.
+	stdout, stderr, exit := runProcess(t, "replay", "--nats-url", natsURL, "--dry-run")
+	if exit != 0 || !strings.Contains(stdout, "a loopback address: a replay without --allow-private-networks refuses it") {
+		t.Errorf("dry run before the replay: exit %d, stdout %q, stderr %q", exit, stdout, stderr)
+	}
+	stdout, stderr, exit = runProcess(t, "replay", "--nats-url", natsURL, "--data-dir", live,
 		"--target", t.TempDir(), "--floor", "0", "--progress", "none")
 	if exit != 0 {
 		t.Fatalf("replay: exit %d, stdout %q, stderr %q", exit, stdout, stderr)

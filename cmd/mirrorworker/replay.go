@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/deadletter"
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -212,7 +214,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	}
 
 	if c.dryRun {
-		return dryRun(ctx, js, plan, stdout)
+		return dryRun(ctx, js, plan, c.allowPrivate, stdout)
 	}
 	if c.streamReplicas > 0 {
 		// Raise only: limits stay the worker's. Dead letters and pacer
@@ -228,7 +230,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	return replayJobs(ctx, js, c, plan, target, policy, log, stdout, stderr)
 }
 
-func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, stdout io.Writer) error {
+func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, allowPrivate bool, stdout io.Writer) error {
 	counts, err := replay.Count(ctx, js, plan.start, plan.subjects, time.Now())
 	if err != nil {
 		return err
@@ -261,6 +263,11 @@ func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, stdout
 			}
 			sort.Strings(reasons)
 			line += fmt.Sprintf(", %d dead-lettered (%s)", a.DeadLettered, strings.Join(reasons, ", "))
+		}
+		if !allowPrivate {
+			if what := privateDestination(k); what != "" {
+				line += fmt.Sprintf("; %s: a replay without --allow-private-networks refuses it (pass it if the live worker runs with it)", what)
+			}
 		}
 		fmt.Fprintln(stdout, line)
 	}
@@ -407,4 +414,23 @@ func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *repla
 		fmt.Fprintf(w, "  %d %s refused as loopback or private destinations: if the live worker runs with --allow-private-networks, pass it to the replay too\n",
 			n, plural(n, "was", "were"))
 	}
+}
+
+// privateDestination says "a loopback address" or "a private address" for
+// an authority ("host:port") a worker refuses without
+// --allow-private-networks, judged, as enqueue does, on literal addresses
+// and localhost only; "" otherwise.
+func privateDestination(auth string) string {
+	host, _, err := net.SplitHostPort(auth)
+	if err != nil {
+		return ""
+	}
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return "a loopback address"
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return ""
+	}
+	return map[string]string{fetch.ReasonLoopback: "a loopback address", fetch.ReasonPrivate: "a private address"}[fetch.CheckAddr(a, false)]
 }

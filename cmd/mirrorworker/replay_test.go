@@ -295,12 +295,16 @@ func TestReplayDryRunCountsJobs(t *testing.T) {
 	}
 	for _, want := range []string{
 		"dry run: 2 jobs would be replayed (from the beginning, mirror.jobs.>): 3 stream messages, sequences 1 to 3\n",
-		"  127.0.0.1:18765                  2 jobs (3 messages: some enqueued more than once), 1 dead-lettered (destination_refused 1)\n",
+		"  127.0.0.1:18765                  2 jobs (3 messages: some enqueued more than once), 1 dead-lettered (destination_refused 1); " +
+			"a loopback address: a replay without --allow-private-networks refuses it (pass it if the live worker runs with it)\n",
 		"Dead-lettered jobs are replayed too",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, r.stdout)
 		}
+	}
+	if r := runReplayCmd(t, "--nats-url", url, "--dry-run", "--allow-private-networks"); r.err != nil || strings.Contains(r.stdout, "refuses it") {
+		t.Errorf("dry run with --allow-private-networks: %v\n%s", r.err, r.stdout)
 	}
 	if strings.Contains(r.stdout, "127_0_0_1") {
 		t.Errorf("an authority is shown as a subject token:\n%s", r.stdout)
