@@ -18,6 +18,12 @@ all: build
 build:
 	$(GO) build -ldflags "-X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" -o bin/mirrorworker ./cmd/mirrorworker
 
+## install: mirrorworker on your PATH: go install, into $(go env GOBIN) or $(go env GOPATH)/bin.
+.PHONY: install
+install:
+	$(GO) install -ldflags "-X main.version=$$(git describe --always --dirty 2>/dev/null || echo dev)" ./cmd/mirrorworker
+	@echo "installed $$(d=$$($(GO) env GOBIN); [ -n "$$d" ] || d=$$($(GO) env GOPATH)/bin; echo $$d)/mirrorworker"
+
 ## run: the worker on the embedded JetStream default (store and mirror under $(DATA_DIR)).
 run: build
 	./bin/mirrorworker run --data-dir $(DATA_DIR) --log-format console $(RUN_ARGS)

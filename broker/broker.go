@@ -6,17 +6,22 @@
 package broker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/rs/zerolog"
 )
 
@@ -135,13 +140,24 @@ type ConnectOptions struct {
 	TLSCA     string // PEM file with root CAs
 	TLSCert   string // client certificate (with TLSKey)
 	TLSKey    string
+	// OnRetry, if set, hears each failed attempt that Connect will retry
+	// (no server answered), numbered from 1, for a log line and /readyz.
+	OnRetry func(attempt int, err error)
 }
 
 // Connect dials an existing NATS deployment. It retries the initial connect
-// until ctx is done so that a worker can start before its NATS cluster.
+// while no server answers, until ctx is done, so that a worker can start
+// before its NATS cluster; o.OnRetry hears each failed attempt. Everything
+// a retry cannot fix fails at once, naming what to fix: a credentials, NKey
+// or TLS file that is missing, unreadable or not what it should be (checked
+// before dialling), and a server that refuses the authorization (its words
+// are in the error, which wraps nats.ErrAuthorization and its kin).
 func Connect(ctx context.Context, o ConnectOptions, extra ...nats.Option) (*nats.Conn, error) {
 	if o.URL == "" {
 		return nil, errors.New("connect nats: empty URL")
+	}
+	if err := CheckFiles(o); err != nil {
+		return nil, fmt.Errorf("connect nats %s: %w", RedactURL(o.URL), err)
 	}
 	opts := []nats.Option{nats.Name(o.Name), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(false)}
 	if o.CredsFile != "" {
@@ -150,7 +166,7 @@ func Connect(ctx context.Context, o ConnectOptions, extra ...nats.Option) (*nats
 	if o.NKeyFile != "" {
 		opt, err := nats.NkeyOptionFromSeed(o.NKeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("connect nats: nkey: %w", err)
+			return nil, fmt.Errorf("connect nats: nkey seed file %s: %w", o.NKeyFile, err)
 		}
 		opts = append(opts, opt)
 	}
@@ -168,14 +184,17 @@ func Connect(ctx context.Context, o ConnectOptions, extra ...nats.Option) (*nats
 	}
 	opts = append(opts, extra...)
 	var lastErr error
-	for attempt := 0; ; attempt++ {
+	for attempt := 1; ; attempt++ {
 		nc, err := nats.Connect(o.URL, opts...)
 		if err == nil {
 			return nc, nil
 		}
 		lastErr = err
-		if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrNoServers) && attempt > 30 {
-			break
+		if !Retryable(err) {
+			return nil, fmt.Errorf("connect nats %s: %w%s", RedactURL(o.URL), err, authHint(o, err))
+		}
+		if o.OnRetry != nil {
+			o.OnRetry(attempt, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -183,5 +202,75 @@ func Connect(ctx context.Context, o ConnectOptions, extra ...nats.Option) (*nats
 		case <-time.After(time.Second):
 		}
 	}
-	return nil, fmt.Errorf("connect nats %s: %w", RedactURL(o.URL), lastErr)
+}
+
+// Retryable reports whether a failed connect may succeed when tried again:
+// no server answered (yet). An authorization the server refused, a bad
+// file or option, a TLS mismatch are not.
+func Retryable(err error) bool {
+	switch {
+	case isAuthError(err):
+		return false
+	case errors.Is(err, nats.ErrNoServers), errors.Is(err, nats.ErrTimeout), errors.Is(err, io.EOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+func isAuthError(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
+}
+
+// authHint names the credentials a refused authorization was tried with.
+func authHint(o ConnectOptions, err error) string {
+	if !isAuthError(err) {
+		return ""
+	}
+	var used []string
+	if o.CredsFile != "" {
+		used = append(used, "credentials file "+o.CredsFile)
+	}
+	if o.NKeyFile != "" {
+		used = append(used, "NKey seed file "+o.NKeyFile)
+	}
+	if o.User != "" {
+		used = append(used, "user "+strconv.Quote(o.User))
+	}
+	if len(used) == 0 {
+		return " (the server wants credentials: pass --nats-creds, --nats-nkey or --nats-user)"
+	}
+	return " (the server refused " + strings.Join(used, ", ") + ")"
+}
+
+// CheckFiles reads every file o names, so that a missing or unreadable one
+// (a Secret not mounted, a dynamic user without read access) or one that is
+// not what it should be (a placeholder) is one clear error with its path
+// before anything is dialled.
+func CheckFiles(o ConnectOptions) error {
+	if o.CredsFile != "" {
+		b, err := os.ReadFile(o.CredsFile)
+		if err != nil {
+			return fmt.Errorf("credentials file: %w", err)
+		}
+		if !bytes.Contains(b, []byte("BEGIN NATS USER JWT")) {
+			return fmt.Errorf("credentials file %s: no NATS user JWT in it (a placeholder? want the .creds file of your NATS account, JWT and seed)", o.CredsFile)
+		}
+		if _, err := nkeys.ParseDecoratedNKey(b); err != nil {
+			return fmt.Errorf("credentials file %s: no user seed in it: %w", o.CredsFile, err)
+		}
+	}
+	for _, f := range []struct{ what, path string }{
+		{"NKey seed file", o.NKeyFile}, {"TLS CA file", o.TLSCA}, {"TLS certificate", o.TLSCert}, {"TLS key", o.TLSKey},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.ReadFile(f.path); err != nil {
+			return fmt.Errorf("%s: %w", f.what, err)
+		}
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -33,10 +34,57 @@ type Record struct {
 	// Generation is how many times the job was requeued before this record:
 	// 0 for a job as its producer enqueued it.
 	Generation int `json:"generation"`
+	// Requeued is how many times this record was requeued (by Publish).
+	Requeued int `json:"requeued"`
 }
 
-// Query selects dead letters. The zero Query selects all.
+// Requests is how many requests the job cost before it was given up: its
+// recorded attempts, or 1 when none is recorded but the origin answered
+// (a 404 ends a job at its first answer, with no retry to record).
+func (r Record) Requests() int {
+	if n := len(r.Record.Attempts); n > 0 || r.Record.LastStatus == 0 {
+		return n
+	}
+	return 1
+}
+
+// RequeueMarkPrefix starts the subject of the mark Publish leaves in
+// MIRROR_DLQ for every record it requeues: RequeueMarkPrefix + the
+// record's sequence. Its token is upper case, which no tenant is, so no
+// dead letter's subject is one.
+const RequeueMarkPrefix = jobs.DLQSubjectPrefix + "REQUEUED."
+
+// IsMark reports whether subject is a requeue mark's, not a dead letter's.
+func IsMark(subject string) bool {
+	return strings.HasPrefix(subject, RequeueMarkPrefix) || strings.HasPrefix(subject, markPrefix(true))
+}
+
+// ErrNotMarked is returned with the ack when a job was requeued but the
+// mark that counts it could not be written: the job is queued, only
+// 'dlq list' shows one requeue too few.
+var ErrNotMarked = errors.New("requeued, but not marked as requeued")
+
+// requeueCounts returns how many marks each record of seqs has.
+func requeueCounts(ctx context.Context, s jetstream.Stream) (map[uint64]int, error) {
+	prefix := markPrefix(s.CachedInfo().Config.Name == replay.DeadLetterStream)
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+	if err != nil {
+		return nil, fmt.Errorf("read requeue marks: %w", err)
+	}
+	out := map[uint64]int{}
+	for subj, n := range info.State.Subjects {
+		if seq, err := strconv.ParseUint(strings.TrimPrefix(subj, prefix), 10, 64); err == nil {
+			out[seq] = int(n)
+		}
+	}
+	return out, nil
+}
+
+// Query selects dead letters. The zero Query selects all of MIRROR_DLQ.
 type Query struct {
+	// Replays reads the dead letters of replays (replay.DeadLetterStream)
+	// instead of the live pipeline's.
+	Replays bool
 	Filter  replay.Filter // tenants and authorities, by subject
 	Reasons []string      // reason codes; empty: every reason
 	Since   time.Time     // records stored at or after; zero: from the first
@@ -51,9 +99,30 @@ func (q Query) Subjects() ([]string, error) {
 		return nil, err
 	}
 	for i, s := range subs {
-		subs[i] = jobs.DLQSubjectPrefix + strings.TrimPrefix(s, jobs.JobsSubjectPrefix)
+		subs[i] = prefixOf(q.Replays) + strings.TrimPrefix(s, jobs.JobsSubjectPrefix)
 	}
 	return subs, nil
+}
+
+// StreamOf is the stream of the live dead letters, or of replays'.
+func StreamOf(replays bool) string {
+	if replays {
+		return replay.DeadLetterStream
+	}
+	return jobs.DLQStream
+}
+
+func prefixOf(replays bool) string {
+	if replays {
+		return replay.DeadLetterPrefix
+	}
+	return jobs.DLQSubjectPrefix
+}
+
+// markPrefix is the subject prefix of requeue marks in the stream of
+// replays or of the live dead letters.
+func markPrefix(replays bool) string {
+	return strings.Replace(RequeueMarkPrefix, jobs.DLQSubjectPrefix, prefixOf(replays), 1)
 }
 
 func (q Query) match(r Record) bool {
@@ -78,9 +147,13 @@ func List(ctx context.Context, js jetstream.JetStream, q Query) ([]Record, error
 	if err != nil {
 		return nil, err
 	}
-	s, err := js.Stream(ctx, jobs.DLQStream)
+	name := StreamOf(q.Replays)
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) && q.Replays {
+		return nil, nil // no replay has dead-lettered anything yet
+	}
 	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", jobs.DLQStream, err)
+		return nil, fmt.Errorf("stream %s: %w", name, err)
 	}
 	if s.CachedInfo().State.Msgs == 0 {
 		return nil, nil
@@ -92,7 +165,7 @@ func List(ctx context.Context, js jetstream.JetStream, q Query) ([]Record, error
 	}
 	c, err := s.OrderedConsumer(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", jobs.DLQStream, err)
+		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	// Nothing past the last record now: a dead letter published while we
 	// read is for the next listing.
@@ -101,7 +174,7 @@ func List(ctx context.Context, js jetstream.JetStream, q Query) ([]Record, error
 	for {
 		batch, err := c.Fetch(256, jetstream.FetchMaxWait(time.Second))
 		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", jobs.DLQStream, err)
+			return nil, fmt.Errorf("read %s: %w", name, err)
 		}
 		got, done := 0, false
 		for m := range batch.Messages() {
@@ -114,11 +187,17 @@ func List(ctx context.Context, js jetstream.JetStream, q Query) ([]Record, error
 				done = true
 				continue
 			}
+			if IsMark(m.Subject()) {
+				if md.NumPending == 0 || md.Sequence.Stream >= last {
+					done = true
+				}
+				continue
+			}
 			r := decode(md.Sequence.Stream, md.Timestamp, m.Subject(), m.Headers(), m.Data())
 			if q.match(r) {
 				out = append(out, r)
 				if q.Limit > 0 && len(out) >= q.Limit {
-					return out, nil
+					return withRequeues(ctx, s, out)
 				}
 			}
 			if md.NumPending == 0 || md.Sequence.Stream >= last {
@@ -126,28 +205,55 @@ func List(ctx context.Context, js jetstream.JetStream, q Query) ([]Record, error
 			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
-			return nil, fmt.Errorf("read %s: %w", jobs.DLQStream, err)
+			return nil, fmt.Errorf("read %s: %w", name, err)
 		}
 		if done || got == 0 {
-			return out, ctx.Err()
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			return withRequeues(ctx, s, out)
 		}
 	}
 }
 
-// Get returns the record at stream sequence seq.
-func Get(ctx context.Context, js jetstream.JetStream, seq uint64) (Record, error) {
-	s, err := js.Stream(ctx, jobs.DLQStream)
+// withRequeues sets each record's Requeued from the marks.
+func withRequeues(ctx context.Context, s jetstream.Stream, recs []Record) ([]Record, error) {
+	if len(recs) == 0 {
+		return recs, nil
+	}
+	counts, err := requeueCounts(ctx, s)
 	if err != nil {
-		return Record{}, fmt.Errorf("stream %s: %w", jobs.DLQStream, err)
+		return nil, err
+	}
+	for i := range recs {
+		recs[i].Requeued = counts[recs[i].Seq]
+	}
+	return recs, nil
+}
+
+// Get returns the record at stream sequence seq of MIRROR_DLQ, or of the
+// replays' dead letters.
+func Get(ctx context.Context, js jetstream.JetStream, seq uint64, replays bool) (Record, error) {
+	name := StreamOf(replays)
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return Record{}, fmt.Errorf("stream %s: %w", name, err)
 	}
 	m, err := s.GetMsg(ctx, seq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return Record{}, fmt.Errorf("no dead letter at sequence %d of %s (list them with 'mirrorworker dlq list')", seq, jobs.DLQStream)
+			return Record{}, fmt.Errorf("no dead letter at sequence %d of %s (list them with 'mirrorworker dlq list')", seq, name)
 		}
 		return Record{}, fmt.Errorf("dead letter %d: %w", seq, err)
 	}
-	return decode(m.Sequence, m.Time, m.Subject, m.Header, m.Data), nil
+	if IsMark(m.Subject) {
+		return Record{}, fmt.Errorf("sequence %d of %s is the mark of a requeue, not a dead letter (list them with 'mirrorworker dlq list')", seq, name)
+	}
+	recs, err := withRequeues(ctx, s, []Record{decode(m.Sequence, m.Time, m.Subject, m.Header, m.Data)})
+	if err != nil {
+		return Record{}, err
+	}
+	return recs[0], nil
 }
 
 func decode(seq uint64, t time.Time, subject string, h map[string][]string, data []byte) Record {
@@ -173,6 +279,7 @@ const (
 	HeaderRequeuedFrom  = "Mirrorworker-Requeued-From"   // MIRROR_DLQ:<seq>
 	HeaderOriginalJobID = "Mirrorworker-Original-Job-Id" // the id the producer gave
 	HeaderRequeueReason = "Mirrorworker-Requeue-Reason"  // the reason of the record requeued
+	HeaderRequeuedAs    = "Mirrorworker-Requeued-As"     // on a requeue mark: the new job's id
 )
 
 // requeueSuffix marks a requeued job's id: <original id>.rq<generation>.
@@ -237,12 +344,27 @@ func Publish(ctx context.Context, js jetstream.JetStream, rq Requeued) (*jetstre
 		return nil, err
 	}
 	base, _ := SplitID(rq.Job.ID)
-	m.Header.Set(HeaderRequeuedFrom, jobs.DLQStream+":"+strconv.FormatUint(rq.From.Seq, 10))
+	from := jobs.DLQStream
+	if strings.HasPrefix(rq.From.Subject, replay.DeadLetterPrefix) {
+		from = replay.DeadLetterStream
+	}
+	m.Header.Set(HeaderRequeuedFrom, from+":"+strconv.FormatUint(rq.From.Seq, 10))
 	m.Header.Set(HeaderOriginalJobID, base)
 	m.Header.Set(HeaderRequeueReason, rq.From.Record.Reason)
 	ack, err := js.PublishMsg(ctx, m)
 	if err != nil {
 		return nil, fmt.Errorf("requeue dead letter %d as job %s: %w", rq.From.Seq, rq.Job.ID, err)
+	}
+	// The mark counts the requeue in 'dlq list'. Its message id makes a
+	// second requeue of the same record within the duplicate window, which
+	// published no job, leave no second mark either.
+	seq := strconv.FormatUint(rq.From.Seq, 10)
+	mark := nats.NewMsg(markPrefix(strings.HasPrefix(rq.From.Subject, replay.DeadLetterPrefix)) + seq)
+	mark.Header.Set(jetstream.MsgIDHeader, "requeue:"+seq+":"+rq.Job.ID)
+	mark.Header.Set(HeaderRequeuedAs, rq.Job.ID)
+	mark.Data, _ = json.Marshal(map[string]any{"requeued_from": rq.From.Seq, "job_id": rq.Job.ID, "jobs_seq": ack.Sequence})
+	if _, err := js.PublishMsg(ctx, mark); err != nil {
+		return ack, fmt.Errorf("%w: dead letter %d: %w", ErrNotMarked, rq.From.Seq, err)
 	}
 	return ack, nil
 }

@@ -71,3 +71,35 @@ func TestPrepare(t *testing.T) {
 		})
 	}
 }
+
+func TestRequests(t *testing.T) {
+	tests := []struct {
+		name string
+		d    jobs.DeadLetter
+		want int
+	}{
+		{"a 404 at the first answer", jobs.DeadLetter{Reason: "http_404", LastStatus: 404}, 1},
+		{"refused before any request", jobs.DeadLetter{Reason: jobs.ReasonDestinationRefused}, 0},
+		{"retries recorded", jobs.DeadLetter{Reason: jobs.ReasonBudgetExhausted, LastStatus: 503, Attempts: make([]jobs.Attempt, 10)}, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := (deadletter.Record{Record: tt.d}).Requests(); got != tt.want {
+				t.Errorf("Requests() = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestIsMark(t *testing.T) {
+	for subj, want := range map[string]bool{
+		deadletter.RequeueMarkPrefix + "12": true,
+		"mirror.replay.dlq.REQUEUED.3":      true,
+		"mirror.dlq.default.a_example_443":  false,
+		"mirror.dlq.requeued.a_example_443": false, // a tenant named requeued
+	} {
+		if got := deadletter.IsMark(subj); got != want {
+			t.Errorf("IsMark(%q) = %v, want %v", subj, got, want)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -95,6 +96,33 @@ func metricNames(expr string) ([]string, error) {
 	return out, nil
 }
 
+// oneNumber reports an expression that can return more than one series:
+// a stat panel shows one number, and a stat of 32 partitions' values is
+// 32 numbers. The outermost operation must aggregate without "by".
+func oneNumber(expr string) error {
+	e, err := parser.NewParser(parser.Options{}).ParseExpr(expr)
+	if err != nil {
+		return err
+	}
+	for {
+		p, ok := e.(*parser.ParenExpr)
+		if !ok {
+			break
+		}
+		e = p.Expr
+	}
+	a, ok := e.(*parser.AggregateExpr)
+	switch {
+	case !ok:
+		return errors.New("not an aggregation: one series per pod or per label set")
+	case a.Op == parser.TOPK || a.Op == parser.BOTTOMK || a.Op == parser.COUNT_VALUES:
+		return fmt.Errorf("%s returns several series", a.Op)
+	case len(a.Grouping) > 0 || a.Without:
+		return fmt.Errorf("grouped by %v: one number per group", a.Grouping)
+	}
+	return nil
+}
+
 // grafanaVars replaces the dashboard's variables by values PromQL accepts.
 var grafanaVars = strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h", "$job", ".*", "${datasource}", "prom")
 
@@ -107,8 +135,10 @@ func TestDashboard(t *testing.T) {
 	var d struct {
 		Title  string `json:"title"`
 		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
+			Title       string `json:"title"`
+			Type        string `json:"type"`
+			Description string `json:"description"`
+			Targets     []struct {
 				Expr string `json:"expr"`
 			} `json:"targets"`
 		} `json:"panels"`
@@ -118,11 +148,24 @@ func TestDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	titles := map[string]bool{}
+	used := map[string]bool{}
 	exprs := 0
 	for _, p := range d.Panels {
 		titles[p.Title] = true
 		if len(p.Targets) == 0 {
 			t.Errorf("panel %q has no query", p.Title)
+		}
+		// The on-call person reads what a panel means on the panel.
+		if len(p.Description) < 40 {
+			t.Errorf("panel %q has no description saying what it shows and what to do", p.Title)
+		}
+		// Versions is one number per version on purpose (a rollout).
+		if p.Type == "stat" && p.Title != "Versions" {
+			for _, tg := range p.Targets {
+				if err := oneNumber(grafanaVars.Replace(tg.Expr)); err != nil {
+					t.Errorf("stat panel %q: %q: %v", p.Title, tg.Expr, err)
+				}
+			}
 		}
 		for _, tg := range p.Targets {
 			exprs++
@@ -135,6 +178,7 @@ func TestDashboard(t *testing.T) {
 				t.Errorf("panel %q: %q names no metric", p.Title, tg.Expr)
 			}
 			for _, m := range ms {
+				used[m] = true
 				if !exported(names, m) {
 					t.Errorf("panel %q uses %s, which the worker does not export", p.Title, m)
 				}
@@ -142,9 +186,17 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"Jobs by outcome", "Fetch latency (job duration)", "Bytes stored", "Pacer states", "Cooldowns",
-		"In flight and held", "Deferred and parked backlog", "Consumer lag", "Dead letters by reason"} {
+		"In flight and held", "Deferred and parked backlog", "Consumer lag", "Dead letters by reason",
+		"Parked jobs", "Parked jobs by origin", "Mirror target", "Consumer pending"} {
 		if !titles[want] {
 			t.Errorf("dashboard lacks the panel %q", want)
+		}
+	}
+	// The gauges an operator acts on each have a panel.
+	for _, m := range []string{"mirrorworker_parked_jobs", "mirrorworker_target_up", "mirrorworker_ready", "mirrorworker_nats_connected",
+		"mirrorworker_consumer_pending", "mirrorworker_pacer_authorities", "mirrorworker_dead_letters_total"} {
+		if !used[m] {
+			t.Errorf("no panel shows %s", m)
 		}
 	}
 	t.Logf("%d panels, %d expressions checked against %d exported metrics", len(d.Panels), exprs, len(names))
@@ -418,5 +470,112 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 	}
 	if addr := envOf(c)["MIRRORWORKER_ADMIN_ADDR"]; !strings.HasPrefix(addr, ":") && !strings.HasPrefix(addr, "0.0.0.0:") {
 		t.Errorf("MIRRORWORKER_ADMIN_ADDR %q is not reachable from the kubelet", addr)
+	}
+}
+
+// TestImageNameMatchesMake: the kustomize base deploys the image `make
+// image` builds: the same repository name, and the comment says how to set
+// the tag make printed.
+func TestImageNameMatchesMake(t *testing.T) {
+	mk, err := os.ReadFile(filepath.Join("..", "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var repo string
+	for _, l := range strings.Split(string(mk), "\n") {
+		if v, ok := strings.CutPrefix(l, "IMAGE_TAG"); ok {
+			v = strings.TrimSpace(strings.TrimLeft(strings.TrimSpace(v), "?:="))
+			repo, _, _ = strings.Cut(v, ":")
+		}
+	}
+	if repo == "" {
+		t.Fatal("no IMAGE_TAG in the Makefile")
+	}
+	b, err := os.ReadFile(filepath.Join("kubernetes", "base", "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k struct {
+		Images []struct {
+			Name    string `yaml:"name"`
+			NewName string `yaml:"newName"`
+			NewTag  string `yaml:"newTag"`
+		} `yaml:"images"`
+	}
+	if err := yaml.Unmarshal(b, &k); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.Images) != 1 || k.Images[0].NewName != repo || k.Images[0].Name != repo {
+		t.Fatalf("kustomize images %+v, want %s (the Makefile's IMAGE_TAG)", k.Images, repo)
+	}
+	if !strings.Contains(string(b), "kustomize edit set image "+repo+"=") || !strings.Contains(string(b), "IMAGE_TAG="+repo+":"+k.Images[0].NewTag) {
+		t.Errorf("kustomization.yaml does not say how to deploy what make image built, nor how to build the %s:%s it names", repo, k.Images[0].NewTag)
+	}
+}
+
+// TestRunbooksPointTheRightWay: an origin that refuses every probe wants
+// fewer requests: its runbook never says to lower a floor (more requests)
+// and names the pause; the commands runbooks give exist.
+func TestRunbooksPointTheRightWay(t *testing.T) {
+	groups, errs := rulefmt.ParseFile(filepath.Join("prometheus", "mirrorworker-alerts.yml"), false, model.LegacyValidation, parser.NewParser(parser.Options{}), slog.New(slog.DiscardHandler))
+	if len(errs) > 0 {
+		t.Fatal(errs)
+	}
+	cmd := regexp.MustCompile("`mirrorworker ([a-z-]+)")
+	known := map[string]bool{"run": true, "enqueue": true, "replay": true, "dlq": true, "pause": true, "resume": true, "status": true, "version": true}
+	for _, g := range groups.Groups {
+		for _, r := range g.Rules {
+			rb := strings.Join(strings.Fields(r.Annotations["runbook"]), " ")
+			if r.Alert == "MirrorworkerOriginCoolingLong" {
+				if regexp.MustCompile(`(?i)\blower (its|the) floor\b`).MatchString(strings.ReplaceAll(rb, "never lower its floor", "")) {
+					t.Errorf("%s: the runbook says to lower the floor, which sends more requests: %s", r.Alert, rb)
+				}
+				for _, want := range []string{"mirrorworker pause --authority", "never lower its floor", "raise its floor"} {
+					if !strings.Contains(rb, want) {
+						t.Errorf("%s: the runbook does not say %q", r.Alert, want)
+					}
+				}
+			}
+			for _, m := range cmd.FindAllStringSubmatch(rb, -1) {
+				if !known[m[1]] {
+					t.Errorf("%s: the runbook names 'mirrorworker %s', no such command", r.Alert, m[1])
+				}
+			}
+		}
+	}
+}
+
+// TestSystemdInstall: the unit's install commands create the directories
+// they write into, and the credentials file reaches the dynamic user
+// through LoadCredential, not a path it cannot read.
+func TestSystemdInstall(t *testing.T) {
+	unit, err := os.ReadFile(filepath.Join("systemd", "mirrorworker.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := os.ReadFile(filepath.Join("systemd", "mirrorworker.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	installs := 0
+	for _, l := range strings.Split(string(unit), "\n") {
+		l = strings.TrimSpace(strings.TrimPrefix(l, "#"))
+		if strings.HasPrefix(l, "install ") {
+			installs++
+			if !strings.HasPrefix(l, "install -D ") {
+				t.Errorf("%q fails when the directory does not exist: use install -D", l)
+			}
+		}
+	}
+	if installs < 3 {
+		t.Errorf("the unit's header has %d install commands, want the binary, the unit and the env file", installs)
+	}
+	for _, want := range []string{"DynamicUser=yes", "LoadCredential=nats.creds:/etc/mirrorworker/nats.creds", "MIRRORWORKER_NATS_CREDS=%d/nats.creds"} {
+		if !strings.Contains(string(unit), want) {
+			t.Errorf("the unit does not say %q", want)
+		}
+	}
+	if strings.Contains(string(env), "MIRRORWORKER_NATS_CREDS=") {
+		t.Error("mirrorworker.env sets a credentials path the dynamic user cannot read; it goes through LoadCredential")
 	}
 }

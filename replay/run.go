@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/clock"
@@ -49,6 +50,9 @@ type Result struct {
 	Jobs int64
 	// Elapsed is the time from the consumer's creation to the end.
 	Elapsed time.Duration
+	// Later is how many jobs stored after LastSeq the consumer delivered
+	// and the replay skipped: they are the live workers' to do.
+	Later int64
 }
 
 // infoPatience is how long Run keeps asking a consumer that does not
@@ -83,8 +87,10 @@ func ConsumerConfig(name string, start Start, subjects []string, co *jobs.Consum
 // o.Start and o.Subjects, runs work on it, and returns once every selected
 // job stored up to the stream's last sequence at the start has been handled
 // (stored, found unchanged, or dead-lettered), or when ctx is done (with
-// ctx's error). Jobs stored after the start may be handled too, but are not
-// waited for. The consumer is deleted before Run returns.
+// ctx's error). Jobs stored after the start are not handed to work: the
+// consumer work gets skips them (Result.Later counts them), so a replay
+// works on the stream as it was when it began and ends however busy the
+// stream is. The consumer is deleted before Run returns.
 func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Result, error) {
 	if o == nil {
 		o = &Options{}
@@ -132,7 +138,8 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	workErr := make(chan error, 1)
-	go func() { workErr <- work(wctx, c) }()
+	var skipped atomic.Int64
+	go func() { workErr <- work(wctx, bounded{Consumer: c, lastSeq: res.LastSeq, skipped: &skipped}) }()
 	// finish stops the worker and waits for it to hand back what it holds.
 	finish := func() error {
 		stop()
@@ -193,7 +200,8 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 			if o.Progress != nil {
 				o.Progress.Set(res.Jobs)
 			}
-			log.Info().Str("consumer", res.Consumer).Int64("jobs", res.Jobs).Str("took", res.Elapsed.Round(time.Millisecond).String()).Msg("replay: complete")
+			res.Later = skipped.Load()
+			log.Info().Str("consumer", res.Consumer).Int64("jobs", res.Jobs).Int64("later_jobs_skipped", res.Later).Str("took", res.Elapsed.Round(time.Millisecond).String()).Msg("replay: complete")
 			return res, nil
 		}
 		t.Reset(poll)

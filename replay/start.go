@@ -50,7 +50,7 @@ func ParseStart(fromSeq, since, fromTime string, now time.Time) (Start, error) {
 		}
 		s.Seq = n
 	case since != "":
-		d, err := parseSince(since)
+		d, err := ParseSince(since)
 		if err != nil {
 			return Start{}, fmt.Errorf("%w: --since %q is not a duration (e.g. 90m, 24h, 7d)", ErrStart, since)
 		}
@@ -74,8 +74,9 @@ func ParseStart(fromSeq, since, fromTime string, now time.Time) (Start, error) {
 	return s, nil
 }
 
-// parseSince accepts a Go duration or a number of days ("7d").
-func parseSince(v string) (time.Duration, error) {
+// ParseSince accepts a Go duration or a number of days ("7d"): the --since
+// of replay and of dlq.
+func ParseSince(v string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(v, "d"); ok {
 		f, err := strconv.ParseFloat(days, 64)
 		if err != nil || !(f >= 0 && f <= 100*365) { // also NaN and infinities

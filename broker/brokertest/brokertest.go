@@ -8,7 +8,9 @@ package brokertest
 
 import (
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -44,4 +46,29 @@ func JetStream(t testing.TB, e *broker.Embedded) (jetstream.JetStream, *nats.Con
 		t.Fatal(err)
 	}
 	return js, nc
+}
+
+// StartWithPassword starts a plain NATS server (no JetStream) on a free
+// loopback port that admits only user with password, and returns its URL:
+// for the tests of a refused authorization. It stops with the test.
+func StartWithPassword(t testing.TB, user, password string) string {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		Username: user, Password: password,
+		NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		t.Fatal("nats server with a password: not ready after 30s")
+	}
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	return srv.ClientURL()
 }

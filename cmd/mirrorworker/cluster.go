@@ -26,22 +26,24 @@ import (
 type opFlags struct {
 	nats      natsFlags
 	authority string
-	timeout   time.Duration
+	stderr    io.Writer
 }
 
 func (o *opFlags) register(fs *flag.FlagSet, authHelp string) {
-	o.nats = natsFlags{defaultTo: defaultEnqueueURL}
-	o.nats.register(fs, "NATS server URL(s) of the deployment the workers use (default "+defaultEnqueueURL+", the embedded server of 'mirrorworker run')")
+	// --nats-timeout was these commands' name for --nats-connect-timeout.
+	o.nats.registerClient(fs, nil, "nats-timeout")
 	fs.StringVar(&o.authority, "authority", "", authHelp)
-	fs.DurationVar(&o.timeout, "nats-timeout", 10*time.Second, "give up reaching NATS after this long")
 }
 
-func (o *opFlags) connect(ctx context.Context) (jetstream.JetStream, func(), error) {
-	cctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
-	nc, err := o.nats.connect(cctx, "mirrorworker-operator")
+// timeout bounds each request to NATS.
+func (o *opFlags) timeout() time.Duration { return o.nats.timeout }
+
+// connect reaches NATS; stream is the one the command reads or writes,
+// for the line that says which server is used.
+func (o *opFlags) connect(ctx context.Context, stream string) (jetstream.JetStream, func(), error) {
+	nc, err := o.nats.dial(ctx, "mirrorworker-operator", stream, o.stderr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w (is 'mirrorworker run' running? otherwise pass --nats-url)", err)
+		return nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -68,6 +70,8 @@ func (o *opFlags) parse(fs *flag.FlagSet, args []string, getenv func(string) str
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return "", err
 	}
+	o.stderr = stderr
+	o.nats.markGiven(fs, getenv)
 	name := strings.TrimPrefix(fs.Name(), "mirrorworker ")
 	if o.authority == "" {
 		if optional {
@@ -128,12 +132,12 @@ func cmdResume(ctx context.Context, args []string, getenv func(string) string, _
 }
 
 func publishOperatorFact(ctx context.Context, o *opFlags, ev pacer.Event) error {
-	js, closeConn, err := o.connect(ctx)
+	js, closeConn, err := o.connect(ctx, jobs.EventsStream)
 	if err != nil {
 		return err
 	}
 	defer closeConn()
-	pctx, cancel := context.WithTimeout(ctx, o.timeout)
+	pctx, cancel := context.WithTimeout(ctx, o.timeout())
 	defer cancel()
 	return facts.PublishOperator(pctx, js, ev)
 }
@@ -159,12 +163,12 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 	if err != nil {
 		return err
 	}
-	js, closeConn, err := o.connect(ctx)
+	js, closeConn, err := o.connect(ctx, jobs.PodsBucket+" and "+jobs.LeasesBucket)
 	if err != nil {
 		return err
 	}
 	defer closeConn()
-	rctx, cancel := context.WithTimeout(ctx, o.timeout)
+	rctx, cancel := context.WithTimeout(ctx, o.timeout())
 	defer cancel()
 	pods, err := readPods(rctx, js)
 	if err != nil {
@@ -174,10 +178,25 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 	if err != nil {
 		return err
 	}
-	// One row per authority. Every pod knows every authority's cooldowns
-	// and pauses (they share pacer facts), but only the lease holder of its
-	// partition serves it: its view wins, and the jobs any pod still holds
-	// or has parked are added up.
+	rows := statusRows(pods, leases, partitions, only)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Pods        []worker.PodStatus `json:"pods"`
+			Leases      map[int]string     `json:"leases"`
+			Authorities []statusRow        `json:"authorities"`
+		}{pods, leases, rows})
+	}
+	return writeStatus(stdout, pods, leases, partitions, rows, time.Now())
+}
+
+// statusRows is one row per authority, sorted, of those only selects (""
+// for all). Every pod knows every authority's cooldowns and pauses (they
+// share pacer facts), but only the lease holder of its partition serves
+// it: its view wins, and the jobs any pod still holds or has parked are
+// added up. An authority asked for by name that no pod knows is idle.
+func statusRows(pods []worker.PodStatus, leases map[int]string, partitions int, only string) []statusRow {
 	byAuth := map[string]*statusRow{}
 	for _, ps := range pods {
 		for _, a := range ps.Authorities {
@@ -211,19 +230,15 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 			Pod: leases[p], Partition: p})
 	}
 	sort.Slice(rows, func(i, j int) bool { return rows[i].Authority < rows[j].Authority })
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			Pods        []worker.PodStatus `json:"pods"`
-			Leases      map[int]string     `json:"leases"`
-			Authorities []statusRow        `json:"authorities"`
-		}{pods, leases, rows})
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	return rows
+}
+
+// writeStatus prints the pods table and the authorities table.
+func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, partitions int, rows []statusRow, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "POD\tPARTITIONS\tHELD\tUPDATED")
 	for _, ps := range pods {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s ago\n", ps.Pod, len(ps.Partitions), ps.Held, time.Since(ps.Updated).Round(100*time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s ago\n", ps.Pod, len(ps.Partitions), ps.Held, now.Sub(ps.Updated).Round(100*time.Millisecond))
 	}
 	if free := partitions - len(leases); free > 0 {
 		fmt.Fprintf(tw, "(unowned)\t%d\t\t\n", free)

@@ -27,6 +27,7 @@ func cmdDLQ(ctx context.Context, args []string, getenv func(string) string, _ io
 		fmt.Fprintln(stderr, "       mirrorworker dlq requeue [--dry-run] (SEQ... | filters as for list | --all)")
 		fmt.Fprintln(stderr)
 		fmt.Fprintln(stderr, "Dead letters are in stream "+jobs.DLQStream+"; SEQ is a record's sequence there (the first column of list).")
+		fmt.Fprintln(stderr, "A replay's are in "+replay.DeadLetterStream+": add --replays to each command to read them.")
 		fmt.Fprintln(stderr, "Run 'mirrorworker dlq <command> -h' for its flags.")
 	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
@@ -46,6 +47,12 @@ func cmdDLQ(ctx context.Context, args []string, getenv func(string) string, _ io
 	var f dlqFlags
 	fs := newFlagSet("dlq "+sub, stderr)
 	f.register(fs, sub)
+	fs.Usage = func() {
+		usage()
+		fmt.Fprintln(stderr)
+		fmt.Fprintf(stderr, "Flags of 'dlq %s':\n", sub)
+		printFlags(fs)
+	}
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
 	}
@@ -53,11 +60,10 @@ func cmdDLQ(ctx context.Context, args []string, getenv func(string) string, _ io
 	if err != nil {
 		return err
 	}
-	cctx, cancel := context.WithTimeout(ctx, f.connectTO)
-	nc, err := f.nats.connect(cctx, "mirrorworker-dlq")
-	cancel()
+	f.nats.markGiven(fs, getenv)
+	nc, err := f.nats.dial(ctx, "mirrorworker-dlq", deadletter.StreamOf(f.replays), stderr)
 	if err != nil {
-		return fmt.Errorf("dlq: %w (is NATS at --nats-url?)", err)
+		return fmt.Errorf("dlq: %w", err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -74,7 +80,7 @@ func cmdDLQ(ctx context.Context, args []string, getenv func(string) string, _ io
 	case "show":
 		var recs []deadletter.Record
 		for _, s := range seqs {
-			r, err := deadletter.Get(ctx, js, s)
+			r, err := deadletter.Get(ctx, js, s, f.replays)
 			if err != nil {
 				return fmt.Errorf("dlq show: %w", err)
 			}
@@ -95,11 +101,10 @@ func cmdDLQ(ctx context.Context, args []string, getenv func(string) string, _ io
 // dlqFlags are the flags of the dlq commands.
 type dlqFlags struct {
 	nats        natsFlags
-	connectTO   time.Duration
 	tenants     listFlag
 	authorities listFlag
 	reasons     listFlag
-	since       time.Duration
+	since       string
 	fromTime    string
 	until       string
 	limit       int
@@ -107,19 +112,19 @@ type dlqFlags struct {
 	dryRun      bool
 	all         bool
 	maxGen      int
+	replays     bool
 }
 
 func (f *dlqFlags) register(fs *flag.FlagSet, sub string) {
-	f.nats.defaultTo = defaultNATS
-	f.nats.register(fs, "NATS server URL(s); default "+defaultNATS+", the embedded server of a running `mirrorworker run`")
-	fs.DurationVar(&f.connectTO, "connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
+	f.nats.registerClient(fs, nil, "connect-timeout")
+	fs.BoolVar(&f.replays, "replays", false, "the dead letters of replays (stream "+replay.DeadLetterStream+") instead of the live pipeline's ("+jobs.DLQStream+")")
 	if sub == "show" {
 		return
 	}
-	fs.Var(&f.tenants, "tenant", "only this tenant's dead letters (repeatable, or comma-separated)")
-	fs.Var(&f.authorities, "authority", "only the dead letters of this origin, as a URL or host:port (repeatable, or comma-separated)")
-	fs.Var(&f.reasons, "reason", "only dead letters with this reason code, e.g. http_404, budget_exhausted (repeatable, or comma-separated)")
-	fs.DurationVar(&f.since, "since", 0, "only dead letters of the last D (90m, 24h)")
+	fs.Var(&f.tenants, "tenant", "only this `tenant`'s dead letters (repeatable, or comma-separated)")
+	fs.Var(&f.authorities, "authority", "only the dead letters of this `origin`, as a URL or host:port (repeatable, or comma-separated)")
+	fs.Var(&f.reasons, "reason", "only dead letters with this reason `code`, e.g. http_404, budget_exhausted (repeatable, or comma-separated)")
+	fs.StringVar(&f.since, "since", "", "only dead letters of the last `duration` (90m, 24h, 7d), as replay's --since")
 	fs.StringVar(&f.fromTime, "from-time", "", "only dead letters stored at or after this RFC 3339 time")
 	fs.StringVar(&f.until, "until", "", "only dead letters stored before this RFC 3339 time")
 	fs.IntVar(&f.limit, "limit", 0, "at most this many, the oldest first (0: all)")
@@ -153,6 +158,7 @@ func (f *dlqFlags) check(sub string, args []string, now time.Time) (deadletter.Q
 	case sub == "show" && len(args) == 0:
 		bad("show needs one or more SEQ arguments")
 	}
+	q.Replays = f.replays
 	q.Filter.Tenants = f.tenants
 	for _, s := range f.authorities {
 		a, err := replay.ParseAuthority(s)
@@ -166,27 +172,7 @@ func (f *dlqFlags) check(sub string, args []string, now time.Time) (deadletter.Q
 		bad("%s", strings.TrimPrefix(err.Error(), replay.ErrFilter.Error()+": "))
 	}
 	q.Reasons = f.reasons
-	switch {
-	case f.since < 0:
-		bad("--since %s: want a positive duration", f.since)
-	case f.since > 0 && f.fromTime != "":
-		bad("--since and --from-time: give one")
-	case f.since > 0:
-		q.Since = now.Add(-f.since)
-	case f.fromTime != "":
-		t, err := time.Parse(time.RFC3339, f.fromTime)
-		if err != nil {
-			bad("--from-time %q: want an RFC 3339 time such as 2026-11-29T08:00:00Z", f.fromTime)
-		}
-		q.Since = t
-	}
-	if f.until != "" {
-		t, err := time.Parse(time.RFC3339, f.until)
-		if err != nil {
-			bad("--until %q: want an RFC 3339 time such as 2026-11-29T08:00:00Z", f.until)
-		}
-		q.Until = t
-	}
+	f.window(&q, now, bad)
 	if f.limit < 0 {
 		bad("--limit %d: want 0 (all) or more", f.limit)
 	}
@@ -194,7 +180,7 @@ func (f *dlqFlags) check(sub string, args []string, now time.Time) (deadletter.Q
 	if sub == "list" && f.output != "table" && f.output != "json" {
 		bad("--output %q: want table or json", f.output)
 	}
-	filtered := len(f.tenants)+len(f.authorities)+len(f.reasons) > 0 || f.since > 0 || f.fromTime != "" || f.until != ""
+	filtered := len(f.tenants)+len(f.authorities)+len(f.reasons) > 0 || f.since != "" || f.fromTime != "" || f.until != ""
 	if sub == "requeue" {
 		switch {
 		case len(seqs) > 0 && (filtered || f.all):
@@ -210,6 +196,38 @@ func (f *dlqFlags) check(sub string, args []string, now time.Time) (deadletter.Q
 		return q, nil, usageError{"dlq " + sub + ": " + strings.Join(errs, "; ")}
 	}
 	return q, seqs, nil
+}
+
+// window sets q's time bounds from --since, --from-time and --until.
+func (f *dlqFlags) window(q *deadletter.Query, now time.Time, bad func(string, ...any)) {
+	since, err := replay.ParseSince(f.since)
+	switch {
+	case f.since == "":
+	case err != nil:
+		bad("--since %q: want a duration, like 90m, 24h or 7d", f.since)
+	case since <= 0:
+		bad("--since %s: want a positive duration", f.since)
+	case f.fromTime != "":
+		bad("--since and --from-time: give one")
+	default:
+		q.Since = now.Add(-since)
+	}
+	switch {
+	case f.since != "":
+	case f.fromTime != "":
+		t, err := time.Parse(time.RFC3339, f.fromTime)
+		if err != nil {
+			bad("--from-time %q: want an RFC 3339 time such as 2026-11-29T08:00:00Z", f.fromTime)
+		}
+		q.Since = t
+	}
+	if f.until != "" {
+		t, err := time.Parse(time.RFC3339, f.until)
+		if err != nil {
+			bad("--until %q: want an RFC 3339 time such as 2026-11-29T08:00:00Z", f.until)
+		}
+		q.Until = t
+	}
 }
 
 func writeRecords(w io.Writer, output string, recs []deadletter.Record) error {
@@ -231,7 +249,7 @@ func writeRecords(w io.Writer, output string, recs []deadletter.Record) error {
 			status = strconv.Itoa(d.LastStatus)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", r.Seq, r.Time.Format(time.RFC3339), dash(d.Tenant), dash(d.Authority),
-			d.Reason, status, len(d.Attempts), r.Generation, dash(d.JobID), dash(jobURL(d)))
+			d.Reason, status, r.Requests(), r.Requeued, dash(d.JobID), dash(jobURL(d)))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -263,7 +281,7 @@ func requeue(ctx context.Context, js jetstream.JetStream, f *dlqFlags, q deadlet
 	var recs []deadletter.Record
 	if len(seqs) > 0 {
 		for _, s := range seqs {
-			r, err := deadletter.Get(ctx, js, s)
+			r, err := deadletter.Get(ctx, js, s, f.replays)
 			if err != nil {
 				return fmt.Errorf("dlq requeue: %w", err)
 			}
@@ -289,6 +307,10 @@ func requeue(ctx context.Context, js jetstream.JetStream, f *dlqFlags, q deadlet
 			continue
 		}
 		ack, err := deadletter.Publish(ctx, js, rq)
+		if errors.Is(err, deadletter.ErrNotMarked) {
+			fmt.Fprintf(stderr, "warning: %v ('dlq list' shows one requeue too few)\n", err)
+			err = nil
+		}
 		if err != nil {
 			return fmt.Errorf("dlq requeue: %w (%d requeued before it)", err, requeued)
 		}

@@ -127,6 +127,9 @@ func TestDLQListShowRequeue(t *testing.T) {
 	if n := len(listJSON(t, url, "--since", "1h")); n != 3 {
 		t.Errorf("--since 1h listed %d, want 3", n)
 	}
+	if n := len(listJSON(t, url, "--since", "7d")); n != 3 { // as replay's --since
+		t.Errorf("--since 7d listed %d, want 3", n)
+	}
 	table, err := dlqCmd(t, url, "list")
 	if err != nil || !strings.Contains(table, "REASON") || strings.Count(table, "http_404") != 3 || !strings.Contains(table, "3 dead letters") {
 		t.Errorf("dlq list table (err %v):\n%s", err, table)
@@ -206,6 +209,21 @@ func TestDLQListShowRequeue(t *testing.T) {
 	if n := len(listJSON(t, url)); n != 4 {
 		t.Errorf("%d dead letters, want 4", n)
 	}
+	// The table: the requeued record says it was requeued once, the one
+	// that was not says 0, and a 404 cost one request (no retry recorded).
+	table, err = dlqCmd(t, url, "list", "--tenant", "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, want := range map[uint64]string{a.Seq: "1", again.Seq: "0"} {
+		f := tableRow(t, table, seq)
+		if f[6] != "1" || f[7] != want {
+			t.Errorf("dead letter %d: ATTEMPTS %s REQUEUED %s, want 1 and %s:\n%s", seq, f[6], f[7], want, table)
+		}
+	}
+	if shown, err := dlqCmd(t, url, "show", fmt.Sprint(a.Seq)); err != nil || !strings.Contains(shown, `"requeued": 1`) {
+		t.Errorf("dlq show %d after its requeue (err %v):\n%s", a.Seq, err, shown)
+	}
 
 	// Fixed origin: requeueing the second record stores the object.
 	origin.fixed.Store(true)
@@ -236,4 +254,17 @@ func waitDrainedQueue(t *testing.T, js jetstream.JetStream) {
 		q, err := readQueue(ctx, js)
 		return err == nil && q.pending == 0 && q.ackPending == 0
 	})
+}
+
+// tableRow returns the fields of the row of dead letter seq in a dlq list
+// table: SEQ TIME TENANT AUTHORITY REASON STATUS ATTEMPTS REQUEUED JOB URL.
+func tableRow(t *testing.T, table string, seq uint64) []string {
+	t.Helper()
+	for _, line := range strings.Split(table, "\n") {
+		if f := strings.Fields(line); len(f) == 10 && f[0] == fmt.Sprint(seq) {
+			return f
+		}
+	}
+	t.Fatalf("no row for dead letter %d in:\n%s", seq, table)
+	return nil
 }

@@ -20,9 +20,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// defaultEnqueueURL is the embedded server of a running `mirrorworker run`.
-const defaultEnqueueURL = "nats://127.0.0.1:4222"
-
 // enqueueWindow bounds the asynchronous publishes awaiting their ack.
 const enqueueWindow = 256
 
@@ -31,25 +28,29 @@ const enqueueWindow = 256
 // mirror target and must not become every enqueued job's target key.
 var jobFlags = []string{"tenant", "kind", "target", "id"}
 
-// cmdEnqueue publishes jobs: `mirrorworker enqueue [flags] [URL...]`, or JSON
-// lines on stdin when no URL is given (or "-" is). Every job is validated;
-// valid ones are published, and each rejected one is named on stderr
-// ("line 3: url: ..."), which makes the command fail.
-func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+// enqueueFlags are the flags of `mirrorworker enqueue`.
+type enqueueFlags struct {
+	nats                 natsFlags
+	tenant, kind, target string
+	id                   string
+	dryRun               bool
+	replicas             int
+	inputs               []string // URL arguments and "-", in order
+	urls                 int      // URL arguments
+	stdin                bool     // "-" given, or no argument
+}
+
+func (f *enqueueFlags) register(stderr io.Writer) *flag.FlagSet {
 	fs := newFlagSet("enqueue", stderr)
-	nf := natsFlags{defaultTo: defaultEnqueueURL}
-	nf.register(fs, "NATS server URL (default "+defaultEnqueueURL+", the embedded server of a running 'mirrorworker run')")
-	tenant := fs.String("tenant", "", "tenant of the URL arguments (default \"default\"); command line only")
-	kind := fs.String("kind", "", "kind of the URL arguments: artifact (default), metadata or companion; command line only")
-	target := fs.String("target", "", "mirror target `key` of the single URL argument (default <host>/<path>, with ':' as '_': 127.0.0.1_8000/a.txt); required for a URL with a query string; command line only")
-	id := fs.String("id", "", "job `id` of the single URL argument (default: derived from the URL and target, so the same job enqueued twice within the stream's duplicate window is one job); command line only")
-	dryRun := fs.Bool("dry-run", false, "validate only; connect to nothing and publish nothing")
-	connectTimeout := fs.Duration("nats-connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
 	// --connect-timeout meant NATS here and the origin in run and replay;
 	// the old spelling keeps working for scripts that use it.
-	deprecate(fs, "connect-timeout", "nats-connect-timeout")
-	var replicas int
-	registerReplicasFlag(fs, &replicas)
+	f.nats.registerClient(fs, nil, "connect-timeout")
+	fs.StringVar(&f.tenant, "tenant", "", "`tenant` of the URL arguments (default \"default\"); command line only")
+	fs.StringVar(&f.kind, "kind", "", "`kind` of the URL arguments: artifact (default), metadata or companion; command line only")
+	fs.StringVar(&f.target, "target", "", "mirror target `key` of the single URL argument (default <host>/<path>, with ':' as '_': 127.0.0.1_8000/a.txt); required for a URL with a query string; command line only")
+	fs.StringVar(&f.id, "id", "", "job `id` of the single URL argument (default: derived from the URL and target, so the same job enqueued twice within the stream's duplicate window is one job); command line only")
+	fs.BoolVar(&f.dryRun, "dry-run", false, "validate only; connect to nothing and publish nothing")
+	registerReplicasFlag(fs, &f.replicas)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mirrorworker enqueue [flags] [URL...]")
 		fmt.Fprintln(stderr, "       mirrorworker enqueue [flags] < jobs.jsonl   (one JSON job per line, or '-' as an argument)")
@@ -59,89 +60,98 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 		fmt.Fprintln(stderr)
 		printFlags(fs)
 	}
-	if err := parseFlags(fs, args, getenv); err != nil {
-		return err
-	}
+	return fs
+}
+
+// check validates the flags and arguments after parseFlags.
+func (f *enqueueFlags) check(fs *flag.FlagSet, getenv func(string) string) error {
+	f.nats.markGiven(fs, getenv)
 	var bad []string
-	checkReplicas(func(format string, a ...any) { bad = append(bad, fmt.Sprintf(format, a...)) }, replicas)
+	checkReplicas(func(format string, a ...any) { bad = append(bad, fmt.Sprintf(format, a...)) }, f.replicas)
 	if len(bad) > 0 {
 		return usageError{"enqueue: " + bad[0]}
 	}
 	onCommandLine := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	fs.Visit(func(fl *flag.Flag) { onCommandLine[fl.Name] = true })
 	for _, name := range jobFlags {
 		if !onCommandLine[name] {
 			_ = fs.Lookup(name).Value.Set("") // undo a value taken from the environment
 		}
 	}
-
-	inputs := fs.Args()
-	if len(inputs) == 0 {
-		inputs = []string{"-"}
+	f.inputs = fs.Args()
+	if len(f.inputs) == 0 {
+		f.inputs = []string{"-"}
 	}
-	urls, stdinCount := 0, 0
-	for _, in := range inputs {
+	stdinCount := 0
+	for _, in := range f.inputs {
 		if in == "-" {
 			stdinCount++
 		} else {
-			urls++
+			f.urls++
 		}
 	}
+	f.stdin = stdinCount > 0
 	switch {
 	case stdinCount > 1:
 		return usageError{"enqueue: '-' (standard input) may be given once"}
-	case stdinCount > 0 && (*tenant != "" || *kind != "" || *target != "" || *id != ""):
+	case f.stdin && (f.tenant != "" || f.kind != "" || f.target != "" || f.id != ""):
 		return usageError{"enqueue: --tenant, --kind, --target and --id apply to URL arguments, not to JSON lines (put the fields in the JSON)"}
-	case *target != "" && urls != 1:
-		return usageError{fmt.Sprintf("enqueue: --target needs exactly one URL argument, got %d (enqueue the URLs one by one, or as JSON lines with a \"target\" each)", urls)}
-	case *id != "" && urls != 1:
-		return usageError{fmt.Sprintf("enqueue: --id needs exactly one URL argument, got %d", urls)}
+	case f.target != "" && f.urls != 1:
+		return usageError{fmt.Sprintf("enqueue: --target needs exactly one URL argument, got %d (enqueue the URLs one by one, or as JSON lines with a \"target\" each)", f.urls)}
+	case f.id != "" && f.urls != 1:
+		return usageError{fmt.Sprintf("enqueue: --id needs exactly one URL argument, got %d", f.urls)}
 	}
+	return nil
+}
 
-	e := &enqueuer{stderr: stderr, dryRun: *dryRun}
-	if !*dryRun {
-		cctx, cancel := context.WithTimeout(ctx, *connectTimeout)
-		js, closeConn, err := connectJobs(cctx, &nf, replicas, stderr)
-		cancel()
+// argJob is the JSON job of a URL argument.
+func (f *enqueueFlags) argJob(url string) ([]byte, error) {
+	fields := map[string]string{"url": url}
+	for k, v := range map[string]string{"tenant": f.tenant, "kind": f.kind, "target": f.target, "id": f.id} {
+		if v != "" {
+			fields[k] = v
+		}
+	}
+	return json.Marshal(fields)
+}
+
+// cmdEnqueue publishes jobs: `mirrorworker enqueue [flags] [URL...]`, or JSON
+// lines on stdin when no URL is given (or "-" is). Every job is validated;
+// valid ones are published, and each rejected one is named on stderr
+// ("line 3: url: ..."), which makes the command fail. URL arguments are
+// validated before anything connects: a typo is reported as a typo even
+// when NATS is not there.
+func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	var f enqueueFlags
+	fs := f.register(stderr)
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	if err := f.check(fs, getenv); err != nil {
+		return err
+	}
+	if !f.dryRun {
+		// Which server comes first, before what is said about the jobs.
+		if err := f.nats.resolve(); err != nil {
+			return fmt.Errorf("enqueue: %w", err)
+		}
+		f.nats.announce(stderr, jobs.JobsStream)
+	}
+	e := &enqueuer{stderr: stderr, dryRun: f.dryRun}
+	valid, err := e.validateArgs(&f)
+	if err != nil {
+		return err
+	}
+	if !f.dryRun && (f.stdin || valid > 0) {
+		js, closeConn, err := connectJobs(ctx, &f.nats, f.replicas, stderr)
 		if err != nil {
 			return fmt.Errorf("enqueue: %w", err)
 		}
 		defer closeConn()
 		e.js = js
 	}
-
-	argN := 0
-	for _, in := range inputs {
-		if in == "-" {
-			if err := readLines(stdin, jobs.MaxJobLen, func(n int, line []byte, tooLong bool) error {
-				label := "line " + strconv.Itoa(n)
-				if tooLong {
-					e.reject(label, fmt.Errorf("longer than %d bytes", jobs.MaxJobLen))
-					return nil
-				}
-				if len(bytes.TrimSpace(line)) == 0 {
-					return nil
-				}
-				return e.add(ctx, label, line)
-			}); err != nil {
-				return fmt.Errorf("enqueue: read standard input: %w", err)
-			}
-			continue
-		}
-		argN++
-		fields := map[string]string{"url": in}
-		for k, v := range map[string]string{"tenant": *tenant, "kind": *kind, "target": *target, "id": *id} {
-			if v != "" {
-				fields[k] = v
-			}
-		}
-		data, err := json.Marshal(fields)
-		if err != nil {
-			return fmt.Errorf("enqueue: %w", err)
-		}
-		if err := e.add(ctx, "argument "+strconv.Itoa(argN), data); err != nil {
-			return err
-		}
+	if err := e.publishInputs(ctx, &f, stdin); err != nil {
+		return err
 	}
 	if err := e.flush(ctx); err != nil {
 		return err
@@ -150,6 +160,64 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 		e.window = duplicateWindow(ctx, e.js)
 	}
 	return e.report(stdout)
+}
+
+// validateArgs parses every URL argument's job, rejecting the bad ones
+// (named on stderr, counted), and returns how many are valid. The valid
+// ones are kept for publishInputs.
+func (e *enqueuer) validateArgs(f *enqueueFlags) (int, error) {
+	e.argJobs = map[int]jobs.Job{}
+	argN := 0
+	for _, in := range f.inputs {
+		if in == "-" {
+			continue
+		}
+		argN++
+		data, err := f.argJob(in)
+		if err != nil {
+			return 0, fmt.Errorf("enqueue: %w", err)
+		}
+		label := "argument " + strconv.Itoa(argN)
+		j, err := jobs.Parse(data)
+		if err != nil {
+			e.reject(label, err)
+			continue
+		}
+		e.warnUnreachable(label, j)
+		e.argJobs[argN] = j
+	}
+	return len(e.argJobs), nil
+}
+
+// publishInputs publishes the valid URL arguments and the JSON lines of
+// stdin, in the order of the arguments.
+func (e *enqueuer) publishInputs(ctx context.Context, f *enqueueFlags, stdin io.Reader) error {
+	argN := 0
+	for _, in := range f.inputs {
+		if in != "-" {
+			argN++
+			if j, ok := e.argJobs[argN]; ok {
+				if err := e.publish(ctx, "argument "+strconv.Itoa(argN), j); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if err := readLines(stdin, jobs.MaxJobLen, func(n int, line []byte, tooLong bool) error {
+			label := "line " + strconv.Itoa(n)
+			if tooLong {
+				e.reject(label, fmt.Errorf("longer than %d bytes", jobs.MaxJobLen))
+				return nil
+			}
+			if len(bytes.TrimSpace(line)) == 0 {
+				return nil
+			}
+			return e.add(ctx, label, line)
+		}); err != nil {
+			return fmt.Errorf("enqueue: read standard input: %w", err)
+		}
+	}
+	return nil
 }
 
 // duplicateWindow is MIRROR_JOBS's duplicate window, for the message that
@@ -169,17 +237,9 @@ func duplicateWindow(ctx context.Context, js jetstream.JetStream) time.Duration 
 // say) go to stderr as warnings through zerolog, like every other library's
 // reports.
 func connectJobs(ctx context.Context, nf *natsFlags, replicas int, stderr io.Writer) (jetstream.JetStream, func(), error) {
-	if nf.url == "" {
-		if err := probeDefaultNATS(ctx, nf.defaultTo); err != nil {
-			return nil, nil, err
-		}
-	}
 	log, _ := newLogger(stderr, "console", "warn")
-	nc, err := nf.connect(ctx, "mirrorworker-enqueue", broker.ClientLogOptions(log)...)
+	nc, err := nf.dial(ctx, "mirrorworker-enqueue", jobs.JobsStream, stderr, broker.ClientLogOptions(log)...)
 	if err != nil {
-		if nf.url == "" {
-			err = fmt.Errorf("%w (is 'mirrorworker run' running? otherwise pass --nats-url)", err)
-		}
 		return nil, nil, err
 	}
 	js, err := jetstream.New(nc,
@@ -217,6 +277,9 @@ type enqueuer struct {
 	window time.Duration
 	// dupStdin: a duplicate came from a JSON line (the advice names "id").
 	dupStdin bool
+
+	// argJobs are the valid URL arguments, validated before connecting.
+	argJobs map[int]jobs.Job // by argument number
 
 	accepted, duplicates, rejected, failed int
 }
@@ -289,6 +352,11 @@ func (e *enqueuer) add(ctx context.Context, label string, data []byte) error {
 		return nil
 	}
 	e.warnUnreachable(label, j)
+	return e.publish(ctx, label, j)
+}
+
+// publish starts publishing a valid job (counts it, in a dry run).
+func (e *enqueuer) publish(ctx context.Context, label string, j jobs.Job) error {
 	if e.dryRun {
 		e.accepted++
 		return nil

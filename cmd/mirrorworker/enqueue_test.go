@@ -156,7 +156,7 @@ func TestEnqueueUsageErrors(t *testing.T) {
 		{"unknown flag says where help is", "", []string{"http://a.example/", "--bogus"}, "run 'mirrorworker enqueue -h' for the flags"},
 		{"id with two URLs", "", []string{"http://a.example/", "--id", "x", "http://b.example/"}, "--id needs exactly one URL argument"},
 		{"id with stdin", `{"url":"http://a.example/"}`, []string{"--id", "x"}, "JSON lines"},
-		{"flag without its value at the end", "", []string{"http://a.example/", "--target"}, "flag needs an argument"},
+		{"flag without its value at the end", "", []string{"http://a.example/", "--target"}, "--target needs a value"},
 		{"deprecated spelling with a bad value", "", []string{"--connect-timeout", "soon", "http://a.example/"}, `--connect-timeout "soon"`},
 	}
 	for _, tt := range tests {

@@ -85,6 +85,9 @@ func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string,
 	if len(bad) > 0 {
 		return usageError{"loadtest: " + strings.Join(bad, "; ")}
 	}
+	if err := checkScratchDir(scratch); err != nil { // every row would be "error"
+		return usageError{"loadtest: " + err.Error()}
+	}
 	log, err := newLogger(stderr, "console", logLevel)
 	if err != nil {
 		return usageError{"loadtest: " + err.Error()}

@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -132,7 +133,19 @@ func printUsage(w io.Writer, cmds map[string]command) {
 	fmt.Fprintln(w, "The contract (job format, outcomes, metrics, command line): docs/contract.md.")
 }
 
-func cmdVersion(_ context.Context, _ []string, _ func(string) string, _ io.Reader, stdout, _ io.Writer) error {
+func cmdVersion(_ context.Context, args []string, getenv func(string) string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("version", stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: mirrorworker version")
+		fmt.Fprintln(stderr)
+		fmt.Fprintln(stderr, "Prints the version of this binary (as 'mirrorworker --version' does).")
+	}
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("version: unexpected arguments %q", fs.Args())}
+	}
 	_, err := fmt.Fprintf(stdout, "mirrorworker %s\n", version)
 	return err
 }
@@ -155,11 +168,8 @@ func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
 // with a warning on fs.Output(), and its value moves to its replacement.
 func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) error {
 	flags, positional := splitFlags(fs, args)
-	if err := fs.Parse(flags); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{fmt.Sprintf("%v (run '%s -h' for the flags)", err, fs.Name())}
+	if err := parseQuietly(fs, flags); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		// Only an unknown bare word can stop Parse early; keep it in order.
@@ -180,7 +190,7 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) err
 		env := envName(f.Name)
 		if v := getenv(env); v != "" {
 			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", env, v, err))
+				errs = append(errs, fmt.Errorf("%s=%q: %s", env, v, valueHint(f, err)))
 			}
 		}
 	})
@@ -188,6 +198,121 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string) err
 		return usageError{errors.Join(errs...).Error()}
 	}
 	return resolveDeprecated(fs, set, getenv)
+}
+
+// parseQuietly is fs.Parse without the flag package's own printing: on a
+// mistake it prints the error and then the whole usage, and the one line
+// that matters scrolls away. Here a mistake is one line (with a hint: the
+// flag meant, the form of a value), and only -h prints the usage.
+func parseQuietly(fs *flag.FlagSet, flags []string) error {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(flags)
+	fs.Usage = usage
+	fs.SetOutput(out)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		if usage != nil {
+			usage()
+		} else {
+			fmt.Fprintf(out, "usage of %s:\n", fs.Name())
+			printFlags(fs)
+		}
+		return err
+	}
+	return usageError{fmt.Sprintf("%s (run '%s -h' for the flags)", flagErrorHint(fs, err), fs.Name())}
+}
+
+// flagErrorHint rewrites the flag package's error for a person: an unknown
+// flag names the closest known one; a bad value says what form it takes.
+func flagErrorHint(fs *flag.FlagSet, err error) string {
+	msg := err.Error()
+	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
+		name = strings.TrimLeft(name, "-")
+		if near := closestFlag(fs, name); near != "" {
+			return fmt.Sprintf("unknown flag --%s: did you mean --%s?", name, near)
+		}
+		return fmt.Sprintf("unknown flag --%s", name)
+	}
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: "); ok {
+		return fmt.Sprintf("--%s needs a value", strings.TrimLeft(name, "-"))
+	}
+	// invalid value "1" for flag -floor: parse error
+	var val, name string
+	if i := strings.Index(msg, " for flag -"); strings.HasPrefix(msg, "invalid value ") && i > 0 {
+		val = strings.TrimPrefix(msg[:i], "invalid value ")
+		name, _, _ = strings.Cut(msg[i+len(" for flag -"):], ":")
+		if f := fs.Lookup(name); f != nil {
+			_, cause, _ := strings.Cut(msg[i:], ": ")
+			return fmt.Sprintf("--%s %s: %s", name, val, valueHint(f, errors.New(cause)))
+		}
+	}
+	if strings.HasPrefix(msg, "invalid boolean value ") {
+		return msg + " (a bool flag takes true or false, as --flag=false)"
+	}
+	return msg
+}
+
+// valueHint is err, the error of setting f, said with the form f wants.
+func valueHint(f *flag.Flag, err error) string {
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return err.Error()
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return "want a duration, like 1s, 500ms, 10m or 1h30m (a number needs its unit)"
+	case int, int64, uint, uint64:
+		return "want a whole number"
+	case float64:
+		return "want a number"
+	case bool:
+		return "want true or false"
+	}
+	return err.Error()
+}
+
+// closestFlag is the registered flag nearest to name (at most a third of
+// its letters apart), or "".
+func closestFlag(fs *flag.FlagSet, name string) string {
+	best, bestD := "", len(name)/3+1
+	fs.VisitAll(func(f *flag.Flag) {
+		if _, old := f.Value.(*deprecatedValue); old {
+			return
+		}
+		d := editDistance(name, f.Name)
+		if strings.HasPrefix(f.Name, name) && len(name) >= 3 {
+			d = 1
+		}
+		if d < bestD || d == bestD && best != "" && f.Name < best {
+			best, bestD = f.Name, d
+		}
+	})
+	return best
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // splitFlags separates args into the flags (with their values) and the
@@ -290,7 +415,7 @@ func resolveDeprecated(fs *flag.FlagSet, set map[string]bool, getenv func(string
 			return
 		}
 		if err := fs.Lookup(d.replacement).Value.Set(d.Value.String()); err != nil {
-			errs = append(errs, fmt.Sprintf("%s %q: %v", where, d.Value.String(), err))
+			errs = append(errs, fmt.Sprintf("%s %q: %s", where, d.Value.String(), valueHint(fs.Lookup(d.replacement), err)))
 			return
 		}
 		fmt.Fprintf(fs.Output(), "warning: %s is deprecated: use --%s (or %s) instead\n", where, d.replacement, envName(d.replacement))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strings"
@@ -17,7 +18,9 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/deadletter"
 	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -39,18 +42,13 @@ type replayConfig struct {
 
 	workerFlags
 	restoreWindow  time.Duration
-	natsTO         time.Duration
 	progress       string
 	streamReplicas int
 }
 
-// defaultNATS is where a running `mirrorworker run` listens by default.
-const defaultNATS = "nats://127.0.0.1:4222"
-
 func (c *replayConfig) register(fs *flag.FlagSet) {
-	c.nats.defaultTo = defaultNATS
-	c.nats.register(fs, "NATS server URL(s); default "+defaultNATS+", the embedded server of a running `mirrorworker run`")
-	fs.StringVar(&c.dataDir, "data-dir", "./data", "the worker's data directory: the default mirror is <data-dir>/mirror")
+	c.nats.registerClient(fs, &c.dataDir)
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "the live worker's data `directory`: the default mirror is <data-dir>/mirror, and without --nats-url the replay reaches the embedded NATS server of the worker running there")
 	fs.StringVar(&c.target, "target", "", "mirror target to replay into: file:///abs/dir or a directory (default file://<data-dir>/mirror, the live worker's)")
 
 	fs.StringVar(&c.fromSeq, "from-seq", "", "replay from this stream sequence of MIRROR_JOBS")
@@ -70,7 +68,6 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 		logLevel:          "warn",
 	})
 	fs.DurationVar(&c.restoreWindow, "restore-window", facts.DefaultWindow, "pacer facts of MIRROR_EVENTS replayed before the first request: at least the longest pause (10m) and the quiet window (30m)")
-	fs.DurationVar(&c.natsTO, "nats-connect-timeout", 10*time.Second, "give up connecting to NATS after this long")
 	fs.StringVar(&c.progress, "progress", "auto", "progress display: auto (a bar on a terminal, else a line every 10 s), bar, lines or none")
 	registerReplicasFlag(fs, &c.streamReplicas)
 }
@@ -122,7 +119,7 @@ func (c *replayConfig) check(now time.Time) (replayPlan, error) {
 	if c.dataDir == "" && c.target == "" {
 		bad("--data-dir must not be empty")
 	}
-	c.workerFlags.check(bad, durationFlag{"nats-connect-timeout", c.natsTO})
+	c.workerFlags.check(bad, durationFlag{"nats-connect-timeout", c.nats.timeout})
 	checkReplicas(bad, c.streamReplicas)
 	if c.restoreWindow < facts.DefaultWindow {
 		bad("--restore-window %s: want at least %s, or the replay could be ruder than the live worker", c.restoreWindow, facts.DefaultWindow)
@@ -154,6 +151,7 @@ func cmdReplay(ctx context.Context, args []string, getenv func(string) string, _
 		return err
 	}
 	c.explicit = explicitFlags(fs, getenv)
+	c.nats.markGiven(fs, getenv)
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("replay: unexpected arguments %q (give origins with --authority)", fs.Args())}
 	}
@@ -189,24 +187,14 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 		}
 	}
 
-	natsURL := c.nats.url
-	if natsURL == "" {
-		natsURL = c.nats.defaultTo
-	}
-	if c.nats.url == "" {
-		if err := probeDefaultNATS(ctx, c.nats.defaultTo); err != nil {
-			return fmt.Errorf("replay: %w", err)
-		}
-	}
-	cctx, cancel := context.WithTimeout(ctx, c.natsTO)
-	nc, err := c.nats.connect(cctx, "mirrorworker "+c.workerID, natsLogHandlers(log)...)
-	cancel()
+	nc, err := c.nats.dial(ctx, "mirrorworker "+c.workerID, jobs.JobsStream, stderr, natsLogHandlers(log)...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("%w (is `mirrorworker run` running? pass --nats-url)", err)
+		return fmt.Errorf("replay: %w", err)
 	}
+	natsURL := c.nats.resolvedURL
 	defer func() {
 		_ = nc.FlushTimeout(5 * time.Second)
 		nc.Close()
@@ -220,14 +208,14 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	for _, name := range []string{jobs.JobsStream, jobs.EventsStream} {
 		if _, err := js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return fmt.Errorf("no stream %s on %s: nothing to replay (has `mirrorworker run` ever run there?)", name, broker.RedactURL(natsURL))
+				return fmt.Errorf("no stream %s on %s: nothing to replay (has 'mirrorworker run' ever run there?)", name, broker.RedactURL(natsURL))
 			}
 			return fmt.Errorf("stream %s: %w", name, err)
 		}
 	}
 
 	if c.dryRun {
-		return dryRun(ctx, js, plan, stdout)
+		return dryRun(ctx, js, plan, c.allowPrivate, stdout)
 	}
 	if c.streamReplicas > 0 {
 		// Raise only: limits stay the worker's. Dead letters and pacer
@@ -236,10 +224,14 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 			return replicasHint(err, c.streamReplicas)
 		}
 	}
+	// The replay's dead letters are its own (replay.DeadLetterStream).
+	if err := replay.EnsureDeadLetterStream(ctx, js, c.streamReplicas); err != nil {
+		return replicasHint(err, c.streamReplicas)
+	}
 	return replayJobs(ctx, js, c, plan, target, policy, log, stdout, stderr)
 }
 
-func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, stdout io.Writer) error {
+func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, allowPrivate bool, stdout io.Writer) error {
 	counts, err := replay.Count(ctx, js, plan.start, plan.subjects, time.Now())
 	if err != nil {
 		return err
@@ -273,6 +265,11 @@ func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, stdout
 			sort.Strings(reasons)
 			line += fmt.Sprintf(", %d dead-lettered (%s)", a.DeadLettered, strings.Join(reasons, ", "))
 		}
+		if !allowPrivate {
+			if what := privateDestination(k); what != "" {
+				line += fmt.Sprintf("; %s: a replay without --allow-private-networks refuses it (pass it if the live worker runs with it)", what)
+			}
+		}
 		fmt.Fprintln(stdout, line)
 	}
 	if counts.DeadLettered > 0 {
@@ -292,7 +289,7 @@ func probeDefaultNATS(ctx context.Context, natsURL string) error {
 	d := net.Dialer{Timeout: 2 * time.Second}
 	conn, err := d.DialContext(ctx, "tcp", u.Host)
 	if err != nil {
-		return fmt.Errorf("no NATS server at %s (%v): start `mirrorworker run` first (its embedded server holds the jobs), or pass --nats-url", u.Host, err)
+		return fmt.Errorf("no NATS server at %s (%v): start 'mirrorworker run' first (its embedded server holds the jobs), or pass --nats-url", u.Host, err)
 	}
 	return conn.Close()
 }
@@ -323,8 +320,10 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	work := func(ctx context.Context, cons jetstream.Consumer) error {
 		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
 		// parking, or moved into a partition) are not submitted jobs.
-		w, err := parts.NewWorker(cons, target, 0, func(o *worker.Options, _ *worker.Deps) {
+		w, err := parts.NewWorker(cons, target, 0, func(o *worker.Options, d *worker.Deps) {
 			o.SkipCopies, o.OnOutcome = true, tally.Add
+			// Its failures are not the live pipeline's.
+			d.JS = replay.SeparateDeadLetters(d.JS)
 		})
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
@@ -333,6 +332,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	}
 	// The event sink runs until the replay has returned, so that its last
 	// facts are published (pipeline.Run's stop order).
+	began := time.Now()
 	var res replay.Result
 	err = parts.Run(ctx, func(ctx context.Context) error {
 		var err error
@@ -355,8 +355,13 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	}
 	fmt.Fprintf(stdout, "replayed %d jobs (%s, %s) into %s in %s: %s\n",
 		res.Jobs, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
+	if res.Later > 0 {
+		fmt.Fprintf(stdout, "%d %s stored after the replay began (after sequence %d) left to the live workers\n", res.Later, plural(int(res.Later), "job", "jobs"), res.LastSeq)
+	}
 	if sum.DeadLettered > 0 {
-		fmt.Fprintf(stdout, "%d jobs dead-lettered: see stream %s\n", sum.DeadLettered, jobs.DLQStream)
+		fmt.Fprintf(stdout, "%d jobs dead-lettered by this replay (worker %s): 'mirrorworker dlq list --replays' lists them (stream %s; the live %s is untouched)\n",
+			sum.DeadLettered, c.workerID, replay.DeadLetterStream, jobs.DLQStream)
+		explainReplayFailures(ctx, js, c, began, stdout)
 	}
 	return nil
 }
@@ -377,4 +382,56 @@ func newProgress(mode string, stderr io.Writer) replay.Progress {
 		return replay.NewLines(stderr, 10*time.Second, clock.Real{})
 	}
 	return nil
+}
+
+// explainReplayFailures says why the replay's jobs were dead-lettered, by
+// reason, and what to pass when the reason is one of the replay's own
+// settings: a destination the live worker was allowed to fetch.
+func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *replayConfig, since time.Time, w io.Writer) {
+	recs, err := deadletter.List(ctx, js, deadletter.Query{Replays: true, Since: since.Add(-time.Second)})
+	if err != nil {
+		return // the summary line above already says where they are
+	}
+	reasons := map[string]int{}
+	for _, r := range recs {
+		if r.Record.Worker == c.workerID {
+			reasons[r.Record.Reason]++
+		}
+	}
+	if len(reasons) == 0 {
+		return
+	}
+	names := make([]string, 0, len(reasons))
+	for r := range reasons {
+		names = append(names, r)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, r := range names {
+		parts[i] = fmt.Sprintf("%s %d", r, reasons[r])
+	}
+	fmt.Fprintf(w, "  by reason: %s\n", strings.Join(parts, ", "))
+	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate {
+		fmt.Fprintf(w, "  %d %s refused as loopback or private destinations: if the live worker runs with --allow-private-networks, pass it to the replay too\n",
+			n, plural(n, "was", "were"))
+	}
+}
+
+// privateDestination says "a loopback address" or "a private address" for
+// an authority ("host:port") a worker refuses without
+// --allow-private-networks, judged, as enqueue does, on literal addresses
+// and localhost only; "" otherwise.
+func privateDestination(auth string) string {
+	host, _, err := net.SplitHostPort(auth)
+	if err != nil {
+		return ""
+	}
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return "a loopback address"
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return ""
+	}
+	return map[string]string{fetch.ReasonLoopback: "a loopback address", fetch.ReasonPrivate: "a private address"}[fetch.CheckAddr(a, false)]
 }

@@ -46,7 +46,7 @@ func TestReplayUsageErrors(t *testing.T) {
 		{"future time", []string{"--from-time", "2999-01-01T00:00:00Z"}, "is in the future"},
 		{"bare host", []string{"--authority", "files.example.org"}, `--authority "files.example.org": give a URL (https://host/...) or host:port`},
 		{"bad tenant", []string{"--tenant", "ACME"}, `--tenant "ACME"`},
-		{"bad floor", []string{"--floor", "soon"}, `invalid value "soon" for flag -floor`},
+		{"bad floor", []string{"--floor", "soon"}, `--floor "soon": want a duration, like 1s`},
 		{"short restore window", []string{"--restore-window", "1m"}, "--restore-window 1m0s: want at least 30m0s"},
 		{"bad progress", []string{"--progress", "fancy"}, `--progress "fancy"`},
 		{"stray argument", []string{"https://files.example.org/"}, "unexpected arguments"},
@@ -67,7 +67,7 @@ func TestReplayUsageErrors(t *testing.T) {
 
 func TestReplayNoServer(t *testing.T) {
 	r := runReplayCmd(t, "--nats-url", "nats://127.0.0.1:1", "--nats-connect-timeout", "200ms", "--dry-run")
-	if exitCode(r.err) != 1 || !strings.Contains(r.err.Error(), "is `mirrorworker run` running?") {
+	if exitCode(r.err) != 1 || !strings.Contains(r.err.Error(), "connect nats nats://127.0.0.1:1") {
 		t.Fatalf("exit %d, error %v", exitCode(r.err), r.err)
 	}
 }
@@ -295,12 +295,16 @@ func TestReplayDryRunCountsJobs(t *testing.T) {
 	}
 	for _, want := range []string{
 		"dry run: 2 jobs would be replayed (from the beginning, mirror.jobs.>): 3 stream messages, sequences 1 to 3\n",
-		"  127.0.0.1:18765                  2 jobs (3 messages: some enqueued more than once), 1 dead-lettered (destination_refused 1)\n",
+		"  127.0.0.1:18765                  2 jobs (3 messages: some enqueued more than once), 1 dead-lettered (destination_refused 1); " +
+			"a loopback address: a replay without --allow-private-networks refuses it (pass it if the live worker runs with it)\n",
 		"Dead-lettered jobs are replayed too",
 	} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dry run output lacks %q:\n%s", want, r.stdout)
 		}
+	}
+	if r := runReplayCmd(t, "--nats-url", url, "--dry-run", "--allow-private-networks"); r.err != nil || strings.Contains(r.stdout, "refuses it") {
+		t.Errorf("dry run with --allow-private-networks: %v\n%s", r.err, r.stdout)
 	}
 	if strings.Contains(r.stdout, "127_0_0_1") {
 		t.Errorf("an authority is shown as a subject token:\n%s", r.stdout)
@@ -320,7 +324,7 @@ func TestProbeDefaultNATS(t *testing.T) {
 	}
 	ln.Close()
 	err = probeDefaultNATS(context.Background(), "nats://"+addr)
-	if err == nil || !strings.Contains(err.Error(), "no NATS server at "+addr) || !strings.Contains(err.Error(), "start `mirrorworker run` first") {
+	if err == nil || !strings.Contains(err.Error(), "no NATS server at "+addr) || !strings.Contains(err.Error(), "start 'mirrorworker run' first") {
 		t.Fatalf("without a listener: %v", err)
 	}
 }

@@ -190,7 +190,9 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	}
 	reg, conn := c.newRegistry()
 	var state atomic.Pointer[liveState]
-	adm, err := startAdmin(c.adminAddr, reg, &state, log)
+	var connectErr atomic.Pointer[error] // the last failed connect, for /readyz
+	c.nats.onRetry = natsRetryReporter(log, c.nats.url, &connectErr)
+	adm, err := startAdmin(c.adminAddr, reg, &state, &connectErr, log)
 	if err != nil {
 		return err
 	}
@@ -203,6 +205,14 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	}
 	if embedded != nil {
 		defer embedded.Shutdown() // after the group: the worker acks until its last job
+		if u := embedded.ClientURL(); u != "" {
+			// Commands given this --data-dir find this worker's server.
+			removeURL, err := broker.WriteClientURL(dataDir, u)
+			if err != nil {
+				return err
+			}
+			defer removeURL()
+		}
 	}
 	p := &natsStage{
 		c: c, log: log, reg: reg, conn: conn, target: target, policy: policy,
@@ -254,11 +264,11 @@ func (c *runConfig) newRegistry() (*metricRegistry, *broker.ConnCollector) {
 // startAdmin binds the admin endpoint before anything starts, so that a
 // port in use is one clear error; it serves what state holds once the
 // worker is wired, and says "starting" until then.
-func startAdmin(addr string, reg *metricRegistry, state *atomic.Pointer[liveState], log zerolog.Logger) (*admin.Server, error) {
+func startAdmin(addr string, reg *metricRegistry, state *atomic.Pointer[liveState], connectErr *atomic.Pointer[error], log zerolog.Logger) (*admin.Server, error) {
 	ready := func() error {
 		s := state.Load()
 		if s == nil {
-			return errors.New("starting: connecting to NATS and binding the consumer")
+			return startingError(connectErr.Load())
 		}
 		return s.ready()
 	}

@@ -326,7 +326,8 @@ func TestPacerPolicyPrecedence(t *testing.T) {
 
 // TestRunAdminServesWhileConnecting: with a NATS URL that does not answer
 // yet, the admin endpoint is already up: /healthz 200, /readyz 503 with the
-// reason; cancelling stops the command cleanly.
+// reason (the last connect error once there is one), and the failure is
+// logged at error level; cancelling stops the command cleanly.
 func TestRunAdminServesWhileConnecting(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -351,8 +352,13 @@ func TestRunAdminServesWhileConnecting(t *testing.T) {
 	if code, body := httpGet(t, adminURL+"/healthz"); code != 200 {
 		t.Errorf("/healthz while connecting = %d %q, want 200", code, body)
 	}
-	if code, body := httpGet(t, adminURL+"/readyz"); code != 503 || !strings.Contains(body, "connecting") {
-		t.Errorf("/readyz while connecting = %d %q, want 503 saying it is connecting", code, body)
+	// The first failed attempt is an error line naming the server, and
+	// /readyz then gives its error.
+	waitFor(t, 20*time.Second, "the error line of the first failed connect", func() bool {
+		return log.logLine("cannot reach NATS; retrying every second", map[string]string{"nats_url": deadNATS, "level": "error"}) != nil
+	})
+	if code, body := httpGet(t, adminURL+"/readyz"); code != 503 || !strings.Contains(body, "connecting to NATS, retrying every second; last attempt:") {
+		t.Errorf("/readyz while connecting = %d %q, want 503 saying it is connecting, with the last error", code, body)
 	}
 	cancel()
 	select {
