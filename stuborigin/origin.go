@@ -142,6 +142,7 @@ func New(p *Profile, o *Options) (*Origin, error) {
 			maxIDs:  opt.MaxIdentities,
 			maxTL:   opt.MaxTimeline,
 			headers: p.headers(),
+			penalty: p.Penalty,
 			name:    "authority-" + strconv.Itoa(i),
 			ids:     map[string]*identity{},
 			window:  -1 << 62,
@@ -384,7 +385,7 @@ func (og *Origin) Stats() Stats { return og.stats(true) }
 func (og *Origin) stats(withIdentities bool) Stats {
 	st := Stats{Profile: og.profile.Name, Start: og.start, Now: og.clk.Now()}
 	for _, s := range og.shards {
-		st.Authorities = append(st.Authorities, s.stats(withIdentities))
+		st.Authorities = append(st.Authorities, s.stats(withIdentities, st.Now))
 	}
 	return st
 }
