@@ -198,9 +198,10 @@ func TestAllowedAdmissions(t *testing.T) {
 		want float64
 	}{
 		// 20 in the bucket + 2/s, per authority; the 75% share of 40 per
-		// 10 s window binds first in the first window.
+		// 10 s window binds first in the first window, the burst bucket (5
+		// + 4/s) before 7.5 s.
 		{d: 41 * time.Second, want: 50 * 102},
-		{d: 5 * time.Second, want: 50 * 30},
+		{d: 5 * time.Second, want: 50 * 25},
 		{d: 10 * time.Second, want: 50 * 30},
 		{d: 0, want: 0},
 	} {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -326,4 +327,32 @@ func (s *shard) afterAdmitLocked(id *identity, now time.Time, d decision) {
 	if ps.eventLocked(p, now) {
 		ps.startLocked(p, now)
 	}
+}
+
+// Describe says in one line what p does, for people ("off" when it
+// penalizes nobody): "after 20 early requests within 10s: banned 20s
+// (429, disclosed)".
+func (p *Penalty) Describe() string {
+	if !p.enabled() {
+		return "off"
+	}
+	what := "early requests"
+	if p.count() == Count429 {
+		what = "429 answers"
+	}
+	var does []string
+	if p.Ban != nil {
+		how := "undisclosed"
+		if p.Ban.Disclosed {
+			how = "disclosed"
+		}
+		does = append(does, fmt.Sprintf("banned %v (%d, %s)", p.For.Duration, p.banStatus(), how))
+	}
+	if p.Tarpit.Duration > 0 {
+		does = append(does, fmt.Sprintf("answers held %v for %v", p.Tarpit.Duration, p.For.Duration))
+	}
+	if p.RetryAfterStep.Duration > 0 {
+		does = append(does, fmt.Sprintf("each early request waits %v more (up to %v)", p.RetryAfterStep.Duration, p.stepMax()))
+	}
+	return fmt.Sprintf("after %d %s within %v: %s", p.After, what, p.Within.Duration, strings.Join(does, "; "))
 }
