@@ -202,7 +202,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // HTML table so the two never disagree.
 var tableHeader = []string{
 	"strategy", "mode", "drained", "drain s", "jobs/s", "goodput", "429s", "503s", "early",
-	"bans", "banned s", "in bans", "gaps<floor", "min gap ms", "sent<floor", "deliv/job", "dead", "cpu s", "heap MiB",
+	"bans", "banned s", "in bans", "gaps<floor", "sent<floor", "deliv/job", "dead", "cpu s", "heap MiB",
 }
 
 // Rude reports whether the strategy was rude to the origin: it sent
@@ -240,7 +240,7 @@ func (r Result) cells() []cell {
 		{Text: r.Strategy}, {Text: r.Mode}, {Text: drained}, {Text: f1(r.DrainSeconds)}, {Text: f1(r.JobsPerSec)}, {Text: f2(r.Goodput)},
 		count(r.Status429, "warn"), count(r.Status503, "warn"), count(r.Early, "rude"),
 		count(r.Bans, "rude"), banned, count(r.RequestsDuringBans, "rude"),
-		{Text: itoa(r.GapsBelowFloor)}, {Text: f1(r.MinGapSeconds * 1000)}, count(r.SentGapsBelowFloor, "rude"),
+		{Text: itoa(r.GapsBelowFloor)}, count(r.SentGapsBelowFloor, "rude"),
 		{Text: f2(r.DeliveriesPerJob)}, {Text: strconv.Itoa(r.DeadLettered)}, {Text: f1(r.CPUSeconds)},
 		{Text: f1(float64(r.PeakHeapBytes) / (1 << 20))},
 	}

@@ -230,8 +230,10 @@ func newChart(res Result, setup Setup, sc scale) chart {
 	c.End = px(float64(c.PlotX) + math.Min(res.DrainSeconds/float64(sc.last), 1)*plotW)
 	if setup.AllowedRate > 0 {
 		c.AllowedY = px(y(setup.AllowedRate))
-		c.AllowedLabel = "long-run " + fmtG(setup.AllowedRate) + "/s"
-		c.AllowedLabel2 = fmt.Sprintf("(%d authorities)", setup.Authorities)
+		c.AllowedLabel = fmtG(setup.AllowedRate) + "/s in total"
+		if setup.Authorities > 0 {
+			c.AllowedLabel2 = fmt.Sprintf("(%s/s × %d)", fmtG(setup.AllowedRate/float64(setup.Authorities)), setup.Authorities)
+		}
 	}
 	for v := 0.0; v <= sc.yMax+sc.step/2; v += sc.step {
 		c.YTicks = append(c.YTicks, tick{Pos: px(y(v)), Label: fmtG(v)})
@@ -464,7 +466,7 @@ ul.notes li{margin:.3rem 0}
 <li><b>goodput</b> is what the origin admitted during the run as a fraction of the most it admits in that time (the dashed line of <i>Admitted so far</i>): per authority and caller identity, the least of the burst bucket's capacity plus its refill, the sustained bucket's capacity plus its rate times the drain time, and the shared shard's tenant share of each window. Near 1, the strategy used what the origin offered; well below 1, it waited longer than it had to. With a skew, authorities that ran out of jobs early still count in the denominator.</li>
 <li><b>429s</b>, <b>503s</b> and <b>early</b> come from the origin's own statistics. <b>early</b> counts requests sent while their caller had been told to wait (Retry-After or an exhausted rate-limit reset): the rudest kind of request, which a polite client keeps at 0.</li>
 <li><b>bans</b>, <b>banned s</b> and <b>in bans</b> are the origin's penalties (the profile's penalty): bans started, the time callers spent banned (summed over authorities), and requests answered with a ban, which a ban wastes. A polite strategy earns none.</li>
-<li><b>gaps&lt;floor</b> counts arrivals from one caller closer than the policy floor to its previous one, as the origin timed them, and <b>min gap ms</b> is the closest pair; <b>sent&lt;floor</b> counts the same gaps as the workers timed their departures (pods log theirs; pairs from two pods count). Short gaps at the origin with none sent are timing noise between the two (a busy CPU, a new connection), not a pacer granting too early. Every strategy spaces each departure from the previous request's actual start, as the HostPacer does, so sent&lt;floor is 0 for all of them unless workers share a consumer (<code>--shared-consumer</code>: several pacers per authority).</li>
+<li><b>gaps&lt;floor</b> counts arrivals from one caller closer than the policy floor to its previous one, as the origin timed them, and min gap is the closest pair (in report.json: min_gap_seconds); <b>sent&lt;floor</b> counts the same gaps as the workers timed their departures (pods log theirs; pairs from two pods count). Short gaps at the origin with none sent are timing noise between the two (a busy CPU, a new connection), not a pacer granting too early. Every strategy spaces each departure from the previous request's actual start, as the HostPacer does, so sent&lt;floor is 0 for all of them unless workers share a consumer (<code>--shared-consumer</code>: several pacers per authority).</li>
 <li><b>deliv/job</b> is JetStream deliveries per job: every deferral and retry is one more. <b>dead</b> is jobs dead-lettered. <b>cpu s</b> and <b>heap MiB</b> (peak) are the whole process, origin and JetStream included (for pods, cpu s adds the pods' CPU time, and heap is the load-test process only): they compare strategies, they are not one worker's footprint.</li>
 <li>In the per-second charts, blue is admitted, dark red 403, yellow 503 and red 429 per second, stacked, all authorities together; the dashed line is the long-run allowed rate of all authorities together (each authority's sustained quota, summed). The origin's buckets start full, so a strategy may be admitted above that line for the first seconds without a single 429; <i>Admitted so far</i> shows the bound that holds at every second. Purple shading marks seconds in which callers were banned, darker the more authorities banned them; red ticks under the axis mark seconds with refusals. Hover a bar for its numbers.</li>
 {{range .Notes}}<li>{{.}}</li>
