@@ -205,12 +205,13 @@ var tableHeader = []string{
 	"bans", "banned s", "in bans", "gaps<floor", "sent<floor", "deliv/job", "dead", "cpu s", "heap MiB",
 }
 
-// Rude reports whether the strategy was rude to the origin: it sent
-// requests while told to wait, earned a ban, or sent two requests to one
-// authority closer than the floor. 429s alone are not rude: a strategy
-// that learns only from 429s (no rate-limit headers) needs some.
+// Rude reports whether the strategy was rude to the origin by the origin's
+// own account: it sent requests while told to wait, or earned a ban. 429s
+// alone are not rude (a strategy that learns only from 429s, without
+// rate-limit headers, needs some), and neither are gaps below the floor,
+// which timing noise on a loaded machine also makes (the table marks them).
 func (r Result) Rude() bool {
-	return r.Early > 0 || r.Bans > 0 || r.RequestsDuringBans > 0 || r.SentGapsBelowFloor > 0
+	return r.Early > 0 || r.Bans > 0 || r.RequestsDuringBans > 0
 }
 
 // cell is one summary cell; Class marks a rude number ("rude") or a
@@ -240,7 +241,7 @@ func (r Result) cells() []cell {
 		{Text: r.Strategy}, {Text: r.Mode}, {Text: drained}, {Text: f1(r.DrainSeconds)}, {Text: f1(r.JobsPerSec)}, {Text: f2(r.Goodput)},
 		count(r.Status429, "warn"), count(r.Status503, "warn"), count(r.Early, "rude"),
 		count(r.Bans, "rude"), banned, count(r.RequestsDuringBans, "rude"),
-		{Text: itoa(r.GapsBelowFloor)}, count(r.SentGapsBelowFloor, "rude"),
+		{Text: itoa(r.GapsBelowFloor)}, count(r.SentGapsBelowFloor, "warn"),
 		{Text: f2(r.DeliveriesPerJob)}, {Text: strconv.Itoa(r.DeadLettered)}, {Text: f1(r.CPUSeconds)},
 		{Text: f1(float64(r.PeakHeapBytes) / (1 << 20))},
 	}
@@ -293,9 +294,6 @@ func (r *Report) Verdict() []string {
 		if res.Bans > 0 {
 			costs = append(costs, fmt.Sprintf("%s %s, %s s banned in all, %s requests wasted during them",
 				itoa(res.Bans), plural64(res.Bans, "ban", "bans"), f1(res.BannedSeconds), itoa(res.RequestsDuringBans)))
-		}
-		if res.SentGapsBelowFloor > 0 {
-			costs = append(costs, itoa(res.SentGapsBelowFloor)+" requests closer than the floor")
 		}
 		*last += ", rudely: " + strings.Join(costs, "; ") + "."
 	}
