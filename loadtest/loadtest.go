@@ -667,6 +667,7 @@ type queueSnap struct {
 	dead                int
 	rateLimited         int64 // from the origin, for the progress line
 	unavailable         int64
+	bans                int64
 }
 
 func (s queueSnap) finished(total int) int {
@@ -737,7 +738,7 @@ func watch(ctx context.Context, read func(context.Context) (queueSnap, error), e
 			return false, last, nil
 		}
 		if prog.due(now) {
-			last.rateLimited, last.unavailable = originRejections(og)
+			last.rateLimited, last.unavailable, last.bans = originRejections(og)
 			prog.update(now, last)
 		}
 		select {
@@ -748,12 +749,13 @@ func watch(ctx context.Context, read func(context.Context) (queueSnap, error), e
 	}
 }
 
-func originRejections(og *stuborigin.Origin) (r429, r503 int64) {
+func originRejections(og *stuborigin.Origin) (r429, r503, bans int64) {
 	for _, a := range og.Stats().Authorities {
 		r429 += a.RateLimited
 		r503 += a.CapacityExhausted
+		bans += a.Penalty.Bans
 	}
-	return r429, r503
+	return r429, r503, bans
 }
 
 // fillOrigin copies what the origin saw into res: its counts, the gaps and
@@ -778,6 +780,8 @@ func fillOrigin(res *Result, st stuborigin.Stats, start time.Time, drain time.Du
 		res.RequestsDuringBans += a.Penalty.DuringBans
 		res.Tarpitted += a.Penalty.Tarpitted
 		res.TarpitSeconds += a.Penalty.TarpitSeconds
+		// Periods use the series' whole-second offset, so that they line
+		// up with its bars.
 		for _, b := range a.BanPeriods {
 			bp := BanPeriod{Authority: a.Index, Start: b.Start - float64(offset), End: b.End - float64(offset)}
 			res.BanPeriods = append(res.BanPeriods, bp)

@@ -300,7 +300,8 @@ func (og *Origin) begin(ctx context.Context) (func() error, error) {
 
 	return func() error {
 		defer cancel()
-		og.log.Info().Strs("urls", urls).Str("admin", admin).Str("profile", og.profile.Name).Msg("stub origin serving")
+		og.log.Info().Strs("urls", urls).Str("admin", admin).Str("profile", og.profile.Name).
+			Str("penalty", og.profile.Penalty.Describe()).Msg("stub origin serving")
 		errc := make(chan error, len(all))
 		var wg sync.WaitGroup
 		for _, x := range all {

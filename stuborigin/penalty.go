@@ -208,7 +208,7 @@ func (ps *penaltyState) startLocked(p *Penalty, now time.Time) {
 	}
 }
 
-// bannedSince adds up the time banned up to now, ongoing ban included.
+// bannedUpTo adds up the time banned up to now, ongoing ban included.
 func (ps *penaltyState) bannedUpTo(now time.Time) float64 {
 	s := ps.pst.BannedSeconds
 	if ps.banned && !ps.start.IsZero() {
@@ -221,8 +221,8 @@ func (ps *penaltyState) bannedUpTo(now time.Time) float64 {
 	return s
 }
 
-// closeBanLocked moves a finished ban into the totals and periods, so that
-// the state holds at most the current penalty. s.mu must be held.
+// closeLocked moves a finished penalty's ban into the totals and periods,
+// so that the state holds at most the current penalty. s.mu must be held.
 func (ps *penaltyState) closeLocked(origin time.Time) {
 	if ps.start.IsZero() {
 		return

@@ -322,3 +322,24 @@ func TestPenaltyMetricsAndValidation(t *testing.T) {
 		}
 	}
 }
+
+// The example profiles turn on the default penalty, and Describe says it in
+// one line (the stub logs it; the load-test report shows it).
+func TestExampleProfilesPenalty(t *testing.T) {
+	p, err := stuborigin.LoadProfile("../testdata/profiles/throttling.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p.Penalty.Describe(), "after 20 early requests within 10s: banned 30s (429, disclosed)"; got != want {
+		t.Errorf("Describe() = %q, want %q", got, want)
+	}
+	var none *stuborigin.Penalty
+	if got := none.Describe(); got != "off" {
+		t.Errorf("nil Describe() = %q, want off", got)
+	}
+	all := stuborigin.Penalty{Count: "429", After: 5, Within: dur(time.Minute), For: dur(time.Hour),
+		Ban: &stuborigin.Ban{Status: 403}, Tarpit: dur(2 * time.Second), RetryAfterStep: dur(time.Minute)}
+	if got, want := all.Describe(), "after 5 429 answers within 1m0s: banned 1h0m0s (403, undisclosed); answers held 2s for 1h0m0s; each early request waits 1m0s more (up to 1h0m0s)"; got != want {
+		t.Errorf("Describe() = %q, want %q", got, want)
+	}
+}
