@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"io"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -269,6 +270,29 @@ type cumulative struct {
 type line struct {
 	Strategy, Points, Color string
 	LabelX, LabelY          string
+	lx, ly                  float64
+}
+
+// spreadLabels moves the end labels of lines that end close together
+// apart, so that strategies which drained at about the same time and count
+// stay readable; each label keeps its x.
+func spreadLabels(ls []line) {
+	const gap, near = 12.0, 70.0
+	order := make([]int, len(ls))
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return ls[order[a]].ly < ls[order[b]].ly })
+	for k, i := range order {
+		for _, j := range order[:k] {
+			if math.Abs(ls[i].lx-ls[j].lx) < near && ls[i].ly < ls[j].ly+gap {
+				ls[i].ly = ls[j].ly + gap
+			}
+		}
+	}
+	for i := range ls {
+		ls[i].LabelY = px(ls[i].ly)
+	}
 }
 
 // palette colours the strategies in the cumulative chart, in report order.
@@ -319,8 +343,9 @@ func newCumulative(r *Report, sc scale) cumulative {
 		}
 		lx, ly := x(math.Min(res.DrainSeconds, float64(sc.last))), y(sum)
 		c.Lines = append(c.Lines, line{Strategy: res.Strategy, Points: strings.Join(ps, " "), Color: palette[i%len(palette)],
-			LabelX: px(lx + 4), LabelY: px(ly + 4)})
+			LabelX: px(lx + 4), lx: lx + 4, ly: ly + 4})
 	}
+	spreadLabels(c.Lines)
 	for v := 0.0; v <= yMax+step/2; v += step {
 		c.YTicks = append(c.YTicks, tick{Pos: px(y(v)), Label: fmtG(v)})
 	}

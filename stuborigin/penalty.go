@@ -330,7 +330,7 @@ func (s *shard) afterAdmitLocked(id *identity, now time.Time, d decision) {
 }
 
 // Describe says in one line what p does, for people ("off" when it
-// penalizes nobody): "after 20 early requests within 10s: banned 20s
+// penalizes nobody): "after 10 early requests within 10s: banned 30s
 // (429, disclosed)".
 func (p *Penalty) Describe() string {
 	if !p.enabled() {

@@ -330,7 +330,7 @@ func TestExampleProfilesPenalty(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := p.Penalty.Describe(), "after 20 early requests within 10s: banned 30s (429, disclosed)"; got != want {
+	if got, want := p.Penalty.Describe(), "after 10 early requests within 10s: banned 30s (429, disclosed)"; got != want {
 		t.Errorf("Describe() = %q, want %q", got, want)
 	}
 	var none *stuborigin.Penalty
