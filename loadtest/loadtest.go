@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -177,6 +178,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			Profile: p.Name, ProfileFile: o.ProfileFile, Scale: p.Scale,
 			FloorSeconds: p.Floor.Seconds(), MaxInFlight: p.MaxInFlight,
 			Identities:       1,
+			Penalty:          penaltyLine(p.Origin.Penalty),
 			AllowedRate:      p.AllowedRate(o.Authorities, 1),
 			TimeLimitSeconds: o.TimeLimit.Seconds(), ObjectSize: p.ObjectSize,
 			GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH, CPUs: runtime.NumCPU(),
@@ -190,7 +192,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		res := runStrategy(ctx, &o, name, fmt.Sprintf("%d/%d", i+1, len(o.Strategies)))
 		r.Results = append(r.Results, res)
 	}
+	longest := 0.0
+	for _, res := range r.Results {
+		longest = math.Max(longest, res.DrainSeconds)
+	}
+	for t := 0; t <= int(math.Ceil(longest)); t++ {
+		r.Setup.Allowance = append(r.Setup.Allowance, p.AllowedAdmissions(o.Authorities, 1, time.Duration(t)*time.Second))
+	}
 	return r, ctx.Err()
+}
+
+// penaltyLine describes the origin's penalty for the report, "" when off.
+func penaltyLine(p *stuborigin.Penalty) string {
+	if p == nil || p.After == 0 {
+		return ""
+	}
+	return p.Describe()
 }
 
 func notes(o Options) []string {
@@ -650,6 +667,7 @@ type queueSnap struct {
 	dead                int
 	rateLimited         int64 // from the origin, for the progress line
 	unavailable         int64
+	bans                int64
 }
 
 func (s queueSnap) finished(total int) int {
@@ -720,7 +738,7 @@ func watch(ctx context.Context, read func(context.Context) (queueSnap, error), e
 			return false, last, nil
 		}
 		if prog.due(now) {
-			last.rateLimited, last.unavailable = originRejections(og)
+			last.rateLimited, last.unavailable, last.bans = originRejections(og)
 			prog.update(now, last)
 		}
 		select {
@@ -731,12 +749,13 @@ func watch(ctx context.Context, read func(context.Context) (queueSnap, error), e
 	}
 }
 
-func originRejections(og *stuborigin.Origin) (r429, r503 int64) {
+func originRejections(og *stuborigin.Origin) (r429, r503, bans int64) {
 	for _, a := range og.Stats().Authorities {
 		r429 += a.RateLimited
 		r503 += a.CapacityExhausted
+		bans += a.Penalty.Bans
 	}
-	return r429, r503
+	return r429, r503, bans
 }
 
 // fillOrigin copies what the origin saw into res: its counts, the gaps and
@@ -755,6 +774,19 @@ func fillOrigin(res *Result, st stuborigin.Stats, start time.Time, drain time.Du
 		admitted += a.Admitted
 		res.Status429 += a.RateLimited
 		res.Status503 += a.CapacityExhausted
+		res.Status403 += a.Forbidden
+		res.Bans += a.Penalty.Bans
+		res.BannedSeconds += a.Penalty.BannedSeconds
+		res.RequestsDuringBans += a.Penalty.DuringBans
+		res.Tarpitted += a.Penalty.Tarpitted
+		res.TarpitSeconds += a.Penalty.TarpitSeconds
+		// Periods use the series' whole-second offset, so that they line
+		// up with its bars.
+		for _, b := range a.BanPeriods {
+			bp := BanPeriod{Authority: a.Index, Start: b.Start - float64(offset), End: b.End - float64(offset)}
+			res.BanPeriods = append(res.BanPeriods, bp)
+			addBanned(series, bp)
+		}
 		res.Early += a.Early
 		res.AuthorityGapsBelowFloor += a.BelowFloor
 		for k, v := range a.Reasons {
@@ -778,6 +810,7 @@ func fillOrigin(res *Result, st stuborigin.Stats, start time.Time, drain time.Du
 			series[t].Admitted += sec.Admitted
 			series[t].Status429 += sec.RateLimited
 			series[t].Status503 += sec.CapacityExhausted
+			series[t].Status403 += sec.Forbidden
 		}
 	}
 	if minGap >= 0 {
@@ -786,4 +819,15 @@ func fillOrigin(res *Result, st stuborigin.Stats, start time.Time, drain time.Du
 	res.Admitted = admitted
 	res.AdmittedPerSec = float64(admitted) / drain.Seconds()
 	res.Series = series
+	sort.Slice(res.BanPeriods, func(i, j int) bool { return res.BanPeriods[i].Start < res.BanPeriods[j].Start })
+}
+
+// addBanned adds b's share of each second of series to its Banned.
+func addBanned(series []Point, b BanPeriod) {
+	for i := max(int(math.Floor(b.Start)), 0); i < len(series) && float64(i) < b.End; i++ {
+		lo, hi := math.Max(b.Start, float64(i)), math.Min(b.End, float64(i+1))
+		if hi > lo {
+			series[i].Banned += hi - lo
+		}
+	}
 }

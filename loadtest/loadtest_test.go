@@ -198,9 +198,10 @@ func TestAllowedAdmissions(t *testing.T) {
 		want float64
 	}{
 		// 20 in the bucket + 2/s, per authority; the 75% share of 40 per
-		// 10 s window binds first in the first window.
+		// 10 s window binds first in the first window, the burst bucket (5
+		// + 4/s) before 7.5 s.
 		{d: 41 * time.Second, want: 50 * 102},
-		{d: 5 * time.Second, want: 50 * 30},
+		{d: 5 * time.Second, want: 50 * 25},
 		{d: 10 * time.Second, want: 50 * 30},
 		{d: 0, want: 0},
 	} {
@@ -210,5 +211,77 @@ func TestAllowedAdmissions(t *testing.T) {
 	}
 	if got := p.AllowedRate(50, 1); got != 100 {
 		t.Errorf("AllowedRate = %v, want 100", got)
+	}
+}
+
+// penaltyProfile is quickProfile with a penalty: 10 requests sent while
+// told to wait, within 2 s, ban the caller for 5 s (429, Retry-After the
+// time left).
+const penaltyProfile = `{
+  "name": "quick-penalty",
+  "scale": 0.01,
+  "floor": "50ms",
+  "max_in_flight": 2,
+  "object_size": 512,
+  "origin": {
+    "name": "quick-penalty-origin",
+    "quotas": {"anonymous": {
+      "burst": {"capacity": 3, "refill_per_second": 10},
+      "sustained": {"capacity": 6, "window": "1s"}}},
+    "rate_limit_headers": "ietf",
+    "penalty": {"after": 10, "within": "2s", "for": "5s", "ban": {"status": 429, "disclosed": true}}
+  }
+}`
+
+// With the origin's penalty on, the fixed strategy (the floor and nothing
+// else: it never reads a 429) earns bans and drains later than the
+// HostPacer, which is never banned, in every run.
+func TestPenaltiesBanTheRudeAndSlowThemDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a load test")
+	}
+	p, err := loadtest.ParseProfile([]byte(penaltyProfile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		rep, err := loadtest.Run(ctx, loadtest.Options{
+			Jobs: 60, Authorities: 3, Workers: 2, Profile: p, InProcess: true,
+			Strategies: []string{"hostpacer", "fixed"},
+			TimeLimit:  60 * time.Second, Dir: t.TempDir(),
+			Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
+		})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		host, fixed := rep.Results[0], rep.Results[1]
+		for _, r := range rep.Results {
+			if r.Error != "" || !r.Drained || r.JobsStored != 60 {
+				t.Fatalf("round %d, %s: error=%q drained=%v stored=%d; want all 60 stored", round, r.Strategy, r.Error, r.Drained, r.JobsStored)
+			}
+		}
+		if host.Bans != 0 || host.RequestsDuringBans != 0 || host.Early != 0 || len(host.BanPeriods) != 0 {
+			t.Errorf("round %d: hostpacer banned %d times (%d requests during bans, %d early); want never", round, host.Bans, host.RequestsDuringBans, host.Early)
+		}
+		if fixed.Bans < 1 || fixed.RequestsDuringBans < 1 || fixed.BannedSeconds <= 0 || len(fixed.BanPeriods) != int(fixed.Bans) {
+			t.Errorf("round %d: fixed %d bans, %d requests during them, %.1f s banned, %d periods; want at least one ban", round, fixed.Bans, fixed.RequestsDuringBans, fixed.BannedSeconds, len(fixed.BanPeriods))
+		}
+		var shaded float64
+		for _, pt := range fixed.Series {
+			shaded += pt.Banned
+		}
+		if fixed.Bans > 0 && shaded <= 0 {
+			t.Errorf("round %d: fixed was banned but no second of its series is marked", round)
+		}
+		if fixed.DrainSeconds <= host.DrainSeconds {
+			t.Errorf("round %d: fixed drained in %.1f s, hostpacer in %.1f s; want the banned strategy later", round, fixed.DrainSeconds, host.DrainSeconds)
+		}
+		if v := rep.Verdict(); !strings.HasPrefix(v[0], "Finished first without being rude: hostpacer") {
+			t.Errorf("round %d: verdict %q, want the hostpacer named", round, v)
+		}
+		t.Logf("round %d: hostpacer %.1f s, 0 bans; fixed %.1f s, %d bans, %.1f s banned, %d requests during bans",
+			round, host.DrainSeconds, fixed.DrainSeconds, fixed.Bans, fixed.BannedSeconds, fixed.RequestsDuringBans)
 	}
 }

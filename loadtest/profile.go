@@ -130,15 +130,20 @@ func (p *Profile) RealTime() *Profile {
 }
 
 // AllowedAdmissions is how many requests the profile admits in d from a
-// start with full buckets: per authority and identity, the anonymous
-// sustained bucket's capacity plus its rate times d, or the shared shard's
-// tenant share of each window begun in d when that is less.
+// start with full buckets, at most: per authority and identity, the least
+// of the anonymous burst bucket's capacity plus its refill over d, the
+// sustained bucket's capacity plus its rate times d, and the shared
+// shard's tenant share of each window begun in d. No caller, however it
+// spreads its requests, is admitted more by d; a greedy one gets this.
 func (p *Profile) AllowedAdmissions(authorities, identities int, d time.Duration) float64 {
 	q, ok := p.Origin.Quotas["anonymous"]
 	if !ok || q.Sustained.Window.Duration <= 0 {
 		return 0
 	}
 	per := float64(q.Sustained.Capacity) + float64(q.Sustained.Capacity)/q.Sustained.Window.Seconds()*d.Seconds()
+	if q.Burst.RefillPerSecond > 0 {
+		per = math.Min(per, math.Floor(float64(q.Burst.Capacity)+q.Burst.RefillPerSecond*d.Seconds()))
+	}
 	if s := p.Origin.Shard; s.Capacity > 0 && s.Window.Duration > 0 {
 		slots := math.Max(math.Floor(float64(s.Capacity)*s.TenantShare), 1)
 		windows := math.Ceil(d.Seconds() / s.Window.Seconds())

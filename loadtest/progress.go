@@ -59,8 +59,12 @@ func (p *progress) update(now time.Time, s queueSnap) {
 	if p.rate > 0 {
 		eta = time.Duration(float64(p.total-done) / p.rate * float64(time.Second)).Round(time.Second).String()
 	}
-	line := fmt.Sprintf("[%s %s] %d/%d stored, %d dead · %.1f jobs/s · 429s %d · 503s %d · ETA %s · %s",
-		p.ordinal, p.name, done-s.dead, p.total, s.dead, p.rate, s.rateLimited, s.unavailable, eta,
+	bans := ""
+	if s.bans > 0 {
+		bans = fmt.Sprintf(" · banned %d times", s.bans)
+	}
+	line := fmt.Sprintf("[%s %s] %d/%d stored, %d dead · %.1f jobs/s · 429s %d · 503s %d%s · ETA %s · %s",
+		p.ordinal, p.name, done-s.dead, p.total, s.dead, p.rate, s.rateLimited, s.unavailable, bans, eta,
 		now.Sub(p.start).Round(time.Second))
 	if p.live {
 		fmt.Fprintf(p.w, "\r\033[K%s", line)

@@ -37,4 +37,11 @@ func TestProgressFirstLineHasARate(t *testing.T) {
 	if want := "[2/2 fixed] 50/1000 stored, 0 dead · 10.0 jobs/s · 429s 0 · 503s 0 · ETA 1m35s · 5s"; strings.TrimSpace(b.String()) != want {
 		t.Errorf("first line %q, want %q", strings.TrimSpace(b.String()), want)
 	}
+
+	// Bans, once there are any, are on the line.
+	b.Reset()
+	q.update(t0.Add(10*time.Second), queueSnap{pending: 900, rateLimited: 40, bans: 2})
+	if !strings.Contains(b.String(), "429s 40 · 503s 0 · banned 2 times · ETA") {
+		t.Errorf("line with bans %q", strings.TrimSpace(b.String()))
+	}
 }

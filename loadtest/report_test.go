@@ -36,6 +36,9 @@ func sampleReport() *loadtest.Report {
 				p.Status503 = 2
 				p.Requests += 2
 			}
+			if limited > 10 && i >= 10 && i < 16 { // fixed: one authority banned for 6 s
+				p.Banned = 1
+			}
 			ps[i] = p
 		}
 		return ps
@@ -48,6 +51,8 @@ func sampleReport() *loadtest.Report {
 			Jobs: 200, Authorities: 4, Workers: 2, Skew: 0.25,
 			Profile: "loadtest-throttling", ProfileFile: "testdata/profiles/loadtest-throttling.json",
 			Scale: 0.01, FloorSeconds: 0.1, MaxInFlight: 2, Identities: 1, AllowedRate: 8,
+			Allowance:        []float64{0, 28, 36, 44, 52, 60, 68, 76, 84, 92, 100, 108, 116, 124, 132, 140, 148, 156, 164, 172, 180, 188, 196, 204, 212, 220, 228, 236, 244},
+			Penalty:          "after 20 early requests within 10s: banned 6s (429, disclosed)",
 			TimeLimitSeconds: 120, ObjectSize: 1024,
 			GoVersion: "go1.26.0", Platform: "linux/amd64", CPUs: 2,
 		},
@@ -65,6 +70,7 @@ func sampleReport() *loadtest.Report {
 			{
 				Strategy: "fixed", Mode: loadtest.ModeInProcess, Drained: true, DrainSeconds: 27.9, JobsStored: 200, JobsPerSec: 7.17,
 				AdmittedPerSec: 7.2, Goodput: 0.9, Requests: 600, Status429: 400, Early: 310, GapsBelowFloor: 0,
+				Bans: 1, BannedSeconds: 6, RequestsDuringBans: 90, BanPeriods: []loadtest.BanPeriod{{Authority: 2, Start: 10, End: 16}},
 				DeliveriesPerJob: 3.4, DeadLettered: 0, CPUSeconds: 5.5, PeakHeapBytes: 52 << 20, Series: series(28, 7, 15),
 			},
 			{Strategy: "cooldown", Mode: loadtest.ModeInProcess, Error: "start origin: listen tcp 127.0.0.1:0: <refused>"},
@@ -138,11 +144,14 @@ func TestReportTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 6 { // header, 3 rows, the pods line, the error line
+	if len(lines) != 9 { // 3 verdict lines, header, 3 rows, the pods line, the error line
 		t.Fatalf("table has %d lines:\n%s", len(lines), b.String())
 	}
 	for _, want := range []string{"goodput", "hostpacer", "processes", "0.99", "error", "cooldown: start origin",
-		"hostpacer: 2 pods, sharing the partitions 4.2 s after they started; requests sent: loadtest-hostpacer-pod1 110, loadtest-hostpacer-pod2 100"} {
+		"hostpacer: 2 pods, sharing the partitions 4.2 s after they started; requests sent: loadtest-hostpacer-pod1 110, loadtest-hostpacer-pod2 100",
+		"Finished first without being rude: hostpacer, drained in 25.4 s (9 429s, 0 early, 0 bans).",
+		"fixed drained in 27.9 s (2.5 s later), rudely: 310 requests sent while told to wait; 1 ban, 6.0 s banned in all, 90 requests wasted during them.",
+		"cooldown could not run."} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
@@ -227,7 +236,11 @@ func TestReportOpensInChromium(t *testing.T) {
 	// elements Chromium parsed, with the table rows and the SVG content.
 	for _, want := range []string{
 		`<table class="summary" id="summary">`,
-		`<tr class="hostpacer"><td>hostpacer</td>`,
+		`<tr class="hostpacer winner"><td>hostpacer</td>`,
+		`<div class="verdict" id="verdict"><p class="first">Finished first without being rude: hostpacer`,
+		`<td class="rude">310</td>`,
+		`<rect class="ban"`,
+		`<svg class="chart cumulative"`,
 		`<figure id="chart-hostpacer">`,
 		`<svg class="chart"`,
 		`<rect class="r429"`,

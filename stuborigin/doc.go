@@ -16,6 +16,9 @@
 //     shared capacity or a failed limiter store (fail closed);
 //   - optional rate-limit headers (IETF RateLimit/RateLimit-Policy or
 //     X-RateLimit-*) computed from the caller's own buckets;
+//   - penalties for an identity that keeps coming early (Profile.Penalty):
+//     a ban answered 429 or 403, disclosed or not, a tarpit, a growing
+//     Retry-After, counted in /stats and the metrics;
 //   - fault injection (limiter store down, connection reset, slow body,
 //     truncated body, Retry-After format), from the profile and at run time;
 //   - an admin handler with /metrics (Prometheus text format), /stats (JSON

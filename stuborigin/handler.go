@@ -41,12 +41,29 @@ func (og *Origin) serve(s *shard, w http.ResponseWriter, r *http.Request) {
 	f := og.faults.Load()
 	c, tokenOK := og.identify(r)
 	d := s.admit(now, c, f.StoreDown && f.appliesTo(s.index), f.retryAfterFormat(s.index))
+	if d.hold > 0 && !og.tarpit(r, d.hold) {
+		return // the caller gave up while held
+	}
 
 	h := w.Header()
 	h.Set("Date", now.UTC().Format(http.TimeFormat))
 	og.writeLimitHeaders(h, d.view, now)
 	switch d.outcome {
+	case Forbidden:
+		p := problem{Code: "forbidden", Message: "access denied"}
+		if d.reason == ReasonBanned {
+			p = problem{Code: "banned", Reason: d.reason, Message: "this caller is blocked for sending requests while told to wait; retry after the delay given"}
+		}
+		writeProblem(w, http.StatusForbidden, d, p)
+		return
 	case RateLimited:
+		if d.reason == ReasonBanned || d.reason == ReasonPenalty {
+			writeProblem(w, http.StatusTooManyRequests, d, problem{
+				Code: "rate_limited", Reason: d.reason,
+				Message: "this caller is penalized for sending requests while told to wait; retry after the delay given",
+			})
+			return
+		}
 		writeProblem(w, http.StatusTooManyRequests, d, problem{
 			Code: "rate_limited", Reason: d.reason,
 			Message: "this caller's request quota is exhausted; retry after the delay given",
@@ -66,6 +83,19 @@ func (og *Origin) serve(s *shard, w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	og.serveObject(s, w, r, f)
+}
+
+// tarpit holds the answer for d on the origin's clock, the caller's
+// connection open; false when the request ended meanwhile.
+func (og *Origin) tarpit(r *http.Request, d time.Duration) bool {
+	t := og.clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return true
+	case <-r.Context().Done():
+		return false
+	}
 }
 
 func writeProblem(w http.ResponseWriter, status int, d decision, p problem) {

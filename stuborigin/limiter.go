@@ -82,6 +82,7 @@ const (
 	Admitted          Outcome = iota
 	RateLimited               // 429 rate_limited: the caller's own quota
 	CapacityExhausted         // 503 capacity_exhausted: shared capacity or the limiter store
+	Forbidden                 // 403: a ban answered 403 (Profile.Penalty)
 )
 
 // Rejection reasons. Only the caller's own facts: never another identity's.
@@ -120,6 +121,8 @@ type decision struct {
 	view    *limitView // nil when the store is down
 	// retryAfter is the Retry-After header value sent, "" when absent.
 	retryAfter string
+	// hold is how long a tarpit holds the answer (0: none).
+	hold time.Duration
 }
 
 // headerValue is one rate-limit header reading: the caller's binding
@@ -170,6 +173,7 @@ type identity struct {
 	st               Counts
 	early            int64
 	gaps             gapStats
+	pen              penaltyState
 }
 
 // Counts are requests and their outcomes.
@@ -178,6 +182,8 @@ type Counts struct {
 	Admitted          int64 `json:"admitted"`
 	RateLimited       int64 `json:"rate_limited"`
 	CapacityExhausted int64 `json:"capacity_exhausted"`
+	// Forbidden counts 403 answers: bans answered 403 (Profile.Penalty).
+	Forbidden int64 `json:"forbidden,omitempty"`
 }
 
 func (c *Counts) add(o Outcome) {
@@ -189,6 +195,8 @@ func (c *Counts) add(o Outcome) {
 		c.RateLimited++
 	case CapacityExhausted:
 		c.CapacityExhausted++
+	case Forbidden:
+		c.Forbidden++
 	}
 }
 

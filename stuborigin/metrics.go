@@ -2,6 +2,7 @@ package stuborigin
 
 import (
 	"fmt"
+	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -19,6 +20,10 @@ type collector struct {
 	rejections *prometheus.Desc
 	identities *prometheus.Desc
 	budget     *prometheus.Desc
+
+	// Penalties (Profile.Penalty), by authority and caller class.
+	penalties, bans, bannedSecs, duringBans *prometheus.Desc
+	tarpitted, tarpitSecs, extended         *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*collector)(nil)
@@ -41,7 +46,19 @@ func newCollector(og *Origin) *collector {
 		budget: prometheus.NewDesc("mirrorworker_stub_capacity_error_budget",
 			"Fraction of requests the profile allows to be refused with capacity_exhausted.",
 			nil, nil),
+		penalties: penaltyDesc("penalties_total", "Penalties started (ban, tarpit or growing Retry-After) for coming early, by authority and caller class."),
+		bans:      penaltyDesc("bans_total", "Bans started, by authority and caller class."),
+		bannedSecs: penaltyDesc("banned_seconds_total",
+			"Time callers spent banned (an ongoing ban counts up to the scrape), by authority and caller class."),
+		duringBans: penaltyDesc("requests_during_bans_total", "Requests answered with a ban (wasted), by authority and caller class."),
+		tarpitted:  penaltyDesc("tarpitted_total", "Answers held by a tarpit, by authority and caller class."),
+		tarpitSecs: penaltyDesc("tarpit_seconds_total", "Time answers were held by a tarpit, by authority and caller class."),
+		extended:   penaltyDesc("retry_after_extended_total", "Early requests whose answer's wait grew (growing Retry-After), by authority and caller class."),
 	}
+}
+
+func penaltyDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc("mirrorworker_stub_"+name, help, []string{"authority", "caller"}, nil)
 }
 
 // Describe implements prometheus.Collector.
@@ -51,6 +68,9 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.rejections
 	ch <- c.identities
 	ch <- c.budget
+	for _, d := range []*prometheus.Desc{c.penalties, c.bans, c.bannedSecs, c.duringBans, c.tarpitted, c.tarpitSecs, c.extended} {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector. Each shard's counters are copied
@@ -77,7 +97,33 @@ func (c *collector) shardMetrics(s *shard) []prometheus.Metric {
 		)
 		for _, reason := range sortedKeys(k.rejected) {
 			ms = append(ms, prometheus.MustNewConstMetric(c.rejections, prometheus.CounterValue,
-				float64(k.rejected[reason]), s.name, kind, rejectionCode(reason), reason))
+				float64(k.rejected[reason]), s.name, kind, s.rejectionCode(reason), reason))
+		}
+	}
+	if s.penalty.enabled() {
+		now := c.og.clk.Now()
+		byKind := map[string]*PenaltyStats{}
+		for _, id := range s.ids {
+			p := byKind[id.c.kind]
+			if p == nil {
+				p = &PenaltyStats{}
+				byKind[id.c.kind] = p
+			}
+			st, _ := id.pen.snapshot(s.start, now)
+			p.addStats(st)
+		}
+		for _, kind := range sortedKeys(byKind) {
+			p := byKind[kind]
+			for _, m := range []struct {
+				d *prometheus.Desc
+				v float64
+			}{
+				{c.penalties, float64(p.Penalties)}, {c.bans, float64(p.Bans)}, {c.bannedSecs, p.BannedSeconds},
+				{c.duringBans, float64(p.DuringBans)}, {c.tarpitted, float64(p.Tarpitted)},
+				{c.tarpitSecs, p.TarpitSeconds}, {c.extended, float64(p.Extended)},
+			} {
+				ms = append(ms, prometheus.MustNewConstMetric(m.d, prometheus.CounterValue, m.v, s.name, kind))
+			}
 		}
 	}
 	return append(ms, prometheus.MustNewConstMetric(c.identities, prometheus.GaugeValue, float64(len(s.ids)), s.name))
@@ -85,11 +131,18 @@ func (c *collector) shardMetrics(s *shard) []prometheus.Metric {
 
 // rejectionCode is the error code a refusal for reason is answered with:
 // capacity_exhausted (503) for the provider's own capacity, rate_limited
-// (429) for the caller's quota.
-func rejectionCode(reason string) string {
+// (429) for the caller's quota and 429 bans, forbidden or banned for a ban
+// answered 403 (undisclosed or disclosed).
+func (s *shard) rejectionCode(reason string) string {
 	switch reason {
 	case ReasonShard, ReasonStoreDown, ReasonIdentityLimit:
 		return "capacity_exhausted"
+	case ReasonForbidden:
+		return "forbidden"
+	case ReasonBanned:
+		if s.penalty.banStatus() == http.StatusForbidden {
+			return "banned"
+		}
 	}
 	return "rate_limited"
 }

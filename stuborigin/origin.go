@@ -142,6 +142,7 @@ func New(p *Profile, o *Options) (*Origin, error) {
 			maxIDs:  opt.MaxIdentities,
 			maxTL:   opt.MaxTimeline,
 			headers: p.headers(),
+			penalty: p.Penalty,
 			name:    "authority-" + strconv.Itoa(i),
 			ids:     map[string]*identity{},
 			window:  -1 << 62,
@@ -299,7 +300,8 @@ func (og *Origin) begin(ctx context.Context) (func() error, error) {
 
 	return func() error {
 		defer cancel()
-		og.log.Info().Strs("urls", urls).Str("admin", admin).Str("profile", og.profile.Name).Msg("stub origin serving")
+		og.log.Info().Strs("urls", urls).Str("admin", admin).Str("profile", og.profile.Name).
+			Str("penalty", og.profile.Penalty.Describe()).Msg("stub origin serving")
 		errc := make(chan error, len(all))
 		var wg sync.WaitGroup
 		for _, x := range all {
@@ -384,7 +386,7 @@ func (og *Origin) Stats() Stats { return og.stats(true) }
 func (og *Origin) stats(withIdentities bool) Stats {
 	st := Stats{Profile: og.profile.Name, Start: og.start, Now: og.clk.Now()}
 	for _, s := range og.shards {
-		st.Authorities = append(st.Authorities, s.stats(withIdentities))
+		st.Authorities = append(st.Authorities, s.stats(withIdentities, st.Now))
 	}
 	return st
 }

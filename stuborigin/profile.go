@@ -52,6 +52,10 @@ type Profile struct {
 	Objects Objects `json:"objects"`
 	// Faults are in force from the start; POST /faults replaces them.
 	Faults Faults `json:"faults"`
+
+	// Penalty, when set (After > 0), penalizes an identity that keeps
+	// coming early: a ban, a tarpit, a growing Retry-After.
+	Penalty *Penalty `json:"penalty,omitempty"`
 }
 
 // Quota is the pair of token buckets of one identity, evaluated
@@ -247,6 +251,9 @@ func (p *Profile) Validate() error {
 	}
 	if p.Objects.MaxSize < 0 {
 		bad("objects.max_size", "must not be negative")
+	}
+	if err := p.Penalty.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := p.Faults.validate(-1); err != nil {
 		errs = append(errs, fmt.Errorf("faults: %w", err))

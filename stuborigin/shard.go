@@ -21,6 +21,7 @@ type shard struct {
 	maxIDs  int
 	maxTL   int
 	headers string
+	penalty *Penalty // nil or off: nobody is penalized
 
 	served atomic.Uint64 // admitted object responses, for fault selection
 
@@ -80,7 +81,8 @@ func (s *shard) admit(now time.Time, c caller, storeDown bool, raFormat string) 
 		id = &identity{c: c}
 		s.ids[c.key] = id
 	}
-	if now.Before(id.waitUntil) {
+	early := now.Before(id.waitUntil)
+	if early {
 		id.early++
 		s.early++
 	}
@@ -93,10 +95,20 @@ func (s *shard) admit(now time.Time, c caller, storeDown bool, raFormat string) 
 	}
 	s.last = now
 
-	var d decision
-	if storeDown {
+	var (
+		d       decision
+		decided bool
+		hold    time.Duration
+	)
+	penalize := s.penalty.enabled() && !storeDown
+	if penalize {
+		d, decided, hold = s.penalizeLocked(id, now, early)
+	}
+	switch {
+	case decided:
+	case storeDown:
 		d = decision{outcome: CapacityExhausted, reason: ReasonStoreDown}
-	} else {
+	default:
 		d = s.admitIdentityLocked(id, now)
 	}
 	if d.outcome != Admitted && d.hasWait {
@@ -120,6 +132,14 @@ func (s *shard) admit(now time.Time, c caller, storeDown bool, raFormat string) 
 		if hv := d.view.header(); hv.remaining == 0 && hv.reset > 0 {
 			id.waitUntil = later(id.waitUntil, now.Add(time.Duration(hv.reset)*time.Second))
 		}
+	}
+	if penalize {
+		s.afterAdmitLocked(id, now, d)
+	}
+	if hold > 0 {
+		d.hold = hold
+		id.pen.pst.Tarpitted++
+		id.pen.pst.TarpitSeconds += hold.Seconds()
 	}
 	s.recordLocked(now, id, c.kind, d)
 	return d
@@ -191,6 +211,10 @@ type AuthorityStats struct {
 	// shared_capacity, limiter_unavailable, identity_table_full).
 	Reasons       map[string]int64 `json:"reasons"`
 	IdentityCount int              `json:"identity_count"`
+	// Penalty sums the identities' penalties (Profile.Penalty), and
+	// BanPeriods lists their bans in order of start.
+	Penalty    PenaltyStats `json:"penalty"`
+	BanPeriods []Period     `json:"ban_periods,omitempty"`
 	// Identities is sorted by identity; omitted on /stats?identities=0.
 	Identities []IdentityStats `json:"identities,omitempty"`
 	// Timeline has one entry per second since the origin started (store
@@ -220,6 +244,9 @@ type IdentityStats struct {
 	Counts
 	Early int64 `json:"early"`
 	Gaps
+	Penalty PenaltyStats `json:"penalty"`
+	// Banned: the identity is banned at the snapshot's instant.
+	Banned bool `json:"banned,omitempty"`
 }
 
 // Second is one second of an authority's timeline.
@@ -232,7 +259,7 @@ func (g gapStats) export() Gaps {
 	return Gaps{GapCount: g.n, MinGap: g.min, BelowFloor: g.belowFloor}
 }
 
-func (s *shard) stats(withIdentities bool) AuthorityStats {
+func (s *shard) stats(withIdentities bool, now time.Time) AuthorityStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := AuthorityStats{
@@ -250,10 +277,23 @@ func (s *shard) stats(withIdentities bool) AuthorityStats {
 	for k, v := range s.reasons {
 		a.Reasons[k] = v
 	}
+	pens := make(map[string]PenaltyStats, len(s.ids))
+	for key, id := range s.ids {
+		pst, periods := id.pen.snapshot(s.start, now)
+		pens[key] = pst
+		a.Penalty.addStats(pst)
+		for _, p := range periods {
+			p.Identity = key
+			a.BanPeriods = append(a.BanPeriods, p)
+		}
+	}
+	sort.Slice(a.BanPeriods, func(i, j int) bool { return a.BanPeriods[i].Start < a.BanPeriods[j].Start })
 	if withIdentities {
 		a.Identities = make([]IdentityStats, 0, len(s.ids))
-		for _, id := range s.ids {
+		for key, id := range s.ids {
 			a.Identities = append(a.Identities, IdentityStats{
+				Penalty:    pens[key],
+				Banned:     id.pen.banned && id.pen.active(now),
 				Identity:   id.c.key,
 				Kind:       id.c.kind,
 				Tenant:     id.c.tenant,
@@ -280,7 +320,10 @@ func (s Stats) Sum() AuthorityStats {
 		t.Admitted += a.Admitted
 		t.RateLimited += a.RateLimited
 		t.CapacityExhausted += a.CapacityExhausted
+		t.Forbidden += a.Forbidden
 		t.Early += a.Early
+		t.Penalty.addStats(a.Penalty)
+		t.BanPeriods = append(t.BanPeriods, a.BanPeriods...)
 		if a.GapCount > 0 && (t.GapCount == 0 || a.MinGap < t.MinGap) {
 			t.MinGap = a.MinGap
 		}
@@ -298,6 +341,7 @@ func (s Stats) Sum() AuthorityStats {
 			t.Timeline[i].Admitted += sec.Admitted
 			t.Timeline[i].RateLimited += sec.RateLimited
 			t.Timeline[i].CapacityExhausted += sec.CapacityExhausted
+			t.Timeline[i].Forbidden += sec.Forbidden
 		}
 		t.TimelineTruncated = t.TimelineTruncated || a.TimelineTruncated
 	}

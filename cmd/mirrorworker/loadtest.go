@@ -20,122 +20,156 @@ import (
 // exists (running from the repository root).
 const defaultLoadtestProfile = "testdata/profiles/loadtest-throttling.json"
 
+// loadtestFlags are the flags of `mirrorworker loadtest`.
+type loadtestFlags struct {
+	jobs, auths, workers, concurrency int
+	skew                              float64
+	profile, strategies, reportDir    string
+	scratch, logLevel, progressMode   string
+	timeLimit                         time.Duration
+	shared, realTime, inProcess       bool
+	names                             []string // parsed from strategies
+}
+
 // cmdLoadtest is `mirrorworker loadtest`: the whole system against the stub
 // origin, once per politeness strategy, with a report.
 func cmdLoadtest(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, stdout, stderr io.Writer) error {
-	var (
-		jobsN, auths, workers, concurrency int
-		skew                               float64
-		profile, strategies, reportDir     string
-		scratch, logLevel, progressMode    string
-		timeLimit                          time.Duration
-		shared, realTime, inProcess        bool
-	)
-	fs := newFlagSet("loadtest", stderr)
-	fs.IntVar(&jobsN, "jobs", 1000, "jobs to enqueue per strategy")
-	fs.IntVar(&auths, "authorities", 10, "authorities the stub origin serves (one listener each)")
-	fs.IntVar(&workers, "workers", 3, "workers per strategy: the hostpacer runs as this many mirrorworker run processes (pods) sharing one pace per origin through the cluster layout, as a deployment does; the other strategies as in-process instances, each with its own pacer state")
-	fs.Float64Var(&skew, "skew", 0, "share of the jobs on the hottest authority (0: spread evenly)")
-	fs.StringVar(&profile, "profile", defaultLoadtestProfile, "load-test profile (or a plain stub origin profile)")
-	fs.StringVar(&strategies, "strategy", strategy.HostPacer, "strategies to compare, comma-separated, or all: "+strings.Join(strategy.Names(), ", "))
-	fs.StringVar(&reportDir, "report", "loadtest-report", "directory for report.json and report.html")
-	fs.DurationVar(&timeLimit, "time-limit", 3*time.Minute, "longest run of one strategy")
-	fs.IntVar(&concurrency, "concurrency", worker.DefaultConcurrency(), "fetch slots of each worker")
-	fs.BoolVar(&realTime, "real-time", false, "run the strategies at real time constants (scale 1: 2 s first step, 60-600 s cooldowns, 30 min quiet window) whatever the profile's scale")
-	fs.BoolVar(&inProcess, "in-process", false, "run the hostpacer's workers in this process like the other strategies' (quicker to start; not the cluster layout)")
-	fs.BoolVar(&shared, "shared-consumer", false, "in-process workers pull from one durable consumer instead of each from its own share of the authorities")
-	fs.StringVar(&scratch, "scratch-dir", "", "where each strategy's JetStream store and mirror live during its run (default: the system temp dir)")
-	fs.StringVar(&logLevel, "log-level", "error", "level of the workers' and origin's logs on stderr: trace, debug, info, warn or error")
-	fs.StringVar(&progressMode, "progress", "auto", "progress display: auto (one updating line on a terminal), line (a line every 5 s) or none")
-	if err := parseFlags(fs, args, getenv); err != nil {
+	f, err := parseLoadtestFlags(args, getenv, stderr)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("loadtest: unexpected arguments %q", fs.Args())}
-	}
-	names, err := strategy.Parse(strategies)
+	o, err := f.options(args, stderr)
 	if err != nil {
-		return usageError{"loadtest: --strategy: " + err.Error()}
+		return err
 	}
+	mode := "hostpacer as pods"
+	if f.inProcess {
+		mode = "all in-process"
+	}
+	fmt.Fprintf(stderr, "loadtest: %d jobs over %d authorities, %d workers (%s), profile %s (allowed %.4g req/s), strategies %s\n",
+		f.jobs, f.auths, f.workers, mode, o.Profile.Name, o.Profile.AllowedRate(f.auths, 1), strings.Join(f.names, ","))
+	rep, runErr := loadtest.Run(ctx, o)
+	if rep == nil {
+		return usageError{"loadtest: " + runErr.Error()}
+	}
+	return writeLoadtestReport(rep, runErr, f.reportDir, stdout)
+}
+
+func parseLoadtestFlags(args []string, getenv func(string) string, stderr io.Writer) (*loadtestFlags, error) {
+	var f loadtestFlags
+	fs := newFlagSet("loadtest", stderr)
+	fs.IntVar(&f.jobs, "jobs", 1000, "jobs to enqueue per strategy")
+	fs.IntVar(&f.auths, "authorities", 10, "authorities the stub origin serves (one listener each)")
+	fs.IntVar(&f.workers, "workers", 3, "workers per strategy: the hostpacer runs as this many mirrorworker run processes (pods) sharing one pace per origin through the cluster layout, as a deployment does; the other strategies as in-process instances, each with its own pacer state")
+	fs.Float64Var(&f.skew, "skew", 0, "share of the jobs on the hottest authority (0: spread evenly)")
+	fs.StringVar(&f.profile, "profile", defaultLoadtestProfile, "load-test profile (or a plain stub origin profile)")
+	fs.StringVar(&f.strategies, "strategy", strategy.HostPacer, "strategies to compare, comma-separated, or all: "+strings.Join(strategy.Names(), ", "))
+	fs.StringVar(&f.reportDir, "report", "loadtest-report", "directory for report.json and report.html")
+	fs.DurationVar(&f.timeLimit, "time-limit", 3*time.Minute, "longest run of one strategy")
+	fs.IntVar(&f.concurrency, "concurrency", worker.DefaultConcurrency(), "fetch slots of each worker")
+	fs.BoolVar(&f.realTime, "real-time", false, "run the strategies at real time constants (scale 1: 2 s first step, 60-600 s cooldowns, 30 min quiet window) whatever the profile's scale")
+	fs.BoolVar(&f.inProcess, "in-process", false, "run the hostpacer's workers in this process like the other strategies' (quicker to start; not the cluster layout)")
+	fs.BoolVar(&f.shared, "shared-consumer", false, "in-process workers pull from one durable consumer instead of each from its own share of the authorities")
+	fs.StringVar(&f.scratch, "scratch-dir", "", "where each strategy's JetStream store and mirror live during its run (default: the system temp dir)")
+	fs.StringVar(&f.logLevel, "log-level", "error", "level of the workers' and origin's logs on stderr: trace, debug, info, warn or error")
+	fs.StringVar(&f.progressMode, "progress", "auto", "progress display: auto (one updating line on a terminal), line (a line every 5 s) or none")
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError{fmt.Sprintf("loadtest: unexpected arguments %q", fs.Args())}
+	}
+	names, err := strategy.Parse(f.strategies)
+	if err != nil {
+		return nil, usageError{"loadtest: --strategy: " + err.Error()}
+	}
+	f.names = names
+	if bad := f.problems(); len(bad) > 0 {
+		return nil, usageError{"loadtest: " + strings.Join(bad, "; ")}
+	}
+	if err := checkScratchDir(f.scratch); err != nil { // every row would be "error"
+		return nil, usageError{"loadtest: " + err.Error()}
+	}
+	return &f, nil
+}
+
+// problems lists every flag value that cannot run.
+func (f *loadtestFlags) problems() []string {
 	var bad []string
-	if jobsN < 1 {
+	if f.jobs < 1 {
 		bad = append(bad, "--jobs: want at least 1")
 	}
-	if auths < 1 {
+	if f.auths < 1 {
 		bad = append(bad, "--authorities: want at least 1")
 	}
-	if workers < 1 {
+	if f.workers < 1 {
 		bad = append(bad, "--workers: want at least 1")
 	}
-	if !inProcess && workers > jobs.DefaultPartitions && slices.Contains(names, strategy.HostPacer) {
-		bad = append(bad, fmt.Sprintf("--workers %d: the hostpacer's pods serve whole partitions, at most %d pods (or pass --in-process)", workers, jobs.DefaultPartitions))
+	if !f.inProcess && f.workers > jobs.DefaultPartitions && slices.Contains(f.names, strategy.HostPacer) {
+		bad = append(bad, fmt.Sprintf("--workers %d: the hostpacer's pods serve whole partitions, at most %d pods (or pass --in-process)", f.workers, jobs.DefaultPartitions))
 	}
-	if timeLimit <= 0 {
+	if f.timeLimit <= 0 {
 		bad = append(bad, "--time-limit: want more than 0")
 	}
-	if concurrency < 1 {
+	if f.concurrency < 1 {
 		bad = append(bad, "--concurrency: want at least 1")
 	}
-	if reportDir == "" {
+	if f.reportDir == "" {
 		bad = append(bad, "--report: want a directory")
 	}
-	if progressMode != "auto" && progressMode != "line" && progressMode != "none" {
+	if f.progressMode != "auto" && f.progressMode != "line" && f.progressMode != "none" {
 		bad = append(bad, "--progress: want auto, line or none")
 	}
-	if len(bad) > 0 {
-		return usageError{"loadtest: " + strings.Join(bad, "; ")}
-	}
-	if err := checkScratchDir(scratch); err != nil { // every row would be "error"
-		return usageError{"loadtest: " + err.Error()}
-	}
-	log, err := newLogger(stderr, "console", logLevel)
+	return bad
+}
+
+// options builds the load test's options: logger, profile, pod binary and
+// progress display.
+func (f *loadtestFlags) options(args []string, stderr io.Writer) (loadtest.Options, error) {
+	log, err := newLogger(stderr, "console", f.logLevel)
 	if err != nil {
-		return usageError{"loadtest: " + err.Error()}
+		return loadtest.Options{}, usageError{"loadtest: " + err.Error()}
 	}
-	p, err := loadtest.LoadProfile(profile)
+	p, err := loadtest.LoadProfile(f.profile)
 	if err != nil {
-		return fmt.Errorf("loadtest: %w", err)
+		return loadtest.Options{}, fmt.Errorf("loadtest: %w", err)
 	}
-	if realTime {
+	if f.realTime {
 		p = p.RealTime()
 	}
 	o := loadtest.Options{
-		Jobs: jobsN, Authorities: auths, Workers: workers, Skew: skew,
-		Profile: p, ProfileFile: profile, Strategies: names,
-		TimeLimit: timeLimit, Concurrency: concurrency, Shared: shared, Dir: scratch,
-		InProcess: inProcess, PodLogLevel: logLevel,
+		Jobs: f.jobs, Authorities: f.auths, Workers: f.workers, Skew: f.skew,
+		Profile: p, ProfileFile: f.profile, Strategies: f.names,
+		TimeLimit: f.timeLimit, Concurrency: f.concurrency, Shared: f.shared, Dir: f.scratch,
+		InProcess: f.inProcess, PodLogLevel: f.logLevel,
 		Command:  "mirrorworker loadtest " + strings.Join(args, " "),
 		Progress: stderr, Logger: log,
 	}
-	if !inProcess {
+	if !f.inProcess {
 		// The pods are this same executable's `run`.
 		if o.PodBinary, err = os.Executable(); err != nil {
-			return fmt.Errorf("loadtest: find this executable for the pods: %w (pass --in-process)", err)
+			return loadtest.Options{}, fmt.Errorf("loadtest: find this executable for the pods: %w (pass --in-process)", err)
 		}
 	}
-	switch progressMode {
+	switch f.progressMode {
 	case "auto":
 		o.Live = isTerminal(stderr)
 	case "none":
 		o.Progress = io.Discard
 	}
-	mode := "hostpacer as pods"
-	if inProcess {
-		mode = "all in-process"
-	}
-	fmt.Fprintf(stderr, "loadtest: %d jobs over %d authorities, %d workers (%s), profile %s (allowed %.4g req/s), strategies %s\n",
-		jobsN, auths, workers, mode, p.Name, p.AllowedRate(auths, 1), strings.Join(names, ","))
-	rep, runErr := loadtest.Run(ctx, o)
-	if rep == nil {
-		return usageError{"loadtest: " + runErr.Error()}
-	}
+	return o, nil
+}
+
+// writeLoadtestReport prints the verdict and table, writes the report
+// files, and returns the run's error, if any, as the command's.
+func writeLoadtestReport(rep *loadtest.Report, runErr error, dir string, stdout io.Writer) error {
 	if err := rep.WriteTable(stdout); err != nil {
 		return err
 	}
-	if err := rep.WriteFiles(reportDir); err != nil {
+	if err := rep.WriteFiles(dir); err != nil {
 		return fmt.Errorf("loadtest: %w", err)
 	}
-	fmt.Fprintf(stdout, "report: %s/report.html and report.json\n", strings.TrimRight(reportDir, "/"))
+	fmt.Fprintf(stdout, "report: %s/report.html and report.json\n", strings.TrimRight(dir, "/"))
 	if runErr != nil {
 		if errors.Is(runErr, context.Canceled) {
 			return errors.New("loadtest: interrupted; the report covers the strategies that ran")

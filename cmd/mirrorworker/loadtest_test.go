@@ -20,7 +20,9 @@ func TestLoadtestCommand(t *testing.T) {
 		t.Skip("runs a load test")
 	}
 	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// The default profile bans fixed for 30 s after 10 early requests, once
+	// or twice: the limit leaves room for both.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	err := run(ctx, []string{"loadtest",
@@ -28,7 +30,7 @@ func TestLoadtestCommand(t *testing.T) {
 		"--strategy", "hostpacer,fixed",
 		"--profile", filepath.Join("..", "..", "testdata", "profiles", "loadtest-throttling.json"),
 		"--report", filepath.Join(dir, "out"), "--scratch-dir", dir,
-		"--time-limit", "60s", "--progress", "line",
+		"--time-limit", "150s", "--progress", "line",
 	}, noEnv, strings.NewReader(""), &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("loadtest: %v\nstderr:\n%s", err, stderr.String())
