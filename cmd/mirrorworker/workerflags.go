@@ -4,7 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -44,6 +46,14 @@ type workerFlags struct {
 	workerID      string
 	logFormat     string
 	logLevel      string
+	credentials   string
+	proxy         string
+	proxyCreds    string
+
+	// getenv is the command's environment (HTTP_PROXY, HTTPS_PROXY,
+	// NO_PROXY); proxyConf is the proxy check made of it and the flags.
+	getenv    func(string) string
+	proxyConf fetch.Proxy
 
 	workerIDPrefix string // of the default worker id, <prefix><hostname>-<pid>
 
@@ -97,6 +107,47 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	w.workerIDPrefix = d.workerIDPrefix
 	fs.StringVar(&w.logFormat, "log-format", d.logFormat, "log format: json or console")
 	fs.StringVar(&w.logLevel, "log-level", d.logLevel, "log level: trace, debug, info, warn or error")
+	fs.StringVar(&w.credentials, "credentials", "", "per-authority credentials: a JSON `file`, or a directory of them (a mounted Secret), re-read every 10 s; a change that does not parse keeps the last good set (README: Private upstreams)")
+	fs.StringVar(&w.proxy, "proxy", "", "egress proxy `URL` (http://host:port) for every origin, over HTTP_PROXY and HTTPS_PROXY (NO_PROXY still applies); without user information: see --proxy-credentials")
+	fs.StringVar(&w.proxyCreds, "proxy-credentials", "", "`file` holding user:password for the egress proxy (Proxy-Authorization: Basic)")
+}
+
+// proxyConfig is the egress proxy of the environment, with --proxy over
+// HTTP_PROXY and HTTPS_PROXY and --proxy-credentials as its user. Errors
+// never repeat a password.
+func (w *workerFlags) proxyConfig() (fetch.Proxy, error) {
+	getenv := w.getenv
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	p := fetch.ProxyFromEnv(getenv)
+	if w.proxy != "" {
+		u, err := url.Parse(w.proxy)
+		switch {
+		case err != nil || u.Host == "":
+			return p, fmt.Errorf("--proxy: want a URL such as http://proxy.internal:3128")
+		case u.User != nil:
+			return p, fmt.Errorf("--proxy: no user information in the URL (it would be logged); put user:password in a file and pass --proxy-credentials")
+		case u.Scheme != "http" && u.Scheme != "https":
+			return p, fmt.Errorf("--proxy %s://%s: want an http or https proxy", u.Scheme, u.Host)
+		}
+		p.HTTPProxy, p.HTTPSProxy = w.proxy, w.proxy
+	}
+	if w.proxyCreds != "" {
+		b, err := os.ReadFile(w.proxyCreds)
+		if err != nil {
+			return p, fmt.Errorf("--proxy-credentials: %w", err)
+		}
+		user, pass, ok := strings.Cut(strings.TrimRight(string(b), "\r\n"), ":")
+		if !ok || user == "" {
+			return p, fmt.Errorf("--proxy-credentials %s: want one line user:password", w.proxyCreds)
+		}
+		if p.IsZero() {
+			return p, fmt.Errorf("--proxy-credentials: no proxy (give --proxy, or set HTTPS_PROXY or HTTP_PROXY)")
+		}
+		p.User = url.UserPassword(user, pass)
+	}
+	return p, nil
 }
 
 // explicitFlags names the flags given on the command line or in the
@@ -156,6 +207,16 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	if _, err := zerolog.ParseLevel(w.logLevel); err != nil || w.logLevel == "" {
 		bad("--log-level %q: want trace, debug, info, warn or error", w.logLevel)
 	}
+	if p, err := w.proxyConfig(); err != nil {
+		bad("%s", err)
+	} else {
+		w.proxyConf = p
+	}
+	if w.credentials != "" {
+		if _, err := os.Stat(w.credentials); err != nil {
+			bad("--credentials: %s", err)
+		}
+	}
 }
 
 // logger defaults the worker id to <prefix><hostname>-<pid> and builds the
@@ -213,6 +274,7 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 		MaxIdleConns:          w.maxIdleConns,
 		AllowPrivate:          w.allowPrivate,
 		UserAgent:             fetch.UserAgent(version),
+		Proxy:                 w.proxyConf,
 	}
 }
 
@@ -228,6 +290,7 @@ func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Po
 		Policy:        policy,
 		TimeScale:     w.timeScale,
 		Fetch:         w.fetchOptions(),
+		Credentials:   w.credentials,
 		Registerer:    reg,
 		Logger:        log,
 	}
