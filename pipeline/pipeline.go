@@ -53,6 +53,9 @@ type Config struct {
 	// every credentials.DefaultReloadInterval, and a change ends the
 	// workers' auth holds on the authorities it changed.
 	Credentials string
+	// CredentialsReload is how often Run re-reads them;
+	// credentials.DefaultReloadInterval.
+	CredentialsReload time.Duration
 	// Auth is worker.Options.Auth, the handling of 401 and 403.
 	Auth worker.AuthRule
 	// Registerer gets the worker's and the sink's metrics; nil keeps them
@@ -95,7 +98,8 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 		*fo = *c.Fetch
 	}
 	if c.Credentials != "" {
-		if p.Credentials, err = credentials.Open(c.Credentials, &credentials.Options{Logger: c.Logger, Registerer: c.Registerer}); err != nil {
+		if p.Credentials, err = credentials.Open(c.Credentials, &credentials.Options{
+			Logger: c.Logger, Registerer: c.Registerer, ReloadInterval: c.CredentialsReload}); err != nil {
 			return nil, err
 		}
 		fo.Credentials = p.Credentials

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/mirrorworker/mirrorworker/credentials"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
@@ -47,8 +48,11 @@ type workerFlags struct {
 	logFormat     string
 	logLevel      string
 	credentials   string
+	credsReload   time.Duration
 	proxy         string
 	proxyCreds    string
+	authHold      time.Duration
+	authHolds     int
 
 	// getenv is the command's environment (HTTP_PROXY, HTTPS_PROXY,
 	// NO_PROXY); proxyConf is the proxy check made of it and the flags.
@@ -108,6 +112,9 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.StringVar(&w.logFormat, "log-format", d.logFormat, "log format: json or console")
 	fs.StringVar(&w.logLevel, "log-level", d.logLevel, "log level: trace, debug, info, warn or error")
 	fs.StringVar(&w.credentials, "credentials", "", "per-authority credentials: a JSON `file`, or a directory of them (a mounted Secret), re-read every 10 s; a change that does not parse keeps the last good set (README: Private upstreams)")
+	fs.DurationVar(&w.credsReload, "credentials-reload", credentials.DefaultReloadInterval, "how often the --credentials files are re-read")
+	fs.DurationVar(&w.authHold, "auth-hold", worker.DefaultAuthHold, "first hold of an authority that answers 401/403 in a row (doubling with each hold; a change of its credential ends it)")
+	fs.IntVar(&w.authHolds, "auth-holds", worker.DefaultAuthHolds, "holds without a success before a 401/403 dead-letters its job auth_failed")
 	fs.StringVar(&w.proxy, "proxy", "", "egress proxy `URL` (http://host:port) for every origin, over HTTP_PROXY and HTTPS_PROXY (NO_PROXY still applies); without user information: see --proxy-credentials")
 	fs.StringVar(&w.proxyCreds, "proxy-credentials", "", "`file` holding user:password for the egress proxy (Proxy-Authorization: Basic)")
 }
@@ -188,7 +195,11 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	if w.maxBodySize <= 0 {
 		bad("--max-body-size %d: want more than 0", w.maxBodySize)
 	}
+	if w.authHolds < 1 {
+		bad("--auth-holds %d: want at least 1", w.authHolds)
+	}
 	durations := append([]durationFlag{{"origin-connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO},
+		{"credentials-reload", w.credsReload}, {"auth-hold", w.authHold},
 		{"min-transfer-window", w.minRateWindow}, {"body-deadline-base", w.deadlineBase}, {"ack-wait", w.ackWait}}, more...)
 	for _, d := range durations {
 		if d.v <= 0 {
@@ -283,16 +294,18 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 // a replay is exactly as polite as the live worker.
 func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Policy, log zerolog.Logger) pipeline.Config {
 	return pipeline.Config{
-		Concurrency:   w.concurrency,
-		FailureBudget: w.failureBudget,
-		AckWait:       w.ackWait,
-		WorkerID:      w.workerID,
-		Policy:        policy,
-		TimeScale:     w.timeScale,
-		Fetch:         w.fetchOptions(),
-		Credentials:   w.credentials,
-		Registerer:    reg,
-		Logger:        log,
+		Concurrency:       w.concurrency,
+		FailureBudget:     w.failureBudget,
+		AckWait:           w.ackWait,
+		WorkerID:          w.workerID,
+		Policy:            policy,
+		TimeScale:         w.timeScale,
+		Fetch:             w.fetchOptions(),
+		Credentials:       w.credentials,
+		CredentialsReload: w.credsReload,
+		Auth:              worker.AuthRule{Hold: w.authHold, Holds: w.authHolds},
+		Registerer:        reg,
+		Logger:            log,
 	}
 }
 
