@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,7 +25,8 @@ type Proxy struct {
 
 	// Auth, if set, is the Proxy-Authorization every request must carry
 	// (else 407).
-	auth string
+	auth  string
+	conns atomic.Int64 // client connections accepted
 
 	mu      sync.Mutex
 	routes  map[string]string // authority "host:port" -> loopback address
@@ -60,7 +62,13 @@ func NewProxy(routes map[string]string, auth string) *Proxy {
 		},
 		MaxIdleConnsPerHost: 64,
 	}
-	p.srv = httptest.NewServer(http.HandlerFunc(p.serve))
+	p.srv = httptest.NewUnstartedServer(http.HandlerFunc(p.serve))
+	p.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			p.conns.Add(1)
+		}
+	}
+	p.srv.Start()
 	p.URL = p.srv.URL
 	return p
 }
@@ -78,6 +86,9 @@ func (p *Proxy) route(authority string) (string, bool) {
 	a, ok := p.routes[authority]
 	return a, ok
 }
+
+// Conns is the number of client connections the proxy accepted.
+func (p *Proxy) Conns() int64 { return p.conns.Load() }
 
 // Requests returns what the proxy was asked, in order.
 func (p *Proxy) Requests() []ProxyRequest {
