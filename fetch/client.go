@@ -366,7 +366,7 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 		// Asked per hop: each authority gets its own credential or none.
 		if cred = c.opt.Credentials.Credential(a); cred != nil {
 			for k, vs := range cred.Header {
-				req.Header[k] = vs
+				req.Header[k] = append([]string(nil), vs...) // the credential is shared
 			}
 			if cred.TLS != nil {
 				hc = c.tlsc.get(cred, func(tc *tls.Config) *http.Client {
