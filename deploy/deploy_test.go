@@ -394,7 +394,7 @@ func TestKustomizeRender(t *testing.T) {
 			sort.Strings(keys)
 			t.Logf("rendered %v", keys)
 			for _, want := range []string{"Deployment/mirrorworker", "Service/mirrorworker", "ServiceMonitor/mirrorworker",
-				"PodDisruptionBudget/mirrorworker", "ConfigMap/mirrorworker-policy", "Secret/mirrorworker-nats",
+				"PodDisruptionBudget/mirrorworker", "ConfigMap/mirrorworker-policy", "Secret/mirrorworker-nats", "Secret/mirrorworker-credentials",
 				"PersistentVolumeClaim/mirrorworker-mirror"} {
 				if objs[want] == nil {
 					t.Errorf("%s renders no %s", dir, want)
@@ -405,6 +405,10 @@ func TestKustomizeRender(t *testing.T) {
 				t.Fatal("no Deployment")
 			}
 			checkDeployment(t, d)
+			checkCredentialsMount(t, d)
+			if s, ok := objs["Secret/mirrorworker-credentials"].(*corev1.Secret); ok && len(s.Data)+len(s.StringData) != 0 {
+				t.Errorf("the base's credentials Secret holds %d keys, want none (it is filled out of band)", len(s.Data)+len(s.StringData))
+			}
 			if pvc, ok := objs["PersistentVolumeClaim/mirrorworker-mirror"].(*corev1.PersistentVolumeClaim); ok {
 				if len(pvc.Spec.AccessModes) != 1 || pvc.Spec.AccessModes[0] != corev1.ReadWriteMany {
 					t.Errorf("mirror claim access modes %v, want ReadWriteMany", pvc.Spec.AccessModes)
@@ -433,6 +437,32 @@ func TestKustomizeRender(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkCredentialsMount: MIRRORWORKER_CREDENTIALS names the directory
+// where the credentials Secret is mounted, read-only.
+func checkCredentialsMount(t *testing.T, d *appsv1.Deployment) {
+	t.Helper()
+	c := d.Spec.Template.Spec.Containers[0]
+	path := envOf(c)["MIRRORWORKER_CREDENTIALS"]
+	var vol string
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == path {
+			if !m.ReadOnly {
+				t.Errorf("credentials mounted writable at %s", path)
+			}
+			vol = m.Name
+		}
+	}
+	found := false
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == vol && v.Secret != nil && v.Secret.SecretName == "mirrorworker-credentials" {
+			found = true
+		}
+	}
+	if path == "" || !found {
+		t.Errorf("MIRRORWORKER_CREDENTIALS %q is not the mount of Secret mirrorworker-credentials (volume %q)", path, vol)
 	}
 }
 

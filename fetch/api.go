@@ -78,6 +78,9 @@ type Response struct {
 	Body     io.ReadCloser
 	FinalURL string
 	Hops     int // requests made, including the first
+	// CredentialVersion is the Version of the credential the final hop
+	// carried (Options.Credentials); 0: none.
+	CredentialVersion uint64
 }
 
 // Class is how a final status affects the job.
@@ -89,6 +92,7 @@ const (
 	ClassThrottled                // 429 (the pacer may also call 503/403 throttles: check its Verdict first)
 	ClassTransient                // 408, 5xx: retry with backoff
 	ClassPermanent                // other 4xx, unexpected 1xx/3xx: dead-letter
+	ClassAuthFailed               // 401, 403 (unless the pacer calls it a throttle): the credential, not the job
 )
 
 var (

@@ -23,6 +23,8 @@ func Classify(status int) Class {
 		return ClassSuccess
 	case status == http.StatusTooManyRequests:
 		return ClassThrottled
+	case status == http.StatusUnauthorized, status == http.StatusForbidden:
+		return ClassAuthFailed
 	case status == http.StatusRequestTimeout, status >= 500 && status <= 599:
 		return ClassTransient
 	}
@@ -42,6 +44,8 @@ func (c Class) String() string {
 		return "transient"
 	case ClassPermanent:
 		return "permanent"
+	case ClassAuthFailed:
+		return "auth_failed"
 	}
 	return "class_" + strconv.Itoa(int(c))
 }

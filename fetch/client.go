@@ -6,9 +6,11 @@
 // size (and the job's expected size, checked before and while reading), and
 // classification of the final status.
 //
-// It stores bodies as sent (no transparent decompression), follows no proxy
-// from the environment, and knows nothing of the pacer's rules, of NATS or
-// of where bodies end up.
+// It sends each authority's credential (Options.Credentials) to that
+// authority only, goes through an egress proxy when Options.Proxy names one
+// (checking the destination before the proxy is asked), stores bodies as
+// sent (no transparent decompression), and knows nothing of the pacer's
+// rules, of NATS or of where bodies end up.
 package fetch
 
 import (
@@ -16,6 +18,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -141,6 +144,18 @@ type Options struct {
 	MaxIdleConnsPerHost int
 	IdleConnTimeout     time.Duration
 	TLSConfig           *tls.Config // nil: system roots
+	// Credentials, if set, gives each hop's authority its credential
+	// (headers, TLS material); a redirect to another authority gets that
+	// authority's, never the first one's.
+	Credentials CredentialSource
+	// Proxy is the egress proxy (ProxyFromEnv reads the environment's);
+	// the zero value is none. The politeness key stays the origin's
+	// authority, and the destination is checked before the proxy is asked.
+	Proxy Proxy
+	// Resolver looks up a proxied request's host for that check (the
+	// direct dialer checks the addresses it connects to); nil: the
+	// system's.
+	Resolver Resolver
 }
 
 func (o *Options) withDefaults() Options {
@@ -191,22 +206,43 @@ func (o *Options) withDefaults() Options {
 // Client fetches objects. It owns its transport and connection pool. A
 // Client is safe for concurrent use; its configuration is fixed at New.
 type Client struct {
-	opt       Options
-	check     func(netip.Addr) (reason string) // CheckAddr with opt.AllowPrivate; tests widen it
-	transport *http.Transport
-	hc        *http.Client
+	opt        Options
+	check      func(netip.Addr) (reason string) // CheckAddr with opt.AllowPrivate; tests widen it
+	transport  *http.Transport
+	hc         *http.Client
+	proxy      func(*http.Request) (*url.URL, error) // nil: direct
+	proxyAddrs map[string]bool                       // host:port of the proxies, dialled unchecked
+	resolver   Resolver
+	tlsc       tlsClients // clients of credentials with TLS material
 }
 
 // New returns a Client; nil Options means the defaults.
 func New(o *Options) *Client {
 	c := &Client{opt: o.withDefaults()}
 	c.check = func(a netip.Addr) string { return CheckAddr(a, c.opt.AllowPrivate) }
+	c.resolver = c.opt.Resolver
+	if c.resolver == nil {
+		c.resolver = net.DefaultResolver
+	}
+	c.setupProxy(c.opt.Proxy)
 	var tlsConf *tls.Config
 	if c.opt.TLSConfig != nil {
 		tlsConf = c.opt.TLSConfig.Clone()
 	}
-	c.transport = &http.Transport{
-		Proxy:                 nil, // a proxy would dial on our behalf, past the destination check
+	c.hc = c.newClient(tlsConf)
+	c.transport = c.hc.Transport.(*http.Transport)
+	return c
+}
+
+// newClient is an HTTP client with a transport of its own, with TLS
+// configuration tlsConf (nil: system roots).
+func (c *Client) newClient(tlsConf *tls.Config) *http.Client {
+	var proxy func(*http.Request) (*url.URL, error)
+	if c.proxy != nil {
+		proxy = c.proxy
+	}
+	t := &http.Transport{
+		Proxy:                 proxy, // nil: direct
 		DialContext:           c.dialContext,
 		TLSClientConfig:       tlsConf,
 		ForceAttemptHTTP2:     true,
@@ -218,17 +254,19 @@ func New(o *Options) *Client {
 		IdleConnTimeout:       c.opt.IdleConnTimeout,
 		ExpectContinueTimeout: time.Second,
 	}
-	c.hc = &http.Client{
-		Transport: c.transport,
+	return &http.Client{
+		Transport: t,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse // Do follows redirects itself, hop by hop
 		},
 	}
-	return c
 }
 
 // CloseIdleConnections closes pooled connections not in use.
-func (c *Client) CloseIdleConnections() { c.transport.CloseIdleConnections() }
+func (c *Client) CloseIdleConnections() {
+	c.transport.CloseIdleConnections()
+	c.tlsc.closeIdle()
+}
 
 // Do fetches r.URL with a GET, following redirects itself. Before every hop
 // (hop 0 is the first request) it checks a literal IP destination, then
@@ -269,7 +307,7 @@ func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error
 				done = d
 			}
 		}
-		resp, err := c.send(ctx, u, r, sameAuthority(first, u), done)
+		resp, err := c.send(ctx, u, a, r, sameAuthority(first, u), done)
 		if err != nil {
 			return nil, fmt.Errorf("hop %d: %w", hop, err)
 		}
@@ -301,7 +339,7 @@ func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error
 
 // send makes one request and reports it to done as specified by Do.
 // Bodies of redirects and non-2xx answers are drained and closed here.
-func (c *Client) send(ctx context.Context, u *url.URL, r Request, firstAuthority bool, done func(Result)) (*Response, error) {
+func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r Request, firstAuthority bool, done func(Result)) (*Response, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
 	req, err := http.NewRequestWithContext(hctx, http.MethodGet, u.String(), nil)
 	if err != nil {
@@ -322,8 +360,38 @@ func (c *Client) send(ctx context.Context, u *url.URL, r Request, firstAuthority
 	if r.LastModified != "" {
 		req.Header.Set("If-Modified-Since", r.LastModified)
 	}
+	hc := c.hc
+	var cred *Credential
+	if c.opt.Credentials != nil {
+		// Asked per hop: each authority gets its own credential or none.
+		if cred = c.opt.Credentials.Credential(a); cred != nil {
+			for k, vs := range cred.Header {
+				req.Header[k] = append([]string(nil), vs...) // the credential is shared
+			}
+			if cred.TLS != nil {
+				hc = c.tlsc.get(cred, func(tc *tls.Config) *http.Client {
+					tc = tc.Clone()
+					if c.opt.TLSConfig != nil && tc.RootCAs == nil {
+						tc.RootCAs = c.opt.TLSConfig.RootCAs
+					}
+					return c.newClient(tc)
+				})
+			}
+		}
+	}
+	if c.proxy != nil {
+		if pu, err := c.proxy(req); err == nil && pu != nil {
+			// The proxy would resolve and dial on our behalf, past the
+			// dialer's check: the destination is checked here first.
+			if err := c.checkProxied(ctx, a.Host); err != nil {
+				cancel(nil)
+				done(Result{Err: err})
+				return nil, err
+			}
+		}
+	}
 
-	hr, err := c.hc.Do(req)
+	hr, err := hc.Do(req)
 	if err != nil {
 		cancel(nil)
 		done(Result{Err: err, Cancelled: ctx.Err() != nil})
@@ -334,6 +402,9 @@ func (c *Client) send(ctx context.Context, u *url.URL, r Request, firstAuthority
 		return nil, fmt.Errorf("get %s: %w", redact(u), err)
 	}
 	resp := &Response{Status: hr.StatusCode, Header: hr.Header}
+	if cred != nil {
+		resp.CredentialVersion = cred.Version
+	}
 	b := &body{
 		rc:     hr.Body,
 		max:    c.opt.MaxBodySize,

@@ -115,6 +115,12 @@ func (c *Client) dialContext(ctx context.Context, network, address string) (net.
 	if err != nil {
 		host = address
 	}
+	if c.proxyAddrs[address] {
+		// The operator's proxy (often on a private address); the origin
+		// behind it was checked before the proxy was asked.
+		d := net.Dialer{Timeout: c.opt.ConnectTimeout, KeepAlive: 30 * time.Second}
+		return d.DialContext(ctx, network, address)
+	}
 	d := net.Dialer{
 		Timeout:   c.opt.ConnectTimeout,
 		KeepAlive: 30 * time.Second,

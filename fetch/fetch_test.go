@@ -822,7 +822,7 @@ func TestClassify(t *testing.T) {
 	}{
 		{200, fetch.ClassSuccess}, {204, fetch.ClassSuccess}, {206, fetch.ClassPermanent},
 		{304, fetch.ClassNotModified}, {301, fetch.ClassPermanent}, {300, fetch.ClassPermanent},
-		{100, fetch.ClassPermanent}, {400, fetch.ClassPermanent}, {403, fetch.ClassPermanent},
+		{100, fetch.ClassPermanent}, {400, fetch.ClassPermanent}, {401, fetch.ClassAuthFailed}, {403, fetch.ClassAuthFailed},
 		{404, fetch.ClassPermanent}, {410, fetch.ClassPermanent}, {408, fetch.ClassTransient},
 		{429, fetch.ClassThrottled}, {500, fetch.ClassTransient}, {502, fetch.ClassTransient},
 		{503, fetch.ClassTransient}, {599, fetch.ClassTransient}, {600, fetch.ClassPermanent},

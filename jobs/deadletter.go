@@ -25,6 +25,7 @@ const (
 	ReasonDestinationRefused = "destination_refused"  // a hop resolved to a refused address
 	ReasonTooManyRedirects   = "too_many_redirects"
 	ReasonBodyTooLarge       = "body_too_large"
+	ReasonAuthFailed         = "auth_failed"      // 401/403: the origin refuses the credential (worker.AuthRule)
 	ReasonContentMismatch    = "content_mismatch" // the origin answered, twice, with other bytes than the job's size or sha256
 	ReasonInvalidTarget      = "invalid_target"   // the mirror refused the job's target key
 	ReasonTargetConflict     = "target_conflict"  // an object stands where the key needs a directory, or the reverse

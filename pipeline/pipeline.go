@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,8 +27,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/credentials"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -48,6 +51,17 @@ type Config struct {
 	// strategies publish nothing).
 	Pacer *pacer.Pacer
 	Fetch *fetch.Options
+	// Credentials, if set, is the credentials file or directory
+	// (package credentials): New loads it (an error if it does not load),
+	// the fetch client sends each authority its credential, Run reloads it
+	// every credentials.DefaultReloadInterval, and a change ends the
+	// workers' auth holds on the authorities it changed.
+	Credentials string
+	// CredentialsReload is how often Run re-reads them;
+	// credentials.DefaultReloadInterval.
+	CredentialsReload time.Duration
+	// Auth is worker.Options.Auth, the handling of 401 and 403.
+	Auth worker.AuthRule
 	// Registerer gets the worker's and the sink's metrics; nil keeps them
 	// on a private registry.
 	Registerer prometheus.Registerer
@@ -65,9 +79,15 @@ type Parts struct {
 	Sink    *facts.Sink
 	Pacer   *pacer.Pacer
 	Fetch   *fetch.Client
+	// Credentials is the loaded credential set (nil without
+	// Config.Credentials).
+	Credentials *credentials.Store
 
 	js  jetstream.JetStream
 	cfg Config
+
+	mu      sync.Mutex
+	workers []*worker.Worker // told of credential changes
 }
 
 // New builds the parts. js is where the sink publishes pacer facts and the
@@ -78,7 +98,30 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Parts{Metrics: metrics, Pacer: c.Pacer, Fetch: fetch.New(c.Fetch), js: js, cfg: c}
+	p := &Parts{Metrics: metrics, Pacer: c.Pacer, js: js, cfg: c}
+	fo := &fetch.Options{}
+	if c.Fetch != nil {
+		*fo = *c.Fetch
+	}
+	if c.Credentials != "" {
+		if p.Credentials, err = credentials.Open(c.Credentials, &credentials.Options{
+			Logger: c.Logger, Registerer: c.Registerer, ReloadInterval: c.CredentialsReload}); err != nil {
+			return nil, err
+		}
+		fo.Credentials = p.Credentials
+		p.Credentials.OnChange(func(changed func(authority.Authority) bool) {
+			p.mu.Lock()
+			ws := append([]*worker.Worker(nil), p.workers...)
+			p.mu.Unlock()
+			for _, w := range ws {
+				w.CredentialsChanged(changed)
+			}
+		})
+	}
+	if !fo.Proxy.IsZero() {
+		c.Logger.Info().Str("proxy", fo.Proxy.String()).Msg("egress proxy")
+	}
+	p.Fetch = fetch.New(fo)
 	var pub facts.Publisher
 	if js != nil {
 		pub = js
@@ -108,11 +151,18 @@ func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdow
 		Clock:         clock.Real{},
 		Logger:        p.cfg.Logger,
 		Metrics:       p.Metrics,
+		Auth:          p.cfg.Auth,
 	}
 	for _, f := range adjust {
 		f(o, &d)
 	}
-	return worker.New(d, o)
+	w, err := worker.New(d, o)
+	if err == nil && p.Credentials != nil {
+		p.mu.Lock()
+		p.workers = append(p.workers, w)
+		p.mu.Unlock()
+	}
+	return w, err
 }
 
 // Actor is a long-running part with its own interrupt, as oklog/run's
@@ -192,6 +242,12 @@ func (p *Parts) Run(ctx context.Context, work func(ctx context.Context) error, o
 	}
 	for _, a := range o.Actors {
 		g.Add(a.Execute, a.Interrupt)
+	}
+	if p.Credentials != nil {
+		// Secret rotation: the files are re-read while the pipeline runs.
+		cctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		defer stop()
+		g.Add(func() error { return p.Credentials.Run(cctx) }, func(error) { stop() })
 	}
 	err := g.Run()
 	switch {

@@ -84,6 +84,7 @@ func (h *hopSet) done(p *hop, r fetch.Result) {
 			host, port := authority.Split(p.pm.Authority)
 			w.m.CountUpstreamRequest(host, port, h.kind, upstreamOutcome(r, v))
 		}
+		w.noteAuth(p.pm.Authority, r.Status) // authfail.go
 		w.sched.released(now, p.pm.Authority)
 		if p.part >= 0 {
 			w.sched.hopEnd(p.part)
@@ -160,6 +161,8 @@ func upstreamOutcome(r fetch.Result, v pacer.Verdict) string {
 		return "throttled"
 	case r.Err != nil:
 		return "error"
+	case r.Status == 401, r.Status == 403:
+		return "auth_failed"
 	case r.Status == 304:
 		return "not_modified"
 	case r.Status >= 200 && r.Status < 300:

@@ -197,6 +197,10 @@ func (s *settler) retry(ctx context.Context, j *heldJob, reason string, status i
 			return
 		}
 	}
+	if reason == jobs.ReasonAuthFailed && countReason(rec.Attempts, reason) >= s.o.Auth.withDefaults().Attempts {
+		s.deadLetter(ctx, j, reason, detail, status, rec.Attempts) // authfail.go
+		return
+	}
 	if rec.Count >= s.o.FailureBudget {
 		s.deadLetter(ctx, j, jobs.ReasonBudgetExhausted,
 			fmt.Sprintf("%d failed attempts, last %s: %s", rec.Count, reason, detail), status, rec.Attempts)

@@ -212,7 +212,8 @@ type Options struct {
 	// Registerer (nil: a private registry).
 	Metrics        *Metrics
 	Registerer     prometheus.Registerer
-	HostLabelLimit int // distinct (host, port) label pairs; DefaultHostLabelLimit
+	HostLabelLimit int      // distinct (host, port) label pairs; DefaultHostLabelLimit
+	Auth           AuthRule // 401/403 handling (authfail.go); zero: the defaults
 }
 
 func (o *Options) withDefaults() Options {
@@ -271,6 +272,7 @@ type Worker struct {
 	sched *scheduler
 
 	health targetHealth // whether the mirror target takes writes (targethealth.go)
+	auth   authGuard    // 401/403 per authority (authfail.go)
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -866,6 +868,8 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		w.settler.stored.add(j, resp.Status, 0, began)
 	case fetch.ClassTransient:
 		w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "")
+	case fetch.ClassAuthFailed:
+		w.authFailed(ctx, j, resp) // authfail.go
 	default:
 		w.settler.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
 	}

@@ -150,7 +150,7 @@ func cmdReplay(ctx context.Context, args []string, getenv func(string) string, _
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
 	}
-	c.explicit = explicitFlags(fs, getenv)
+	c.explicit, c.getenv = explicitFlags(fs, getenv), getenv
 	c.nats.markGiven(fs, getenv)
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("replay: unexpected arguments %q (give origins with --authority)", fs.Args())}

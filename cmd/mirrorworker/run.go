@@ -160,7 +160,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 	if err := parseFlags(fs, args, getenv); err != nil {
 		return err
 	}
-	c.explicit = explicitFlags(fs, getenv)
+	c.explicit, c.getenv = explicitFlags(fs, getenv), getenv
 	if fs.NArg() > 0 {
 		return usageError{fmt.Sprintf("run: unexpected arguments %q", fs.Args())}
 	}

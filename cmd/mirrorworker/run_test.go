@@ -187,6 +187,10 @@ func TestRunRejectsBadInput(t *testing.T) {
 	if err := os.WriteFile(aFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	brokenCreds := filepath.Join(t.TempDir(), "credentials.json")
+	if err := os.WriteFile(brokenCreds, []byte(`{"authorities": {"a.example:443": {"bearer": "hunter2"`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	tests := []struct {
 		name     string
@@ -195,6 +199,13 @@ func TestRunRejectsBadInput(t *testing.T) {
 		wantCode int // 2: usage error; 1: other
 		wantMsg  string
 	}{
+		{name: "proxy with a password", args: []string{"--proxy", "http://u:hunter2@proxy.internal:3128"}, wantCode: 2, wantMsg: "--proxy-credentials"},
+		{name: "proxy scheme", args: []string{"--proxy", "ftp://proxy.internal:21"}, wantCode: 2, wantMsg: "want an http or https proxy"},
+		{name: "proxy credentials without a proxy", args: []string{"--proxy-credentials", brokenCreds}, wantCode: 2, wantMsg: "no proxy"},
+		{name: "proxy credentials malformed", args: []string{"--proxy", "http://proxy.internal:3128", "--proxy-credentials", aFile}, wantCode: 2, wantMsg: "want one line user:password"},
+		{name: "missing credentials", args: []string{"--credentials", filepath.Join(t.TempDir(), "none")}, wantCode: 2, wantMsg: "--credentials"},
+		{name: "credentials do not parse", args: []string{"--credentials", brokenCreds}, wantCode: 1, wantMsg: "credentials.json: invalid JSON"},
+		{name: "auth holds", args: []string{"--auth-holds", "0"}, wantCode: 2, wantMsg: "--auth-holds"},
 		{name: "unknown flag", args: []string{"--bogus"}, wantCode: 2, wantMsg: "bogus"},
 		{name: "stray argument", args: []string{"extra"}, wantCode: 2, wantMsg: "unexpected arguments"},
 		{name: "concurrency zero", args: []string{"--concurrency", "0"}, wantCode: 2, wantMsg: "--concurrency"},
@@ -239,6 +250,9 @@ func TestRunRejectsBadInput(t *testing.T) {
 			}
 			if msg := err.Error() + stderr.String(); !strings.Contains(msg, tt.wantMsg) {
 				t.Errorf("error %q (stderr %q) does not mention %q", err, stderr.String(), tt.wantMsg)
+			}
+			if msg := err.Error() + stderr.String(); strings.Contains(msg, "hunter2") {
+				t.Errorf("the error repeats a password: %q", msg)
 			}
 		})
 	}

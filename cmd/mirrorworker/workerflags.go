@@ -4,12 +4,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/mirrorworker/mirrorworker/credentials"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
@@ -44,6 +47,17 @@ type workerFlags struct {
 	workerID      string
 	logFormat     string
 	logLevel      string
+	credentials   string
+	credsReload   time.Duration
+	proxy         string
+	proxyCreds    string
+	authHold      time.Duration
+	authHolds     int
+
+	// getenv is the command's environment (HTTP_PROXY, HTTPS_PROXY,
+	// NO_PROXY); proxyConf is the proxy check made of it and the flags.
+	getenv    func(string) string
+	proxyConf fetch.Proxy
 
 	workerIDPrefix string // of the default worker id, <prefix><hostname>-<pid>
 
@@ -97,6 +111,50 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	w.workerIDPrefix = d.workerIDPrefix
 	fs.StringVar(&w.logFormat, "log-format", d.logFormat, "log format: json or console")
 	fs.StringVar(&w.logLevel, "log-level", d.logLevel, "log level: trace, debug, info, warn or error")
+	fs.StringVar(&w.credentials, "credentials", "", "per-authority credentials: a JSON `file`, or a directory of them (a mounted Secret), re-read every 10 s; a change that does not parse keeps the last good set (README: Private upstreams)")
+	fs.DurationVar(&w.credsReload, "credentials-reload", credentials.DefaultReloadInterval, "how often the --credentials files are re-read")
+	fs.DurationVar(&w.authHold, "auth-hold", worker.DefaultAuthHold, "first hold of an authority that answers 401/403 in a row (doubling with each hold; a change of its credential ends it)")
+	fs.IntVar(&w.authHolds, "auth-holds", worker.DefaultAuthHolds, "holds without a success before a 401/403 dead-letters its job auth_failed")
+	fs.StringVar(&w.proxy, "proxy", "", "egress proxy `URL` (http://host:port) for every origin, over HTTP_PROXY and HTTPS_PROXY (NO_PROXY still applies); without user information: see --proxy-credentials")
+	fs.StringVar(&w.proxyCreds, "proxy-credentials", "", "`file` holding user:password for the egress proxy (Proxy-Authorization: Basic)")
+}
+
+// proxyConfig is the egress proxy of the environment, with --proxy over
+// HTTP_PROXY and HTTPS_PROXY and --proxy-credentials as its user. Errors
+// never repeat a password.
+func (w *workerFlags) proxyConfig() (fetch.Proxy, error) {
+	getenv := w.getenv
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	p := fetch.ProxyFromEnv(getenv)
+	if w.proxy != "" {
+		u, err := url.Parse(w.proxy)
+		switch {
+		case err != nil || u.Host == "":
+			return p, fmt.Errorf("--proxy: want a URL such as http://proxy.internal:3128")
+		case u.User != nil:
+			return p, fmt.Errorf("--proxy: no user information in the URL (it would be logged); put user:password in a file and pass --proxy-credentials")
+		case u.Scheme != "http" && u.Scheme != "https":
+			return p, fmt.Errorf("--proxy %s://%s: want an http or https proxy", u.Scheme, u.Host)
+		}
+		p.HTTPProxy, p.HTTPSProxy = w.proxy, w.proxy
+	}
+	if w.proxyCreds != "" {
+		b, err := os.ReadFile(w.proxyCreds)
+		if err != nil {
+			return p, fmt.Errorf("--proxy-credentials: %w", err)
+		}
+		user, pass, ok := strings.Cut(strings.TrimRight(string(b), "\r\n"), ":")
+		if !ok || user == "" {
+			return p, fmt.Errorf("--proxy-credentials %s: want one line user:password", w.proxyCreds)
+		}
+		if p.IsZero() {
+			return p, fmt.Errorf("--proxy-credentials: no proxy (give --proxy, or set HTTPS_PROXY or HTTP_PROXY)")
+		}
+		p.User = url.UserPassword(user, pass)
+	}
+	return p, nil
 }
 
 // explicitFlags names the flags given on the command line or in the
@@ -137,7 +195,11 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	if w.maxBodySize <= 0 {
 		bad("--max-body-size %d: want more than 0", w.maxBodySize)
 	}
+	if w.authHolds < 1 {
+		bad("--auth-holds %d: want at least 1", w.authHolds)
+	}
 	durations := append([]durationFlag{{"origin-connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO},
+		{"credentials-reload", w.credsReload}, {"auth-hold", w.authHold},
 		{"min-transfer-window", w.minRateWindow}, {"body-deadline-base", w.deadlineBase}, {"ack-wait", w.ackWait}}, more...)
 	for _, d := range durations {
 		if d.v <= 0 {
@@ -155,6 +217,16 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	}
 	if _, err := zerolog.ParseLevel(w.logLevel); err != nil || w.logLevel == "" {
 		bad("--log-level %q: want trace, debug, info, warn or error", w.logLevel)
+	}
+	if p, err := w.proxyConfig(); err != nil {
+		bad("%s", err)
+	} else {
+		w.proxyConf = p
+	}
+	if w.credentials != "" {
+		if _, err := os.Stat(w.credentials); err != nil {
+			bad("--credentials: %s", err)
+		}
 	}
 }
 
@@ -213,6 +285,7 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 		MaxIdleConns:          w.maxIdleConns,
 		AllowPrivate:          w.allowPrivate,
 		UserAgent:             fetch.UserAgent(version),
+		Proxy:                 w.proxyConf,
 	}
 }
 
@@ -221,15 +294,18 @@ func (w *workerFlags) fetchOptions() *fetch.Options {
 // a replay is exactly as polite as the live worker.
 func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Policy, log zerolog.Logger) pipeline.Config {
 	return pipeline.Config{
-		Concurrency:   w.concurrency,
-		FailureBudget: w.failureBudget,
-		AckWait:       w.ackWait,
-		WorkerID:      w.workerID,
-		Policy:        policy,
-		TimeScale:     w.timeScale,
-		Fetch:         w.fetchOptions(),
-		Registerer:    reg,
-		Logger:        log,
+		Concurrency:       w.concurrency,
+		FailureBudget:     w.failureBudget,
+		AckWait:           w.ackWait,
+		WorkerID:          w.workerID,
+		Policy:            policy,
+		TimeScale:         w.timeScale,
+		Fetch:             w.fetchOptions(),
+		Credentials:       w.credentials,
+		CredentialsReload: w.credsReload,
+		Auth:              worker.AuthRule{Hold: w.authHold, Holds: w.authHolds},
+		Registerer:        reg,
+		Logger:            log,
 	}
 }
 
