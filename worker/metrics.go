@@ -297,7 +297,7 @@ type coolingCollector struct {
 var _ prometheus.Collector = (*coolingCollector)(nil)
 
 // NewCoolingCollector returns the collector; a nil clk is the wall clock.
-func NewCoolingCollector(snapshot func(now time.Time) []pacer.State, clk clock.Clock) *coolingCollector {
+func NewCoolingCollector(snapshot func(now time.Time) []pacer.State, clk clock.Clock) prometheus.Collector {
 	if clk == nil {
 		clk = clock.Real{}
 	}
