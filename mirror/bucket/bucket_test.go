@@ -1,0 +1,284 @@
+package bucket_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/mirror/bucket"
+	"github.com/mirrorworker/mirrorworker/mirror/bucket/buckettest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func open(t *testing.T, srv *buckettest.Server, spec string, o *bucket.Options) *bucket.Target {
+	t.Helper()
+	if o == nil {
+		o = &bucket.Options{}
+	}
+	o.Endpoint, o.Region, o.Credentials = srv.Endpoint, buckettest.Region, buckettest.Credentials()
+	o.Logger = zerolog.New(zerolog.NewTestWriter(t))
+	tg, err := bucket.Open(ctxT(t), spec, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tg
+}
+
+func randBytes(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+func hexSum(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+
+func TestParseSpec(t *testing.T) {
+	for _, tc := range []struct {
+		spec, bucket, prefix string
+		bad                  bool
+	}{
+		{spec: "s3://mirror", bucket: "mirror"},
+		{spec: "s3://mirror/", bucket: "mirror"},
+		{spec: "s3://mirror/pypi/", bucket: "mirror", prefix: "pypi/"},
+		{spec: "s3://mirror/a/b", bucket: "mirror", prefix: "a/b/"},
+		{spec: "s3://Mirror", bad: true},
+		{spec: "s3://ab", bad: true},
+		{spec: "s3://key:secret@mirror", bad: true},
+		{spec: "s3://mirror:9000", bad: true},
+		{spec: "s3://mirror/a/../b", bad: true},
+		{spec: "s3://mirror/.mirrorworker", bad: true},
+		{spec: "s3://mirror?region=x", bad: true},
+		{spec: "file:///tmp", bad: true},
+	} {
+		t.Run(tc.spec, func(t *testing.T) {
+			b, p, err := bucket.ParseSpec(tc.spec)
+			if tc.bad {
+				if err == nil {
+					t.Fatalf("ParseSpec(%q) = %q, %q; want an error", tc.spec, b, p)
+				}
+				return
+			}
+			if err != nil || b != tc.bucket || p != tc.prefix {
+				t.Fatalf("ParseSpec(%q) = %q, %q, %v; want %q, %q", tc.spec, b, p, err, tc.bucket, tc.prefix)
+			}
+		})
+	}
+}
+
+// partFiles lists what versitygw keeps of unfinished multipart uploads
+// (under <root>/<bucket>/.sgwtmp): empty once none is left.
+func pendingUploads(t *testing.T, srv *buckettest.Server, b string) []string {
+	t.Helper()
+	out, err := srv.Client().ListMultipartUploads(ctxT(t), &s3.ListMultipartUploadsInput{Bucket: &b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, u := range out.Uploads {
+		keys = append(keys, aws.ToString(u.Key))
+	}
+	return keys
+}
+
+func TestPutStatSmallAndLarge(t *testing.T) {
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	tg := open(t, srv, "s3://mirror/pre", &bucket.Options{PartSize: bucket.MinPartSize, PartsInFlight: 2})
+	at := time.Date(2026, 12, 1, 10, 0, 0, 123, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		size    int
+		withSum bool
+	}{
+		{"empty", 0, true},
+		{"4KiB", 4 << 10, true},
+		{"one-part", 3 << 20, false},          // one PutObject from the part buffer
+		{"multipart", 13<<20 + 17, true},      // three parts, the last short
+		{"multipart-no-sum", 11 << 20, false}, // sha256 kept in a receipt
+		{"exact-parts", 10 << 20, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			data := randBytes(tc.size, uint64(tc.size))
+			want := mirror.Expect{Size: int64(tc.size), HasSize: true}
+			if tc.withSum {
+				want.SHA256 = hexSum(data)
+			}
+			key := "objects/" + tc.name + ".bin"
+			in := mirror.Meta{URL: "http://user:pw@origin.test/" + tc.name, ETag: `"abc-ü"`, LastModified: "Tue, 01 Dec 2026 09:00:00 GMT",
+				ContentType: "application/x-test", JobID: "job-" + tc.name, FetchedAt: at}
+			got, err := tg.Put(ctx, key, bytes.NewReader(data), want, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.SHA256 != hexSum(data) || got.Size != int64(tc.size) || got.URL != "http://origin.test/"+tc.name {
+				t.Fatalf("Put returned %+v", got)
+			}
+			// The bytes, as a reader of the bucket sees them.
+			obj, err := srv.Client().GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("mirror"), Key: aws.String("pre/" + key)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(obj.Body)
+			obj.Body.Close()
+			if !bytes.Equal(body, data) {
+				t.Fatalf("stored %d bytes, not the %d put", len(body), len(data))
+			}
+			m, err := tg.Stat(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantMeta := got
+			if m != wantMeta {
+				t.Fatalf("Stat = %+v\nwant   %+v", m, wantMeta)
+			}
+		})
+	}
+	if p := pendingUploads(t, srv, "mirror"); len(p) != 0 {
+		t.Fatalf("uploads left pending: %v", p)
+	}
+}
+
+func TestMismatchStoresNothing(t *testing.T) {
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	tg := open(t, srv, "s3://mirror", &bucket.Options{PartSize: bucket.MinPartSize})
+	for _, tc := range []struct {
+		name string
+		size int
+		want func(data []byte) mirror.Expect
+		err  error
+	}{
+		{"small-digest", 1000, func(d []byte) mirror.Expect { return mirror.Expect{SHA256: hexSum(append([]byte("x"), d...))} }, mirror.ErrDigestMismatch},
+		{"small-size", 1000, func(d []byte) mirror.Expect { return mirror.Expect{Size: 999, HasSize: true} }, mirror.ErrSizeMismatch},
+		{"large-digest", 12 << 20, func(d []byte) mirror.Expect { return mirror.Expect{SHA256: strings.Repeat("0", 64)} }, mirror.ErrDigestMismatch},
+		{"large-size", 12 << 20, func(d []byte) mirror.Expect { return mirror.Expect{Size: 12<<20 + 1, HasSize: true} }, mirror.ErrSizeMismatch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			data := randBytes(tc.size, 7)
+			_, err := tg.Put(ctxT(t), tc.name, bytes.NewReader(data), tc.want(data), mirror.Meta{JobID: "j", FetchedAt: time.Now()})
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("Put: %v; want %v", err, tc.err)
+			}
+			if _, err := tg.Stat(ctxT(t), tc.name); !errors.Is(err, mirror.ErrNotFound) {
+				t.Fatalf("Stat after a refused Put: %v; want ErrNotFound", err)
+			}
+		})
+	}
+	if p := pendingUploads(t, srv, "mirror"); len(p) != 0 {
+		t.Fatalf("refused uploads not aborted: %v", p)
+	}
+}
+
+// failingReader fails after n bytes, as an origin that drops the
+// connection mid-body.
+type failingReader struct {
+	r io.Reader
+	n int
+}
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	if f.n <= 0 {
+		return 0, errors.New("origin connection reset")
+	}
+	if len(p) > f.n {
+		p = p[:f.n]
+	}
+	n, err := f.r.Read(p)
+	f.n -= n
+	return n, err
+}
+
+func TestReadErrorMidMultipartAborts(t *testing.T) {
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	tg := open(t, srv, "s3://mirror", &bucket.Options{PartSize: bucket.MinPartSize})
+	data := randBytes(20<<20, 3)
+	_, err := tg.Put(ctxT(t), "broken", &failingReader{r: bytes.NewReader(data), n: 12 << 20}, mirror.Expect{}, mirror.Meta{JobID: "j", FetchedAt: time.Now()})
+	if err == nil || mirror.FailureCode(err) != "" {
+		t.Fatalf("Put of a body that fails: %v; want a read error, not a target failure", err)
+	}
+	if _, err := tg.Stat(ctxT(t), "broken"); !errors.Is(err, mirror.ErrNotFound) {
+		t.Fatalf("Stat: %v; want ErrNotFound", err)
+	}
+	if p := pendingUploads(t, srv, "mirror"); len(p) != 0 {
+		t.Fatalf("upload not aborted: %v", p)
+	}
+}
+
+func TestOpenSweepsAbandonedUploads(t *testing.T) {
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	c := srv.Client()
+	ctx := ctxT(t)
+	for _, k := range []string{"pre/a", "pre/b/c", "other/d"} {
+		if _, err := c.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("mirror"), Key: aws.String(k)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	open(t, srv, "s3://mirror/pre", nil)
+	if p := pendingUploads(t, srv, "mirror"); len(p) != 1 || p[0] != "other/d" {
+		t.Fatalf("after Open of s3://mirror/pre, uploads %v; want only other/d (outside the prefix)", p)
+	}
+}
+
+func TestStoreFailuresAreUnavailable(t *testing.T) {
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	ctx := ctxT(t)
+
+	// A bucket that does not exist, and credentials the store refuses,
+	// fail Open.
+	if _, err := bucket.Open(ctx, "s3://nonesuch", &bucket.Options{Endpoint: srv.Endpoint, Credentials: buckettest.Credentials()}); mirror.FailureCode(err) != "unavailable" {
+		t.Fatalf("Open of a missing bucket: %v; want ErrUnavailable", err)
+	}
+	tg := open(t, srv, "s3://mirror", nil)
+
+	// The store goes away: Put, Stat and Probe say unavailable.
+	srv.Stop()
+	_, err := tg.Put(ctx, "k", strings.NewReader("x"), mirror.Expect{}, mirror.Meta{FetchedAt: time.Now()})
+	if mirror.FailureCode(err) != "unavailable" {
+		t.Fatalf("Put with the store down: %v; want ErrUnavailable", err)
+	}
+	if _, err := tg.Stat(ctx, "k"); mirror.FailureCode(err) != "unavailable" {
+		t.Fatalf("Stat with the store down: %v; want ErrUnavailable", err)
+	}
+	if err := tg.Probe(ctx); mirror.FailureCode(err) != "unavailable" {
+		t.Fatalf("Probe with the store down: %v; want ErrUnavailable", err)
+	}
+	srv.Restart()
+	if err := tg.Probe(ctx); err != nil {
+		t.Fatalf("Probe after restart: %v", err)
+	}
+
+	// The bucket removed under the target: NoSuchBucket is the store's.
+	if err := os.RemoveAll(filepath.Join(srv.Root, "mirror")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tg.Put(ctx, "k", strings.NewReader("x"), mirror.Expect{}, mirror.Meta{FetchedAt: time.Now()})
+	if mirror.FailureCode(err) != "unavailable" || !strings.Contains(err.Error(), "NoSuchBucket") {
+		t.Fatalf("Put into a removed bucket: %v; want ErrUnavailable naming NoSuchBucket", err)
+	}
+}
