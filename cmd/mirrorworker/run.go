@@ -76,7 +76,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	c.nats.register(fs, "NATS server URL(s) of an existing deployment; empty starts an embedded JetStream server")
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
-	fs.StringVar(&c.target, "target", "", "mirror target: file:///abs/dir or a directory (default file://<data-dir>/mirror)")
+	fs.StringVar(&c.target, "target", "", targetHelp+" (default file://<data-dir>/mirror)")
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
 
 	c.workerFlags.register(fs, workerDefaults{
@@ -195,7 +195,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 			return err
 		}
 	}
-	target, err := openTarget(targetSpec)
+	target, err := c.s3.openTarget(ctx, targetSpec, log)
 	if err != nil {
 		return err
 	}
@@ -340,7 +340,7 @@ type natsStage struct {
 	log      zerolog.Logger
 	reg      prometheus.Registerer
 	conn     *broker.ConnCollector
-	target   *mirror.FileTarget
+	target   storeTarget
 	policy   *pacer.Policy
 	embedded *broker.Embedded // nil: join c.nats.url
 	state    *atomic.Pointer[liveState]

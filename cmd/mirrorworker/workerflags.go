@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -46,6 +44,9 @@ type workerFlags struct {
 	logLevel      string
 
 	workerIDPrefix string // of the default worker id, <prefix><hostname>-<pid>
+
+	// s3 are the flags of an s3:// --target (target.go).
+	s3 s3Flags
 
 	// timeScale is pacer.Options.Scale: run's --time-scale, for load tests
 	// only; 0 (replay, which has no such flag) is real time.
@@ -97,6 +98,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	w.workerIDPrefix = d.workerIDPrefix
 	fs.StringVar(&w.logFormat, "log-format", d.logFormat, "log format: json or console")
 	fs.StringVar(&w.logLevel, "log-level", d.logLevel, "log level: trace, debug, info, warn or error")
+	w.s3.register(fs)
 }
 
 // explicitFlags names the flags given on the command line or in the
@@ -156,6 +158,7 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	if _, err := zerolog.ParseLevel(w.logLevel); err != nil || w.logLevel == "" {
 		bad("--log-level %q: want trace, debug, info, warn or error", w.logLevel)
 	}
+	w.s3.check(bad)
 }
 
 // logger defaults the worker id to <prefix><hostname>-<pid> and builds the
@@ -231,15 +234,4 @@ func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Po
 		Registerer:    reg,
 		Logger:        log,
 	}
-}
-
-// openTarget opens the mirror target and proves it writable, so that a
-// mistake fails before anything starts rather than at the first job.
-// MW_FAULT_POINT may name a step of the target's Put to die at (crash tests).
-func openTarget(spec string) (*mirror.FileTarget, error) {
-	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: faultHook(os.Getenv(faultEnv))})
-	if err != nil {
-		return nil, fmt.Errorf("%w (pass --target)", err)
-	}
-	return target, nil
 }
