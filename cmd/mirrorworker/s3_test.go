@@ -330,3 +330,90 @@ func pendingUploadKeys(t *testing.T, c *s3.Client, b string) []string {
 	}
 	return ks
 }
+
+// TestS3StoreDownPausesAndResumes: the S3 server killed for 20 s mid-run
+// (ADR 0011 for buckets): the worker pauses, /readyz answers 503 naming
+// the cause and target_up is 0 the whole time; once the server is back
+// the worker resumes by itself, and every job is stored, none
+// dead-lettered, none lost.
+func TestS3StoreDownPausesAndResumes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs an S3 server for 20 s down")
+	}
+	const n, down = 40, 20 * time.Second
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	s3Env(t, srv)
+	origin := newS3Origin(t)
+	var lines []string
+	var js []s3Job
+	for i := range n {
+		name := fmt.Sprintf("obj-%02d.bin", i)
+		j := s3Job{name: name, path: "/o/" + name, body: origin.add(name, 100+i*513), withSum: true}
+		js = append(js, j)
+		lines = append(lines, j.line(origin.URL))
+	}
+	natsURL := externalNATS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	si, log, done := runInProcess(t, ctx, append([]string{
+		"--nats-url", natsURL, "--data-dir", t.TempDir(), "--admin-addr", "127.0.0.1:0",
+		"--allow-private-networks", "--floor", "0", "--concurrency", "4", "--worker-id", "s3-down", "--failure-budget", "2",
+	}, s3Args(srv, "s3://mirror")...)...)
+	c := srv.Client()
+	enqueueLines(t, natsURL, lines[:n/2])
+	waitFor(t, time.Minute, "the first half stored", func() bool { return len(bucketObjects(t, c, "mirror", "")) == n/2 })
+
+	srv.Stop()
+	stopped := time.Now()
+	enqueueLines(t, natsURL, lines[n/2:])
+	waitFor(t, 20*time.Second, "/readyz 503 naming the store", func() bool {
+		code, body := httpGet(t, si.AdminURL+"/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "unavailable")
+	})
+	samples := 0
+	tick := time.NewTicker(250 * time.Millisecond) // samples of the outage
+	defer tick.Stop()
+	for ; time.Since(stopped) < down; <-tick.C {
+		code, body := httpGet(t, si.AdminURL+"/readyz")
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz %d %q while the store is down", code, body)
+		}
+		_, metrics := httpGet(t, si.AdminURL+"/metrics")
+		if !strings.Contains(metrics, "\nmirrorworker_target_up 0") {
+			t.Fatalf("target_up is not 0 while the store is down")
+		}
+		samples++
+	}
+	srv.Restart()
+	jsc, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	waitFor(t, 2*time.Minute, "every job stored after the store came back", func() bool {
+		if len(bucketObjects(t, c, "mirror", "")) != n {
+			return false
+		}
+		q, err := readQueue(context.Background(), jsc)
+		return err == nil && q.pending == 0 && q.ackPending == 0
+	})
+	q, err := readQueue(context.Background(), jsc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.dlq != 0 {
+		t.Errorf("%d jobs dead-lettered while the store was down, want 0", q.dlq)
+	}
+	for _, j := range js {
+		if got := getObject(t, c, "mirror", "objects/"+j.name); string(got) != string(j.body) {
+			t.Errorf("%s: %d bytes, want %d", j.name, len(got), len(j.body))
+		}
+	}
+	waitFor(t, 10*time.Second, "/readyz 200 again", func() bool {
+		code, _ := httpGet(t, si.AdminURL+"/readyz")
+		return code == http.StatusOK
+	})
+	t.Logf("store down %s, %d samples of /readyz all 503", down, samples)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v\n%s", err, log)
+	}
+}

@@ -17,6 +17,7 @@
 package bucket
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -59,6 +60,11 @@ const (
 	// buffers at once (bodies of up to smallBody are not counted: the
 	// worker holds them already).
 	DefaultMemory = 256 << 20
+	// DefaultMaxWriteSpacing caps the spacing of writes after SlowDown.
+	DefaultMaxWriteSpacing = 5 * time.Second
+	// DefaultMaxRetryBackoff caps the delay between attempts of one
+	// request (four attempts in all).
+	DefaultMaxRetryBackoff = 2 * time.Second
 	// DefaultRegion is the region when neither the flag nor the AWS
 	// configuration names one (S3-compatible servers mostly ignore it).
 	DefaultRegion = "us-east-1"
@@ -95,6 +101,12 @@ type Options struct {
 	// started more than this long ago; 0 aborts every one (uploads of
 	// another process still running then fail and are retried).
 	SweepOlderThan time.Duration
+	// MaxWriteSpacing caps the spacing of writes after the store asked to
+	// slow down; 0: DefaultMaxWriteSpacing.
+	MaxWriteSpacing time.Duration
+	// MaxRetryBackoff caps the SDK's delay between attempts of one
+	// request; 0: DefaultMaxRetryBackoff.
+	MaxRetryBackoff time.Duration
 	// HTTPClient sends the requests; nil: the SDK's, with a 5 s connect
 	// timeout.
 	HTTPClient aws.HTTPClient
@@ -206,7 +218,7 @@ func Open(ctx context.Context, spec string, o *Options) (*Target, error) {
 	if t.clk == nil {
 		t.clk = clock.Real{}
 	}
-	t.pace = &pace{}
+	t.pace = &pace{max: cmp.Or(t.opt.MaxWriteSpacing, DefaultMaxWriteSpacing)}
 	if t.opt.Endpoint != "" {
 		if u, err := url.Parse(t.opt.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, fmt.Errorf("bucket: endpoint %q: want http(s)://host[:port]", t.opt.Endpoint)
@@ -232,7 +244,7 @@ func (t *Target) newClient(ctx context.Context) (*s3.Client, error) {
 			// quota would turn a throttle into a local error of its own.
 			std := retry.NewStandard(func(so *retry.StandardOptions) {
 				so.MaxAttempts = 4
-				so.MaxBackoff = 2 * time.Second
+				so.MaxBackoff = cmp.Or(t.opt.MaxRetryBackoff, DefaultMaxRetryBackoff)
 				so.RateLimiter = ratelimit.None
 			})
 			return &noticingRetryer{Retryer: std, notice: t.throttled}

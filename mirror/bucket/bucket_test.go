@@ -6,11 +6,17 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -280,5 +286,121 @@ func TestStoreFailuresAreUnavailable(t *testing.T) {
 	_, err = tg.Put(ctx, "k", strings.NewReader("x"), mirror.Expect{}, mirror.Meta{FetchedAt: time.Now()})
 	if mirror.FailureCode(err) != "unavailable" || !strings.Contains(err.Error(), "NoSuchBucket") {
 		t.Fatalf("Put into a removed bucket: %v; want ErrUnavailable naming NoSuchBucket", err)
+	}
+}
+
+// faultProxy stands in front of the real server and answers the next
+// writes (PUT, POST) with an S3 error instead of passing them on.
+type faultProxy struct {
+	*httptest.Server
+	mu     sync.Mutex
+	status int
+	code   string
+	left   int // writes still to fail; -1: all
+	failed int
+}
+
+func newFaultProxy(t *testing.T, srv *buckettest.Server) *faultProxy {
+	u, err := url.Parse(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	p := &faultProxy{}
+	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p.mu.Lock()
+		fail := (r.Method == http.MethodPut || r.Method == http.MethodPost) && p.left != 0
+		if fail {
+			p.failed++
+			if p.left > 0 {
+				p.left--
+			}
+		}
+		status, code := p.status, p.code
+		p.mu.Unlock()
+		if !fail {
+			rp.ServeHTTP(w, r)
+			return
+		}
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(status)
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code><Message>injected</Message></Error>`, code)
+	}))
+	t.Cleanup(p.Server.Close)
+	return p
+}
+
+func (p *faultProxy) fail(status int, code string, n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.status, p.code, p.left, p.failed = status, code, n, 0
+}
+
+func TestStoreAnswers(t *testing.T) {
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	proxy := newFaultProxy(t, srv)
+	tg, err := bucket.Open(ctxT(t), "s3://mirror", &bucket.Options{Endpoint: proxy.URL, Credentials: buckettest.Credentials(),
+		MaxWriteSpacing: 200 * time.Millisecond, MaxRetryBackoff: 20 * time.Millisecond, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string) error {
+		_, err := tg.Put(ctxT(t), key, strings.NewReader("body of "+key), mirror.Expect{}, mirror.Meta{JobID: key, FetchedAt: time.Now()})
+		return err
+	}
+
+	// A SlowDown the SDK's retries outlast: stored, and writes spaced.
+	proxy.fail(http.StatusServiceUnavailable, "SlowDown", 2)
+	if err := put("slow"); err != nil {
+		t.Fatalf("Put through two SlowDowns: %v", err)
+	}
+	if s := tg.WriteSpacing(); s <= 0 {
+		t.Fatalf("write spacing %s after SlowDown, want more than 0", s)
+	}
+	for i := 0; tg.WriteSpacing() > 0; i++ {
+		if i > 50 {
+			t.Fatalf("spacing %s does not go away while writes succeed", tg.WriteSpacing())
+		}
+		if err := put(fmt.Sprintf("after-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for _, tc := range []struct {
+		status int
+		code   string
+		want   string // FailureCode
+	}{
+		{http.StatusServiceUnavailable, "SlowDown", "unavailable"},
+		{http.StatusInternalServerError, "InternalError", "unavailable"},
+		{http.StatusBadGateway, "BadGateway", "unavailable"},
+		{http.StatusForbidden, "AccessDenied", "unavailable"},
+		{http.StatusNotFound, "NoSuchBucket", "unavailable"},
+		{http.StatusBadRequest, "InvalidArgument", ""}, // about the object: the job's
+	} {
+		t.Run(tc.code, func(t *testing.T) {
+			proxy.fail(tc.status, tc.code, -1)
+			defer proxy.fail(0, "", 0)
+			err := put("k-" + tc.code)
+			if err == nil || mirror.FailureCode(err) != tc.want || !strings.Contains(err.Error(), tc.code) {
+				t.Fatalf("Put answered %d %s: %v (code %q); want code %q", tc.status, tc.code, err, mirror.FailureCode(err), tc.want)
+			}
+			if tc.want != "" {
+				if err := tg.Probe(ctxT(t)); mirror.FailureCode(err) != tc.want {
+					t.Fatalf("Probe answered %s: %v", tc.code, err)
+				}
+			}
+		})
+	}
+	proxy.fail(0, "", 0)
+	for i := 0; tg.WriteSpacing() > 0; i++ { // the SlowDowns above spaced writes again
+		if err := tg.Probe(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tg.Probe(ctxT(t)); err != nil {
+		t.Fatalf("Probe once the store answers again: %v", err)
 	}
 }

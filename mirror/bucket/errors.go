@@ -104,17 +104,17 @@ func (r *noticingRetryer) RetryDelay(attempt int, err error) (time.Duration, err
 	return r.Retryer.RetryDelay(attempt, err)
 }
 
-// Bounds of the spacing of writes after the store asked to slow down.
-const (
-	paceMin = 50 * time.Millisecond
-	paceMax = 5 * time.Second
-)
+// paceMin is the first spacing of writes after the store asked to slow
+// down.
+const paceMin = 50 * time.Millisecond
 
 // pace spaces write requests to the store after it throttled: each
-// SlowDown (or 503) doubles the spacing, from paceMin up to paceMax, and
-// each write that succeeds shortens it by a quarter, down to none. The
-// zero value spaces nothing. Safe for concurrent use.
+// SlowDown (or 503) doubles the spacing, from paceMin up to max, and each
+// write that succeeds shortens it by a quarter, down to none. The zero
+// value spaces nothing and never will. Safe for concurrent use.
 type pace struct {
+	max time.Duration // fixed
+
 	mu    sync.Mutex
 	delay time.Duration
 	next  time.Time // earliest start of the next write
@@ -142,7 +142,7 @@ func (p *pace) throttle() (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	was := p.delay == 0
-	p.delay = min(max(2*p.delay, paceMin), paceMax)
+	p.delay = min(max(2*p.delay, paceMin), p.max)
 	return p.delay, was
 }
 
