@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -416,4 +417,54 @@ func TestS3StoreDownPausesAndResumes(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v\n%s", err, log)
 	}
+}
+
+// TestProcessS3KilledMidMultipart: a worker process killed (SIGKILL, from
+// inside, right after a part of a multipart upload) leaves no object
+// visible, only an unfinished upload; the next process aborts that upload
+// at start-up, stores the job once, byte-exact, and leaves no upload.
+func TestProcessS3KilledMidMultipart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes and an S3 server")
+	}
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	s3Env(t, srv)
+	origin := newS3Origin(t)
+	j := s3Job{name: "large.bin", path: "/o/large.bin", body: origin.add("large.bin", s3TestLarge), withSum: true}
+	natsURL := externalNATS(t)
+	enqueueLines(t, natsURL, []string{j.line(origin.URL)})
+	args := workerArgs(natsURL, t.TempDir(), append(s3Args(srv, "s3://mirror"), "--ack-wait", "2s", "--worker-id", "s3-killed")...)
+	first := startKilledAt(t, bucket.FaultPartUploaded, args...)
+	c := srv.Client()
+	if objs := bucketObjects(t, c, "mirror", ""); len(objs) != 0 {
+		t.Fatalf("killed mid-upload, yet the bucket shows %v", keys(objs))
+	}
+	if p := pendingUploadKeys(t, c, "mirror"); len(p) != 1 || p[0] != "objects/large.bin" {
+		t.Fatalf("uploads after the kill: %v; want the one unfinished upload", p)
+	}
+	second := startWorkerProcess(t, args...)
+	if second.log.field("aborted a multipart upload a stopped worker left unfinished", "key") != "objects/large.bin" {
+		t.Errorf("the second worker's start-up did not abort the upload; log:\n%s", second.log)
+	}
+	jsc, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	waitFor(t, 90*time.Second, "the job stored by the second worker", func() bool {
+		q, err := readQueue(context.Background(), jsc)
+		return err == nil && q.pending == 0 && q.ackPending == 0 && len(bucketObjects(t, c, "mirror", "")) == 1
+	})
+	if got := getObject(t, c, "mirror", "objects/large.bin"); string(got) != string(j.body) {
+		t.Fatalf("stored %d bytes, want the origin's %d", len(got), len(j.body))
+	}
+	if p := pendingUploadKeys(t, c, "mirror"); len(p) != 0 {
+		t.Errorf("uploads left: %v", p)
+	}
+	_, metrics := httpGet(t, second.start.AdminURL+"/metrics")
+	if !strings.Contains(metrics, "\n"+`mirrorworker_jobs_total{outcome="stored"} 1`+"\n") {
+		t.Errorf("the second worker did not store the job exactly once:\n%s", grepLines(metrics, "mirrorworker_jobs_total"))
+	}
+	if _, err := second.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Errorf("second worker exit: %v", err)
+	}
+	_ = first
 }
