@@ -468,3 +468,81 @@ func TestProcessS3KilledMidMultipart(t *testing.T) {
 	}
 	_ = first
 }
+
+// TestProcessThreePodsOneBucket: three `run` processes, no shared volume
+// at all (each its own data dir), share one bucket and one NATS; jobs of
+// six origins, small and multipart, are all stored once, byte-exact, none
+// dead-lettered, no upload left behind.
+func TestProcessThreePodsOneBucket(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes and an S3 server")
+	}
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	s3Env(t, srv)
+	natsURL := externalNATS(t)
+	var js []s3Job
+	var lines []string
+	for o := range 6 {
+		origin := newS3Origin(t)
+		for i := range 8 {
+			name := fmt.Sprintf("o%d/%02d.bin", o, i)
+			size := 500 + o*1000 + i*4000
+			if i == 7 && o%2 == 0 {
+				size = 12 << 20 // three parts
+			}
+			j := s3Job{name: name, path: "/o/" + name, body: origin.add(name, size), withSum: i%2 == 0}
+			js = append(js, j)
+			lines = append(lines, j.line(origin.URL))
+		}
+	}
+	var pods []*workerProcess
+	for p := range 3 {
+		pods = append(pods, startWorkerProcess(t, workerArgs(natsURL, t.TempDir(),
+			append(s3Args(srv, "s3://mirror/shared"), "--worker-id", fmt.Sprintf("pod-%d", p), "--lease-ttl", "3s")...)...))
+	}
+	enqueueLines(t, natsURL, lines)
+	c := srv.Client()
+	jsc, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	waitFor(t, 2*time.Minute, "every job stored by the three pods", func() bool {
+		if len(bucketObjects(t, c, "mirror", "shared/")) != len(js) {
+			return false
+		}
+		q, err := readQueue(context.Background(), jsc)
+		return err == nil && q.pending == 0 && q.ackPending == 0
+	})
+	q, err := readQueue(context.Background(), jsc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.dlq != 0 {
+		t.Errorf("%d dead-lettered, want 0", q.dlq)
+	}
+	for _, j := range js {
+		if got := getObject(t, c, "mirror", "shared/objects/"+j.name); string(got) != string(j.body) {
+			t.Errorf("%s: %d bytes, want %d", j.name, len(got), len(j.body))
+		}
+	}
+	if p := pendingUploadKeys(t, c, "mirror"); len(p) != 0 {
+		t.Errorf("uploads left: %v", p)
+	}
+	stored := 0
+	for _, p := range pods {
+		_, metrics := httpGet(t, p.start.AdminURL+"/metrics")
+		for _, l := range strings.Split(grepLines(metrics, `mirrorworker_jobs_total{outcome="stored"}`), "\n") {
+			var n int
+			if _, err := fmt.Sscanf(strings.TrimPrefix(l, `mirrorworker_jobs_total{outcome="stored"} `), "%d", &n); err == nil {
+				stored += n
+			}
+		}
+	}
+	if stored != len(js) {
+		t.Errorf("the pods stored %d objects in all, want %d (each once)", stored, len(js))
+	}
+	for _, p := range pods {
+		if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Errorf("pod exit: %v", err)
+		}
+	}
+}
