@@ -214,7 +214,7 @@ func parseSpec(spec string) (string, error) {
 			return "", fmt.Errorf("mirror: target %q: %w", spec, err)
 		}
 		if u.Scheme != "file" {
-			return "", fmt.Errorf("mirror: target %q: scheme %q is not supported (only file://)", spec, u.Scheme)
+			return "", fmt.Errorf("mirror: target %q: scheme %q is not supported (file:// or s3://)", spec, u.Scheme)
 		}
 		if u.Host != "" && u.Host != "localhost" {
 			return "", fmt.Errorf("mirror: target %q: a file URL names a local absolute path (file:///dir)", spec)
