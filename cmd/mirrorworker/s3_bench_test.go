@@ -250,9 +250,12 @@ func resetPeakRSS() bool { return os.WriteFile("/proc/self/clear_refs", []byte("
 // in-process (a multipart upload of 16 MiB parts, 4 in flight, checked
 // against the job's size and sha256 before it is completed) and a raw
 // streamed multipart upload of the same bytes with the SDK and no project
-// code (16 MiB parts, 4 in flight, no checksums). Metrics: MB/s of both,
-// their ratio, and the process's peak RSS during each (VmHWM after a reset;
-// the benchmark process holds the origin and the embedded NATS server too).
+// code (16 MiB parts, 4 in flight, no checksums). MW_BENCH_ROUNDS rounds
+// (default 2) alternate which goes first, so that neither always meets
+// the other's dirty pages. Metrics: MB/s of both (medians), the median
+// ratio of the rounds (worker/raw) with its min and max, and the
+// process's peak RSS during each (VmHWM after a reset; the process holds
+// the origin and the embedded NATS server too).
 //
 //	MW_BENCH_S3_LARGE=1GiB go test -run '^$' -bench S3LargeObject -benchtime 1x -timeout 30m -v ./cmd/mirrorworker/
 func BenchmarkS3LargeObject(b *testing.B) {
@@ -263,6 +266,10 @@ func BenchmarkS3LargeObject(b *testing.B) {
 			b.Fatalf("MW_BENCH_S3_LARGE: %v", err)
 		}
 		size = int64(bs)
+	}
+	rounds := 2
+	if v, err := strconv.Atoi(os.Getenv("MW_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
 	}
 	h := sha256.New()
 	largeBody(h, size)
@@ -280,15 +287,70 @@ func BenchmarkS3LargeObject(b *testing.B) {
 	c := rawS3Client(srv, 8)
 	ctx := context.Background()
 
-	// Raw: GET, and a multipart upload of 16 MiB parts, 4 in flight.
+	natsURL := externalNATSB(b)
+	rctx, cancel := context.WithCancel(ctx)
+	lw := newLogWatch()
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		run(rctx, []string{"run", "--nats-url", natsURL, "--data-dir", b.TempDir(), "--admin-addr", "127.0.0.1:0", "--floor", "0",
+			"--allow-private-networks", "--target", "s3://worker", "--s3-endpoint", srv.Endpoint, "--s3-region", buckettest.Region}, noEnv, strings.NewReader(""), io.Discard, lw)
+	}()
+	defer func() { cancel(); <-exited }()
+	select {
+	case <-lw.started:
+	case <-time.After(time.Minute):
+		b.Fatalf("no start line; log:\n%s", lw)
+	}
+
+	var rawT, wkT, ratios []float64
+	var rawRSS, wkRSS uint64
+	for r := range rounds {
+		key := "large-" + strconv.Itoa(r)
+		var raw, wk time.Duration
+		if r%2 == 0 {
+			raw = rawLargeUpload(b, c, origin.URL+"/large", key)
+			rawRSS = max(rawRSS, procStatus("VmHWM"))
+			wk = workerLargeStore(b, c, natsURL, origin.URL+"/"+key, key, sum, size, lw)
+			wkRSS = max(wkRSS, procStatus("VmHWM"))
+		} else {
+			wk = workerLargeStore(b, c, natsURL, origin.URL+"/"+key, key, sum, size, lw)
+			wkRSS = max(wkRSS, procStatus("VmHWM"))
+			raw = rawLargeUpload(b, c, origin.URL+"/large", key)
+			rawRSS = max(rawRSS, procStatus("VmHWM"))
+		}
+		rawT, wkT = append(rawT, raw.Seconds()), append(wkT, wk.Seconds())
+		ratios = append(ratios, raw.Seconds()/wk.Seconds())
+		b.Logf("round %d, %d bytes: raw %s (%.1f MB/s), worker %s (%.1f MB/s), ratio %.3f", r+1, size,
+			raw.Round(time.Millisecond), float64(size)/1e6/raw.Seconds(), wk.Round(time.Millisecond), float64(size)/1e6/wk.Seconds(), ratios[r])
+		for _, bk := range []string{"raw", "worker"} { // no round reads the last one's bytes
+			c.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(bk), Key: &key})
+		}
+	}
+	mb := float64(size) / 1e6
+	b.ReportMetric(mb/median(rawT), "raw_MB/s")
+	b.ReportMetric(mb/median(wkT), "worker_MB/s")
+	b.ReportMetric(median(ratios), "ratio")
+	b.ReportMetric(slices.Min(ratios), "ratio_min")
+	b.ReportMetric(slices.Max(ratios), "ratio_max")
+	b.ReportMetric(float64(rawRSS)/(1<<20), "raw_peak_rss_MiB")
+	b.ReportMetric(float64(wkRSS)/(1<<20), "worker_peak_rss_MiB")
+}
+
+// rawLargeUpload GETs url and uploads the body to raw/key as a multipart
+// upload of 16 MiB parts, 4 in flight, with no project code; it returns
+// the time taken. The peak RSS is reset first.
+func rawLargeUpload(b *testing.B, c *s3.Client, url, key string) time.Duration {
+	b.Helper()
+	ctx := context.Background()
 	const part, inFlight = 16 << 20, 4
 	resetPeakRSS()
 	t0 := time.Now()
-	resp, err := http.Get(origin.URL + "/large")
+	resp, err := http.Get(url)
 	if err != nil {
 		b.Fatal(err)
 	}
-	key := "large"
+	defer resp.Body.Close()
 	up, err := c.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("raw"), Key: &key})
 	if err != nil {
 		b.Fatal(err)
@@ -325,7 +387,6 @@ func BenchmarkS3LargeObject(b *testing.B) {
 		}
 	}
 	wg.Wait()
-	resp.Body.Close()
 	if err, _ := uerr.Load().(error); err != nil {
 		b.Fatal(err)
 	}
@@ -334,29 +395,18 @@ func BenchmarkS3LargeObject(b *testing.B) {
 		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}}); err != nil {
 		b.Fatal(err)
 	}
-	rawElapsed := time.Since(t0)
-	rawRSS := procStatus("VmHWM")
+	return time.Since(t0)
+}
 
-	// The worker: one job, timed from its publication to the object
-	// visible in the bucket.
-	natsURL := externalNATSB(b)
-	rctx, cancel := context.WithCancel(ctx)
-	lw := newLogWatch()
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		run(rctx, []string{"run", "--nats-url", natsURL, "--data-dir", b.TempDir(), "--admin-addr", "127.0.0.1:0", "--floor", "0",
-			"--allow-private-networks", "--target", "s3://worker", "--s3-endpoint", srv.Endpoint, "--s3-region", buckettest.Region}, noEnv, strings.NewReader(""), io.Discard, lw)
-	}()
-	defer func() { cancel(); <-exited }()
-	select {
-	case <-lw.started:
-	case <-time.After(time.Minute):
-		b.Fatalf("no start line; log:\n%s", lw)
-	}
+// workerLargeStore enqueues one job for url into the running worker and
+// returns the time from its publication to the object visible under key.
+// The peak RSS is reset first.
+func workerLargeStore(b *testing.B, c *s3.Client, natsURL, url, key, sum string, size int64, lw *logWatch) time.Duration {
+	b.Helper()
+	ctx := context.Background()
 	resetPeakRSS()
-	t1 := time.Now()
-	line := fmt.Sprintf(`{"url":%q,"target":"large","sha256":%q,"size":%d}`, origin.URL+"/large", sum, size)
+	t0 := time.Now()
+	line := fmt.Sprintf(`{"url":%q,"target":%q,"sha256":%q,"size":%d}`, url, key, sum, size)
 	var out, errOut strings.Builder
 	if err := run(ctx, []string{"enqueue", "--nats-url", natsURL}, noEnv, strings.NewReader(line+"\n"), &out, &errOut); err != nil {
 		b.Fatalf("enqueue: %v %s", err, errOut.String())
@@ -365,23 +415,14 @@ func BenchmarkS3LargeObject(b *testing.B) {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if _, err := c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("worker"), Key: aws.String("large")}); err == nil {
-			break
+		if _, err := c.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("worker"), Key: &key}); err == nil {
+			return time.Since(t0)
 		}
 		if time.Now().After(deadline) {
 			b.Fatalf("the worker did not store the object; log:\n%s", lw)
 		}
 		<-tick.C
 	}
-	wkElapsed := time.Since(t1)
-	wkRSS := procStatus("VmHWM")
-	mb := float64(size) / 1e6
-	b.ReportMetric(mb/rawElapsed.Seconds(), "raw_MB/s")
-	b.ReportMetric(mb/wkElapsed.Seconds(), "worker_MB/s")
-	b.ReportMetric(rawElapsed.Seconds()/wkElapsed.Seconds(), "ratio")
-	b.ReportMetric(float64(rawRSS)/(1<<20), "raw_peak_rss_MiB")
-	b.ReportMetric(float64(wkRSS)/(1<<20), "worker_peak_rss_MiB")
-	b.Logf("%d bytes: raw %s, worker %s; peak RSS raw %d MiB, worker %d MiB", size, rawElapsed.Round(time.Millisecond), wkElapsed.Round(time.Millisecond), rawRSS>>20, wkRSS>>20)
 }
 
 // externalNATSB is externalNATS for a benchmark.

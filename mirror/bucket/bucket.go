@@ -283,6 +283,10 @@ func (t *Target) newClient(ctx context.Context) (*s3.Client, error) {
 		// the sha256 itself (ADR 0018).
 		so.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
 		so.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
+		// No "Expect: 100-continue" on large bodies: a server (or proxy)
+		// that does not answer it makes each part wait out the
+		// transport's ExpectContinueTimeout (1 s) before its body goes.
+		so.ContinueHeaderThresholdBytes = -1
 	}), nil
 }
 
