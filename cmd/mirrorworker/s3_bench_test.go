@@ -12,11 +12,13 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -241,8 +243,15 @@ func largeBody(w io.Writer, size int64) (int64, error) {
 	return n, nil
 }
 
-// resetPeakRSS resets the process's peak RSS (VmHWM), Linux 4.0 and later.
-func resetPeakRSS() bool { return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil }
+// settle prepares a timed run: the dirty pages of the last one written
+// back (sync), so that a pipeline never pays for the other's writes, and
+// freed heap returned to the OS with the peak RSS (VmHWM, Linux 4.0 and
+// later) reset, so that the next peak is the next run's own.
+func settle() {
+	syscall.Sync()
+	debug.FreeOSMemory()
+	os.WriteFile("/proc/self/clear_refs", []byte("5"), 0)
+}
 
 // BenchmarkS3LargeObject stores one large object (256 MiB, or
 // MW_BENCH_S3_LARGE, e.g. 1GiB) from a loopback origin that streams it
@@ -344,7 +353,7 @@ func rawLargeUpload(b *testing.B, c *s3.Client, url, key string) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	const part, inFlight = 16 << 20, 4
-	resetPeakRSS()
+	settle()
 	t0 := time.Now()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -404,7 +413,7 @@ func rawLargeUpload(b *testing.B, c *s3.Client, url, key string) time.Duration {
 func workerLargeStore(b *testing.B, c *s3.Client, natsURL, url, key, sum string, size int64, lw *logWatch) time.Duration {
 	b.Helper()
 	ctx := context.Background()
-	resetPeakRSS()
+	settle()
 	t0 := time.Now()
 	line := fmt.Sprintf(`{"url":%q,"target":%q,"sha256":%q,"size":%d}`, url, key, sum, size)
 	var out, errOut strings.Builder

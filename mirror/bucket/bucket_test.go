@@ -298,6 +298,7 @@ type faultProxy struct {
 	code   string
 	left   int // writes still to fail; -1: all
 	failed int
+	flip   int // writes still to pass on with one byte of the body changed
 }
 
 func newFaultProxy(t *testing.T, srv *buckettest.Server) *faultProxy {
@@ -317,7 +318,16 @@ func newFaultProxy(t *testing.T, srv *buckettest.Server) *faultProxy {
 			}
 		}
 		status, code := p.status, p.code
+		flip := !fail && r.Method == http.MethodPut && p.flip > 0
+		if flip {
+			p.flip--
+		}
 		p.mu.Unlock()
+		if flip { // damage in transit, behind the signature and the checksum
+			body, _ := io.ReadAll(r.Body)
+			body[len(body)/2] ^= 1
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
 		if !fail {
 			rp.ServeHTTP(w, r)
 			return
@@ -402,5 +412,40 @@ func TestStoreAnswers(t *testing.T) {
 	}
 	if err := tg.Probe(ctxT(t)); err != nil {
 		t.Fatalf("Probe once the store answers again: %v", err)
+	}
+}
+
+// TestStoreChecksBytesInTransit: a body damaged on the way to the store
+// (one byte flipped by the proxy) is refused by the store, since it
+// carries its sha256 (x-amz-checksum-sha256), for a PutObject and for a
+// part; nothing is stored, and the refusal is the object's, not a
+// failure of the store.
+func TestStoreChecksBytesInTransit(t *testing.T) {
+	srv := buckettest.Start(t)
+	srv.CreateBucket(t, "mirror")
+	proxy := newFaultProxy(t, srv)
+	tg, err := bucket.Open(ctxT(t), "s3://mirror", &bucket.Options{Endpoint: proxy.URL, Credentials: buckettest.Credentials(),
+		PartSize: bucket.MinPartSize, MaxRetryBackoff: 20 * time.Millisecond, Logger: zerolog.New(zerolog.NewTestWriter(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{100 << 10, 12 << 20} {
+		t.Run(fmt.Sprint(size), func(t *testing.T) {
+			proxy.mu.Lock()
+			proxy.flip = 10 // every attempt of the first request
+			proxy.mu.Unlock()
+			defer func() { proxy.mu.Lock(); proxy.flip = 0; proxy.mu.Unlock() }()
+			key := fmt.Sprintf("damaged-%d", size)
+			_, err := tg.Put(ctxT(t), key, bytes.NewReader(randBytes(size, 9)), mirror.Expect{}, mirror.Meta{JobID: "j", FetchedAt: time.Now()})
+			if err == nil || mirror.FailureCode(err) != "" || !strings.Contains(err.Error(), "BadDigest") {
+				t.Fatalf("Put of a body damaged in transit: %v; want the store's refusal, not a store failure", err)
+			}
+			if _, err := tg.Stat(ctxT(t), key); !errors.Is(err, mirror.ErrNotFound) {
+				t.Fatalf("Stat: %v; want ErrNotFound", err)
+			}
+		})
+	}
+	if p := pendingUploads(t, srv, "mirror"); len(p) != 0 {
+		t.Fatalf("uploads left: %v", p)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
@@ -264,11 +265,19 @@ func (t *Target) putOne(ctx context.Context, key string, data []byte, want mirro
 	if err := t.waitPace(ctx); err != nil {
 		return mirror.Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
-	if _, err := t.client.PutObject(ctx, in); err != nil {
+	if _, err := t.client.PutObject(ctx, in, checksummed); err != nil {
 		return mirror.Meta{}, fmt.Errorf("put %q: %w", key, t.failed(err))
 	}
 	t.pace.ok()
 	return m, nil
+}
+
+// checksummed is the option of a request that carries the body's sha256
+// as x-amz-checksum-sha256: it is signed with UNSIGNED-PAYLOAD, so that the
+// SDK does not hash the body a second time for the signature; the store
+// verifies the body against the checksum instead (ADR 0018).
+func checksummed(o *s3.Options) {
+	o.APIOptions = append(o.APIOptions, v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
 }
 
 // failed classifies err of a write and notes a throttle.
@@ -476,7 +485,7 @@ func (u *uploader) send(num int32, buf []byte, n int) {
 		out, err := u.t.client.UploadPart(u.ctx, &s3.UploadPartInput{
 			Bucket: &u.t.bucket, Key: &u.objKey, UploadId: u.uploadID, PartNumber: aws.Int32(num),
 			Body: bytes.NewReader(buf[:n]), ContentLength: aws.Int64(int64(n)), ChecksumSHA256: &b64,
-		})
+		}, checksummed)
 		if err != nil {
 			u.fail(u.t.failed(err))
 			return
