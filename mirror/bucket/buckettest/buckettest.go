@@ -5,9 +5,9 @@
 //
 // The server binary is built once from the pinned module (go install
 // Module@Version) into os.UserCacheDir()/mirrorworker-test/versitygw-
-// <Version>/, shared by every test binary; two test binaries that build
-// it at once each build into a temporary name and rename, so neither sees
-// a partial binary. It is not embedded in the test process: its posix
+// <Version>/, shared by every test binary: one builds (under a lock file)
+// into a temporary name and renames it, the others wait and find it, so
+// none sees a partial binary. It is not embedded in the test process: its posix
 // backend changes the working directory and allows one instance per
 // process.
 //
@@ -75,6 +75,19 @@ func build() (string, error) {
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("buckettest: %w", err)
+	}
+	// One build at a time across test binaries (go test ./... runs them
+	// in parallel): the others wait here and then find the binary. The
+	// temporary name and the rename keep a crashed build from leaving a
+	// partial binary where the next run would trust it.
+	if lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644); err == nil {
+		defer lock.Close()
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err == nil {
+			defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+		}
+		if fi, err := os.Stat(bin); err == nil && fi.Mode().IsRegular() {
+			return bin, nil
+		}
 	}
 	tmp, err := os.MkdirTemp(dir, ".build-")
 	if err != nil {
