@@ -11,7 +11,7 @@ PKGS      := ./...
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
 
-.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench bench-throughput bench-memory soak clean image
+.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench bench-throughput bench-memory bench-s3 soak clean image
 
 all: build
 
@@ -82,6 +82,12 @@ bench-throughput:
 ## authorities (~15 minutes).
 bench-memory:
 	MW_BENCH_BACKLOG=10000,100000,1000000 $(GO) test -run '^$$' -bench BacklogMemory -benchtime 1x -timeout 60m ./cmd/mirrorworker/
+
+## bench-s3: the worker into a real S3 server (versitygw) against raw pipelines of no project
+## code, side by side: 4 KiB objects at 1,000 authorities, and one large object with peak RSS
+## (MW_BENCH_S3_LARGE=1GiB for the 1 GiB case; README: S3 targets).
+bench-s3:
+	$(GO) test -run '^$$' -bench 'S3Throughput|S3LargeObject' -benchtime 1x -timeout 60m -v ./cmd/mirrorworker/
 
 ## soak: the crash soak (issue 13, R1): SIGKILLs at random moments of a 10,000-job run of a
 ## real worker process, then 0 lost, 0 corrupt, no partial or temporary file. ~5 GB of disk.

@@ -384,9 +384,10 @@ func envOf(c corev1.Container) map[string]string {
 }
 
 func TestKustomizeRender(t *testing.T) {
-	for _, dir := range []string{"kubernetes/base", "kubernetes/overlays/external-nats"} {
+	for _, dir := range []string{"kubernetes/base", "kubernetes/overlays/external-nats", "kubernetes/overlays/s3"} {
 		t.Run(dir, func(t *testing.T) {
 			objs := render(t, dir)
+			s3 := strings.HasSuffix(dir, "/s3")
 			keys := make([]string, 0, len(objs))
 			for k := range objs {
 				keys = append(keys, k)
@@ -396,6 +397,12 @@ func TestKustomizeRender(t *testing.T) {
 			for _, want := range []string{"Deployment/mirrorworker", "Service/mirrorworker", "ServiceMonitor/mirrorworker",
 				"PodDisruptionBudget/mirrorworker", "ConfigMap/mirrorworker-policy", "Secret/mirrorworker-nats", "Secret/mirrorworker-credentials",
 				"PersistentVolumeClaim/mirrorworker-mirror"} {
+				if s3 && strings.HasPrefix(want, "PersistentVolumeClaim/") {
+					if objs[want] != nil {
+						t.Errorf("%s renders %s: an S3 target needs no shared volume", dir, want)
+					}
+					continue
+				}
 				if objs[want] == nil {
 					t.Errorf("%s renders no %s", dir, want)
 				}
@@ -415,6 +422,9 @@ func TestKustomizeRender(t *testing.T) {
 				}
 			}
 			env := envOf(d.Spec.Template.Spec.Containers[0])
+			if s3 {
+				checkS3Overlay(t, d, env, objs)
+			}
 			if strings.HasSuffix(dir, "external-nats") {
 				if env["MIRRORWORKER_STREAM_REPLICAS"] != "3" {
 					t.Errorf("external-nats overlay: MIRRORWORKER_STREAM_REPLICAS %q, want 3", env["MIRRORWORKER_STREAM_REPLICAS"])
@@ -463,6 +473,36 @@ func checkCredentialsMount(t *testing.T, d *appsv1.Deployment) {
 	}
 	if path == "" || !found {
 		t.Errorf("MIRRORWORKER_CREDENTIALS %q is not the mount of Secret mirrorworker-credentials (volume %q)", path, vol)
+	}
+}
+
+// checkS3Overlay: the s3 overlay mounts no mirror volume, names a bucket
+// target, and takes its credentials from a Secret that may be absent
+// (IRSA), never from a literal.
+func checkS3Overlay(t *testing.T, d *appsv1.Deployment, env map[string]string, objs map[string]any) {
+	t.Helper()
+	ps := d.Spec.Template.Spec
+	for _, v := range ps.Volumes {
+		if v.PersistentVolumeClaim != nil || v.Name == "mirror" {
+			t.Errorf("s3 overlay keeps volume %s", v.Name)
+		}
+	}
+	for _, m := range ps.Containers[0].VolumeMounts {
+		if m.MountPath == "/mirror" {
+			t.Errorf("s3 overlay keeps the mount %s", m.MountPath)
+		}
+	}
+	if !strings.HasPrefix(env["MIRRORWORKER_TARGET"], "s3://") || env["MIRRORWORKER_S3_REGION"] == "" {
+		t.Errorf("s3 overlay: target %q, region %q", env["MIRRORWORKER_TARGET"], env["MIRRORWORKER_S3_REGION"])
+	}
+	for _, e := range ps.Containers[0].Env {
+		if strings.HasPrefix(e.Name, "AWS_") && (e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil ||
+			e.ValueFrom.SecretKeyRef.Optional == nil || !*e.ValueFrom.SecretKeyRef.Optional) {
+			t.Errorf("s3 overlay: %s must come from an optional Secret key (IRSA works without it)", e.Name)
+		}
+	}
+	if objs["Secret/mirrorworker-s3"] == nil {
+		t.Error("s3 overlay renders no Secret/mirrorworker-s3")
 	}
 }
 

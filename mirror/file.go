@@ -214,7 +214,7 @@ func parseSpec(spec string) (string, error) {
 			return "", fmt.Errorf("mirror: target %q: %w", spec, err)
 		}
 		if u.Scheme != "file" {
-			return "", fmt.Errorf("mirror: target %q: scheme %q is not supported (only file://)", spec, u.Scheme)
+			return "", fmt.Errorf("mirror: target %q: scheme %q is not supported (file:// or s3://)", spec, u.Scheme)
 		}
 		if u.Host != "" && u.Host != "localhost" {
 			return "", fmt.Errorf("mirror: target %q: a file URL names a local absolute path (file:///dir)", spec)
@@ -598,4 +598,69 @@ func (c ctxReader) Read(p []byte) (int, error) {
 		return 0, err
 	}
 	return c.r.Read(p)
+}
+
+// List calls fn with the key of every object in the target, in lexical
+// order of the paths, skipping the reserved directory; fn's error stops
+// the walk and is returned. Entries that are not regular files (a FIFO, a
+// symbolic link) are passed too: Stat refuses them, and an audit reports
+// them.
+func (t *FileTarget) List(ctx context.Context, fn func(key string) error) error {
+	return filepath.WalkDir(t.root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, rerr := filepath.Rel(t.root, p)
+		if rerr != nil || rel == "." {
+			return rerr
+		}
+		if d.IsDir() {
+			if rel == ReservedDir {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		return fn(filepath.ToSlash(rel))
+	})
+}
+
+// Read opens the object stored under key for reading.
+func (t *FileTarget) Read(ctx context.Context, key string) (io.ReadCloser, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(t.objectPath(key))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read %q: %w", key, ErrNotFound)
+	}
+	return f, err
+}
+
+// Remove deletes the object under key and its metadata, durably, so that
+// its next fetch is unconditional (an audit's repair of a corrupt object).
+// A key with nothing stored is not an error.
+func (t *FileTarget) Remove(ctx context.Context, key string) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	mu := &t.keyMu[stripe(key)]
+	mu.Lock()
+	defer mu.Unlock()
+	if err := t.removeSidecar(t.metaPath(key), false); err != nil {
+		return fmt.Errorf("remove %q: %w", key, err)
+	}
+	obj := t.objectPath(key)
+	if err := os.Remove(obj); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %q: %w", key, err)
+	}
+	if err := t.dirSyncs.sync(filepath.Dir(obj)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %q: %w", key, err)
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -22,7 +23,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/replay"
@@ -49,7 +49,7 @@ type replayConfig struct {
 func (c *replayConfig) register(fs *flag.FlagSet) {
 	c.nats.registerClient(fs, &c.dataDir)
 	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "the live worker's data `directory`: the default mirror is <data-dir>/mirror, and without --nats-url the replay reaches the embedded NATS server of the worker running there")
-	fs.StringVar(&c.target, "target", "", "mirror target to replay into: file:///abs/dir or a directory (default file://<data-dir>/mirror, the live worker's)")
+	fs.StringVar(&c.target, "target", "", targetHelp+"; the target to replay into (default file://<data-dir>/mirror, the live worker's)")
 
 	fs.StringVar(&c.fromSeq, "from-seq", "", "replay from this stream sequence of MIRROR_JOBS")
 	fs.StringVar(&c.since, "since", "", "replay the jobs stored within this duration (90m, 24h, 7d)")
@@ -168,7 +168,7 @@ func cmdReplay(ctx context.Context, args []string, getenv func(string) string, _
 
 func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolog.Logger, stdout, stderr io.Writer) error {
 	// Everything that can be checked without NATS is checked first.
-	var target *mirror.FileTarget
+	var target storeTarget
 	var policy *pacer.Policy
 	if !c.dryRun {
 		var err error
@@ -178,7 +178,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 				return err
 			}
 		}
-		if target, err = openTarget(spec); err != nil {
+		if target, err = c.s3.openTarget(ctx, spec, readTestHooks(os.Getenv).fault, log); err != nil {
 			return err
 		}
 		// The live worker's rule for --floor, --max-in-flight and --policy.
@@ -295,7 +295,7 @@ func probeDefaultNATS(ctx context.Context, natsURL string) error {
 }
 
 func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan,
-	target *mirror.FileTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
+	target storeTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
 	// Metrics stay private (a nil registerer); the summary is counted by
 	// the worker's OnOutcome hook.
 	var tally replay.Tally

@@ -75,7 +75,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	c.nats.register(fs, "NATS server URL(s) of an existing deployment; empty starts an embedded JetStream server")
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
-	fs.StringVar(&c.target, "target", "", "mirror target: file:///abs/dir or a directory (default file://<data-dir>/mirror)")
+	fs.StringVar(&c.target, "target", "", targetHelp+" (default file://<data-dir>/mirror)")
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
 
 	c.workerFlags.register(fs, workerDefaults{
@@ -180,7 +180,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 // pipeline in one group until ctx is cancelled.
 func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	hooks := readTestHooks(os.Getenv)
-	dataDir, target, err := openStore(c, hooks)
+	dataDir, target, err := openStore(ctx, c, hooks, log)
 	if err != nil {
 		return err
 	}
@@ -230,7 +230,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 
 // openStore proves the data directory writable and opens the mirror
 // target (by default under it).
-func openStore(c *runConfig, hooks testHooks) (dataDir string, target *mirror.FileTarget, err error) {
+func openStore(ctx context.Context, c *runConfig, hooks testHooks, log zerolog.Logger) (dataDir string, target storeTarget, err error) {
 	if dataDir, err = filepath.Abs(c.dataDir); err != nil {
 		return "", nil, fmt.Errorf("data dir: %w", err)
 	}
@@ -243,7 +243,7 @@ func openStore(c *runConfig, hooks testHooks) (dataDir string, target *mirror.Fi
 			return "", nil, err
 		}
 	}
-	target, err = openTargetWith(spec, hooks.fault)
+	target, err = c.s3.openTarget(ctx, spec, hooks.fault, log)
 	return dataDir, target, err
 }
 
@@ -376,7 +376,7 @@ type natsStage struct {
 	log      zerolog.Logger
 	reg      prometheus.Registerer
 	conn     *broker.ConnCollector
-	target   *mirror.FileTarget
+	target   storeTarget
 	policy   *pacer.Policy
 	embedded *broker.Embedded // nil: join c.nats.url
 	state    *atomic.Pointer[liveState]

@@ -222,7 +222,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{name: "body size unit", args: []string{"--max-body-size", "12XB"}, wantCode: 2, wantMsg: "max-body-size"},
 		{name: "admin address", args: []string{"--admin-addr", "9090"}, wantCode: 2, wantMsg: "--admin-addr"},
 		{name: "bad env value", env: map[string]string{"MIRRORWORKER_CONCURRENCY": "many"}, wantCode: 2, wantMsg: "MIRRORWORKER_CONCURRENCY"},
-		{name: "target scheme", args: []string{"--target", "s3://bucket/x"}, wantCode: 1, wantMsg: "--target"},
+		{name: "target scheme", args: []string{"--target", "gs://bucket/x"}, wantCode: 1, wantMsg: "--target"},
 		{name: "data dir is a file", args: []string{"--data-dir", aFile}, wantCode: 1, wantMsg: "--data-dir"},
 		{name: "admin port in use", args: []string{"--admin-addr", busy.Addr().String()}, wantCode: 1, wantMsg: "--admin-addr"},
 		{name: "embedded port in use", args: []string{"--embedded-listen", busy.Addr().String()}, wantCode: 1, wantMsg: "--embedded-listen"},

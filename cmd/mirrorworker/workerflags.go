@@ -15,7 +15,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/credentials"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -60,6 +59,9 @@ type workerFlags struct {
 	proxyConf fetch.Proxy
 
 	workerIDPrefix string // of the default worker id, <prefix><hostname>-<pid>
+
+	// s3 are the flags of an s3:// --target (target.go).
+	s3 s3Flags
 
 	// timeScale is pacer.Options.Scale: run's --time-scale, for load tests
 	// only; 0 (replay, which has no such flag) is real time.
@@ -117,6 +119,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.IntVar(&w.authHolds, "auth-holds", worker.DefaultAuthHolds, "holds without a success before a 401/403 dead-letters its job auth_failed")
 	fs.StringVar(&w.proxy, "proxy", "", "egress proxy `URL` (http://host:port) for every origin, over HTTP_PROXY and HTTPS_PROXY (NO_PROXY still applies); without user information: see --proxy-credentials")
 	fs.StringVar(&w.proxyCreds, "proxy-credentials", "", "`file` holding user:password for the egress proxy (Proxy-Authorization: Basic)")
+	w.s3.register(fs)
 }
 
 // proxyConfig is the egress proxy of the environment, with --proxy over
@@ -228,6 +231,7 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 			bad("--credentials: %s", err)
 		}
 	}
+	w.s3.check(bad)
 }
 
 // logger defaults the worker id to <prefix><hostname>-<pid> and builds the
@@ -307,20 +311,4 @@ func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Po
 		Registerer:        reg,
 		Logger:            log,
 	}
-}
-
-// openTarget opens the mirror target and proves it writable, so that a
-// mistake fails before anything starts rather than at the first job.
-// MW_FAULT_POINT may name a step of the target's Put to die at (crash tests).
-func openTarget(spec string) (*mirror.FileTarget, error) {
-	return openTargetWith(spec, readTestHooks(os.Getenv).fault)
-}
-
-// openTargetWith is openTarget with the test hooks' fault (nil: none).
-func openTargetWith(spec string, fault func(string)) (*mirror.FileTarget, error) {
-	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: fault})
-	if err != nil {
-		return nil, fmt.Errorf("%w (pass --target)", err)
-	}
-	return target, nil
 }

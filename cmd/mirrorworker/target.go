@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/mirror/bucket"
+	"github.com/mirrorworker/mirrorworker/pipeline"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// storeTarget is a mirror target the commands open from --target: a file
+// tree (*mirror.FileTarget) or a bucket (*bucket.Target).
+type storeTarget interface {
+	worker.Target
+	// Probe proves the target takes writes now (the worker's probe while
+	// it is down).
+	Probe(ctx context.Context) error
+	// Root is where an operator finds the objects: a directory or
+	// s3://BUCKET/PREFIX.
+	Root() string
+}
+
+var (
+	_ storeTarget = (*mirror.FileTarget)(nil)
+	_ storeTarget = (*bucket.Target)(nil)
+)
+
+// targetHelp is the --target flag's help, for every command that has one.
+const targetHelp = "mirror target: file:///abs/dir, a directory, or s3://BUCKET[/PREFIX] (with --s3-endpoint and --s3-region; credentials from the AWS chain)"
+
+// s3Flags are the flags of a bucket target, for every command that opens
+// a target.
+type s3Flags struct {
+	endpoint      string
+	region        string
+	partSize      byteSize
+	partsInFlight int
+	memory        byteSize
+	sweepAge      time.Duration
+}
+
+func (s *s3Flags) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.endpoint, "s3-endpoint", "", "S3 API URL of an s3:// target (http://minio:9000, https://s3.example.net); empty: AWS S3 of --s3-region. Buckets are addressed path-style")
+	fs.StringVar(&s.region, "s3-region", "", "region of an s3:// target; empty: the AWS configuration's (AWS_REGION), else "+bucket.DefaultRegion)
+	s.partSize = bucket.DefaultPartSize
+	fs.Var(&s.partSize, "s3-part-size", "part `size` of multipart uploads to an s3:// target, and the largest body stored in one PutObject (5MiB to 64MiB; an object may have 10,000 parts)")
+	fs.IntVar(&s.partsInFlight, "s3-parts-in-flight", bucket.DefaultPartsInFlight, "parts of one multipart upload sent at once")
+	s.memory = bucket.DefaultMemory
+	fs.Var(&s.memory, "s3-memory", "`bytes` of part buffers all uploads to an s3:// target hold at once (raised to part size x (parts in flight + 1))")
+	fs.DurationVar(&s.sweepAge, "s3-sweep-older-than", 0, "at start-up, abort the multipart uploads under the target's prefix started more than this long ago (a killed pod's); 0: every one, which fails (and retries) uploads other pods have under way")
+}
+
+// check reports flag values that cannot work.
+func (s *s3Flags) check(bad func(format string, a ...any)) {
+	if s.partSize < bucket.MinPartSize || s.partSize > bucket.MaxPartSize {
+		bad("--s3-part-size %d: want 5MiB to 64MiB", s.partSize)
+	}
+	if s.partsInFlight < 1 {
+		bad("--s3-parts-in-flight %d: want at least 1", s.partsInFlight)
+	}
+	if s.memory < 0 {
+		bad("--s3-memory %d: want 0 or more", s.memory)
+	}
+	if s.sweepAge < 0 {
+		bad("--s3-sweep-older-than %s: want 0 or more", s.sweepAge)
+	}
+}
+
+// isBucketSpec reports a target spec that names a bucket.
+func isBucketSpec(spec string) bool { return strings.HasPrefix(spec, bucket.Scheme+"://") }
+
+// openTarget opens the mirror target at spec and proves it writable (a
+// file target) or reachable (a bucket), so that a mistake fails before
+// anything starts rather than at the first job. hook, the test hooks'
+// fault (nil: none), may kill the process at a step of the target's Put
+// (crash tests).
+func (s *s3Flags) openTarget(ctx context.Context, spec string, hook func(string), log zerolog.Logger) (storeTarget, error) {
+	if isBucketSpec(spec) {
+		octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		t, err := bucket.Open(octx, spec, &bucket.Options{
+			Endpoint:       s.endpoint,
+			Region:         s.region,
+			PartSize:       int64(s.partSize),
+			PartsInFlight:  s.partsInFlight,
+			Memory:         int64(s.memory),
+			SweepOlderThan: s.sweepAge,
+			Logger:         log.With().Str("component", "target").Logger(),
+			FaultHook:      hook,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("%w (pass --target, --s3-endpoint, --s3-region; credentials come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE or web identity)", err)
+		}
+		return t, nil
+	}
+	if s.endpoint != "" {
+		log.Warn().Str("target", spec).Msg("--s3-endpoint is ignored: the target is not s3://")
+	}
+	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: hook})
+	if err != nil {
+		return nil, fmt.Errorf("%w (pass --target)", err)
+	}
+	return target, nil
+}
