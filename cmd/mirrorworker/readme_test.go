@@ -52,6 +52,7 @@ var readmeRuns = map[string]readmeRun{
 	"mirrorworker dlq list --tenant acme --authority https://files.example.org":                     {want: "dead letters"},
 	"mirrorworker dlq requeue --dry-run --reason budget_exhausted":                                  {want: "dry run: 0 would be requeued"},
 	"mirrorworker replay --dry-run":                                                                 {want: "dry run:"},
+	"mirrorworker dlq requeue --reason auth_failed":                                                 {want: "0 requeued"},
 	"mirrorworker replay --from-seq 52000":                                                          {want: "replayed 0 jobs"},
 	"mirrorworker stub-origin --profile testdata/profiles/throttling.json --listen 127.0.0.1:18080 --authorities 50 --admin-listen 127.0.0.1:18079": {
 		bg: true, ready: "(exec 3<>/dev/tcp/127.0.0.1/18079) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/18080) 2>/dev/null"},
@@ -70,8 +71,16 @@ var readmeExcluded = map[string]string{
 	"mirrorworker replay --since 24h --authority https://files.example.org/ --tenant acme":                                                                          "fetches files.example.org, which does not exist here, retried for minutes (replay's filter tests)",
 	"go run ./cmd/mirrorworker loadtest --jobs 5000 --authorities 50 --workers 3 --profile testdata/profiles/loadtest-throttling.json --strategy all --report out/": "minutes of CPU for every strategy (the load test's own tests run it small)",
 	"make image": "minutes to cross-build a static binary (deploy/image and deploy/cmd/mkimage test the image and what mkimage prints)",
-	"docker load -i bin/mirrorworker-image.tar":                 "needs Docker",
-	"kubectl apply -k deploy/kubernetes/overlays/external-nats": "needs a Kubernetes cluster (deploy's tests render both kustomizations)",
+	"docker load -i bin/mirrorworker-image.tar":                                                             "needs Docker",
+	"kubectl apply -k deploy/kubernetes/overlays/external-nats":                                             "needs a Kubernetes cluster (deploy's tests render both kustomizations)",
+	"kubectl apply -k deploy/kubernetes/overlays/s3":                                                        "needs a Kubernetes cluster and a bucket (deploy's tests render the s3 overlay)",
+	"export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=...":                                                "placeholders for a bucket's keys (the S3 tests set real ones for a versitygw they start)",
+	"mirrorworker run --target s3://mirror/pypi --s3-endpoint https://s3.example.net --s3-region eu-west-1": "needs an S3 endpoint (TestS3MirrorEndToEnd runs run into a versitygw bucket)",
+	"mirrorworker replay --target s3://mirror-new/pypi --s3-endpoint https://s3.example.net":                "needs an S3 endpoint (TestS3MirrorEndToEnd replays into a bucket)",
+	"mirrorworker replay --target s3://mirror/pypi --s3-endpoint https://s3.example.net":                    "needs an S3 endpoint (TestS3MirrorEndToEnd's re-check is answered 304)",
+	"mirrorworker verify": "at this point of the README the go.dev job cannot be fetched (no network here), so verify rightly reports it missing (TestVerifyFindsAndRepairs runs verify)",
+	"mirrorworker verify --target s3://mirror/pypi --s3-endpoint https://s3.example.net": "needs an S3 endpoint (TestVerifyFindsAndRepairs verifies a versitygw bucket)",
+	"mirrorworker verify --target /srv/mirror --repair":                                  "needs a mirror at /srv/mirror (TestVerifyFindsAndRepairs repairs a file target)",
 }
 
 // readmeGiven are files a command of the README reads, written before the
