@@ -111,6 +111,17 @@ type Options struct {
 	// ReleaseTimeout bounds how long a graceful release may wait for the
 	// partition's requests before Release's context is cancelled; TTL.
 	ReleaseTimeout time.Duration
+	// OpTimeout bounds each store operation of a lease round: every
+	// renewal, the announce, each listing and each take has a deadline of
+	// its own. Zero means TTL/2, the longest round trip at which renewals
+	// sent every TTL/4 still keep a lease valid without a gap.
+	OpTimeout time.Duration
+	// Link reports whether this pod's connection to the store is up
+	// (nats.Conn.IsConnected); nil means always. While it reports false,
+	// Owns is false for every partition: a pod whose NATS connection is
+	// known to be down starts no request, whatever validity its leases
+	// have left, because what it learns can reach no other pod.
+	Link func() bool
 	// Clock measures lease validity (its Now must carry a monotonic
 	// reading, as time.Now's does); nil is the real clock.
 	Clock clock.Clock
@@ -122,15 +133,29 @@ type Lease struct {
 	Since time.Time `json:"since"`
 }
 
+// lease is a partition this pod holds or is letting go of. Its fields are
+// written by the goroutine of the round that renews it, or by Step between
+// rounds; a release goroutine only closes released.
 type lease struct {
 	rev       uint64
 	since     time.Time
+	lastOK    time.Time // when the last successful renewal (or the take) was sent
 	releasing bool
+	lost      bool // no longer this pod's: released, never renewed or deleted
 	released  chan struct{}
 }
 
-// Manager holds this pod's leases. Owns is safe for concurrent use; Run and
-// Close are called once each, in that order.
+// round is what the last lease round found, for Serving.
+type round struct {
+	err   error // nil: every operation reached the store in time
+	pods  int   // live pods, this one included
+	free  int   // partitions no pod held at the listing
+	share int   // Share(partitions, pods)
+}
+
+// Manager holds this pod's leases. Owns, Owned and Serving are safe for
+// concurrent use; Run (or Step) and Close are called from one goroutine, in
+// that order.
 type Manager struct {
 	leases Store
 	pods   Store
@@ -142,6 +167,11 @@ type Manager struct {
 	// valid[p] is how long after epoch this pod may start requests of p;
 	// 0 when it does not own p (or is giving it back).
 	valid []atomic.Int64
+	last  atomic.Pointer[round]
+
+	// healthy: the last round reached the store in time, so this pod
+	// announces itself; otherwise it withdraws its entry. Step's only.
+	healthy bool
 
 	mu    sync.Mutex
 	owned map[int]*lease
@@ -167,29 +197,37 @@ func New(leases, pods Store, h Hooks, o Options) (*Manager, error) {
 	if o.ReleaseTimeout <= 0 {
 		o.ReleaseTimeout = o.TTL
 	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = o.TTL / 2
+	}
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
 	return &Manager{
 		leases: leases, pods: pods, h: h, o: o, log: o.Logger,
-		epoch: o.Clock.Now(),
-		valid: make([]atomic.Int64, o.Partitions),
-		owned: map[int]*lease{},
+		epoch:   o.Clock.Now(),
+		valid:   make([]atomic.Int64, o.Partitions),
+		owned:   map[int]*lease{},
+		healthy: true,
 	}, nil
 }
 
 // Owns reports whether this pod may start a request of partition p now: it
 // holds p's lease and renewed it recently enough that the lease cannot have
-// expired on the server. The margin is a quarter of the TTL, measured on
-// this process's monotonic clock from the moment each renewal was sent, so
-// neither clock skew between pods nor a process stopped (SIGSTOP) for longer
-// than the TTL can make two pods believe they own p at once.
+// expired on the server, and its link to NATS is not known to be down. The
+// margin is a quarter of the TTL, measured on this process's monotonic
+// clock from the moment each renewal was sent, so neither clock skew
+// between pods nor a process stopped (SIGSTOP) for longer than the TTL can
+// make two pods believe they own p at once.
 func (m *Manager) Owns(p int) bool {
 	if p < 0 || p >= len(m.valid) {
 		return false
 	}
 	v := m.valid[p].Load()
-	return v > 0 && int64(m.o.Clock.Now().Sub(m.epoch)) < v
+	if v <= 0 || int64(m.o.Clock.Now().Sub(m.epoch)) >= v {
+		return false
+	}
+	return m.o.Link == nil || m.o.Link()
 }
 
 // Owned returns the partitions this pod serves, sorted.
@@ -203,20 +241,68 @@ func (m *Manager) Owned() []int {
 	return out
 }
 
+// Share is how many partitions a pod must hold to serve its share when n
+// live pods share p partitions: what is left to it when each of the others
+// holds the ⌈p/n⌉ a pod moves towards, and at most ⌊p/n⌋. It is 0 when
+// there are more pods than the others leave work for (stand-by).
+func Share(p, n int) int {
+	if n <= 1 {
+		return p
+	}
+	target := (p + n - 1) / n
+	return max(0, min(p/n, p-(n-1)*target))
+}
+
+// Serving reports why this pod is not serving its share of the work, or
+// nil when it is: what a pod's readiness means (docs/adr/0007). Nil when
+// the last lease round reached the store in time, the link is up, and the
+// pod holds at least Share(partitions, live pods) valid leases; when that
+// share is 0 (more pods than work for them), nil once every partition is
+// held by some pod: the pod stands by. So a rolling restart waits for each
+// new pod to have taken its partitions over before it stops the next one.
+func (m *Manager) Serving() error {
+	if m.stopping.Load() {
+		return errors.New("cluster: stopping, giving partitions back")
+	}
+	if m.o.Link != nil && !m.o.Link() {
+		return errors.New("cluster: NATS connection down, serving no partition")
+	}
+	r := m.last.Load()
+	switch {
+	case r == nil:
+		return errors.New("cluster: no lease round yet")
+	case r.err != nil:
+		return fmt.Errorf("cluster: not counted live, the last lease round failed: %w", r.err)
+	}
+	held := len(m.Owned())
+	switch {
+	case r.share == 0 && r.free == 0:
+		return nil // stand-by
+	case r.share == 0:
+		return fmt.Errorf("cluster: stand-by (%d pods for %d partitions) while %d partitions have no owner", r.pods, m.o.Partitions, r.free)
+	case held >= r.share:
+		return nil
+	}
+	return fmt.Errorf("cluster: serving %d partitions of its share of %d (%d partitions, %d live pods)", held, r.share, m.o.Partitions, r.pods)
+}
+
 func (m *Manager) setValid(p int, sent time.Time) {
 	m.valid[p].Store(int64(sent.Sub(m.epoch) + m.o.TTL*3/4))
 }
 
-// Run takes, renews and gives back leases until ctx ends. It returns nil;
+// Run takes, renews and gives back leases until ctx ends, starting a round
+// every TTL/4 (at once after a round that took longer). It returns nil;
 // Close gives the leases up.
 func (m *Manager) Run(ctx context.Context) error {
 	tick := m.o.TTL / 4
-	for {
+	for ctx.Err() == nil {
+		start := m.o.Clock.Now()
 		m.Step(ctx)
-		if !clock.Sleep(m.o.Clock, tick, ctx.Done()) {
+		if !clock.Sleep(m.o.Clock, tick-m.o.Clock.Now().Sub(start), ctx.Done()) {
 			return nil
 		}
 	}
+	return nil
 }
 
 func (m *Manager) leaseValue(since time.Time) []byte {
@@ -224,20 +310,89 @@ func (m *Manager) leaseValue(since time.Time) []byte {
 	return b
 }
 
-// Step is one round of Run: announce this pod, renew its leases, then take
-// or give back partitions towards its share. Run calls it every TTL/4;
-// simulations call it directly.
+func (m *Manager) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, m.o.OpTimeout)
+}
+
+// Step is one round of Run. At once and each with its own deadline
+// (OpTimeout), it announces this pod, renews every lease and lists the pods
+// and the leases; then it takes or gives back partitions towards its share.
+// A round in which any of those operations failed (timed out, NATS
+// unreachable) takes nothing and makes the next round withdraw this pod's
+// entry instead of announcing it, so the others stop counting it live: a
+// put that timed out may still land, and the withdrawal lands after it.
+// Simulations call Step directly.
 func (m *Manager) Step(ctx context.Context) {
-	sctx, cancel := context.WithTimeout(ctx, m.o.TTL/2)
-	defer cancel()
-	if err := m.pods.Put(sctx, m.o.PodID, m.h.Status()); err != nil {
-		m.log.Warn().Err(err).Msg("announce pod")
+	var (
+		wg                              sync.WaitGroup
+		announceErr, podsErr, leasesErr error
+		podKeys, leaseKeys              []string
+	)
+	announce := m.healthy
+	wg.Go(func() {
+		octx, cancel := m.opCtx(ctx)
+		defer cancel()
+		if announce {
+			announceErr = m.pods.Put(octx, m.o.PodID, m.h.Status())
+		} else {
+			announceErr = m.pods.Delete(octx, m.o.PodID, 0)
+		}
+	})
+	wg.Go(func() {
+		octx, cancel := m.opCtx(ctx)
+		defer cancel()
+		podKeys, podsErr = m.pods.Keys(octx)
+	})
+	wg.Go(func() {
+		octx, cancel := m.opCtx(ctx)
+		defer cancel()
+		leaseKeys, leasesErr = m.leases.Keys(octx)
+	})
+	renewErr := m.renew(ctx)
+	wg.Wait()
+	var errs []error
+	for _, e := range []struct {
+		what string
+		err  error
+	}{{map[bool]string{true: "announce pod", false: "withdraw pod"}[announce], announceErr}, {"list pods", podsErr}, {"list leases", leasesErr}} {
+		if e.err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", e.what, e.err))
+		}
 	}
-	m.renew(sctx)
-	n := m.livePods(sctx)
-	if n == 0 {
-		return // unknown: change nothing
+	if renewErr != nil {
+		errs = append(errs, renewErr)
 	}
+	if err := errors.Join(errs...); err != nil {
+		if m.healthy {
+			m.log.Warn().Err(err).Msg("lease round failed (NATS unreachable or too slow): this pod withdraws its announcement and takes no partition until a round succeeds")
+		} else {
+			m.log.Debug().Err(err).Msg("lease round failed again")
+		}
+		m.healthy = false
+		m.last.Store(&round{err: err})
+		return
+	}
+	if !m.healthy {
+		m.log.Info().Msg("lease round succeeded again: this pod announces itself")
+	}
+	m.healthy = true
+	n := 1
+	for _, k := range podKeys {
+		if k != m.o.PodID {
+			n++
+		}
+	}
+	taken := map[string]bool{}
+	for _, k := range leaseKeys {
+		taken[k] = true
+	}
+	free := 0
+	for p := range m.o.Partitions {
+		if !taken[jobs.LeaseKey(p)] {
+			free++
+		}
+	}
+	m.last.Store(&round{pods: n, free: free, share: Share(m.o.Partitions, n)})
 	target := (m.o.Partitions + n - 1) / n
 	m.mu.Lock()
 	held := 0
@@ -250,59 +405,118 @@ func (m *Manager) Step(ctx context.Context) {
 	switch {
 	case held > target:
 		m.giveBack(ctx, held-target)
-	case held < target && !m.stopping.Load():
-		m.take(sctx, target-held)
+	case held < target && !m.stopping.Load() && free > 0:
+		m.take(ctx, target-held, taken)
 	}
 }
 
-func (m *Manager) renew(ctx context.Context) {
+// renew renews every lease at once, each with its own deadline, and
+// forgets or deletes those whose release has ended.
+func (m *Manager) renew(ctx context.Context) error {
 	m.mu.Lock()
-	ps := make([]int, 0, len(m.owned))
-	for p := range m.owned {
-		ps = append(ps, p)
+	owned := make(map[int]*lease, len(m.owned))
+	for p, l := range m.owned {
+		owned[p] = l
 	}
 	m.mu.Unlock()
-	for _, p := range ps {
-		m.mu.Lock()
-		l := m.owned[p]
-		m.mu.Unlock()
+	var (
+		wg     sync.WaitGroup
+		emu    sync.Mutex
+		failed int
+		first  error
+	)
+	for p, l := range owned {
 		if l.releasing {
 			select {
 			case <-l.released:
-				m.drop(ctx, p, l)
+				if l.lost {
+					m.forget(p)
+				} else {
+					wg.Go(func() { m.drop(ctx, p, l) })
+				}
 				continue
 			default:
 			}
-		}
-		sent := m.o.Clock.Now()
-		rev, err := m.leases.Update(ctx, jobs.LeaseKey(p), m.leaseValue(l.since), l.rev)
-		switch {
-		case err == nil:
-			l.rev = rev
-			if !l.releasing {
-				m.setValid(p, sent)
+			if l.lost {
+				continue
 			}
-		case errors.Is(err, ErrLost):
-			// Expired on the server (this pod was stopped or cut off for
-			// longer than the TTL) and possibly taken by another pod.
-			m.log.Warn().Int("partition", p).Err(err).Msg("partition lease lost")
-			m.valid[p].Store(0)
-			if !l.releasing {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TTL/4)
-				m.h.Release(rctx, p)
-				cancel()
-			} else {
-				<-l.released
-			}
-			m.mu.Lock()
-			delete(m.owned, p)
-			m.mu.Unlock()
-		default:
-			// NATS unreachable: Owns turns false by itself when the lease
-			// may have expired; keep trying.
-			m.log.Warn().Int("partition", p).Err(err).Msg("renew partition lease")
 		}
+		wg.Go(func() {
+			if err := m.renewOne(ctx, p, l); err != nil {
+				emu.Lock()
+				failed++
+				if first == nil {
+					first = err
+				}
+				emu.Unlock()
+			}
+		})
 	}
+	wg.Wait()
+	if failed > 0 {
+		return fmt.Errorf("renew %d of %d leases: %w", failed, len(owned), first)
+	}
+	return nil
+}
+
+// renewOne renews p's lease. It returns an error only when the store did
+// not answer in time (or at all): a lease found lost is released.
+func (m *Manager) renewOne(ctx context.Context, p int, l *lease) error {
+	octx, cancel := m.opCtx(ctx)
+	defer cancel()
+	sent := m.o.Clock.Now()
+	rev, err := m.leases.Update(octx, jobs.LeaseKey(p), m.leaseValue(l.since), l.rev)
+	switch {
+	case err == nil:
+		l.rev, l.lastOK = rev, sent
+		if !l.releasing {
+			m.setValid(p, sent)
+		}
+		return nil
+	case errors.Is(err, ErrLost):
+		// Expired on the server (this pod was stopped, cut off or too slow
+		// for longer than the TTL) and possibly taken by another pod.
+		m.log.Warn().Int("partition", p).Err(err).Msg("partition lease lost; releasing the partition")
+		m.lose(ctx, p, l)
+		return nil
+	}
+	if m.o.Clock.Now().Sub(l.lastOK) >= m.o.TTL {
+		// No renewal has succeeded for a TTL: the server has expired the
+		// lease, unless a renewal that timed out here landed there after
+		// all; then it expires a TTL after that, unserved. Either way it is
+		// no longer worth renewing blind.
+		m.log.Warn().Int("partition", p).Err(err).Msg("partition lease not renewed for a TTL; releasing the partition")
+		m.lose(ctx, p, l)
+	}
+	return fmt.Errorf("partition %d: %w", p, err)
+}
+
+// lose stops serving p, whose lease is no longer this pod's: Owns is false
+// at once, and the worker's release runs in the background, so that the
+// lease round (the other partitions' renewals) never waits for a
+// partition's pull or requests to end.
+func (m *Manager) lose(ctx context.Context, p int, l *lease) {
+	m.valid[p].Store(0)
+	l.lost = true
+	if l.releasing {
+		return // its graceful release runs already; the lease is not deleted
+	}
+	l.releasing = true
+	l.released = make(chan struct{})
+	go func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TTL/4)
+		defer cancel()
+		m.h.Release(rctx, p)
+		close(l.released)
+	}()
+}
+
+// forget drops a lost partition once the worker has released it.
+func (m *Manager) forget(p int) {
+	m.mu.Lock()
+	delete(m.owned, p)
+	m.mu.Unlock()
+	m.log.Info().Int("partition", p).Msg("lost partition released")
 }
 
 func isWrongSequence(err error) bool {
@@ -313,31 +527,15 @@ func isWrongSequence(err error) bool {
 
 // drop gives up a released partition's lease.
 func (m *Manager) drop(ctx context.Context, p int, l *lease) {
-	if err := m.leases.Delete(ctx, jobs.LeaseKey(p), l.rev); err != nil {
+	octx, cancel := m.opCtx(ctx)
+	defer cancel()
+	if err := m.leases.Delete(octx, jobs.LeaseKey(p), l.rev); err != nil {
 		m.log.Warn().Int("partition", p).Err(err).Msg("give up partition lease (it expires by itself)")
 	}
 	m.mu.Lock()
 	delete(m.owned, p)
 	m.mu.Unlock()
 	m.log.Info().Int("partition", p).Msg("partition given back")
-}
-
-func (m *Manager) livePods(ctx context.Context) int {
-	keys, err := m.pods.Keys(ctx)
-	if err != nil {
-		m.log.Warn().Err(err).Msg("list pods")
-		return 0
-	}
-	n := 0
-	self := false
-	for _, k := range keys {
-		n++
-		self = self || k == m.o.PodID
-	}
-	if !self {
-		n++
-	}
-	return n
 }
 
 // giveBack releases n partitions, highest first, in the background: the
@@ -371,50 +569,58 @@ func (m *Manager) giveBack(ctx context.Context, n int) {
 	}
 }
 
-// take acquires up to n free partitions, starting at a place that depends
-// on the pod id so that pods starting together do not race for the same.
-func (m *Manager) take(ctx context.Context, n int) {
-	taken := map[string]bool{}
-	keys, err := m.leases.Keys(ctx)
-	if err != nil {
-		m.log.Warn().Err(err).Msg("list leases")
-		return
-	}
-	for _, k := range keys {
-		taken[k] = true
-	}
+// take acquires up to n of the partitions the listing found free, at once,
+// starting at a place that depends on the pod id so that pods starting
+// together do not race for the same.
+func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) {
 	h := fnv.New32a()
 	h.Write([]byte(m.o.PodID))
 	start := int(h.Sum32() % uint32(m.o.Partitions))
-	var got []int
-	for i := 0; i < m.o.Partitions && len(got) < n; i++ {
+	var cands []int
+	m.mu.Lock()
+	for i := 0; i < m.o.Partitions && len(cands) < n; i++ {
 		p := (start + i) % m.o.Partitions
-		m.mu.Lock()
-		_, mine := m.owned[p]
-		m.mu.Unlock()
-		if mine || taken[jobs.LeaseKey(p)] {
-			continue
+		if _, mine := m.owned[p]; !mine && !taken[jobs.LeaseKey(p)] {
+			cands = append(cands, p)
 		}
-		sent := m.o.Clock.Now()
-		rev, err := m.leases.Create(ctx, jobs.LeaseKey(p), m.leaseValue(sent))
-		if err != nil {
-			continue // another pod was quicker
-		}
-		// Valid before the worker starts pulling, so that the first jobs
-		// it receives are served rather than handed back.
-		m.setValid(p, sent)
-		if err := m.h.Acquired(ctx, p, sent); err != nil {
-			m.valid[p].Store(0)
-			m.log.Warn().Int("partition", p).Err(err).Msg("serve partition")
-			_ = m.leases.Delete(ctx, jobs.LeaseKey(p), rev)
-			continue
-		}
-		m.mu.Lock()
-		m.owned[p] = &lease{rev: rev, since: sent}
-		m.mu.Unlock()
-		got = append(got, p)
 	}
+	m.mu.Unlock()
+	var (
+		wg  sync.WaitGroup
+		gmu sync.Mutex
+		got []int
+	)
+	for _, p := range cands {
+		wg.Go(func() {
+			octx, cancel := m.opCtx(ctx)
+			defer cancel()
+			sent := m.o.Clock.Now()
+			rev, err := m.leases.Create(octx, jobs.LeaseKey(p), m.leaseValue(sent))
+			if err != nil {
+				return // another pod was quicker, or the store did not answer
+			}
+			// Valid before the worker starts pulling, so that the first jobs
+			// it receives are served rather than handed back.
+			m.setValid(p, sent)
+			if err := m.h.Acquired(octx, p, sent); err != nil {
+				m.valid[p].Store(0)
+				m.log.Warn().Int("partition", p).Err(err).Msg("serve partition")
+				dctx, dcancel := m.opCtx(ctx)
+				_ = m.leases.Delete(dctx, jobs.LeaseKey(p), rev)
+				dcancel()
+				return
+			}
+			m.mu.Lock()
+			m.owned[p] = &lease{rev: rev, since: sent, lastOK: sent}
+			m.mu.Unlock()
+			gmu.Lock()
+			got = append(got, p)
+			gmu.Unlock()
+		})
+	}
+	wg.Wait()
 	if len(got) > 0 {
+		sort.Ints(got)
 		m.log.Info().Ints("partitions", got).Msg("partitions taken")
 	}
 }
@@ -427,13 +633,25 @@ func (m *Manager) Close(ctx context.Context) error {
 	owned := m.owned
 	m.owned = map[int]*lease{}
 	m.mu.Unlock()
-	var errs []error
+	var (
+		wg   sync.WaitGroup
+		emu  sync.Mutex
+		errs []error
+	)
 	for p, l := range owned {
 		m.valid[p].Store(0)
-		if err := m.leases.Delete(ctx, jobs.LeaseKey(p), l.rev); err != nil {
-			errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
+		if l.lost {
+			continue
 		}
+		wg.Go(func() {
+			if err := m.leases.Delete(ctx, jobs.LeaseKey(p), l.rev); err != nil {
+				emu.Lock()
+				errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
+				emu.Unlock()
+			}
+		})
 	}
+	wg.Wait()
 	if err := m.pods.Delete(ctx, m.o.PodID, 0); err != nil {
 		errs = append(errs, fmt.Errorf("pod entry: %w", err))
 	}

@@ -497,7 +497,10 @@ func (p *natsStage) run(ctx context.Context) error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("NATS connection %s", strings.ToLower(nc.Status().String()))
 		}
-		return w.Ready()
+		if err := w.Ready(); err != nil || mgr == nil {
+			return err
+		}
+		return mgr.Serving() // readiness means serving its share (docs/adr/0007)
 	}, parked: w.Parked})
 
 	ev := p.startFields(log.Info())
@@ -646,6 +649,7 @@ func (p *natsStage) newManager(ctx context.Context, js jetstream.JetStream, w *w
 	hooks := &podHooks{js: js, w: w, pc: pc, pod: p.c.workerID, consOpts: consOpts, mgr: func() *cluster.Manager { return mgr }}
 	mgr, err = cluster.New(cluster.KV{KeyValue: leases}, cluster.KV{KeyValue: pods}, hooks, cluster.Options{
 		PodID: p.c.workerID, Partitions: partitions, TTL: p.c.leaseTTL, Logger: p.log,
+		Link: js.Conn().IsConnected, // Owns is false while the connection is down
 	})
 	return mgr, err
 }
