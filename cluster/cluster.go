@@ -392,7 +392,6 @@ func (m *Manager) Step(ctx context.Context) {
 			free++
 		}
 	}
-	m.last.Store(&round{pods: n, free: free, share: Share(m.o.Partitions, n)})
 	target := (m.o.Partitions + n - 1) / n
 	m.mu.Lock()
 	held := 0
@@ -406,8 +405,9 @@ func (m *Manager) Step(ctx context.Context) {
 	case held > target:
 		m.giveBack(ctx, held-target)
 	case held < target && !m.stopping.Load() && free > 0:
-		m.take(ctx, target-held, taken)
+		free -= m.take(ctx, target-held, taken)
 	}
+	m.last.Store(&round{pods: n, free: free, share: Share(m.o.Partitions, n)})
 }
 
 // renew renews every lease at once, each with its own deadline, and
@@ -571,8 +571,8 @@ func (m *Manager) giveBack(ctx context.Context, n int) {
 
 // take acquires up to n of the partitions the listing found free, at once,
 // starting at a place that depends on the pod id so that pods starting
-// together do not race for the same.
-func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) {
+// together do not race for the same. It returns how many it took.
+func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 	h := fnv.New32a()
 	h.Write([]byte(m.o.PodID))
 	start := int(h.Sum32() % uint32(m.o.Partitions))
@@ -623,6 +623,7 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) {
 		sort.Ints(got)
 		m.log.Info().Ints("partitions", got).Msg("partitions taken")
 	}
+	return len(got)
 }
 
 // Close gives up every lease and this pod's entry, so that other pods take
