@@ -134,8 +134,8 @@ type Lease struct {
 }
 
 // lease is a partition this pod holds or is letting go of. Its fields are
-// written by the goroutine of the round that renews it, or by Step between
-// rounds; a release goroutine only closes released.
+// guarded by the Manager's mu, except since (fixed) and released, which
+// only its release goroutine closes.
 type lease struct {
 	rev       uint64
 	since     time.Time
@@ -145,17 +145,16 @@ type lease struct {
 	released  chan struct{}
 }
 
-// round is what the last lease round found, for Serving.
+// round is what the last balance round found, for Serving.
 type round struct {
-	err   error // nil: every operation reached the store in time
-	pods  int   // live pods, this one included
-	free  int   // partitions no pod held at the listing
-	share int   // Share(partitions, pods)
+	pods  int // live pods, this one included
+	free  int // partitions no pod held at the listing (less those it took)
+	share int // Share(partitions, pods)
 }
 
 // Manager holds this pod's leases. Owns, Owned and Serving are safe for
-// concurrent use; Run (or Step) and Close are called from one goroutine, in
-// that order.
+// concurrent use; Run (or Step) and Close are called once each, in that
+// order (Step repeatedly, from one goroutine).
 type Manager struct {
 	leases Store
 	pods   Store
@@ -169,12 +168,13 @@ type Manager struct {
 	valid []atomic.Int64
 	last  atomic.Pointer[round]
 
-	// healthy: the last round reached the store in time, so this pod
-	// announces itself; otherwise it withdraws its entry. Step's only.
-	healthy bool
-
 	mu    sync.Mutex
 	owned map[int]*lease
+	// The last renewal round's and balance round's failure (nil: every
+	// operation reached the store in time). While either is set the pod
+	// withdraws its entry instead of announcing itself, takes nothing, and
+	// is not serving.
+	renewErr, balanceErr error
 
 	stopping atomic.Bool // StopTaking: renew and give back, take no more
 }
@@ -205,10 +205,9 @@ func New(leases, pods Store, h Hooks, o Options) (*Manager, error) {
 	}
 	return &Manager{
 		leases: leases, pods: pods, h: h, o: o, log: o.Logger,
-		epoch:   o.Clock.Now(),
-		valid:   make([]atomic.Int64, o.Partitions),
-		owned:   map[int]*lease{},
-		healthy: true,
+		epoch: o.Clock.Now(),
+		valid: make([]atomic.Int64, o.Partitions),
+		owned: map[int]*lease{},
 	}, nil
 }
 
@@ -267,12 +266,15 @@ func (m *Manager) Serving() error {
 	if m.o.Link != nil && !m.o.Link() {
 		return errors.New("cluster: NATS connection down, serving no partition")
 	}
+	m.mu.Lock()
+	err := errors.Join(m.renewErr, m.balanceErr)
+	m.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("cluster: not counted live, the last lease round failed: %w", err)
+	}
 	r := m.last.Load()
-	switch {
-	case r == nil:
+	if r == nil {
 		return errors.New("cluster: no lease round yet")
-	case r.err != nil:
-		return fmt.Errorf("cluster: not counted live, the last lease round failed: %w", r.err)
 	}
 	held := len(m.Owned())
 	switch {
@@ -290,19 +292,35 @@ func (m *Manager) setValid(p int, sent time.Time) {
 	m.valid[p].Store(int64(sent.Sub(m.epoch) + m.o.TTL*3/4))
 }
 
-// Run takes, renews and gives back leases until ctx ends, starting a round
-// every TTL/4 (at once after a round that took longer). It returns nil;
-// Close gives the leases up.
+// Run takes, renews and gives back leases until ctx ends. Renewals and the
+// rest (announce, listings, take, give back) run on loops of their own,
+// each starting a round every TTL/4 (at once after a round that took
+// longer), so a slow listing or take never delays a renewal. It returns
+// nil once both loops have ended; Close gives the leases up.
 func (m *Manager) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { m.loop(ctx, m.renewRound) })
+	m.loop(ctx, m.balanceRound)
+	wg.Wait()
+	return nil
+}
+
+func (m *Manager) loop(ctx context.Context, round func(context.Context)) {
 	tick := m.o.TTL / 4
 	for ctx.Err() == nil {
 		start := m.o.Clock.Now()
-		m.Step(ctx)
+		round(ctx)
 		if !clock.Sleep(m.o.Clock, tick-m.o.Clock.Now().Sub(start), ctx.Done()) {
-			return nil
+			return
 		}
 	}
-	return nil
+}
+
+// Step is one round of each of Run's loops, one after the other: the
+// renewals, then the balance. Simulations call it directly.
+func (m *Manager) Step(ctx context.Context) {
+	m.renewRound(ctx)
+	m.balanceRound(ctx)
 }
 
 func (m *Manager) leaseValue(since time.Time) []byte {
@@ -310,25 +328,47 @@ func (m *Manager) leaseValue(since time.Time) []byte {
 	return b
 }
 
+// opCtx bounds one store operation. It is not cancelled with ctx: a round
+// under way when the pod stops completes (within OpTimeout), so that Close
+// knows every lease's revision, rather than leaving renewals that were sent
+// but not answered.
 func (m *Manager) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, m.o.OpTimeout)
+	return context.WithTimeout(context.WithoutCancel(ctx), m.o.OpTimeout)
 }
 
-// Step is one round of Run. At once and each with its own deadline
-// (OpTimeout), it announces this pod, renews every lease and lists the pods
-// and the leases; then it takes or gives back partitions towards its share.
-// A round in which any of those operations failed (timed out, NATS
-// unreachable) takes nothing and makes the next round withdraw this pod's
-// entry instead of announcing it, so the others stop counting it live: a
-// put that timed out may still land, and the withdrawal lands after it.
-// Simulations call Step directly.
-func (m *Manager) Step(ctx context.Context) {
+// renewRound renews every lease at once, each with its own deadline. A
+// renewal that gets no answer in time fails the round.
+func (m *Manager) renewRound(ctx context.Context) {
+	err := m.renew(ctx)
+	m.mu.Lock()
+	was := m.renewErr
+	m.renewErr = err
+	m.mu.Unlock()
+	switch {
+	case err != nil && was == nil:
+		m.log.Warn().Err(err).Msg("lease renewals failed (NATS unreachable or too slow): this pod withdraws its announcement and takes no partition until a round succeeds")
+	case err != nil:
+		m.log.Debug().Err(err).Msg("lease renewals failed again")
+	case was != nil:
+		m.log.Info().Msg("lease renewals succeed again")
+	}
+}
+
+// balanceRound announces this pod (or withdraws it after a failed round:
+// a put that timed out may still land, and the withdrawal lands after it,
+// so that the others stop counting this pod live) and lists the pods and
+// the leases, at once, each with its own deadline; then, if every
+// operation of both loops' last rounds succeeded, it takes or gives back
+// partitions towards ⌈P/N⌉.
+func (m *Manager) balanceRound(ctx context.Context) {
+	m.mu.Lock()
+	announce := m.renewErr == nil && m.balanceErr == nil
+	m.mu.Unlock()
 	var (
 		wg                              sync.WaitGroup
 		announceErr, podsErr, leasesErr error
 		podKeys, leaseKeys              []string
 	)
-	announce := m.healthy
 	wg.Go(func() {
 		octx, cancel := m.opCtx(ctx)
 		defer cancel()
@@ -348,34 +388,34 @@ func (m *Manager) Step(ctx context.Context) {
 		defer cancel()
 		leaseKeys, leasesErr = m.leases.Keys(octx)
 	})
-	renewErr := m.renew(ctx)
 	wg.Wait()
 	var errs []error
-	for _, e := range []struct {
-		what string
-		err  error
-	}{{map[bool]string{true: "announce pod", false: "withdraw pod"}[announce], announceErr}, {"list pods", podsErr}, {"list leases", leasesErr}} {
-		if e.err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", e.what, e.err))
-		}
+	if announceErr != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", map[bool]string{true: "announce pod", false: "withdraw pod"}[announce], announceErr))
 	}
-	if renewErr != nil {
-		errs = append(errs, renewErr)
+	if podsErr != nil {
+		errs = append(errs, fmt.Errorf("list pods: %w", podsErr))
 	}
-	if err := errors.Join(errs...); err != nil {
-		if m.healthy {
-			m.log.Warn().Err(err).Msg("lease round failed (NATS unreachable or too slow): this pod withdraws its announcement and takes no partition until a round succeeds")
-		} else {
-			m.log.Debug().Err(err).Msg("lease round failed again")
-		}
-		m.healthy = false
-		m.last.Store(&round{err: err})
+	if leasesErr != nil {
+		errs = append(errs, fmt.Errorf("list leases: %w", leasesErr))
+	}
+	err := errors.Join(errs...)
+	m.mu.Lock()
+	was := m.balanceErr
+	m.balanceErr = err
+	renewing := m.renewErr == nil
+	m.mu.Unlock()
+	switch {
+	case err != nil && was == nil:
+		m.log.Warn().Err(err).Msg("lease round failed (NATS unreachable or too slow): this pod withdraws its announcement and takes no partition until a round succeeds")
+	case err != nil:
+		m.log.Debug().Err(err).Msg("lease round failed again")
+	case was != nil:
+		m.log.Info().Msg("lease round succeeds again")
+	}
+	if err != nil || !renewing {
 		return
 	}
-	if !m.healthy {
-		m.log.Info().Msg("lease round succeeded again: this pod announces itself")
-	}
-	m.healthy = true
 	n := 1
 	for _, k := range podKeys {
 		if k != m.o.PodID {
@@ -408,31 +448,29 @@ func (m *Manager) Step(ctx context.Context) {
 		free -= m.take(ctx, target-held, taken)
 	}
 	m.last.Store(&round{pods: n, free: free, share: Share(m.o.Partitions, n)})
+	m.log.Debug().Int("pods", n).Int("free", free).Ints("owned", m.Owned()).Msg("lease round")
 }
 
 // renew renews every lease at once, each with its own deadline, and
 // forgets or deletes those whose release has ended.
 func (m *Manager) renew(ctx context.Context) error {
-	m.mu.Lock()
-	owned := make(map[int]*lease, len(m.owned))
-	for p, l := range m.owned {
-		owned[p] = l
+	type item struct {
+		p   int
+		l   *lease
+		rev uint64
 	}
-	m.mu.Unlock()
-	var (
-		wg     sync.WaitGroup
-		emu    sync.Mutex
-		failed int
-		first  error
-	)
-	for p, l := range owned {
+	var renew, drop []item
+	var forgot []int
+	m.mu.Lock()
+	for p, l := range m.owned {
 		if l.releasing {
 			select {
 			case <-l.released:
 				if l.lost {
-					m.forget(p)
+					delete(m.owned, p)
+					forgot = append(forgot, p)
 				} else {
-					wg.Go(func() { m.drop(ctx, p, l) })
+					drop = append(drop, item{p, l, l.rev})
 				}
 				continue
 			default:
@@ -441,8 +479,25 @@ func (m *Manager) renew(ctx context.Context) error {
 				continue
 			}
 		}
+		renew = append(renew, item{p, l, l.rev})
+	}
+	m.mu.Unlock()
+	if len(forgot) > 0 {
+		sort.Ints(forgot)
+		m.log.Info().Ints("partitions", forgot).Msg("lost partitions released")
+	}
+	var (
+		wg     sync.WaitGroup
+		emu    sync.Mutex
+		failed int
+		first  error
+	)
+	for _, it := range drop {
+		wg.Go(func() { m.drop(ctx, it.p, it.rev) })
+	}
+	for _, it := range renew {
 		wg.Go(func() {
-			if err := m.renewOne(ctx, p, l); err != nil {
+			if err := m.renewOne(ctx, it.p, it.l, it.rev); err != nil {
 				emu.Lock()
 				failed++
 				if first == nil {
@@ -454,48 +509,58 @@ func (m *Manager) renew(ctx context.Context) error {
 	}
 	wg.Wait()
 	if failed > 0 {
-		return fmt.Errorf("renew %d of %d leases: %w", failed, len(owned), first)
+		return fmt.Errorf("renew %d of %d leases: %w", failed, len(renew), first)
 	}
 	return nil
 }
 
-// renewOne renews p's lease. It returns an error only when the store did
-// not answer in time (or at all): a lease found lost is released.
-func (m *Manager) renewOne(ctx context.Context, p int, l *lease) error {
+// renewOne renews p's lease, at revision rev. It returns an error only when
+// the store did not answer in time (or at all): a lease found lost is
+// released.
+func (m *Manager) renewOne(ctx context.Context, p int, l *lease, rev uint64) error {
 	octx, cancel := m.opCtx(ctx)
 	defer cancel()
 	sent := m.o.Clock.Now()
-	rev, err := m.leases.Update(octx, jobs.LeaseKey(p), m.leaseValue(l.since), l.rev)
+	next, err := m.leases.Update(octx, jobs.LeaseKey(p), m.leaseValue(l.since), rev)
+	var why string
+	m.mu.Lock()
 	switch {
+	case m.owned[p] != l || l.lost:
+		// Given up meanwhile.
 	case err == nil:
-		l.rev, l.lastOK = rev, sent
+		l.rev, l.lastOK = next, sent
 		if !l.releasing {
 			m.setValid(p, sent)
 		}
-		return nil
 	case errors.Is(err, ErrLost):
 		// Expired on the server (this pod was stopped, cut off or too slow
 		// for longer than the TTL) and possibly taken by another pod.
-		m.log.Warn().Int("partition", p).Err(err).Msg("partition lease lost; releasing the partition")
-		m.lose(ctx, p, l)
-		return nil
-	}
-	if m.o.Clock.Now().Sub(l.lastOK) >= m.o.TTL {
+		why = "partition lease lost; releasing the partition"
+		m.loseLocked(ctx, p, l)
+		err = nil
+	case m.o.Clock.Now().Sub(l.lastOK) >= m.o.TTL:
 		// No renewal has succeeded for a TTL: the server has expired the
 		// lease, unless a renewal that timed out here landed there after
 		// all; then it expires a TTL after that, unserved. Either way it is
 		// no longer worth renewing blind.
-		m.log.Warn().Int("partition", p).Err(err).Msg("partition lease not renewed for a TTL; releasing the partition")
-		m.lose(ctx, p, l)
+		why = "partition lease not renewed for a TTL; releasing the partition"
+		m.loseLocked(ctx, p, l)
 	}
-	return fmt.Errorf("partition %d: %w", p, err)
+	m.mu.Unlock()
+	if why != "" {
+		m.log.Warn().Int("partition", p).Err(err).Msg(why)
+	}
+	if err != nil {
+		return fmt.Errorf("partition %d: %w", p, err)
+	}
+	return nil
 }
 
-// lose stops serving p, whose lease is no longer this pod's: Owns is false
-// at once, and the worker's release runs in the background, so that the
-// lease round (the other partitions' renewals) never waits for a
-// partition's pull or requests to end.
-func (m *Manager) lose(ctx context.Context, p int, l *lease) {
+// loseLocked stops serving p, whose lease is no longer this pod's: Owns is
+// false at once, and the worker's release runs in the background, so that
+// the renewals of the other partitions never wait for a partition's pull
+// or requests to end. m.mu must be held.
+func (m *Manager) loseLocked(ctx context.Context, p int, l *lease) {
 	m.valid[p].Store(0)
 	l.lost = true
 	if l.releasing {
@@ -511,25 +576,17 @@ func (m *Manager) lose(ctx context.Context, p int, l *lease) {
 	}()
 }
 
-// forget drops a lost partition once the worker has released it.
-func (m *Manager) forget(p int) {
-	m.mu.Lock()
-	delete(m.owned, p)
-	m.mu.Unlock()
-	m.log.Info().Int("partition", p).Msg("lost partition released")
-}
-
 func isWrongSequence(err error) bool {
 	var apiErr *jetstream.APIError
 	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
-// drop gives up a released partition's lease.
-func (m *Manager) drop(ctx context.Context, p int, l *lease) {
+// drop gives up a released partition's lease, at revision rev.
+func (m *Manager) drop(ctx context.Context, p int, rev uint64) {
 	octx, cancel := m.opCtx(ctx)
 	defer cancel()
-	if err := m.leases.Delete(octx, jobs.LeaseKey(p), l.rev); err != nil {
+	if err := m.leases.Delete(octx, jobs.LeaseKey(p), rev); err != nil {
 		m.log.Warn().Int("partition", p).Err(err).Msg("give up partition lease (it expires by itself)")
 	}
 	m.mu.Lock()
@@ -599,20 +656,27 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 			if err != nil {
 				return // another pod was quicker, or the store did not answer
 			}
-			// Valid before the worker starts pulling, so that the first jobs
-			// it receives are served rather than handed back.
+			// Held (and so renewed) and valid before the worker starts
+			// pulling, so that the first jobs it receives are served
+			// rather than handed back.
+			l := &lease{rev: rev, since: sent, lastOK: sent}
+			m.mu.Lock()
+			m.owned[p] = l
 			m.setValid(p, sent)
-			if err := m.h.Acquired(octx, p, sent); err != nil {
-				m.valid[p].Store(0)
+			m.mu.Unlock()
+			actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TTL)
+			defer acancel()
+			if err := m.h.Acquired(actx, p, sent); err != nil {
 				m.log.Warn().Int("partition", p).Err(err).Msg("serve partition")
+				m.mu.Lock()
+				m.loseLocked(ctx, p, l)
+				rev := l.rev
+				m.mu.Unlock()
 				dctx, dcancel := m.opCtx(ctx)
 				_ = m.leases.Delete(dctx, jobs.LeaseKey(p), rev)
 				dcancel()
 				return
 			}
-			m.mu.Lock()
-			m.owned[p] = &lease{rev: rev, since: sent, lastOK: sent}
-			m.mu.Unlock()
 			gmu.Lock()
 			got = append(got, p)
 			gmu.Unlock()
@@ -631,7 +695,13 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 // has stopped (every job handed back, no request in flight).
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
-	owned := m.owned
+	revs := map[int]uint64{}
+	for p, l := range m.owned {
+		m.valid[p].Store(0)
+		if !l.lost {
+			revs[p] = l.rev
+		}
+	}
 	m.owned = map[int]*lease{}
 	m.mu.Unlock()
 	var (
@@ -639,13 +709,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		emu  sync.Mutex
 		errs []error
 	)
-	for p, l := range owned {
-		m.valid[p].Store(0)
-		if l.lost {
-			continue
-		}
+	for p, rev := range revs {
 		wg.Go(func() {
-			if err := m.leases.Delete(ctx, jobs.LeaseKey(p), l.rev); err != nil {
+			if err := m.leases.Delete(ctx, jobs.LeaseKey(p), rev); err != nil {
 				emu.Lock()
 				errs = append(errs, fmt.Errorf("partition %d: %w", p, err))
 				emu.Unlock()
