@@ -339,12 +339,15 @@ func (m *Manager) opCtx(ctx context.Context) (context.Context, context.CancelFun
 // renewRound renews every lease at once, each with its own deadline. A
 // renewal that gets no answer in time fails the round.
 func (m *Manager) renewRound(ctx context.Context) {
-	err := m.renew(ctx)
+	n, err := m.renew(ctx)
 	m.mu.Lock()
 	was := m.renewErr
 	m.renewErr = err
 	m.mu.Unlock()
 	switch {
+	case n == 0:
+		// Nothing to renew: no failure, and no news of the link either
+		// (the balance round's own operations tell).
 	case err != nil && was == nil:
 		m.log.Warn().Err(err).Msg("lease renewals failed (NATS unreachable or too slow): this pod withdraws its announcement and takes no partition until a round succeeds")
 	case err != nil:
@@ -452,8 +455,9 @@ func (m *Manager) balanceRound(ctx context.Context) {
 }
 
 // renew renews every lease at once, each with its own deadline, and
-// forgets or deletes those whose release has ended.
-func (m *Manager) renew(ctx context.Context) error {
+// forgets or deletes those whose release has ended. It returns how many
+// leases it tried to renew.
+func (m *Manager) renew(ctx context.Context) (int, error) {
 	type item struct {
 		p   int
 		l   *lease
@@ -509,9 +513,9 @@ func (m *Manager) renew(ctx context.Context) error {
 	}
 	wg.Wait()
 	if failed > 0 {
-		return fmt.Errorf("renew %d of %d leases: %w", failed, len(renew), first)
+		return len(renew), fmt.Errorf("renew %d of %d leases: %w", failed, len(renew), first)
 	}
-	return nil
+	return len(renew), nil
 }
 
 // renewOne renews p's lease, at revision rev. It returns an error only when
