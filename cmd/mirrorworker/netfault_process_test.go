@@ -307,6 +307,13 @@ func netFaultCheck(t *testing.T, o *clusterOrigin, floor time.Duration, deps map
 				t.Errorf("%s: pod %d sent a request at %.3fs, %s after pod %d's (floor %s)", n, d[i].pod, d[i].at.Sub(o.start).Seconds(), g, d[i-1].pod, floor)
 			}
 		}
+		if minDep < floor {
+			var b strings.Builder
+			for _, x := range d {
+				fmt.Fprintf(&b, " %.3fs/pod%d", x.at.Sub(o.start).Seconds(), x.pod)
+			}
+			t.Logf("%s: every request as sent:%s", n, b.String())
+		}
 		if len(d) != len(a.arrivals) {
 			t.Logf("%s: the pods recorded %d requests, the origin %d", n, len(d), len(a.arrivals))
 		}
