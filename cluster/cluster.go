@@ -55,7 +55,8 @@ type Store interface {
 	Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
 	// Delete removes key if its entry is at revision rev (0: any).
 	Delete(ctx context.Context, key string, rev uint64) error
-	Put(ctx context.Context, key string, value []byte) error
+	// Put writes key whatever its entry; it returns the revision.
+	Put(ctx context.Context, key string, value []byte) (uint64, error)
 	Keys(ctx context.Context) ([]string, error)
 }
 
@@ -85,9 +86,8 @@ func (k KV) Delete(ctx context.Context, key string, rev uint64) error {
 	return k.KeyValue.Delete(ctx, key, jetstream.LastRevision(rev))
 }
 
-func (k KV) Put(ctx context.Context, key string, value []byte) error {
-	_, err := k.KeyValue.Put(ctx, key, value)
-	return err
+func (k KV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
+	return k.KeyValue.Put(ctx, key, value)
 }
 
 func (k KV) Keys(ctx context.Context) ([]string, error) {
@@ -170,6 +170,10 @@ type Manager struct {
 
 	mu    sync.Mutex
 	owned map[int]*lease
+	// podRev is the revision of this pod's MIRROR_PODS entry, 0 when it
+	// has none it knows of; the balance loop's only.
+	podRev uint64
+
 	// The last renewal round's and balance round's failure (nil: every
 	// operation reached the store in time). While either is set the pod
 	// withdraws its entry instead of announcing itself, takes nothing, and
@@ -375,10 +379,24 @@ func (m *Manager) balanceRound(ctx context.Context) {
 	wg.Go(func() {
 		octx, cancel := m.opCtx(ctx)
 		defer cancel()
-		if announce {
-			announceErr = m.pods.Put(octx, m.o.PodID, m.h.Status())
-		} else {
+		switch {
+		case !announce:
 			announceErr = m.pods.Delete(octx, m.o.PodID, 0)
+			m.podRev = 0
+		case m.podRev == 0:
+			m.podRev, announceErr = m.pods.Put(octx, m.o.PodID, m.h.Status())
+		default:
+			// On the entry's revision, so that an announce that lands
+			// after the entry expired (a round too slow) fails instead of
+			// bringing the pod back for the others.
+			rev, err := m.pods.Update(octx, m.o.PodID, m.h.Status(), m.podRev)
+			switch {
+			case err == nil:
+				m.podRev = rev
+			case errors.Is(err, ErrLost):
+				m.podRev = 0 // written anew once a round succeeds
+			}
+			announceErr = err
 		}
 	})
 	wg.Go(func() {

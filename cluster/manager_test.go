@@ -117,9 +117,13 @@ func (s *hookStore) Delete(ctx context.Context, key string, rev uint64) error {
 	return s.timeout(s.Store.Delete(ctx, key, rev))
 }
 
-func (s *hookStore) Put(ctx context.Context, key string, v []byte) error {
+func (s *hookStore) Put(ctx context.Context, key string, v []byte) (uint64, error) {
 	s.note(ctx)
-	return s.timeout(s.Store.Put(ctx, key, v))
+	r, err := s.Store.Put(ctx, key, v)
+	if err = s.timeout(err); err != nil {
+		return 0, err
+	}
+	return r, nil
 }
 
 func (s *hookStore) Keys(ctx context.Context) ([]string, error) {
@@ -503,4 +507,32 @@ func (b *blockingKeys) Keys(ctx context.Context) ([]string, error) {
 		<-b.stuck
 	}
 	return b.Store.Keys(ctx)
+}
+
+// TestLateAnnounceBringsNoPodBack: once a pod's entry has expired (its
+// rounds were too slow), an announce that lands late fails on the entry's
+// revision instead of writing the entry anew, so the others do not count
+// the pod live again for a round.
+func TestLateAnnounceBringsNoPodBack(t *testing.T) {
+	const parts, ttl = 4, 2 * time.Second
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	leases, pods := newMemStore(clk, ttl), newMemStore(clk, ttl)
+	tp := newTestPod(t, "pod-a", clk, leases, pods, parts, cluster.Options{})
+	ctx := context.Background()
+	tp.m.Step(ctx)
+	tp.m.Step(ctx) // announces on the entry's revision from now on
+	if keys, _ := pods.Keys(ctx); len(keys) != 1 {
+		t.Fatalf("pod entries %v after two good rounds", keys)
+	}
+	clk.Advance(ttl) // the entry expires on the server
+	// The link is now so slow that every operation lands, but late.
+	tp.leases.fail.Store(true)
+	tp.pods.fail.Store(true)
+	tp.m.Step(ctx)
+	if keys, _ := pods.Keys(ctx); len(keys) != 0 {
+		t.Errorf("pod entries %v after an announce landed on an expired entry, want none", keys)
+	}
+	if err := tp.m.Serving(); err == nil {
+		t.Error("Serving after a failed round: nil")
+	}
 }

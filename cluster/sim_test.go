@@ -87,11 +87,10 @@ func (s *memStore) Delete(_ context.Context, key string, rev uint64) error {
 	return nil
 }
 
-func (s *memStore) Put(_ context.Context, key string, v []byte) error {
+func (s *memStore) Put(_ context.Context, key string, v []byte) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.putLocked(key, v)
-	return nil
+	return s.putLocked(key, v), nil
 }
 
 func (s *memStore) Keys(context.Context) ([]string, error) {
@@ -431,8 +430,9 @@ func (s *linkStore) Delete(ctx context.Context, key string, rev uint64) error {
 	return s.through(func() error { return s.Store.Delete(ctx, key, rev) })
 }
 
-func (s *linkStore) Put(ctx context.Context, key string, v []byte) error {
-	return s.through(func() error { return s.Store.Put(ctx, key, v) })
+func (s *linkStore) Put(ctx context.Context, key string, v []byte) (rev uint64, err error) {
+	err = s.through(func() (e error) { rev, e = s.Store.Put(ctx, key, v); return e })
+	return rev, err
 }
 
 func (s *linkStore) Keys(ctx context.Context) (keys []string, err error) {
