@@ -134,7 +134,11 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) {
 		if tc.afterWait {
 			auth = rl
 		}
-		victim := podServing(t, natsURL, auth, partitions, pods)
+		// The lease may be between two pods for a moment (given back, not
+		// yet taken): strike the one that holds it next.
+		owner := netFaultOwner(t, natsURL, auth, partitions, pods)
+		victim := -1
+		waitFor(t, 30*time.Second, "a pod holding the lease of "+auth, func() bool { victim = owner(); return victim >= 0 })
 		struck := time.Now()
 		tc.strike(proxies[victim])
 		t.Logf("%s on pod %d's link at %.3fs (%.3fs on the origin's clock), %d/%d stored", tc.name, victim, struck.Sub(t0).Seconds(), struck.Sub(origin.start).Seconds(), len(mirrorFiles(t, root)), len(urls))
@@ -144,7 +148,6 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) {
 		if tc.lasts > 0 {
 			time.AfterFunc(tc.lasts, proxies[victim].Restore)
 		}
-		owner := netFaultOwner(t, natsURL, auth, partitions, pods)
 		if tc.keeps {
 			// Three TTLs into the fault the pod still serves its share.
 			for time.Since(struck) < 3*ttl {
