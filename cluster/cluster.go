@@ -664,18 +664,10 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 		}
 	}
 	m.mu.Unlock()
-	// The Creates go out at once; each lease is held (and so renewed) and
-	// valid from its answer on, before the worker starts pulling, so that
-	// the first jobs it receives are served rather than handed back.
-	type created struct {
-		p    int
-		l    *lease
-		sent time.Time
-	}
 	var (
-		wg   sync.WaitGroup
-		gmu  sync.Mutex
-		made []created
+		wg  sync.WaitGroup
+		gmu sync.Mutex
+		got []int
 	)
 	for _, p := range cands {
 		wg.Go(func() {
@@ -686,43 +678,35 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 			if err != nil {
 				return // another pod was quicker, or the store did not answer
 			}
+			// Held (and so renewed) and valid before the worker starts
+			// pulling, so that the first jobs it receives are served
+			// rather than handed back.
 			l := &lease{rev: rev, since: sent, lastOK: sent}
 			m.mu.Lock()
 			m.owned[p] = l
 			m.setValid(p, sent)
 			m.mu.Unlock()
+			actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TTL)
+			defer acancel()
+			if err := m.h.Acquired(actx, p, sent); err != nil {
+				m.log.Warn().Int("partition", p).Err(err).Msg("serve partition")
+				m.mu.Lock()
+				m.loseLocked(ctx, p, l)
+				rev := l.rev
+				m.mu.Unlock()
+				dctx, dcancel := m.opCtx(ctx)
+				_ = m.leases.Delete(dctx, jobs.LeaseKey(p), rev)
+				dcancel()
+				return
+			}
 			gmu.Lock()
-			made = append(made, created{p, l, sent})
+			got = append(got, p)
 			gmu.Unlock()
 		})
 	}
 	wg.Wait()
-	// The worker starts serving them one at a time, as a pod always has:
-	// starting every partition's intake at once put a burst of first
-	// requests on a loaded machine, whose late starts came closer than
-	// the floor to the next (TestProcessClusterKeepsOnePace saw 244 ms
-	// against 300 at three authorities at once). The renewals, on their
-	// own loop, keep the leases meanwhile.
-	sort.Slice(made, func(i, j int) bool { return made[i].p < made[j].p })
-	var got []int
-	for _, c := range made {
-		actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TTL)
-		err := m.h.Acquired(actx, c.p, c.sent)
-		acancel()
-		if err != nil {
-			m.log.Warn().Int("partition", c.p).Err(err).Msg("serve partition")
-			m.mu.Lock()
-			m.loseLocked(ctx, c.p, c.l)
-			rev := c.l.rev
-			m.mu.Unlock()
-			dctx, dcancel := m.opCtx(ctx)
-			_ = m.leases.Delete(dctx, jobs.LeaseKey(c.p), rev)
-			dcancel()
-			continue
-		}
-		got = append(got, c.p)
-	}
 	if len(got) > 0 {
+		sort.Ints(got)
 		m.log.Info().Ints("partitions", got).Msg("partitions taken")
 	}
 	return len(got)
