@@ -688,12 +688,7 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 			m.mu.Unlock()
 			actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TTL)
 			defer acancel()
-			// since is now, not when the Create was sent: any instant after
-			// the lease exists is one before which every request of the
-			// previous owner began, and a later one fences the first
-			// requests from when the worker starts serving, not from a
-			// Create that a slow link answered long ago.
-			if err := m.h.Acquired(actx, p, m.o.Clock.Now()); err != nil {
+			if err := m.h.Acquired(actx, p, sent); err != nil {
 				m.log.Warn().Int("partition", p).Err(err).Msg("serve partition")
 				m.mu.Lock()
 				m.loseLocked(ctx, p, l)
