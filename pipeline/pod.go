@@ -183,7 +183,18 @@ func (pod *Pod) newManager(ctx context.Context, o *PodOptions) (*cluster.Manager
 	hooks := &podHooks{pod: pod, consOpts: o.Consumer, id: o.PodID, version: o.Version}
 	return cluster.New(cluster.KV{KeyValue: leases}, cluster.KV{KeyValue: pods}, hooks, cluster.Options{
 		PodID: o.PodID, Partitions: pod.Partitions, TTL: o.LeaseTTL, Logger: o.Logger,
+		Link: js.Conn().IsConnected, // Owns is false while the connection is down
 	})
+}
+
+// Serving is the pod's part of readiness: nil when it holds its share of
+// the partitions (or stands by with every partition held), or with the
+// shared consumer; else why not (cluster.Manager.Serving, docs/adr/0007).
+func (pod *Pod) Serving() error {
+	if pod.mgr == nil {
+		return nil
+	}
+	return pod.mgr.Serving()
 }
 
 // podHooks connect the lease manager to the worker.

@@ -437,7 +437,10 @@ func (p *natsStage) run(ctx context.Context) error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("NATS connection %s", strings.ToLower(nc.Status().String()))
 		}
-		return w.Ready()
+		if err := w.Ready(); err != nil {
+			return err
+		}
+		return pod.Serving() // readiness means serving its share (docs/adr/0007)
 	}, parked: w.Parked})
 	p.logStart(natsURL, pod.Partitions)
 	return pod.Run(ctx)
