@@ -128,4 +128,7 @@ type State struct {
 	MaxInFlight   int           `json:"max_in_flight"`
 	LastThrottle  time.Time     `json:"last_throttle,omitzero"`
 	PausedUntil   time.Time     `json:"paused_until,omitzero"` // an operator's pause
+	// PolicySource says where Floor and MaxInFlight come from (Limits.Source):
+	// empty for a Pacer built from a static policy alone.
+	PolicySource string `json:"policy_source,omitempty"`
 }

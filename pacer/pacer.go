@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -101,7 +102,7 @@ type Pacer struct {
 	shards    []shard
 	mask      uint64
 	seed      maphash.Seed
-	policy    *Policy
+	policy    atomic.Pointer[Policy] // replaced whole by SetPolicy
 	quiet     int64
 	rnd       func() float64
 	onEvent   func(Event)
@@ -187,14 +188,15 @@ func New(o *Options) *Pacer {
 		guard:           max(0, int64(o.StartGuard)),
 		guardAuto:       o.StartGuard == 0,
 		seed:            maphash.MakeSeed(),
-		policy:          o.Policy,
 		quiet:           int64(o.QuietWindow),
 		rnd:             o.Rand,
 		onEvent:         o.OnEvent,
 		rules:           o.Rules,
 	}
-	if p.policy == nil {
-		p.policy = DefaultPolicy()
+	if o.Policy == nil {
+		p.policy.Store(DefaultPolicy())
+	} else {
+		p.policy.Store(o.Policy)
 	}
 	if p.quiet == 0 {
 		p.quiet = scaled(DefaultQuietWindow)
@@ -243,7 +245,7 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 		p.sweepLocked(s, now)
 		s.sweepAt = max(p.shardMax, len(s.m)+p.sweepStep)
 	}
-	l := p.policy.Limits(auth)
+	l := p.policy.Load().Limits(auth)
 	e := &entry{
 		floor:     int64(l.Floor),
 		interval:  int64(l.Floor),
@@ -927,6 +929,7 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		InFlight:     int(e.inFlight),
 		MaxInFlight:  int(e.maxFlight),
 		LastThrottle: unixOrZero(e.lastThrot),
+		PolicySource: p.policy.Load().Limits(auth).Source,
 	}
 	if e.lastStart != 0 {
 		st.NextSlot = time.Unix(0, max(e.lastStart+iv+p.guardFor(e), n))
