@@ -250,7 +250,7 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 		floor:     int64(l.Floor),
 		interval:  int64(l.Floor),
 		ceiling:   p.fallbackMin,
-		maxFlight: int32(max(1, min(l.MaxInFlight, maxPolicyInFlight))),
+		maxFlight: int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight))),
 	}
 	if p.rules != nil {
 		e.rule = &ruled{}

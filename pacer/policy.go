@@ -16,8 +16,8 @@ import (
 const (
 	DefaultFloor       = time.Second
 	DefaultMaxInFlight = 2
-	maxPolicyFloor     = 24 * time.Hour // a larger floor is far more likely a typo than a wish
-	maxPolicyInFlight  = 1 << 16
+	MaxPolicyFloor     = 24 * time.Hour // a larger floor is far more likely a typo than a wish
+	MaxPolicyInFlight  = 1 << 16        // the largest in-flight cap a policy may give
 )
 
 // Limits is the issuer's politeness for one authority.
@@ -119,7 +119,7 @@ func ParsePolicy(data []byte) (*Policy, error) {
 	}
 	for key, rl := range raw.Authorities {
 		field := fmt.Sprintf("authorities[%q]", key)
-		norm, err := normalizeAuthority(key)
+		norm, err := NormalizeAuthority(key)
 		if err != nil {
 			return nil, fmt.Errorf("policy: %s: %w", field, err)
 		}
@@ -145,24 +145,24 @@ func (r *rawLimits) limits(def Limits, field string) (Limits, error) {
 		if err != nil {
 			return l, fmt.Errorf("policy: %s.floor: %q is not a duration such as \"1s\" or \"250ms\"", field, *r.Floor)
 		}
-		if d < 0 || d > maxPolicyFloor {
-			return l, fmt.Errorf("policy: %s.floor: %s is outside 0 to %s", field, d, maxPolicyFloor)
+		if d < 0 || d > MaxPolicyFloor {
+			return l, fmt.Errorf("policy: %s.floor: %s is outside 0 to %s", field, d, MaxPolicyFloor)
 		}
 		l.Floor = d
 	}
 	if r.MaxInFlight != nil {
 		n := *r.MaxInFlight
-		if n < 1 || n > maxPolicyInFlight {
-			return l, fmt.Errorf("policy: %s.max_in_flight: %d is outside 1 to %d", field, n, maxPolicyInFlight)
+		if n < 1 || n > MaxPolicyInFlight {
+			return l, fmt.Errorf("policy: %s.max_in_flight: %d is outside 1 to %d", field, n, MaxPolicyInFlight)
 		}
 		l.MaxInFlight = n
 	}
 	return l, nil
 }
 
-// normalizeAuthority turns a policy key into the form Acquire receives
-// (authority.Authority.String()).
-func normalizeAuthority(key string) (string, error) {
+// NormalizeAuthority turns a policy key "host:port" into the form Acquire
+// receives (authority.Authority.String()); the port is required.
+func NormalizeAuthority(key string) (string, error) {
 	if _, _, err := net.SplitHostPort(key); err != nil {
 		return "", fmt.Errorf("want \"host:port\": %w", err)
 	}
@@ -208,7 +208,7 @@ func (p *Pacer) SetPolicy(q *Policy) {
 				e.interval = max(e.interval, floor)
 			}
 			e.floor = floor
-			e.maxFlight = int32(max(1, min(l.MaxInFlight, maxPolicyInFlight)))
+			e.maxFlight = int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight)))
 		}
 		s.mu.Unlock()
 	}

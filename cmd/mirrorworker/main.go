@@ -68,6 +68,7 @@ func commands() map[string]command {
 		"pause":       {"stop every worker from sending requests to one authority for a while", cmdPause},
 		"resume":      {"end an operator's pause of an authority on every worker", cmdResume},
 		"status":      {"show the pods, their partitions and each busy authority's state", cmdStatus},
+		"policy":      {"change floors and in-flight caps on a running cluster (set|show|list|delete)", cmdPolicy},
 	}
 }
 

@@ -33,6 +33,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
+	"github.com/mirrorworker/mirrorworker/policy"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -454,6 +455,13 @@ func (p *natsStage) run(ctx context.Context) error {
 	if err := p.reg.Register(worker.NewCoolingCollector(pc.Snapshot, clock.Real{})); err != nil {
 		return fmt.Errorf("register cooling gauge: %w", err)
 	}
+	// The live policy (MIRROR_POLICY) over --policy/--floor/--max-in-flight,
+	// loaded before any request and followed while the pod runs.
+	livePolicy, err := policy.Open(ctx, js, policy.Options{Base: p.policy, Apply: pc.SetPolicy,
+		Replicas: c.streamReplicas, Registerer: p.reg, Logger: log})
+	if err != nil {
+		return stoppedOr(ctx, fmt.Errorf("live policy: %w", err))
+	}
 	var follow pipeline.Actor
 	if partitions > 0 {
 		// Other pods' facts and operators' pauses, live; started before the
@@ -540,6 +548,9 @@ func (p *natsStage) run(ctx context.Context) error {
 		})
 		ro.Actors = append(ro.Actors, follow)
 	}
+	policyCtx, stopPolicy := context.WithCancel(context.Background())
+	defer stopPolicy()
+	ro.Actors = append(ro.Actors, pipeline.Actor{Execute: func() error { return livePolicy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
 	return parts.Run(ctx, func(wctx context.Context) error {
 		err := w.Run(wctx)
 		switch {
