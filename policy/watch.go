@@ -237,8 +237,9 @@ func (w *Watcher) follow(ctx context.Context, kw jetstream.KeyWatcher) (loaded b
 	w.replace(vals, revs, "watched")
 	t := w.o.Clock.NewTimer(time.Hour)
 	defer t.Stop()
+	var armed time.Time // zero: the hour
 	for {
-		w.arm(t)
+		w.arm(t, &armed)
 		select {
 		case <-ctx.Done():
 			return true, ctx.Err()
@@ -253,19 +254,20 @@ func (w *Watcher) follow(ctx context.Context, kw jetstream.KeyWatcher) (loaded b
 			w.mu.Lock()
 			w.applyLocked()
 			w.mu.Unlock()
+			armed = time.Time{}.Add(-1) // fired: arm again whatever the next
 		}
 	}
 }
 
 // arm sets t to fire at the earliest Until ahead (or in an hour, which
-// changes nothing).
-func (w *Watcher) arm(t clock.Timer) {
+// changes nothing) unless it is already set for that instant: re-arming a
+// timer for the same deadline could only lose a firing.
+func (w *Watcher) arm(t clock.Timer, armed *time.Time) {
 	w.mu.Lock()
 	next := w.next
 	w.mu.Unlock()
-	d := time.Hour
-	if !next.IsZero() {
-		d = max(0, next.Sub(w.o.Clock.Now()))
+	if next.Equal(*armed) {
+		return
 	}
 	if !t.Stop() {
 		select {
@@ -273,7 +275,12 @@ func (w *Watcher) arm(t clock.Timer) {
 		default:
 		}
 	}
+	d := time.Hour
+	if !next.IsZero() {
+		d = max(0, next.Sub(w.o.Clock.Now()))
+	}
 	t.Reset(d)
+	*armed = next
 }
 
 func (w *Watcher) parse(e jetstream.KeyValueEntry) (string, Value, error) {
