@@ -92,6 +92,7 @@ type Watcher struct {
 	ended   map[string]bool   // keys whose Until has passed and was logged
 	next    time.Time         // earliest Until ahead
 	current jetstream.KeyWatcher
+	changed func()
 }
 
 type metrics struct {
@@ -368,6 +369,9 @@ func (w *Watcher) applyLocked() {
 	now := w.o.Clock.Now()
 	p, next := Merge(w.o.Base, w.vals, now)
 	w.o.Apply(p)
+	if w.changed != nil {
+		w.changed()
+	}
 	w.next = next
 	active := 0
 	for a, v := range w.vals {
@@ -383,6 +387,15 @@ func (w *Watcher) applyLocked() {
 		}
 	}
 	w.m.overrides.Set(float64(active))
+}
+
+// OnChange sets f to be called after every policy applied from now on (a
+// worker's Repace, so that a lowered floor is used at once by jobs already
+// waiting). f must not call the Watcher.
+func (w *Watcher) OnChange(f func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.changed = f
 }
 
 // Values returns the values in the bucket as this pod last read them, by

@@ -494,6 +494,7 @@ func (p *natsStage) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	livePolicy.OnChange(w.Repace) // jobs waiting on a floor just lowered ask again
 	var mgr *cluster.Manager
 	if partitions > 0 {
 		if mgr, err = p.newManager(ctx, js, w, pc, partitions, consOpts); err != nil {
