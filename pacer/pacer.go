@@ -5,7 +5,6 @@ import (
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -42,6 +41,7 @@ const (
 	StateCooling   = "cooling"   // a cooldown is in force
 	StateProbing   = "probing"   // the cooldown is over and awaits (or runs) its probe
 	StatePaused    = "paused"    // an operator paused the authority
+	StateBackoff   = "backoff"   // failing: no request before the backoff's end (backoff.go)
 )
 
 // Options configure a Pacer. The zero value of every field is its default.
@@ -113,6 +113,7 @@ type Pacer struct {
 	// docs/contract.md section 3's constants times Options.Scale, in nanoseconds, so the
 	// scale costs nothing per call.
 	firstStep, maxInterval, fallbackMin, maxPause, probeWait, inFlightMinWait int64
+	failMin, failMax                                                          int64 // FailureBackoffMin, MaxFailureBackoff
 	// guard is Options.StartGuard (0 for none) unless guardAuto, when it is
 	// derived from each authority's floor.
 	guard     int64
@@ -153,6 +154,12 @@ type entry struct {
 	pausedAt     int64  // when the latest pause was given, for EventResumed
 	inFlight     int32
 	maxFlight    int32
+	// The failure backoff (backoff.go): consecutive failures, the instant
+	// before which no request may start, and the latest failure or
+	// recovery (for ordering facts from other pods).
+	fails     int32
+	failUntil int64
+	failAt    int64
 	// bud is the budget the origin announces (budget.go); nil until a
 	// response announces one, so an authority without rate-limit headers
 	// pays one pointer for it.
@@ -185,6 +192,8 @@ func New(o *Options) *Pacer {
 		maxPause:        scaled(MaxPause),
 		probeWait:       scaled(ProbeWait),
 		inFlightMinWait: scaled(InFlightMinWait),
+		failMin:         scaled(FailureBackoffMin),
+		failMax:         scaled(MaxFailureBackoff),
 		guard:           max(0, int64(o.StartGuard)),
 		guardAuto:       o.StartGuard == 0,
 		seed:            maphash.MakeSeed(),
@@ -271,6 +280,7 @@ func (p *Pacer) sweepLocked(s *shard, now int64) {
 
 func (p *Pacer) evictable(e *entry, now int64) bool {
 	return e.until == 0 && e.inFlight == 0 && e.probeSeq == 0 && e.paused <= now &&
+		e.fails == 0 && e.failUntil <= now &&
 		e.ceiling == p.fallbackMin &&
 		p.decayedInterval(e, now) <= e.floor &&
 		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now) &&
@@ -388,6 +398,9 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 		}
 		probe = true
 	}
+	if re := backoffLocked(e, auth, n); re != nil {
+		return Permit{}, re
+	}
 	// The spacing: the interval, or the announced policy's pace when a
 	// quota is down to its last request (budget.go).
 	spacing, over := e.interval, false
@@ -494,6 +507,15 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		e.probeSeq = pm.seq
 		pm.Probe = true
 	}
+	if re := backoffLocked(e, pm.Authority, n); re != nil {
+		// A failure learned since the grant: this request waits the
+		// backoff out like every other.
+		if pm.Probe && pm.seq == e.probeSeq {
+			e.probeSeq = 0
+			pm.Probe = false
+		}
+		return pm, re
+	}
 	spacing := p.decayedInterval(e, n)
 	if e.bud != nil {
 		// A reading learned since the grant counts the other permits out;
@@ -552,8 +574,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	if learn {
 		fb = ParseFeedback(r.Status, r.Header, now)
 	}
-	if pm.Probe || fb.Throttled() || fb.Exhausted() {
-		return p.doneSlow(now, pm, learn, &fb, r.Header)
+	oc := outcomeOf(r, &fb)
+	if pm.Probe || fb.Throttled() || fb.Exhausted() || oc == outcomeFailed {
+		return p.doneSlow(now, pm, learn, &fb, r)
 	}
 	// Nothing to learn but an announced budget: release the place and take
 	// the reading, unless a decay is due. Parsed before the lock.
@@ -571,9 +594,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		return Verdict{}
 	}
 	// A copy made before Confirm promoted it is still the probe.
-	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) {
+	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) || (oc == outcomeOK && (e.fails != 0 || e.failUntil != 0)) {
 		s.mu.Unlock()
-		return p.doneSlow(now, pm, learn, &fb, r.Header)
+		return p.doneSlow(now, pm, learn, &fb, r)
 	}
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
@@ -587,7 +610,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	return v
 }
 
-func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr http.Header) Verdict {
+func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r Response) Verdict {
+	hdr := r.Header
+	oc := outcomeOf(r, fb)
 	n := now.UnixNano()
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	var buf [MaxQuotas]Quota
@@ -600,7 +625,7 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr
 	s.mu.Lock()
 	e := s.m[pm.Authority]
 	if e == nil {
-		if !throttled && !exhausted {
+		if !throttled && !exhausted && oc != outcomeFailed {
 			s.mu.Unlock()
 			return Verdict{}
 		}
@@ -618,6 +643,7 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr
 	if learn {
 		p.learnLocked(e, pm.Authority, n, probe, *fb, &fx)
 	}
+	p.healthLocked(e, pm.Authority, n, r, oc, &fx)
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
 	if e.until > n {
 		v.Until = time.Unix(0, e.until)
@@ -786,6 +812,8 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 			e.until = 0
 			e.ceiling = p.fallbackMin
 		}
+	case EventBackoff, EventBackoffEnded:
+		p.applyHealthLocked(e, ev, n, at)
 	case EventPaused:
 		// The longest pause wins, as for cooldowns; an operator's pause is
 		// deliberate, so MaxPause does not cap it.
@@ -859,6 +887,9 @@ func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration
 			return 0, time.Duration(sp), ReasonProbing
 		}
 	}
+	if e.failUntil > n {
+		return time.Duration(e.failUntil - n), time.Duration(sp), ReasonBackoff
+	}
 	if e.lastStart != 0 {
 		if gap := e.lastStart + sp - n; gap > 0 {
 			return time.Duration(gap), time.Duration(sp), ReasonSpacing
@@ -888,7 +919,7 @@ func (p *Pacer) Snapshot(now time.Time) []State {
 // present, zero included), for the pacer_authorities gauge.
 func (p *Pacer) Counts(now time.Time) map[string]int {
 	n := now.UnixNano()
-	c := map[string]int{StateIdle: 0, StateActive: 0, StateEscalated: 0, StateCooling: 0, StateProbing: 0, StatePaused: 0}
+	c := map[string]int{StateIdle: 0, StateActive: 0, StateEscalated: 0, StateCooling: 0, StateProbing: 0, StatePaused: 0, StateBackoff: 0}
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()
@@ -909,6 +940,8 @@ func (p *Pacer) stateName(e *entry, n int64) string {
 		return StateCooling
 	case e.until != 0:
 		return StateProbing
+	case e.failUntil > n:
+		return StateBackoff
 	case iv > e.floor:
 		return StateEscalated
 	case e.inFlight > 0 || e.lastStart+iv+p.guardFor(e) > n:
@@ -939,6 +972,10 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 	st.CooldownUntil = unixOrZero(e.until)
 	if e.paused > n {
 		st.PausedUntil = time.Unix(0, e.paused)
+	}
+	st.Failures = int(e.fails)
+	if e.failUntil > n {
+		st.BackoffUntil = time.Unix(0, e.failUntil)
 	}
 	return st
 }

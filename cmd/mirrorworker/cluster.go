@@ -237,6 +237,8 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 			until = r.PausedUntil.UTC().Format(time.RFC3339) + " (paused)"
 		case !r.CooldownUntil.IsZero():
 			until = r.CooldownUntil.UTC().Format(time.RFC3339)
+		case !r.BackoffUntil.IsZero():
+			until = fmt.Sprintf("%s (backoff, %d failures)", r.BackoffUntil.UTC().Format(time.RFC3339), r.Failures)
 		}
 		floor := r.Floor.String()
 		switch {
