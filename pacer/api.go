@@ -126,7 +126,7 @@ type Event struct {
 // State is one tracked authority as /debug/pacer shows it.
 type State struct {
 	Authority     string        `json:"authority"`
-	State         string        `json:"state"` // "idle", "active", "escalated", "cooling", "probing"
+	State         string        `json:"state"` // "idle", "active", "escalated", "cooling", "probing", "paused", "backoff"
 	Floor         time.Duration `json:"floor_ns"`
 	Interval      time.Duration `json:"interval_ns"`
 	NextSlot      time.Time     `json:"next_slot"`
