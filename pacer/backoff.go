@@ -62,7 +62,7 @@ func (p *Pacer) healthLocked(e *entry, auth string, n int64, r Response, oc outc
 		e.fails++
 		base := max(e.floor, p.failMin)
 		step := base
-		for i := int32(0); i < e.fails && step < max(p.failMax, e.floor); i++ {
+		for i := int32(0); i < e.fails && step > 0 && step < max(p.failMax, e.floor); i++ {
 			step *= 2
 		}
 		step = min(step, max(p.failMax, e.floor))

@@ -185,3 +185,25 @@ func TestFailureBackoffAppliesFromFacts(t *testing.T) {
 		t.Fatalf("an older recovery ended a newer backoff: %+v", got)
 	}
 }
+
+// TestFailureBackoffMinNegative: with no base, the backoff doubles from the
+// floor alone, so a floor of 0 backs nothing off.
+func TestFailureBackoffMinNegative(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const a = "origin.example:443"
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1}}, FailureBackoffMin: -1})
+	for i := range 5 {
+		pm, err := p.Acquire(t0, a, 0)
+		if err != nil {
+			t.Fatalf("request %d at floor 0 with no backoff base: %v", i, err)
+		}
+		p.Done(t0, pm, pacer.Response{Status: 500})
+	}
+	q := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 250 * time.Millisecond, MaxInFlight: 1}},
+		FailureBackoffMin: -1, Rand: func() float64 { return 0 }, StartGuard: -1})
+	pm, _ := q.Acquire(t0, a, 0)
+	q.Done(t0, pm, pacer.Response{Status: 500})
+	if st := q.Snapshot(t0)[0]; !st.BackoffUntil.Equal(t0.Add(500 * time.Millisecond)) {
+		t.Fatalf("backoff until %v, want twice the 250 ms floor", st.BackoffUntil.Sub(t0))
+	}
+}

@@ -90,6 +90,11 @@ type Options struct {
 	// 0); negative means none. It is not scaled: the jitter it covers is the
 	// machine's, not the origin's.
 	StartGuard time.Duration
+	// FailureBackoffMin is the base of a failing origin's backoff when the
+	// floor is below it (backoff.go); 0 means FailureBackoffMin (scaled by
+	// Scale), negative means none: the backoff doubles from the floor alone,
+	// and a floor of 0 then backs nothing off (tests of other rules).
+	FailureBackoffMin time.Duration
 	// Rules is the learning rule (rules.go); nil is the HostPacer's own.
 	// With another rule the Pacer publishes no events, spends no announced
 	// budget and ignores QuietWindow (decay is the rule's Relax).
@@ -215,6 +220,12 @@ func New(o *Options) *Pacer {
 	}
 	if p.rnd == nil {
 		p.rnd = rand.Float64
+	}
+	switch {
+	case o.FailureBackoffMin < 0:
+		p.failMin = 0
+	case o.FailureBackoffMin > 0:
+		p.failMin = int64(o.FailureBackoffMin)
 	}
 	maxEntries := o.MaxEntries
 	if maxEntries <= 0 {
