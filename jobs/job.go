@@ -34,8 +34,7 @@ const Version = 1
 // Limits of the job format (docs/contract.md section 2), and the bounds this package adds
 // so that no input can make validation expensive.
 const (
-	MaxURLLen    = 8 << 10          // bytes
-	MaxTargetLen = mirror.MaxKeyLen // bytes
+	MaxURLLen    = 8 << 10 // bytes; a target's bound is mirror.MaxKeyLen
 	MaxIDLen     = 128
 	MaxTenantLen = 64
 	// MaxJobLen bounds a whole job message. A valid job is far smaller

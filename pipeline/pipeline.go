@@ -2,12 +2,15 @@
 // command does (mirrorworker run, replay and the load test's in-process
 // workers): the metrics, the event sink that logs, counts and publishes the
 // pacer's facts, the HostPacer, the fetch client and the worker, and the
-// order in which they stop. It also holds the rule for the default mirror
-// target.
+// order in which they stop; and a pod's start-up (StartPod: consumers,
+// the follower and the restore of the pacer's facts, the worker's partition
+// options, the lease manager). It also holds the rule for the default
+// mirror target.
 //
-// It does not: parse flags (cmd/mirrorworker does, and fills a Config),
-// connect to NATS, create streams or consumers (package jobs does), or
-// restore the pacer (package facts does).
+// It does not: parse flags (cmd/mirrorworker does, and fills a Config and
+// PodOptions), connect to NATS, define streams or consumers (package jobs
+// does; StartPod asks it to ensure them), or read and publish pacer facts
+// itself (package facts does).
 package pipeline
 
 import (

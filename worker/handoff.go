@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/authority"
@@ -76,13 +75,4 @@ func (w *Worker) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError, w
 	}
 	w.log.Debug().Str("job", j.job.ID).Str("authority", ge.Authority.String()).Int("hop", ge.Hop).Str("reason", why).Msg("redirect continued in its authority's queue")
 	w.settler.final(j, OutcomeHandedOff, "")
-}
-
-// setContinuation copies a continuation's headers onto another copy of
-// it (a parked one).
-func setContinuation(h nats.Header, j *heldJob) {
-	if j.origin != "" {
-		h.Set(jobs.HeaderContinues, j.origin)
-		h.Set(jobs.HeaderHops, strconv.Itoa(j.hops))
-	}
 }

@@ -155,6 +155,27 @@ func (l *lanes) covered(consumer string, seq uint64, subject string) bool {
 // isLane reports whether a consumer name is a lane's.
 func isLane(consumer string) bool { return strings.HasPrefix(consumer, jobs.LaneConsumerPrefix) }
 
+// run pulls the lanes whose authority is ready, and refreshes what the
+// lanes hold, while ctx lasts (partitioned mode; Worker.Run starts it).
+func (l *lanes) run(ctx context.Context) {
+	const period = 100 * time.Millisecond
+	lastRefresh := l.w.clk.Now()
+	for {
+		t := l.w.clk.NewTimer(period)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		l.serveReady(ctx)
+		if now := l.w.clk.Now(); now.Sub(lastRefresh) >= 2*time.Second {
+			lastRefresh = now
+			l.refresh() // one consumer info per lane
+		}
+	}
+}
+
 // consider opens a lane for auth in partition part, in the background,
 // when the partition's consumer has a large backlog ahead: called when a
 // job of auth must wait longer than ParkAfter.
@@ -360,7 +381,7 @@ func (l *lanes) addLane(ln *lane) bool {
 	k := laneKey{ln.part, ln.akey}
 	l.mu.Lock()
 	if old := l.byKey[k]; old != nil {
-		l.w.m.ParkedJobs.WithLabelValues(l.w.hostPort(old.auth)).Sub(float64(old.n))
+		l.w.m.ParkedJobs.WithLabelValues(l.w.m.hostPort(old.auth)).Sub(float64(old.n))
 	}
 	l.byKey[k] = ln
 	l.countLocked()
@@ -389,7 +410,7 @@ func (l *lanes) setCount(ln *lane, info *jetstream.ConsumerInfo) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byKey[laneKey{ln.part, ln.akey}] == ln {
-		l.w.m.ParkedJobs.WithLabelValues(l.w.hostPort(ln.auth)).Add(float64(n - ln.n))
+		l.w.m.ParkedJobs.WithLabelValues(l.w.m.hostPort(ln.auth)).Add(float64(n - ln.n))
 		ln.n = n
 	}
 }
@@ -509,7 +530,7 @@ func (l *lanes) partitionRemoved(part int) {
 	}
 	for k, ln := range l.byKey {
 		if k.part == part {
-			l.w.m.ParkedJobs.WithLabelValues(l.w.hostPort(ln.auth)).Sub(float64(ln.n))
+			l.w.m.ParkedJobs.WithLabelValues(l.w.m.hostPort(ln.auth)).Sub(float64(ln.n))
 			delete(l.byKey, k)
 			l.countLocked()
 		}
@@ -540,7 +561,7 @@ func (l *lanes) serveReady(ctx context.Context) {
 		if !w.owns(ln.part) {
 			continue
 		}
-		k, ok := w.startable(now, ln.auth, max(1, w.o.MaxHeldPerAuthority/2))
+		k, ok := startable(w.d.Pacer.ReadyIn, w.o.HoldMax, now, ln.auth, max(1, w.o.MaxHeldPerAuthority/2))
 		if !ok {
 			continue
 		}
@@ -564,7 +585,7 @@ func (l *lanes) serveReady(ctx context.Context) {
 		}
 		l.mu.Lock()
 		if got > 0 {
-			w.m.ParkedJobs.WithLabelValues(w.hostPort(p.ln.auth)).Sub(float64(min(int64(got), p.ln.n)))
+			w.m.ParkedJobs.WithLabelValues(w.m.hostPort(p.ln.auth)).Sub(float64(min(int64(got), p.ln.n)))
 			p.ln.n = max(p.ln.n-int64(got), 0)
 			l.mu.Unlock()
 			continue
@@ -596,7 +617,7 @@ func (l *lanes) closeIfEmpty(ctx context.Context, ln *lane) {
 	}
 	delete(l.byKey, k)
 	l.countLocked()
-	w.m.ParkedJobs.WithLabelValues(w.hostPort(ln.auth)).Sub(float64(ln.n))
+	w.m.ParkedJobs.WithLabelValues(w.m.hostPort(ln.auth)).Sub(float64(ln.n))
 	l.mu.Unlock()
 	if !empty() {
 		l.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -197,6 +198,11 @@ func (m *Metrics) CountCooldown(host, port, reason string) {
 	m.Cooldowns.WithLabelValues(host, port, reason).Inc()
 }
 
+// hostPort returns the capped metric labels of an authority.
+func (m *Metrics) hostPort(auth string) (string, string) {
+	return m.hosts.labels(authority.Split(auth))
+}
+
 // CountEventDropped counts one pacer fact not published in
 // events_dropped_total (package facts' Sink counts through it).
 func (m *Metrics) CountEventDropped() { m.EventsDropped.Inc() }
@@ -233,52 +239,53 @@ func (l *hostLimiter) labels(host, port string) (string, string) {
 	return host, port
 }
 
-// PacerCollector exports mirrorworker_pacer_authorities{state} from a
+// pacerCollector exports mirrorworker_pacer_authorities{state} from a
 // function such as (*pacer.Pacer).Counts, read at scrape time. It is safe
 // for concurrent use when counts is.
-type PacerCollector struct {
+type pacerCollector struct {
 	counts func(now time.Time) map[string]int
 	clk    clock.Clock
 	desc   *prometheus.Desc
 }
 
-var _ prometheus.Collector = (*PacerCollector)(nil)
+var _ prometheus.Collector = (*pacerCollector)(nil)
 
-// NewPacerCollector returns the collector; a nil clk is the wall clock.
-func NewPacerCollector(counts func(now time.Time) map[string]int, clk clock.Clock) *PacerCollector {
+// newPacerCollector returns the collector; a nil clk is the wall clock.
+func newPacerCollector(counts func(now time.Time) map[string]int, clk clock.Clock) *pacerCollector {
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	return &PacerCollector{counts: counts, clk: clk, desc: prometheus.NewDesc(
+	return &pacerCollector{counts: counts, clk: clk, desc: prometheus.NewDesc(
 		"mirrorworker_pacer_authorities", "Authorities tracked by the pacer, by state.", []string{"state"}, nil)}
 }
 
-// RegisterPacerGauge registers a PacerCollector with reg.
+// RegisterPacerGauge registers the collector of
+// mirrorworker_pacer_authorities{state} with reg.
 func RegisterPacerGauge(reg prometheus.Registerer, counts func(now time.Time) map[string]int, clk clock.Clock) error {
-	if err := reg.Register(NewPacerCollector(counts, clk)); err != nil {
+	if err := reg.Register(newPacerCollector(counts, clk)); err != nil {
 		return fmt.Errorf("register pacer gauge: %w", err)
 	}
 	return nil
 }
 
 // Describe implements prometheus.Collector.
-func (c *PacerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *pacerCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 // Collect implements prometheus.Collector.
-func (c *PacerCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *pacerCollector) Collect(ch chan<- prometheus.Metric) {
 	for state, n := range c.counts(c.clk.Now()) {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), state)
 	}
 }
 
-// CoolingCollector exports mirrorworker_pacer_longest_cooling_seconds: how
+// coolingCollector exports mirrorworker_pacer_longest_cooling_seconds: how
 // long the authority that has been cooling longest (cooling, or probing
 // between cooldowns, without a recovery in between) has been so, as far as
 // this process saw. One cooldown is capped at 600 s, so a value past an
 // hour means an origin that keeps refusing its probes. It reads the pacer's
 // snapshot at scrape time and remembers only the authorities cooling now.
 // Safe for concurrent use when snapshot is.
-type CoolingCollector struct {
+type coolingCollector struct {
 	snapshot func(now time.Time) []pacer.State
 	clk      clock.Clock
 	desc     *prometheus.Desc
@@ -287,24 +294,24 @@ type CoolingCollector struct {
 	since map[string]time.Time // authority -> first scrape that saw it cooling
 }
 
-var _ prometheus.Collector = (*CoolingCollector)(nil)
+var _ prometheus.Collector = (*coolingCollector)(nil)
 
 // NewCoolingCollector returns the collector; a nil clk is the wall clock.
-func NewCoolingCollector(snapshot func(now time.Time) []pacer.State, clk clock.Clock) *CoolingCollector {
+func NewCoolingCollector(snapshot func(now time.Time) []pacer.State, clk clock.Clock) *coolingCollector {
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	return &CoolingCollector{snapshot: snapshot, clk: clk, since: map[string]time.Time{},
+	return &coolingCollector{snapshot: snapshot, clk: clk, since: map[string]time.Time{},
 		desc: prometheus.NewDesc("mirrorworker_pacer_longest_cooling_seconds",
 			"How long the authority cooling longest has been cooling or probing without recovering, as seen by this process (0: none cooling).",
 			nil, nil)}
 }
 
 // Describe implements prometheus.Collector.
-func (c *CoolingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *coolingCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
 // Collect implements prometheus.Collector.
-func (c *CoolingCollector) Collect(ch chan<- prometheus.Metric) {
+func (c *coolingCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.clk.Now()
 	states := c.snapshot(now) // outside the lock: it takes the pacer's
 	c.mu.Lock()

@@ -10,8 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
-	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
@@ -24,7 +25,7 @@ import (
 // authority can take requests again (docs/adr/0007). Only in partitioned
 // mode; otherwise every method is a no-op. Safe for concurrent use.
 type parking struct {
-	w      *Worker
+	d      parkDeps
 	stream jetstream.Stream // MIRROR_PARKED; nil: parking is off
 
 	mu    sync.Mutex
@@ -49,13 +50,40 @@ type parkedAuth struct {
 	transitAt time.Time
 }
 
-func newParking(w *Worker) *parking {
-	return &parking{w: w, auths: map[string]*parkedAuth{}, naks: map[string][]time.Time{}, kick: make(chan struct{}, 1)}
+// parkDeps are what parking needs, and nothing of the Worker: the stream,
+// a read-only view of the scheduler, which authorities have a lane, the
+// pacer's readiness, the partitions served, and where a park's outcome is
+// reported.
+type parkDeps struct {
+	js         jetstream.JetStream
+	clk        clock.Clock
+	log        zerolog.Logger
+	m          *Metrics
+	sched      *scheduler // deliveries and jobs on the way of an authority
+	lanes      *lanes     // which authorities have a lane (their parked jobs go to it)
+	readyIn    readyInFunc
+	mayServe   func(part int) bool // Deps.Owns: the partition is this pod's
+	servedNow  func() []int        // the partitions served
+	faultHook  func(point string)  // Options.FaultHook, never nil
+	holdMax    time.Duration
+	maxPerAuth int
+	// parked reports a park's outcome: err is nil once MIRROR_PARKED has
+	// stored the job (the caller acks the delivery and counts the
+	// deferral), else the publish's error (the caller defers the job by
+	// NAK instead).
+	parked func(d deferral, err error)
+}
+
+// readyInFunc is Pacer.ReadyIn.
+type readyInFunc func(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
+
+func newParking(d parkDeps) *parking {
+	return &parking{d: d, auths: map[string]*parkedAuth{}, naks: map[string][]time.Time{}, kick: make(chan struct{}, 1)}
 }
 
 // open binds MIRROR_PARKED (partitioned mode).
 func (p *parking) open(ctx context.Context) error {
-	s, err := p.w.d.JS.Stream(ctx, jobs.ParkStream)
+	s, err := p.d.js.Stream(ctx, jobs.ParkStream)
 	if err != nil {
 		return errors.Join(errors.New("worker: stream "+jobs.ParkStream), err)
 	}
@@ -74,7 +102,7 @@ func (p *parking) outstanding(auth string) int {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.outstandingLocked(auth, p.w.clk.Now())
+	return p.outstandingLocked(auth, p.d.clk.Now())
 }
 
 // nakked records a NAK deferral of auth due after delay.
@@ -84,8 +112,8 @@ func (p *parking) nakked(auth string, delay time.Duration) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.outstandingLocked(auth, p.w.clk.Now())
-	p.naks[auth] = append(p.naks[auth], p.w.clk.Now().Add(delay))
+	p.outstandingLocked(auth, p.d.clk.Now())
+	p.naks[auth] = append(p.naks[auth], p.d.clk.Now().Add(delay))
 }
 
 // outstandingLocked trims auth's NAK deferrals that are due and returns
@@ -113,7 +141,7 @@ func (p *parking) outstandingLocked(auth string, now time.Time) int {
 // the job, which may then be parked twice (a duplicate is harmless, since
 // writes are idempotent).
 func (p *parking) park(d deferral) {
-	w := p.w
+	w := p.d
 	j := d.job
 	akey := j.job.Authority.Key()
 	m := nats.NewMsg(jobs.ParkSubject(j.part, j.job.Tenant, akey))
@@ -125,7 +153,7 @@ func (p *parking) park(d deferral) {
 	}
 	setContinuation(m.Header, j)
 	p.started.Add(1)
-	fut, err := w.d.JS.PublishMsgAsync(m)
+	fut, err := w.js.PublishMsgAsync(m)
 	if err != nil {
 		p.parkFailed(d, err)
 		return
@@ -139,28 +167,23 @@ func (p *parking) park(d deferral) {
 			p.parkFailed(d, err)
 			return
 		}
-		w.fault("parked-before-ack")
-		if err := w.settler.settle(j, Msg.Ack); err != nil {
-			// Redelivered and parked again, or served: a duplicate at worst.
-			w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack parked job")
-		}
+		w.faultHook("parked-before-ack")
+		w.parked(d, nil) // acked and counted by the caller
 		p.mu.Lock()
 		pa := p.authLocked(j.auth, j.part, akey)
 		pa.n++
 		p.mu.Unlock()
-		w.settler.count(OutcomeDeferred)
 		w.m.Parks.WithLabelValues("parked").Inc()
-		w.m.ParkedJobs.WithLabelValues(w.hostPort(j.auth)).Inc()
+		w.m.ParkedJobs.WithLabelValues(w.m.hostPort(j.auth)).Inc()
 		w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Str("reason", string(d.reason)).
 			Dur("wait", d.delay).Msg("job parked")
 	}()
 }
 
 func (p *parking) parkFailed(d deferral, err error) {
-	w := p.w
-	w.log.Warn().Err(err).Str("job", d.job.job.ID).Str("authority", d.job.auth).
+	p.d.log.Warn().Err(err).Str("job", d.job.job.ID).Str("authority", d.job.auth).
 		Msg("park job failed; deferring it by NAK instead")
-	w.settler.nakDeferred(d)
+	p.d.parked(d, err)
 }
 
 // wait returns once every park in progress is settled.
@@ -204,7 +227,7 @@ func (p *parking) partitionRemoved(part int) {
 	defer p.mu.Unlock()
 	for auth, pa := range p.auths {
 		if pa.part == part {
-			p.w.m.ParkedJobs.WithLabelValues(p.w.hostPort(auth)).Sub(float64(pa.n))
+			p.d.m.ParkedJobs.WithLabelValues(p.d.m.hostPort(auth)).Sub(float64(pa.n))
 			delete(p.auths, auth)
 		}
 	}
@@ -212,7 +235,7 @@ func (p *parking) partitionRemoved(part int) {
 
 // rescan reads how many jobs each authority of a partition has parked.
 func (p *parking) rescan(part int) {
-	w := p.w
+	w := p.d
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	info, err := p.stream.Info(ctx, jetstream.WithSubjectFilter(jobs.ParkFilter(part, "")))
@@ -240,7 +263,7 @@ func (p *parking) rescan(part int) {
 		p.mu.Lock()
 		pa := p.authLocked(auth, part, akey)
 		if n > pa.n {
-			w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Add(float64(n - pa.n))
+			w.m.ParkedJobs.WithLabelValues(w.m.hostPort(auth)).Add(float64(n - pa.n))
 			pa.n = n
 		}
 		p.mu.Unlock()
@@ -258,9 +281,9 @@ func (p *parking) poke() {
 func (p *parking) run(ctx context.Context) {
 	const period = 100 * time.Millisecond
 	rescanEvery := 30 * time.Second
-	lastScan, lastLanes := p.w.clk.Now(), p.w.clk.Now()
+	lastScan := p.d.clk.Now()
 	for {
-		t := p.w.clk.NewTimer(period)
+		t := p.d.clk.NewTimer(period)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -270,20 +293,9 @@ func (p *parking) run(ctx context.Context) {
 		}
 		t.Stop()
 		p.unparkReady(ctx)
-		p.w.lanes.serveReady(ctx)
-		if now := p.w.clk.Now(); now.Sub(lastLanes) >= 2*time.Second {
-			lastLanes = now
-			p.w.lanes.refresh() // one consumer info per lane
-		}
-		if now := p.w.clk.Now(); now.Sub(lastScan) >= rescanEvery {
+		if now := p.d.clk.Now(); now.Sub(lastScan) >= rescanEvery {
 			lastScan = now
-			p.w.pmu.Lock()
-			parts := make([]int, 0, len(p.w.parts))
-			for part := range p.w.parts {
-				parts = append(parts, part)
-			}
-			p.w.pmu.Unlock()
-			for _, part := range parts {
+			for _, part := range p.d.servedNow() {
 				p.rescan(part)
 			}
 		}
@@ -295,9 +307,9 @@ func (p *parking) run(ctx context.Context) {
 // memory or on the way, and only the probe while its cooldown awaits one,
 // so that parked jobs never return as a burst.
 func (p *parking) unparkReady(ctx context.Context) {
-	w := p.w
+	w := p.d
 	now := w.clk.Now()
-	want := max(1, w.o.MaxHeldPerAuthority/2)
+	want := max(1, w.maxPerAuth/2)
 	type move struct {
 		auth  string
 		pa    *parkedAuth
@@ -307,7 +319,7 @@ func (p *parking) unparkReady(ctx context.Context) {
 	var moves []move
 	p.mu.Lock()
 	for auth, pa := range p.auths {
-		if !w.owns(pa.part) {
+		if !w.mayServe(pa.part) {
 			continue
 		}
 		if w.lanes.has(pa.part, pa.akey) {
@@ -320,7 +332,7 @@ func (p *parking) unparkReady(ctx context.Context) {
 		if pa.transit > 0 && now.Sub(pa.transitAt) > 30*time.Second {
 			pa.transit = 0 // delivered elsewhere or lost in transit: recount
 		}
-		room, ok := w.startable(now, auth, want)
+		room, ok := startable(w.readyIn, w.holdMax, now, auth, want)
 		if !ok {
 			continue
 		}
@@ -364,7 +376,7 @@ func (p *parking) unparkOne(ctx context.Context, auth string, pa *parkedAuth, co
 // unparkNext moves the oldest parked job of auth back, or drops it when a
 // lane has it as well (dropped).
 func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, counted bool) (moved, dropped bool) {
-	w := p.w
+	w := p.d
 	p.mu.Lock()
 	part, akey, cursor := pa.part, pa.akey, pa.cursor
 	p.mu.Unlock()
@@ -374,7 +386,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			p.mu.Lock()
-			w.m.ParkedJobs.WithLabelValues(w.hostPort(auth)).Sub(float64(pa.n))
+			w.m.ParkedJobs.WithLabelValues(w.m.hostPort(auth)).Sub(float64(pa.n))
 			if p.auths[auth] == pa {
 				delete(p.auths, auth)
 			}
@@ -413,7 +425,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 		pa.transitAt = w.clk.Now()
 		p.mu.Unlock()
 	}
-	if _, err := w.d.JS.PublishMsg(rctx, m); err != nil {
+	if _, err := w.js.PublishMsg(rctx, m); err != nil {
 		w.log.Warn().Err(err).Str("authority", auth).Msg("bring parked job back")
 		if counted {
 			p.mu.Lock()
@@ -422,7 +434,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 		}
 		return false, false
 	}
-	w.fault("unparked-before-delete")
+	w.faultHook("unparked-before-delete")
 	if err := p.stream.DeleteMsg(rctx, rm.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		w.log.Warn().Err(err).Uint64("seq", rm.Sequence).Msg("delete parked job (it may come back once more)")
 	}
@@ -438,7 +450,7 @@ func (p *parking) taken(pa *parkedAuth, auth string, seq uint64) {
 	pa.cursor = seq + 1
 	if pa.n > 0 {
 		pa.n--
-		p.w.m.ParkedJobs.WithLabelValues(p.w.hostPort(auth)).Dec()
+		p.d.m.ParkedJobs.WithLabelValues(p.d.m.hostPort(auth)).Dec()
 	}
 }
 
@@ -447,13 +459,13 @@ func (p *parking) taken(pa *parkedAuth, auth string, seq uint64) {
 // start in that time (more would wait longer than that in memory, and be
 // deferred again), and only the probe while one is due (the rest once it
 // has answered), so that jobs coming back never arrive as a burst.
-func (w *Worker) startable(now time.Time, auth string, want int) (int, bool) {
-	wait, spacing, reason := w.d.Pacer.ReadyIn(now, auth)
-	if wait > w.o.HoldMax {
+func startable(readyIn readyInFunc, holdMax time.Duration, now time.Time, auth string, want int) (int, bool) {
+	wait, spacing, reason := readyIn(now, auth)
+	if wait > holdMax {
 		return 0, false
 	}
 	if spacing > 0 {
-		want = min(want, 1+int((w.o.HoldMax-wait)/spacing))
+		want = min(want, 1+int((holdMax-wait)/spacing))
 	}
 	if reason == pacer.ReasonProbing {
 		want = 1
@@ -475,27 +487,4 @@ func (p *parking) counts() map[string]int64 {
 		}
 	}
 	return out
-}
-
-// Parked returns how many jobs each authority of the partitions this worker
-// serves has parked (a hint kept in memory, see parkedAuth.n).
-func (w *Worker) Parked() map[string]int64 {
-	out := w.parking.counts()
-	if out == nil {
-		out = map[string]int64{}
-	}
-	w.lanes.counts(out)
-	return out
-}
-
-// hostPort returns the capped metric labels of an authority.
-func (w *Worker) hostPort(auth string) (string, string) {
-	return w.m.hosts.labels(authority.Split(auth))
-}
-
-// fault calls the test fault hook at a named point, if one is set.
-func (w *Worker) fault(point string) {
-	if w.o.FaultHook != nil {
-		w.o.FaultHook(point)
-	}
 }

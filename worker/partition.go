@@ -187,3 +187,32 @@ func (w *Worker) runCtxOr() context.Context {
 	}
 	return context.Background()
 }
+
+// Parked returns how many jobs each authority of the partitions this worker
+// serves has parked (a hint kept in memory, see parkedAuth.n).
+func (w *Worker) Parked() map[string]int64 {
+	out := w.parking.counts()
+	if out == nil {
+		out = map[string]int64{}
+	}
+	w.lanes.counts(out)
+	return out
+}
+
+// fault calls the test fault hook at a named point, if one is set.
+func (w *Worker) fault(point string) {
+	if w.o.FaultHook != nil {
+		w.o.FaultHook(point)
+	}
+}
+
+// served returns the partitions this worker serves now.
+func (w *Worker) served() []int {
+	w.pmu.Lock()
+	defer w.pmu.Unlock()
+	parts := make([]int, 0, len(w.parts))
+	for part := range w.parts {
+		parts = append(parts, part)
+	}
+	return parts
+}

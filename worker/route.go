@@ -73,7 +73,7 @@ type routeFacts struct {
 	reason   reason
 	delay    time.Duration // the NAK delay the calendar gave the job
 	fromLane bool          // delivered by a lane: it waits in the lane
-	parking  bool          // parking is on (partitioned mode)
+	parkOn   bool          // parking is on (partitioned mode)
 	nakked   int           // the authority's NAK deferrals not yet due (each holds an ack-pending slot)
 
 	parkAfter time.Duration // Options.ParkAfter
@@ -91,7 +91,7 @@ func decideRoute(f routeFacts) route {
 	switch {
 	case f.reason == reasonHandover:
 		return routeHandBack
-	case f.fromLane, !f.parking:
+	case f.fromLane, !f.parkOn:
 		return routeNak
 	case f.delay >= f.parkAfter && f.reason != reasonOverflow:
 		return routeParkAndLane

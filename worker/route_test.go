@@ -8,7 +8,7 @@ import (
 // TestDecideRoute is the table of where a deferred job goes.
 func TestDecideRoute(t *testing.T) {
 	const parkAfter, share = 30 * time.Second, 16
-	base := routeFacts{parking: true, parkAfter: parkAfter, parkShare: share}
+	base := routeFacts{parkOn: true, parkAfter: parkAfter, parkShare: share}
 	with := func(f func(*routeFacts)) routeFacts { r := base; f(&r); return r }
 	for _, c := range []struct {
 		name string
@@ -23,7 +23,7 @@ func TestDecideRoute(t *testing.T) {
 		{"a short wait with the authority's share of NAKs out parks", with(func(r *routeFacts) { r.reason, r.delay, r.nakked = reasonSpacing, time.Second, share }), routePark},
 		{"one NAK short of the share is a NAK", with(func(r *routeFacts) { r.reason, r.delay, r.nakked = reasonSpacing, time.Second, share-1 }), routeNak},
 		{"a lane's job waits in its lane however long", with(func(r *routeFacts) { r.reason, r.delay, r.fromLane, r.nakked = reasonCooling, time.Hour, true, 99 }), routeNak},
-		{"without parking a long wait is a NAK", with(func(r *routeFacts) { r.reason, r.delay, r.parking, r.nakked = reasonCooling, time.Hour, false, 99 }), routeNak},
+		{"without parking a long wait is a NAK", with(func(r *routeFacts) { r.reason, r.delay, r.parkOn, r.nakked = reasonCooling, time.Hour, false, 99 }), routeNak},
 		{"a handover is handed back", with(func(r *routeFacts) { r.reason = reasonHandover }), routeHandBack},
 		{"a handover is handed back even without parking", routeFacts{reason: reasonHandover}, routeHandBack},
 		{"a handover from a lane is handed back", with(func(r *routeFacts) { r.reason, r.fromLane = reasonHandover, true }), routeHandBack},

@@ -4,12 +4,14 @@ import (
 	"container/heap"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go"
 )
 
 // jobState is where a held job is. A job is held from intake until it is
@@ -35,7 +37,7 @@ type heldJob struct {
 	// prior is the deliveries the job had before it was parked
 	// (jobs.HeaderDeliveries), so deliveries per job count across parking.
 	prior uint64
-	lane  bool // delivered by a lane (lane.go)
+	laned bool // delivered by a lane (lane.go)
 	// hops and origin are set on a continuation (handoff.go): redirects
 	// already followed, and the job's original URL.
 	hops   int
@@ -61,6 +63,15 @@ type heldJob struct {
 	msg     Msg
 	state   jobState
 	touched time.Time // last delivery or in-progress ack
+}
+
+// setContinuation copies a continuation's headers onto another copy of
+// it (a parked one).
+func setContinuation(h nats.Header, j *heldJob) {
+	if j.origin != "" {
+		h.Set(jobs.HeaderContinues, j.origin)
+		h.Set(jobs.HeaderHops, strconv.Itoa(j.hops))
+	}
 }
 
 // grant is a job handed to a fetch slot with the permit for its first hop.

@@ -80,8 +80,8 @@ func (s *settler) confirmedAck(m Msg) error {
 // failure budget is used.
 func (s *settler) deferJob(d deferral) {
 	r := decideRoute(routeFacts{
-		reason: d.reason, delay: d.delay, fromLane: d.job.lane,
-		parking: s.parking.on(), nakked: s.parking.outstanding(d.job.auth),
+		reason: d.reason, delay: d.delay, fromLane: d.job.laned,
+		parkOn: s.parking.on(), nakked: s.parking.outstanding(d.job.auth),
 		parkAfter: s.o.ParkAfter, parkShare: s.o.ParkShare,
 	})
 	switch r {
@@ -93,7 +93,7 @@ func (s *settler) deferJob(d deferral) {
 	case routePark:
 		s.parking.park(d)
 	case routeNak:
-		if d.job.lane {
+		if d.job.laned {
 			s.nakDeferred(d) // it waits in its lane, holding only the lane's slots
 			return
 		}
@@ -102,6 +102,21 @@ func (s *settler) deferJob(d deferral) {
 		s.log.Debug().Str("job", d.job.job.ID).Str("authority", d.job.auth).Str("reason", string(d.reason)).
 			Str("delay", d.delay.String()).Msg("job deferred")
 	}
+}
+
+// parked carries out a park's outcome (parking reports it): a job stored
+// in MIRROR_PARKED is acked and counted as deferred; one whose publish
+// failed is deferred by NAK instead.
+func (s *settler) parked(d deferral, err error) {
+	if err != nil {
+		s.nakDeferred(d)
+		return
+	}
+	if err := s.settle(d.job, Msg.Ack); err != nil {
+		// Redelivered and parked again, or served: a duplicate at worst.
+		s.log.Warn().Err(err).Str("job", d.job.job.ID).Msg("ack parked job")
+	}
+	s.count(OutcomeDeferred)
 }
 
 // nakDeferred NAKs a deferred job with its delay and counts the deferral.

@@ -276,8 +276,10 @@ type Worker struct {
 	space chan struct{} // wakes the intake when held jobs drop
 	slots sync.WaitGroup
 
-	state atomic.Int32 // a runState
-	anon  atomic.Uint64
+	state   atomic.Int32  // a runState
+	started chan struct{} // closed when the worker first pulls (Pulling)
+	pullOne sync.Once
+	anon    atomic.Uint64
 
 	// Partitioned mode: the partitions being served and the worker's
 	// lifetime contexts, which AddPartition derives from.
@@ -329,8 +331,9 @@ func New(d Deps, o *Options) (*Worker, error) {
 	}
 	w := &Worker{
 		d: d, o: r, log: r.Logger, clk: r.Clock, m: m,
-		kick:  make(chan struct{}, 1),
-		space: make(chan struct{}, 1),
+		kick:    make(chan struct{}, 1),
+		space:   make(chan struct{}, 1),
+		started: make(chan struct{}),
 	}
 	w.sched = newScheduler(d.Pacer, schedOptions{
 		slots:   r.Concurrency,
@@ -347,16 +350,32 @@ func New(d Deps, o *Options) (*Worker, error) {
 	})
 	w.sched.onCounts = m.setHeld
 	w.parts = map[int]*partition{}
-	w.parking = newParking(w)
 	w.lanes = newLanes(w)
-	w.settler = &settler{js: d.JS, sched: w.sched, parking: w.parking, lanes: w.lanes, m: m, o: &w.o,
+	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
 		clk: w.clk, log: w.log, backoff: w.backoff,
 		stored: &storedLog{log: w.log, clk: w.clk, every: DefaultStoredSummaryEvery}}
+	w.parking = newParking(parkDeps{
+		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
+		readyIn: d.Pacer.ReadyIn, mayServe: w.owns, servedNow: w.served, faultHook: w.fault,
+		holdMax: r.HoldMax, maxPerAuth: r.MaxHeldPerAuthority,
+		parked: w.settler.parked,
+	})
+	w.settler.parking = w.parking
 	return w, nil
 }
 
 // Metrics returns the worker's metrics.
 func (w *Worker) Metrics() *Metrics { return w.m }
+
+// Pulling is closed once the worker is bound to its consumers and pulls
+// (in partitioned mode: ready to serve the partitions it is given), so that
+// a part which must wait for it (the lease manager) need not poll Ready.
+func (w *Worker) Pulling() <-chan struct{} { return w.started }
+
+func (w *Worker) setPulling() {
+	w.state.Store(int32(statePulling))
+	w.pullOne.Do(func() { close(w.started) })
+}
 
 // runState is where a Worker is in its life (Worker.state).
 type runState int32
@@ -438,9 +457,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.pmu.Lock()
 		w.runCtx, w.fetchCt = ctx, fctx
 		w.pmu.Unlock()
-		w.state.Store(int32(statePulling)) // ready: partitions come and go with the leases
+		w.setPulling() // ready: partitions come and go with the leases
 		loops.Add(1)
 		go func() { defer loops.Done(); w.parking.run(ctx) }()
+		loops.Add(1)
+		go func() { defer loops.Done(); w.lanes.run(ctx) }()
 	} else {
 		loops.Add(1)
 		go func() { defer loops.Done(); w.intakeLoop(ctx, w.d.Consumer, 0) }()
@@ -551,7 +572,9 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			continue
 		}
 		failures = 0
-		w.state.CompareAndSwap(int32(stateStarting), int32(statePulling))
+		if w.state.CompareAndSwap(int32(stateStarting), int32(statePulling)) {
+			w.pullOne.Do(func() { close(w.started) })
+		}
 		// Drain the whole batch even after ctx is done: a message the server
 		// already sent must be handed back, not left to its ack wait.
 		got, parks0, t0 := 0, w.parking.started.Load(), w.clk.Now()
@@ -614,7 +637,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 			}
 			return
 		}
-		j.lane = isLane(md.Consumer)
+		j.laned = isLane(md.Consumer)
 	} else {
 		// Not a JetStream delivery (never from a real consumer): a private
 		// key keeps it apart from every other held job.

@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,15 +24,12 @@ import (
 	"github.com/mirrorworker/mirrorworker/admin"
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
-	"github.com/mirrorworker/mirrorworker/cluster"
-	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
-	"github.com/mirrorworker/mirrorworker/policy"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -63,9 +59,11 @@ type runConfig struct {
 	jobsMaxBytes   byteSize
 	streamReplicas int
 
-	partitions  int
-	leaseTTL    time.Duration
-	parkAfter   time.Duration
+	partitions int
+	leaseTTL   time.Duration
+	parkAfter  time.Duration
+	// laneBacklog is worker.Options.LaneBacklog (negative: no lanes); the
+	// flag's 0 is parsed into it (laneBacklogFlag).
 	laneBacklog int
 
 	// onRegistry, when set (tests), is handed the metric registry before
@@ -93,7 +91,8 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream, a `size` in bytes or with a unit (50GiB); 0: unlimited")
 	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_JOBS: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed once the stream has them, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
 	fs.DurationVar(&c.leaseTTL, "lease-ttl", jobs.DefaultLeaseTTL, "life of a partition lease without renewal: a killed pod's partitions move to the others after about this long (set when the leases bucket is created)")
-	fs.IntVar(&c.laneBacklog, "lane-backlog", worker.DefaultLaneBacklog, "when a partition has at least this many jobs queued and one of its authorities must wait longer than --park-after, that authority's backlog moves to a lane (a consumer of its own, pulled when it can take requests) and the partition goes on past it without reading it; 0: no lanes, the backlog is parked job by job")
+	c.laneBacklog = worker.DefaultLaneBacklog
+	fs.Var((*laneBacklogFlag)(&c.laneBacklog), "lane-backlog", "when a partition has at least this `count` of jobs queued and one of its authorities must wait longer than --park-after, that authority's backlog moves to a lane (a consumer of its own, pulled when it can take requests) and the partition goes on past it without reading it; 0: no lanes, the backlog is parked job by job")
 	fs.DurationVar(&c.parkAfter, "park-after", worker.DefaultParkAfter, "a job whose authority cannot take it for longer than this is parked in MIRROR_PARKED (no consumer slot, no memory, no redelivery) until it can")
 	registerReplicasFlag(fs, &c.streamReplicas)
 	fs.Float64Var(&c.timeScale, "time-scale", 1, "for load tests only (mirrorworker loadtest sets it): multiply the pacer's fixed durations (2 s first step, 60 s cap and fallback, 600 s pause cap, 30 min quiet window, 1 s waits) by this, in (0, 1]; floors and the origin's own delays are not scaled. Leave it at 1 against real origins")
@@ -126,9 +125,6 @@ func (c *runConfig) check() error {
 	}
 	if c.leaseTTL < time.Second {
 		bad("--lease-ttl %s: want at least 1s", c.leaseTTL)
-	}
-	if c.laneBacklog < 0 {
-		bad("--lane-backlog %d: want 0 (no lanes) or more", c.laneBacklog)
 	}
 	if c.parkAfter <= 0 {
 		bad("--park-after %s: want more than 0", c.parkAfter)
@@ -183,30 +179,67 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 // a mistake is one clear error; then it runs the admin endpoint and the
 // pipeline in one group until ctx is cancelled.
 func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
-	dataDir, err := filepath.Abs(c.dataDir)
-	if err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	if err := pipeline.CheckWritableDir(dataDir); err != nil {
-		return fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
-	}
-	targetSpec := c.target
-	if targetSpec == "" {
-		if targetSpec, err = pipeline.DefaultTarget(dataDir); err != nil {
-			return err
-		}
-	}
-	target, err := openTarget(targetSpec)
+	hooks := readTestHooks(os.Getenv)
+	dataDir, target, err := openStore(c, hooks)
 	if err != nil {
 		return err
 	}
-	mirrorRoot := target.Root()
-
 	policy, err := c.pacerPolicy()
 	if err != nil {
 		return err
 	}
+	reg, conn := c.newRegistry()
+	var state atomic.Pointer[liveState]
+	adm, err := startAdmin(c.adminAddr, reg, &state, log)
+	if err != nil {
+		return err
+	}
+	defer adm.Close()
+	// The embedded server starts here, before the group: it is local, so a
+	// failure (port in use, store not writable) is reported at once.
+	embedded, err := c.startEmbedded(dataDir, log)
+	if err != nil {
+		return err
+	}
+	if embedded != nil {
+		defer embedded.Shutdown() // after the group: the worker acks until its last job
+	}
+	p := &natsStage{
+		c: c, log: log, reg: reg, conn: conn, target: target, policy: policy,
+		embedded: embedded, state: &state, hooks: hooks,
+		startFields: func(e *zerolog.Event) *zerolog.Event {
+			e = e.Str("mirror", target.Root()).Str("admin_url", adm.URL())
+			if embedded != nil {
+				e = e.Str("nats_store", filepath.Join(dataDir, "nats"))
+			}
+			return e
+		},
+	}
+	return runGroup(ctx, adm, p, log)
+}
 
+// openStore proves the data directory writable and opens the mirror
+// target (by default under it).
+func openStore(c *runConfig, hooks testHooks) (dataDir string, target *mirror.FileTarget, err error) {
+	if dataDir, err = filepath.Abs(c.dataDir); err != nil {
+		return "", nil, fmt.Errorf("data dir: %w", err)
+	}
+	if err := pipeline.CheckWritableDir(dataDir); err != nil {
+		return "", nil, fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
+	}
+	spec := c.target
+	if spec == "" {
+		if spec, err = pipeline.DefaultTarget(dataDir); err != nil {
+			return "", nil, err
+		}
+	}
+	target, err = openTargetWith(spec, hooks.fault)
+	return dataDir, target, err
+}
+
+// newRegistry is the process's metric registry with the collectors every
+// worker has, and the NATS connection's collector, set once connected.
+func (c *runConfig) newRegistry() (*metricRegistry, *broker.ConnCollector) {
 	reg := newMetricRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newBuildInfo(version))
@@ -215,10 +248,13 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	if c.onRegistry != nil {
 		c.onRegistry(reg)
 	}
+	return reg, conn
+}
 
-	// The admin endpoint is bound before anything starts, so that a port in
-	// use is one clear error.
-	var state atomic.Pointer[liveState]
+// startAdmin binds the admin endpoint before anything starts, so that a
+// port in use is one clear error; it serves what state holds once the
+// worker is wired, and says "starting" until then.
+func startAdmin(addr string, reg *metricRegistry, state *atomic.Pointer[liveState], log zerolog.Logger) (*admin.Server, error) {
 	ready := func() error {
 		s := state.Load()
 		if s == nil {
@@ -235,7 +271,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		}
 		return 1
 	}))
-	adm, err := admin.Listen(c.adminAddr, admin.New(&admin.Options{
+	adm, err := admin.Listen(addr, admin.New(&admin.Options{
 		Gatherer: reg,
 		Ready:    ready,
 		Pacer: func() []pacer.State {
@@ -253,48 +289,37 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		Logger: log,
 	}))
 	if err != nil {
-		return fmt.Errorf("%w (pass --admin-addr)", err)
+		return nil, fmt.Errorf("%w (pass --admin-addr)", err)
 	}
-	defer adm.Close()
 	adm.LogErrorsTo(log)
 	log.Debug().Str("admin_url", adm.URL()).Msg("admin endpoint listening")
+	return adm, nil
+}
 
-	// The embedded server starts here, before the group: it is local, so a
-	// failure (port in use, store not writable) is reported at once.
-	var embedded *broker.Embedded
-	if c.nats.url == "" {
-		if c.embeddedListen != "" {
-			if err := checkPortFree(c.embeddedListen); err != nil {
-				return fmt.Errorf("embedded NATS %s: %w (is another mirrorworker or nats-server running? pass --embedded-listen or --nats-url)", c.embeddedListen, err)
-			}
+// startEmbedded starts the embedded NATS server under dataDir, unless
+// --nats-url names a deployment (then it returns nil).
+func (c *runConfig) startEmbedded(dataDir string, log zerolog.Logger) (*broker.Embedded, error) {
+	if c.nats.url != "" {
+		if c.explicit["embedded-listen"] {
+			log.Warn().Msg("--embedded-listen is ignored with --nats-url")
 		}
-		embedded, err = broker.StartEmbedded(broker.EmbeddedOptions{
-			StoreDir: filepath.Join(dataDir, "nats"),
-			Listen:   c.embeddedListen,
-			Logger:   log.With().Str("component", "nats-server").Logger(),
-		})
-		if err != nil {
-			return err
+		return nil, nil
+	}
+	if c.embeddedListen != "" {
+		if err := checkPortFree(c.embeddedListen); err != nil {
+			return nil, fmt.Errorf("embedded NATS %s: %w (is another mirrorworker or nats-server running? pass --embedded-listen or --nats-url)", c.embeddedListen, err)
 		}
-		defer embedded.Shutdown() // after the group: the worker acks until its last job
-	} else if c.explicit["embedded-listen"] {
-		log.Warn().Msg("--embedded-listen is ignored with --nats-url")
 	}
+	return broker.StartEmbedded(broker.EmbeddedOptions{
+		StoreDir: filepath.Join(dataDir, "nats"),
+		Listen:   c.embeddedListen,
+		Logger:   log.With().Str("component", "nats-server").Logger(),
+	})
+}
 
-	p := &natsStage{
-		c: c, log: log, reg: reg, conn: conn, target: target, policy: policy,
-		embedded: embedded, state: &state,
-		startFields: func(e *zerolog.Event) *zerolog.Event {
-			e = e.Str("mirror", mirrorRoot).Str("admin_url", adm.URL())
-			if embedded != nil {
-				e = e.Str("nats_store", filepath.Join(dataDir, "nats"))
-			}
-			return e
-		},
-	}
-
-	// One run group owns every long-running part; the first to return stops
-	// the others. The process context (SIGTERM, SIGINT) is one of them.
+// runGroup runs the admin endpoint and the pipeline in one run group until
+// ctx ends or one of them returns; the first to return stops the other.
+func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, log zerolog.Logger) error {
 	var (
 		g       oklogrun.Group
 		pipeErr error // set by the pipeline actor before it returns
@@ -321,7 +346,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 			return pipeErr
 		}, func(error) { cancel() })
 	}
-	err = g.Run()
+	err := g.Run()
 	if ctx.Err() != nil {
 		// Asked to stop: the stop is graceful unless the worker failed,
 		// including while stopping.
@@ -345,6 +370,7 @@ type natsStage struct {
 	policy   *pacer.Policy
 	embedded *broker.Embedded // nil: join c.nats.url
 	state    *atomic.Pointer[liveState]
+	hooks    testHooks
 	// startFields adds what the start line tells a newcomer beyond NATS.
 	startFields func(*zerolog.Event) *zerolog.Event
 }
@@ -354,24 +380,10 @@ type natsStage struct {
 // during start-up.
 func (p *natsStage) run(ctx context.Context) error {
 	c, log := p.c, p.log
-	name := "mirrorworker " + c.workerID
-	var (
-		nc      *nats.Conn
-		natsURL string
-		err     error
-	)
-	if p.embedded != nil {
-		natsURL = p.embedded.ClientURL()
-		nc, err = p.embedded.Connect(name, natsLogHandlers(log)...)
-	} else {
-		natsURL = broker.RedactURL(c.nats.url)
-		log.Info().Str("nats_url", natsURL).Msg("connecting to NATS")
-		nc, err = c.nats.connect(ctx, name, natsLogHandlers(log)...)
-	}
+	nc, natsURL, err := p.connect(ctx)
 	if err != nil {
 		return stoppedOr(ctx, err)
 	}
-	p.conn.SetConn(nc)
 	defer func() {
 		// The acks and NAKs of the last jobs may still be buffered.
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
@@ -379,137 +391,126 @@ func (p *natsStage) run(ctx context.Context) error {
 		}
 		nc.Close()
 	}()
-
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
-	so := &jobs.StreamOptions{
-		Replicas:     c.streamReplicas,
-		JobsMaxAge:   c.jobsMaxAge,
-		JobsMaxBytes: int64(c.jobsMaxBytes),
-	}
-	if c.explicit["partitions"] && c.partitions > 0 {
-		so.Partitions = c.partitions
-	}
-	if err := jobs.EnsureStreams(ctx, js, so); err != nil {
+	if err := jobs.EnsureStreams(ctx, js, c.streamOptions()); err != nil {
 		return stoppedOr(ctx, fmt.Errorf("ensure streams: %w", replicasHint(err, c.streamReplicas)))
 	}
-	consOpts := &jobs.ConsumerOptions{
-		AckWait:       c.ackWait,
-		MaxAckPending: c.maxAckPending,
-		Replicas:      c.streamReplicas,
-	}
-	var (
-		cons       jetstream.Consumer
-		partitions int
-		mgrp       atomic.Pointer[cluster.Manager] // set once the manager is built
-		// The consumers this worker pulls from, for the consumer lag
-		// metrics: the partitions it serves, or the one shared consumer.
-		consumerRefs = func() []broker.ConsumerRef {
-			return []broker.ConsumerRef{{Stream: jobs.JobsStream, Consumer: jobs.ConsumerConfig(consOpts).Durable}}
-		}
-	)
-	if c.partitions > 0 {
-		if err := jobs.CheckServer(nc); err != nil {
-			return err
-		}
-		wo := jobs.WorkOptions{LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas, Consumer: consOpts}
-		if partitions, err = jobs.EnsureWork(ctx, js, &wo); err != nil {
-			return stoppedOr(ctx, fmt.Errorf("ensure work streams: %w", replicasHint(err, c.streamReplicas)))
-		}
-		consumerRefs = func() []broker.ConsumerRef {
-			var refs []broker.ConsumerRef
-			if mgr := mgrp.Load(); mgr != nil {
-				for _, p := range mgr.Owned() {
-					refs = append(refs, broker.ConsumerRef{Stream: jobs.JobsStream, Consumer: jobs.PartitionConsumer(p)})
-				}
-			}
-			return refs
-		}
-	} else if cons, err = jobs.EnsureConsumer(ctx, js, consOpts); err != nil {
-		return stoppedOr(ctx, fmt.Errorf("ensure consumer: %w", replicasHint(err, c.streamReplicas)))
-	}
-	if err := p.reg.Register(broker.NewConsumerLagCollector(js, broker.ConsumerLagOptions{
-		Consumers: func() []broker.ConsumerRef { return consumerRefs() },
-	})); err != nil {
-		return fmt.Errorf("register consumer lag: %w", err)
-	}
-
 	parts, err := pipeline.New(js, c.pipelineConfig(p.reg, p.policy, log))
 	if err != nil {
 		return err
 	}
 	defer parts.Close()
+	if err := registerPacerMetrics(p.reg, parts.Pacer); err != nil {
+		return err
+	}
 	// The pods of `mirrorworker loadtest` record when each request leaves,
 	// so the load test can time departures across processes; nil otherwise.
-	departures, err := loadtest.OpenDepartureLog(os.Getenv(loadtest.DeparturesEnv))
+	departures, err := loadtest.OpenDepartureLog(p.hooks.departures)
 	if err != nil {
 		return err
 	}
 	defer departures.Close()
-	pc := parts.Pacer
-	if err := worker.RegisterPacerGauge(p.reg, pc.Counts, clock.Real{}); err != nil {
-		return err
-	}
-	if err := p.reg.Register(worker.NewCoolingCollector(pc.Snapshot, clock.Real{})); err != nil {
-		return fmt.Errorf("register cooling gauge: %w", err)
-	}
-	// The live policy (MIRROR_POLICY) over --policy/--floor/--max-in-flight,
-	// loaded before any request and followed while the pod runs.
-	livePolicy, err := policy.Open(ctx, js, policy.Options{Base: p.policy, Apply: pc.SetPolicy,
-		Replicas: c.streamReplicas, Registerer: p.reg, Logger: log})
+	pod, err := parts.StartPod(ctx, p.podOptions(departures))
 	if err != nil {
-		return stoppedOr(ctx, fmt.Errorf("live policy: %w", err))
+		return stoppedOr(ctx, replicasHint(err, c.streamReplicas))
 	}
-	var follow pipeline.Actor
-	if partitions > 0 {
-		// Other pods' facts and operators' pauses, live; started before the
-		// restore so that nothing published in between is missed.
-		if follow, err = parts.Follow(js, c.workerID, log); err != nil {
-			return stoppedOr(ctx, err)
-		}
+	if err := p.reg.Register(broker.NewConsumerLagCollector(js, broker.ConsumerLagOptions{
+		Consumers: func() []broker.ConsumerRef { return consumerRefs(pod, c.consumerOptions()) },
+	})); err != nil {
+		return fmt.Errorf("register consumer lag: %w", err)
 	}
-	// Cold start: come up with the cooldowns and intervals this worker (or
-	// another) learned recently, so a restart is never ruder than before.
-	// Starting without them would be, so a read error is fatal.
-	if _, err := facts.Restore(ctx, js, pc, facts.RestoreOptions{Logger: log}); err != nil {
-		return stoppedOr(ctx, fmt.Errorf("restore pacer state: %w", err))
-	}
-	w, err := parts.NewWorker(cons, p.target, c.shutdownGrace, func(o *worker.Options, d *worker.Deps) {
-		d.Fetcher = departures.Fetcher(d.Fetcher)
-		if partitions > 0 {
-			o.Partitions, o.ParkAfter = partitions, c.parkAfter
-			o.LaneBacklog = c.laneBacklog
-			if o.LaneBacklog == 0 {
-				o.LaneBacklog = -1
-			}
-			if legacy, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil {
-				d.Legacy = legacy // EnsureWork narrowed it to the unpartitioned jobs
-			}
-			o.FaultHook = faultHook(os.Getenv(faultEnv))
-			d.Owns = func(p int) bool { m := mgrp.Load(); return m != nil && m.Owns(p) }
-		}
-	})
-	if err != nil {
-		return err
-	}
-	livePolicy.OnChange(w.Repace) // jobs waiting on a floor just lowered ask again
-	var mgr *cluster.Manager
-	if partitions > 0 {
-		if mgr, err = p.newManager(ctx, js, w, pc, partitions, consOpts); err != nil {
-			return stoppedOr(ctx, err)
-		}
-		mgrp.Store(mgr)
-	}
-	p.state.Store(&liveState{pacer: pc, ready: func() error {
+	w := pod.Worker
+	p.state.Store(&liveState{pacer: parts.Pacer, ready: func() error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("NATS connection %s", strings.ToLower(nc.Status().String()))
 		}
 		return w.Ready()
 	}, parked: w.Parked})
+	p.logStart(natsURL, pod.Partitions)
+	return pod.Run(ctx)
+}
 
-	ev := p.startFields(log.Info())
+// connect joins the embedded server or the deployment of --nats-url.
+func (p *natsStage) connect(ctx context.Context) (nc *nats.Conn, natsURL string, err error) {
+	name := "mirrorworker " + p.c.workerID
+	if p.embedded != nil {
+		nc, err = p.embedded.Connect(name, natsLogHandlers(p.log)...)
+		natsURL = p.embedded.ClientURL()
+	} else {
+		natsURL = broker.RedactURL(p.c.nats.url)
+		p.log.Info().Str("nats_url", natsURL).Msg("connecting to NATS")
+		nc, err = p.c.nats.connect(ctx, name, natsLogHandlers(p.log)...)
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	p.conn.SetConn(nc)
+	return nc, natsURL, nil
+}
+
+// streamOptions are the streams' settings from the flags.
+func (c *runConfig) streamOptions() *jobs.StreamOptions {
+	so := &jobs.StreamOptions{Replicas: c.streamReplicas, JobsMaxAge: c.jobsMaxAge, JobsMaxBytes: int64(c.jobsMaxBytes)}
+	if c.explicit["partitions"] && c.partitions > 0 {
+		so.Partitions = c.partitions
+	}
+	return so
+}
+
+// consumerOptions are the consumers' settings from the flags.
+func (c *runConfig) consumerOptions() *jobs.ConsumerOptions {
+	return &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas}
+}
+
+// podOptions bind the worker as the flags say, with the test hooks.
+func (p *natsStage) podOptions(departures *loadtest.DepartureLog) *pipeline.PodOptions {
+	c := p.c
+	o := &pipeline.PodOptions{
+		Consumer: c.consumerOptions(), LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas,
+		ParkAfter: c.parkAfter, LaneBacklog: c.laneBacklog,
+		PodID: c.workerID, Version: version, Target: p.target, ShutdownGrace: c.shutdownGrace,
+		Logger: p.log,
+		Adjust: func(o *worker.Options, d *worker.Deps) {
+			d.Fetcher = departures.Fetcher(d.Fetcher)
+			p.hooks.adjust(o, d)
+		},
+	}
+	if c.partitions > 0 {
+		o.Partitions = c.partitions
+	}
+	return o
+}
+
+// registerPacerMetrics registers the gauges read from the pacer.
+func registerPacerMetrics(reg prometheus.Registerer, pc *pacer.Pacer) error {
+	if err := worker.RegisterPacerGauge(reg, pc.Counts, clock.Real{}); err != nil {
+		return err
+	}
+	if err := reg.Register(worker.NewCoolingCollector(pc.Snapshot, clock.Real{})); err != nil {
+		return fmt.Errorf("register cooling gauge: %w", err)
+	}
+	return nil
+}
+
+// consumerRefs are the consumers the pod pulls, for the consumer lag
+// metrics: the partitions it serves, or the one shared consumer.
+func consumerRefs(pod *pipeline.Pod, co *jobs.ConsumerOptions) []broker.ConsumerRef {
+	if pod.Partitions == 0 {
+		return []broker.ConsumerRef{{Stream: jobs.JobsStream, Consumer: jobs.ConsumerConfig(co).Durable}}
+	}
+	var refs []broker.ConsumerRef
+	for _, part := range pod.Owned() {
+		refs = append(refs, broker.ConsumerRef{Stream: jobs.JobsStream, Consumer: jobs.PartitionConsumer(part)})
+	}
+	return refs
+}
+
+// logStart writes the start line: where a newcomer finds things.
+func (p *natsStage) logStart(natsURL string, partitions int) {
+	ev := p.startFields(p.log.Info())
 	switch {
 	case p.embedded == nil:
 		ev = ev.Str("nats_url", natsURL)
@@ -518,50 +519,11 @@ func (p *natsStage) run(ctx context.Context) error {
 	default:
 		ev = ev.Str("nats_url", natsURL).Str("enqueue", "mirrorworker enqueue --nats-url "+natsURL+" URL...")
 	}
-	ev = ev.Int("concurrency", c.concurrency).Str("floor", c.floor.String())
+	ev = ev.Int("concurrency", p.c.concurrency).Str("floor", p.c.floor.String())
 	if partitions > 0 {
-		ev = ev.Int("partitions", partitions).Str("pod", c.workerID)
+		ev = ev.Int("partitions", partitions).Str("pod", p.c.workerID)
 	}
 	ev.Msg(startMessage)
-
-	// The worker, the event sink and, in a cluster, the lease manager and
-	// the event follower, in the pipeline's stop order (pipeline.Run): the
-	// worker stops first (stop pulling, finish or hand back in-flight jobs
-	// within --shutdown-grace); the sink and the manager only after it, so
-	// that pacer facts learned during the grace period are still published
-	// and leases are kept until every held job is handed back.
-	ro := &pipeline.RunOptions{}
-	if mgr != nil {
-		ro.Stopping = mgr.StopTaking // a stopping pod takes no partition another pod just gave up
-		ro.Trailing = append(ro.Trailing, func(mctx context.Context) error {
-			// Leases are taken once the worker runs, so a partition taken
-			// is served at once.
-			for w.Ready() != nil && mctx.Err() == nil {
-				time.Sleep(10 * time.Millisecond)
-			}
-			err := mgr.Run(mctx)
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if cerr := mgr.Close(cctx); cerr != nil {
-				log.Warn().Err(cerr).Msg("give up leases at exit (they expire by themselves)")
-			}
-			return err
-		})
-		ro.Actors = append(ro.Actors, follow)
-	}
-	policyCtx, stopPolicy := context.WithCancel(context.Background())
-	defer stopPolicy()
-	ro.Actors = append(ro.Actors, pipeline.Actor{Execute: func() error { return livePolicy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
-	return parts.Run(ctx, func(wctx context.Context) error {
-		err := w.Run(wctx)
-		switch {
-		case err != nil:
-			return fmt.Errorf("worker: %w", err)
-		case wctx.Err() == nil:
-			return errors.New("worker: stopped on its own")
-		}
-		return nil
-	}, ro)
 }
 
 // liveState is what the admin endpoint reads once the worker is wired.
@@ -642,70 +604,26 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
-// newManager builds the lease manager of a partitioned worker: a partition
-// taken gets its consumer and is added to the worker; one given up is
-// removed (its jobs handed back, its requests ended) before the lease goes.
-func (p *natsStage) newManager(ctx context.Context, js jetstream.JetStream, w *worker.Worker, pc *pacer.Pacer, partitions int, consOpts *jobs.ConsumerOptions) (*cluster.Manager, error) {
-	leases, err := js.KeyValue(ctx, jobs.LeasesBucket)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", jobs.LeasesBucket, err)
+// laneBacklogFlag is --lane-backlog: a count of jobs, 0 for no lanes. It
+// stores worker.Options.LaneBacklog's meaning (negative: no lanes), so that
+// the value means one thing past the flag parser.
+type laneBacklogFlag int
+
+func (f *laneBacklogFlag) String() string {
+	if f == nil || *f < 0 {
+		return "0"
 	}
-	pods, err := js.KeyValue(ctx, jobs.PodsBucket)
-	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w", jobs.PodsBucket, err)
-	}
-	var mgr *cluster.Manager
-	hooks := &podHooks{js: js, w: w, pc: pc, pod: p.c.workerID, consOpts: consOpts, mgr: func() *cluster.Manager { return mgr }}
-	mgr, err = cluster.New(cluster.KV{KeyValue: leases}, cluster.KV{KeyValue: pods}, hooks, cluster.Options{
-		PodID: p.c.workerID, Partitions: partitions, TTL: p.c.leaseTTL, Logger: p.log,
-	})
-	return mgr, err
+	return strconv.Itoa(int(*f))
 }
 
-// podHooks connect the lease manager to the worker.
-type podHooks struct {
-	js       jetstream.JetStream
-	w        *worker.Worker
-	pc       *pacer.Pacer
-	pod      string
-	consOpts *jobs.ConsumerOptions
-	mgr      func() *cluster.Manager
-}
-
-func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
-	// EnsureWork created every partition's consumer; bind to it (and
-	// apply changed settings).
-	c, err := jobs.EnsurePartitionConsumer(ctx, h.js, p, h.consOpts, 0)
-	if err != nil {
-		return err
+func (f *laneBacklogFlag) Set(s string) error {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil || n < 0 {
+		return fmt.Errorf("%q: want 0 (no lanes) or a number of jobs", s)
 	}
-	return h.w.AddPartition(p, c, since)
-}
-
-func (h *podHooks) Release(ctx context.Context, p int) { h.w.RemovePartition(ctx, p) }
-
-func (h *podHooks) Status() []byte {
-	var owned []int
-	if m := h.mgr(); m != nil {
-		owned = m.Owned()
+	if n == 0 {
+		n = -1
 	}
-	return h.w.StatusJSON(h.pod, version, owned, h.pc.Snapshot(time.Now()))
-}
-
-// faultEnv names a parking step, or a step of the mirror target's Put
-// (mirror.Fault*), at which the process kills itself with SIGKILL, for the
-// crash tests (never a flag: it is not a MIRRORWORKER_
-// variable, and only tests set it).
-const faultEnv = "MW_FAULT_POINT"
-
-func faultHook(point string) func(string) {
-	if point == "" {
-		return nil
-	}
-	return func(p string) {
-		if p == point {
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // never continue past the fault point
-		}
-	}
+	*f = laneBacklogFlag(n)
+	return nil
 }

@@ -237,7 +237,12 @@ func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Po
 // mistake fails before anything starts rather than at the first job.
 // MW_FAULT_POINT may name a step of the target's Put to die at (crash tests).
 func openTarget(spec string) (*mirror.FileTarget, error) {
-	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: faultHook(os.Getenv(faultEnv))})
+	return openTargetWith(spec, readTestHooks(os.Getenv).fault)
+}
+
+// openTargetWith is openTarget with the test hooks' fault (nil: none).
+func openTargetWith(spec string, fault func(string)) (*mirror.FileTarget, error) {
+	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: fault})
 	if err != nil {
 		return nil, fmt.Errorf("%w (pass --target)", err)
 	}

@@ -1,0 +1,225 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/cluster"
+	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/policy"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// PodOptions say how StartPod binds a worker to MIRROR_JOBS. The zero value
+// of a field is its default.
+type PodOptions struct {
+	// Partitions > 0 selects the partitioned layout (docs/adr/0007): the
+	// worker serves the partitions whose lease this pod holds; 0 is the
+	// single shared consumer, for one pod only.
+	Partitions int
+	Consumer   *jobs.ConsumerOptions // the consumers' settings (AckWait, MaxAckPending, replicas)
+	LeaseTTL   time.Duration         // jobs.WorkOptions.LeaseTTL
+	Replicas   int                   // of the work streams and buckets
+	// ParkAfter and LaneBacklog are worker.Options' (partitioned only).
+	ParkAfter   time.Duration
+	LaneBacklog int
+	PodID       string // the lease holder's name; Config.WorkerID
+	Version     string // in the pod's status (MIRROR_PODS)
+	Target      worker.Target
+	// ShutdownGrace is worker.Options.ShutdownGrace.
+	ShutdownGrace time.Duration
+	// Adjust, if set, changes the worker's options and dependencies last
+	// (a fetcher wrapped, a fault hook for crash tests).
+	Adjust func(*worker.Options, *worker.Deps)
+	Logger zerolog.Logger
+}
+
+// Pod is a worker bound to MIRROR_JOBS with what serves it: in the
+// partitioned layout the lease manager and the follower of the other pods'
+// pacer facts. Run it once.
+type Pod struct {
+	Worker *worker.Worker
+	// Partitions is the stream's partition count (0: the shared consumer).
+	Partitions int
+
+	parts  *Parts
+	mgr    *cluster.Manager // nil with the shared consumer
+	follow Actor
+	policy *policy.Watcher // the live policy (MIRROR_POLICY)
+	log    zerolog.Logger
+}
+
+// StartPod binds a worker to MIRROR_JOBS, in the order a pod must start:
+// the live policy (MIRROR_POLICY loaded into the pacer, then followed by
+// Run: docs/adr/0023), the consumers (EnsureWork with its partitions, or the shared consumer),
+// the follower of MIRROR_EVENTS (before the restore, so that no fact falls
+// between the two), the cold-start restore of the pacer (a read error is
+// fatal: starting without it would be ruder than before), the worker with
+// its partition options, and the lease manager whose hooks add and remove
+// the worker's partitions. The streams must exist (jobs.EnsureStreams).
+func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
+	js := p.js
+	pod := &Pod{parts: p, log: o.Logger}
+	var cons jetstream.Consumer
+	var err error
+	// The live policy (MIRROR_POLICY, docs/adr/0023) over Config.Policy,
+	// loaded into the pacer before anything can send a request.
+	if pod.policy, err = policy.Open(ctx, js, policy.Options{Base: p.cfg.Policy, Apply: p.Pacer.SetPolicy,
+		Replicas: o.Replicas, Registerer: p.cfg.Registerer, Logger: o.Logger}); err != nil {
+		return nil, fmt.Errorf("live policy: %w", err)
+	}
+	if o.Partitions > 0 {
+		if err := jobs.CheckServer(js.Conn()); err != nil {
+			return nil, err
+		}
+		wo := jobs.WorkOptions{LeaseTTL: o.LeaseTTL, Replicas: o.Replicas, Consumer: o.Consumer}
+		if pod.Partitions, err = jobs.EnsureWork(ctx, js, &wo); err != nil {
+			return nil, fmt.Errorf("ensure work streams: %w", err)
+		}
+		if pod.follow, err = p.Follow(js, o.PodID, o.Logger); err != nil {
+			return nil, err
+		}
+	} else if cons, err = jobs.EnsureConsumer(ctx, js, o.Consumer); err != nil {
+		return nil, fmt.Errorf("ensure consumer: %w", err)
+	}
+	if _, err := facts.Restore(ctx, js, p.Pacer, facts.RestoreOptions{Logger: o.Logger}); err != nil {
+		pod.stopFollow()
+		return nil, fmt.Errorf("restore pacer state: %w", err)
+	}
+	var mgrp atomic.Pointer[cluster.Manager] // set once the manager is built
+	pod.Worker, err = p.NewWorker(cons, o.Target, o.ShutdownGrace, func(wo *worker.Options, d *worker.Deps) {
+		if pod.Partitions > 0 {
+			wo.Partitions, wo.ParkAfter, wo.LaneBacklog = pod.Partitions, o.ParkAfter, o.LaneBacklog
+			if legacy, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName); err == nil {
+				d.Legacy = legacy // EnsureWork narrowed it to the unpartitioned jobs
+			}
+			d.Owns = func(p int) bool { m := mgrp.Load(); return m != nil && m.Owns(p) }
+		}
+		if o.Adjust != nil {
+			o.Adjust(wo, d)
+		}
+	})
+	if err != nil {
+		pod.stopFollow()
+		return nil, err
+	}
+	pod.policy.OnChange(pod.Worker.Repace) // jobs waiting on a floor just lowered ask again
+	if pod.Partitions > 0 {
+		if pod.mgr, err = pod.newManager(ctx, o); err != nil {
+			pod.stopFollow()
+			return nil, err
+		}
+		mgrp.Store(pod.mgr)
+	}
+	return pod, nil
+}
+
+func (pod *Pod) stopFollow() {
+	if pod.follow.Interrupt != nil {
+		pod.follow.Interrupt(nil)
+	}
+}
+
+// Owned returns the partitions this pod serves (none with the shared
+// consumer).
+func (pod *Pod) Owned() []int {
+	if pod.mgr == nil {
+		return nil
+	}
+	return pod.mgr.Owned()
+}
+
+// Run runs the worker, the event sink and, in the partitioned layout, the
+// lease manager and the follower, in the pipeline's stop order (Parts.Run):
+// the worker stops first (it stops pulling, and finishes or hands back its
+// in-flight jobs within the grace period); the sink and the manager only
+// after it, so that pacer facts learned while stopping are still published
+// and leases are kept until every held job is handed back. It returns nil
+// after a stop asked for by ctx; a worker that stops on its own is an
+// error.
+func (pod *Pod) Run(ctx context.Context) error {
+	ro := &RunOptions{}
+	if mgr := pod.mgr; mgr != nil {
+		ro.Stopping = mgr.StopTaking // a stopping pod takes no partition another pod just gave up
+		ro.Trailing = append(ro.Trailing, func(mctx context.Context) error {
+			// Leases are taken once the worker pulls, so that a partition
+			// taken is served at once.
+			select {
+			case <-pod.Worker.Pulling():
+			case <-mctx.Done():
+			}
+			err := mgr.Run(mctx)
+			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if cerr := mgr.Close(cctx); cerr != nil {
+				pod.log.Warn().Err(cerr).Msg("give up leases at exit (they expire by themselves)")
+			}
+			return err
+		})
+		ro.Actors = append(ro.Actors, pod.follow)
+	}
+	policyCtx, stopPolicy := context.WithCancel(context.Background())
+	defer stopPolicy()
+	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.policy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
+	return pod.parts.Run(ctx, func(wctx context.Context) error {
+		err := pod.Worker.Run(wctx)
+		switch {
+		case err != nil:
+			return fmt.Errorf("worker: %w", err)
+		case wctx.Err() == nil:
+			return errors.New("worker: stopped on its own")
+		}
+		return nil
+	}, ro)
+}
+
+// newManager builds the lease manager of a partitioned pod: a partition
+// taken gets its consumer and is added to the worker; one given up is
+// removed (its jobs handed back, its requests ended) before the lease goes.
+func (pod *Pod) newManager(ctx context.Context, o *PodOptions) (*cluster.Manager, error) {
+	js := pod.parts.js
+	leases, err := js.KeyValue(ctx, jobs.LeasesBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", jobs.LeasesBucket, err)
+	}
+	pods, err := js.KeyValue(ctx, jobs.PodsBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", jobs.PodsBucket, err)
+	}
+	hooks := &podHooks{pod: pod, consOpts: o.Consumer, id: o.PodID, version: o.Version}
+	return cluster.New(cluster.KV{KeyValue: leases}, cluster.KV{KeyValue: pods}, hooks, cluster.Options{
+		PodID: o.PodID, Partitions: pod.Partitions, TTL: o.LeaseTTL, Logger: o.Logger,
+	})
+}
+
+// podHooks connect the lease manager to the worker.
+type podHooks struct {
+	pod         *Pod
+	consOpts    *jobs.ConsumerOptions
+	id, version string
+}
+
+var _ cluster.Hooks = (*podHooks)(nil)
+
+func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
+	// EnsureWork created every partition's consumer; bind to it (and
+	// apply changed settings).
+	c, err := jobs.EnsurePartitionConsumer(ctx, h.pod.parts.js, p, h.consOpts, 0)
+	if err != nil {
+		return err
+	}
+	return h.pod.Worker.AddPartition(p, c, since)
+}
+
+func (h *podHooks) Release(ctx context.Context, p int) { h.pod.Worker.RemovePartition(ctx, p) }
+
+func (h *podHooks) Status() []byte {
+	return h.pod.Worker.StatusJSON(h.id, h.version, h.pod.Owned(), h.pod.parts.Pacer.Snapshot(time.Now()))
+}
