@@ -151,7 +151,7 @@ func Restore(ctx context.Context, js jetstream.JetStream, p Applier, o RestoreOp
 func checkEvent(ev pacer.Event) error {
 	switch ev.Type {
 	case pacer.EventThrottle, pacer.EventCooldown, pacer.EventRecovered, pacer.EventInterval,
-		pacer.EventPaused, pacer.EventResumed:
+		pacer.EventPaused, pacer.EventResumed, pacer.EventBackoff, pacer.EventBackoffEnded:
 	default:
 		return fmt.Errorf("unknown fact type %q", ev.Type)
 	}

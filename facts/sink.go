@@ -101,6 +101,13 @@ func (s *Sink) logEvent(host, port string, ev pacer.Event) {
 	case pacer.EventRecovered:
 		s.log.Info().Str("upstream_host", host).Str("upstream_port", port).
 			Int("status", ev.Status).Dur("interval", ev.Interval).Msg("pacer: cooldown recovered")
+	case pacer.EventBackoff:
+		s.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", ev.Status).Str("reason", ev.Reason).Int("failures", ev.Failures).Time("until", ev.Until).
+			Msg("pacer: origin failing, backed off (no request to it before until)")
+	case pacer.EventBackoffEnded:
+		s.log.Info().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", ev.Status).Int("failures", ev.Failures).Msg("pacer: origin answering again, backoff ended")
 	}
 }
 

@@ -18,6 +18,7 @@ const (
 	ReasonInFlight Reason = "inflight" // the authority's in-flight cap is reached
 	ReasonSpacing  Reason = "spacing"  // the next slot is further away than maxWait
 	ReasonPaused   Reason = "paused"   // an operator paused the authority
+	ReasonBackoff  Reason = "backoff"  // the authority is failing and backed off (backoff.go)
 )
 
 // Permit is a granted request start. The caller must not start the request
@@ -91,6 +92,13 @@ const (
 	// request is worth a warning. It is for logs only: the worker's
 	// facts.Sink does not publish it, and Apply ignores it.
 	EventCapped EventType = "capped"
+	// EventBackoff: a failure (no answer, or a 5xx without a valid
+	// Retry-After) backed the authority off until Until; Failures is the
+	// count of consecutive ones. EventBackoffEnded: the origin answered
+	// again, the backoff is over. Neither is a throttling signal: they
+	// change no interval and no cooldown.
+	EventBackoff      EventType = "backoff"
+	EventBackoffEnded EventType = "backoff_ended"
 )
 
 // Event is a pacer fact. Replaying events (Apply) rebuilds the state that
@@ -103,7 +111,8 @@ type Event struct {
 	Reason    string        `json:"reason,omitempty"`
 	Interval  time.Duration `json:"interval,omitempty"`
 	Until     time.Time     `json:"until,omitzero"`
-	Ceiling   time.Duration `json:"ceiling,omitempty"` // fallback ceiling after this fact
+	Ceiling   time.Duration `json:"ceiling,omitempty"`  // fallback ceiling after this fact
+	Failures  int           `json:"failures,omitempty"` // consecutive failures (EventBackoff)
 
 	// What a pause was made of (EventCooldown, EventCapped), for the log
 	// line; not published.
@@ -117,7 +126,7 @@ type Event struct {
 // State is one tracked authority as /debug/pacer shows it.
 type State struct {
 	Authority     string        `json:"authority"`
-	State         string        `json:"state"` // "idle", "active", "escalated", "cooling", "probing"
+	State         string        `json:"state"` // "idle", "active", "escalated", "cooling", "probing", "paused", "backoff"
 	Floor         time.Duration `json:"floor_ns"`
 	Interval      time.Duration `json:"interval_ns"`
 	NextSlot      time.Time     `json:"next_slot"`
@@ -128,4 +137,11 @@ type State struct {
 	MaxInFlight   int           `json:"max_in_flight"`
 	LastThrottle  time.Time     `json:"last_throttle,omitzero"`
 	PausedUntil   time.Time     `json:"paused_until,omitzero"` // an operator's pause
+	// Failures counts consecutive failures; BackoffUntil is when the
+	// failure backoff ends (zero: none in force).
+	Failures     int       `json:"failures,omitempty"`
+	BackoffUntil time.Time `json:"backoff_until,omitzero"`
+	// PolicySource says where Floor and MaxInFlight come from (Limits.Source):
+	// empty for a Pacer built from a static policy alone.
+	PolicySource string `json:"policy_source,omitempty"`
 }

@@ -5,10 +5,10 @@ import (
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,6 +41,7 @@ const (
 	StateCooling   = "cooling"   // a cooldown is in force
 	StateProbing   = "probing"   // the cooldown is over and awaits (or runs) its probe
 	StatePaused    = "paused"    // an operator paused the authority
+	StateBackoff   = "backoff"   // failing: no request before the backoff's end (backoff.go)
 )
 
 // Options configure a Pacer. The zero value of every field is its default.
@@ -89,6 +90,11 @@ type Options struct {
 	// 0); negative means none. It is not scaled: the jitter it covers is the
 	// machine's, not the origin's.
 	StartGuard time.Duration
+	// FailureBackoffMin is the base of a failing origin's backoff when the
+	// floor is below it (backoff.go); 0 means FailureBackoffMin (scaled by
+	// Scale), negative means none: the backoff doubles from the floor alone,
+	// and a floor of 0 then backs nothing off (tests of other rules).
+	FailureBackoffMin time.Duration
 	// Rules is the learning rule (rules.go); nil is the HostPacer's own.
 	// With another rule the Pacer publishes no events, spends no announced
 	// budget and ignores QuietWindow (decay is the rule's Relax).
@@ -101,7 +107,7 @@ type Pacer struct {
 	shards    []shard
 	mask      uint64
 	seed      maphash.Seed
-	policy    *Policy
+	policy    atomic.Pointer[Policy] // replaced whole by SetPolicy
 	quiet     int64
 	rnd       func() float64
 	onEvent   func(Event)
@@ -112,6 +118,7 @@ type Pacer struct {
 	// docs/contract.md section 3's constants times Options.Scale, in nanoseconds, so the
 	// scale costs nothing per call.
 	firstStep, maxInterval, fallbackMin, maxPause, probeWait, inFlightMinWait int64
+	failMin, failMax                                                          int64 // FailureBackoffMin, MaxFailureBackoff
 	// guard is Options.StartGuard (0 for none) unless guardAuto, when it is
 	// derived from each authority's floor.
 	guard     int64
@@ -152,6 +159,12 @@ type entry struct {
 	pausedAt     int64  // when the latest pause was given, for EventResumed
 	inFlight     int32
 	maxFlight    int32
+	// The failure backoff (backoff.go): consecutive failures, the instant
+	// before which no request may start, and the latest failure or
+	// recovery (for ordering facts from other pods).
+	fails     int32
+	failUntil int64
+	failAt    int64
 	// bud is the budget the origin announces (budget.go); nil until a
 	// response announces one, so an authority without rate-limit headers
 	// pays one pointer for it.
@@ -184,17 +197,20 @@ func New(o *Options) *Pacer {
 		maxPause:        scaled(MaxPause),
 		probeWait:       scaled(ProbeWait),
 		inFlightMinWait: scaled(InFlightMinWait),
+		failMin:         scaled(FailureBackoffMin),
+		failMax:         scaled(MaxFailureBackoff),
 		guard:           max(0, int64(o.StartGuard)),
 		guardAuto:       o.StartGuard == 0,
 		seed:            maphash.MakeSeed(),
-		policy:          o.Policy,
 		quiet:           int64(o.QuietWindow),
 		rnd:             o.Rand,
 		onEvent:         o.OnEvent,
 		rules:           o.Rules,
 	}
-	if p.policy == nil {
-		p.policy = DefaultPolicy()
+	if o.Policy == nil {
+		p.policy.Store(DefaultPolicy())
+	} else {
+		p.policy.Store(o.Policy)
 	}
 	if p.quiet == 0 {
 		p.quiet = scaled(DefaultQuietWindow)
@@ -204,6 +220,12 @@ func New(o *Options) *Pacer {
 	}
 	if p.rnd == nil {
 		p.rnd = rand.Float64
+	}
+	switch {
+	case o.FailureBackoffMin < 0:
+		p.failMin = 0
+	case o.FailureBackoffMin > 0:
+		p.failMin = int64(o.FailureBackoffMin)
 	}
 	maxEntries := o.MaxEntries
 	if maxEntries <= 0 {
@@ -243,12 +265,12 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 		p.sweepLocked(s, now)
 		s.sweepAt = max(p.shardMax, len(s.m)+p.sweepStep)
 	}
-	l := p.policy.Limits(auth)
+	l := p.policy.Load().Limits(auth)
 	e := &entry{
 		floor:     int64(l.Floor),
 		interval:  int64(l.Floor),
 		ceiling:   p.fallbackMin,
-		maxFlight: int32(max(1, min(l.MaxInFlight, maxPolicyInFlight))),
+		maxFlight: int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight))),
 	}
 	if p.rules != nil {
 		e.rule = &ruled{}
@@ -269,6 +291,7 @@ func (p *Pacer) sweepLocked(s *shard, now int64) {
 
 func (p *Pacer) evictable(e *entry, now int64) bool {
 	return e.until == 0 && e.inFlight == 0 && e.probeSeq == 0 && e.paused <= now &&
+		e.fails == 0 && e.failUntil <= now &&
 		e.ceiling == p.fallbackMin &&
 		p.decayedInterval(e, now) <= e.floor &&
 		(e.lastStart == 0 || e.lastStart+e.floor+p.guardFor(e) <= now) &&
@@ -386,6 +409,9 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 		}
 		probe = true
 	}
+	if re := backoffLocked(e, auth, n); re != nil {
+		return Permit{}, re
+	}
 	// The spacing: the interval, or the announced policy's pace when a
 	// quota is down to its last request (budget.go).
 	spacing, over := e.interval, false
@@ -492,6 +518,15 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		e.probeSeq = pm.seq
 		pm.Probe = true
 	}
+	if re := backoffLocked(e, pm.Authority, n); re != nil {
+		// A failure learned since the grant: this request waits the
+		// backoff out like every other.
+		if pm.Probe && pm.seq == e.probeSeq {
+			e.probeSeq = 0
+			pm.Probe = false
+		}
+		return pm, re
+	}
 	spacing := p.decayedInterval(e, n)
 	if e.bud != nil {
 		// A reading learned since the grant counts the other permits out;
@@ -550,8 +585,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	if learn {
 		fb = ParseFeedback(r.Status, r.Header, now)
 	}
-	if pm.Probe || fb.Throttled() || fb.Exhausted() {
-		return p.doneSlow(now, pm, learn, &fb, r.Header)
+	oc := outcomeOf(r, &fb)
+	if pm.Probe || fb.Throttled() || fb.Exhausted() || oc == outcomeFailed {
+		return p.doneSlow(now, pm, learn, &fb, r)
 	}
 	// Nothing to learn but an announced budget: release the place and take
 	// the reading, unless a decay is due. Parsed before the lock.
@@ -569,9 +605,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		return Verdict{}
 	}
 	// A copy made before Confirm promoted it is still the probe.
-	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) {
+	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) || (oc == outcomeOK && (e.fails != 0 || e.failUntil != 0)) {
 		s.mu.Unlock()
-		return p.doneSlow(now, pm, learn, &fb, r.Header)
+		return p.doneSlow(now, pm, learn, &fb, r)
 	}
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
@@ -585,7 +621,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	return v
 }
 
-func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr http.Header) Verdict {
+func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r Response) Verdict {
+	hdr := r.Header
+	oc := outcomeOf(r, fb)
 	n := now.UnixNano()
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	var buf [MaxQuotas]Quota
@@ -598,7 +636,7 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr
 	s.mu.Lock()
 	e := s.m[pm.Authority]
 	if e == nil {
-		if !throttled && !exhausted {
+		if !throttled && !exhausted && oc != outcomeFailed {
 			s.mu.Unlock()
 			return Verdict{}
 		}
@@ -616,6 +654,7 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, hdr
 	if learn {
 		p.learnLocked(e, pm.Authority, n, probe, *fb, &fx)
 	}
+	p.healthLocked(e, pm.Authority, n, r, oc, &fx)
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
 	if e.until > n {
 		v.Until = time.Unix(0, e.until)
@@ -784,6 +823,8 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 			e.until = 0
 			e.ceiling = p.fallbackMin
 		}
+	case EventBackoff, EventBackoffEnded:
+		p.applyHealthLocked(e, ev, n, at)
 	case EventPaused:
 		// The longest pause wins, as for cooldowns; an operator's pause is
 		// deliberate, so MaxPause does not cap it.
@@ -857,6 +898,9 @@ func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration
 			return 0, time.Duration(sp), ReasonProbing
 		}
 	}
+	if e.failUntil > n {
+		return time.Duration(e.failUntil - n), time.Duration(sp), ReasonBackoff
+	}
 	if e.lastStart != 0 {
 		if gap := e.lastStart + sp - n; gap > 0 {
 			return time.Duration(gap), time.Duration(sp), ReasonSpacing
@@ -886,7 +930,7 @@ func (p *Pacer) Snapshot(now time.Time) []State {
 // present, zero included), for the pacer_authorities gauge.
 func (p *Pacer) Counts(now time.Time) map[string]int {
 	n := now.UnixNano()
-	c := map[string]int{StateIdle: 0, StateActive: 0, StateEscalated: 0, StateCooling: 0, StateProbing: 0, StatePaused: 0}
+	c := map[string]int{StateIdle: 0, StateActive: 0, StateEscalated: 0, StateCooling: 0, StateProbing: 0, StatePaused: 0, StateBackoff: 0}
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()
@@ -907,6 +951,8 @@ func (p *Pacer) stateName(e *entry, n int64) string {
 		return StateCooling
 	case e.until != 0:
 		return StateProbing
+	case e.failUntil > n:
+		return StateBackoff
 	case iv > e.floor:
 		return StateEscalated
 	case e.inFlight > 0 || e.lastStart+iv+p.guardFor(e) > n:
@@ -927,6 +973,7 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		InFlight:     int(e.inFlight),
 		MaxInFlight:  int(e.maxFlight),
 		LastThrottle: unixOrZero(e.lastThrot),
+		PolicySource: p.policy.Load().Limits(auth).Source,
 	}
 	if e.lastStart != 0 {
 		st.NextSlot = time.Unix(0, max(e.lastStart+iv+p.guardFor(e), n))
@@ -936,6 +983,10 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 	st.CooldownUntil = unixOrZero(e.until)
 	if e.paused > n {
 		st.PausedUntil = time.Unix(0, e.paused)
+	}
+	st.Failures = int(e.fails)
+	if e.failUntil > n {
+		st.BackoffUntil = time.Unix(0, e.failUntil)
 	}
 	return st
 }

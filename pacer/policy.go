@@ -16,14 +16,18 @@ import (
 const (
 	DefaultFloor       = time.Second
 	DefaultMaxInFlight = 2
-	maxPolicyFloor     = 24 * time.Hour // a larger floor is far more likely a typo than a wish
-	maxPolicyInFlight  = 1 << 16
+	MaxPolicyFloor     = 24 * time.Hour // a larger floor is far more likely a typo than a wish
+	MaxPolicyInFlight  = 1 << 16        // the largest in-flight cap a policy may give
 )
 
 // Limits is the issuer's politeness for one authority.
 type Limits struct {
 	Floor       time.Duration // minimum spacing between request starts; may be 0
 	MaxInFlight int           // concurrent requests; at least 1
+	// Source says where these limits come from, for status and
+	// /debug/pacer (package policy fills it: "kv:default", "file", ...);
+	// ParsePolicy leaves it empty. The pacer does not read it otherwise.
+	Source string
 }
 
 // Policy holds the floors and in-flight caps: a default and per-authority
@@ -115,7 +119,7 @@ func ParsePolicy(data []byte) (*Policy, error) {
 	}
 	for key, rl := range raw.Authorities {
 		field := fmt.Sprintf("authorities[%q]", key)
-		norm, err := normalizeAuthority(key)
+		norm, err := NormalizeAuthority(key)
 		if err != nil {
 			return nil, fmt.Errorf("policy: %s: %w", field, err)
 		}
@@ -141,24 +145,24 @@ func (r *rawLimits) limits(def Limits, field string) (Limits, error) {
 		if err != nil {
 			return l, fmt.Errorf("policy: %s.floor: %q is not a duration such as \"1s\" or \"250ms\"", field, *r.Floor)
 		}
-		if d < 0 || d > maxPolicyFloor {
-			return l, fmt.Errorf("policy: %s.floor: %s is outside 0 to %s", field, d, maxPolicyFloor)
+		if d < 0 || d > MaxPolicyFloor {
+			return l, fmt.Errorf("policy: %s.floor: %s is outside 0 to %s", field, d, MaxPolicyFloor)
 		}
 		l.Floor = d
 	}
 	if r.MaxInFlight != nil {
 		n := *r.MaxInFlight
-		if n < 1 || n > maxPolicyInFlight {
-			return l, fmt.Errorf("policy: %s.max_in_flight: %d is outside 1 to %d", field, n, maxPolicyInFlight)
+		if n < 1 || n > MaxPolicyInFlight {
+			return l, fmt.Errorf("policy: %s.max_in_flight: %d is outside 1 to %d", field, n, MaxPolicyInFlight)
 		}
 		l.MaxInFlight = n
 	}
 	return l, nil
 }
 
-// normalizeAuthority turns a policy key into the form Acquire receives
-// (authority.Authority.String()).
-func normalizeAuthority(key string) (string, error) {
+// NormalizeAuthority turns a policy key "host:port" into the form Acquire
+// receives (authority.Authority.String()); the port is required.
+func NormalizeAuthority(key string) (string, error) {
 	if _, _, err := net.SplitHostPort(key); err != nil {
 		return "", fmt.Errorf("want \"host:port\": %w", err)
 	}
@@ -167,4 +171,45 @@ func normalizeAuthority(key string) (string, error) {
 		return "", err
 	}
 	return a.String(), nil
+}
+
+// Policy returns the policy in force (the last one SetPolicy gave, else
+// Options.Policy). It is read-only.
+func (p *Pacer) Policy() *Policy { return p.policy.Load() }
+
+// SetPolicy replaces the policy in force (a live change: package policy
+// calls it when an operator edits MIRROR_POLICY). Every tracked authority
+// takes its new floor and in-flight cap at once, so the next Acquire and
+// every Confirm from now on space requests by the new floor; a slot already
+// reserved on the old floor is moved later by Confirm when the floor rose.
+// An interval at the old floor moves to the new floor; an escalated
+// interval is kept if it is above the new floor (learning from the origin
+// is not undone by a policy change), else raised to it. Requests already in
+// flight are not recalled: a lowered cap only stops new grants until the
+// count falls below it. A nil p is the default policy. SetPolicy publishes
+// nothing.
+func (p *Pacer) SetPolicy(q *Policy) {
+	if q == nil {
+		q = DefaultPolicy()
+	}
+	// Stored before the walk: an entry created meanwhile reads q, and one
+	// created before the store is reached by the walk, which takes its
+	// shard's lock.
+	p.policy.Store(q)
+	for i := range p.shards {
+		s := &p.shards[i]
+		s.mu.Lock()
+		for auth, e := range s.m {
+			l := q.Limits(auth)
+			floor := int64(l.Floor)
+			if e.interval <= e.floor {
+				e.interval = floor
+			} else {
+				e.interval = max(e.interval, floor)
+			}
+			e.floor = floor
+			e.maxFlight = int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight)))
+		}
+		s.mu.Unlock()
+	}
 }

@@ -91,3 +91,86 @@ func TestLoadPolicy(t *testing.T) {
 		t.Fatalf("error %v should name the file and the field", err)
 	}
 }
+
+func TestSetPolicyAppliesFromTheNextRequest(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const a = "origin.example:443"
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: time.Second, MaxInFlight: 4}}, StartGuard: -1})
+	take := func(at time.Time, maxWait time.Duration) (pacer.Permit, error) {
+		t.Helper()
+		pm, err := p.Acquire(at, a, maxWait)
+		if err == nil {
+			if pm, err = p.Confirm(at, pm); err == nil && !pm.Start.After(at) {
+				p.Done(at, pm, pacer.Response{Status: 200})
+			}
+		}
+		return pm, err
+	}
+	if _, err := take(t0, 0); err != nil {
+		t.Fatal(err)
+	}
+	// Lowered to 300 ms: the next request may go 300 ms after the last.
+	p.SetPolicy(&pacer.Policy{Default: pacer.Limits{Floor: 300 * time.Millisecond, MaxInFlight: 4, Source: "kv:default"}})
+	if _, err := take(t0.Add(299*time.Millisecond), 0); err == nil {
+		t.Fatal("granted 299 ms after the last start at floor 300 ms")
+	}
+	if _, err := take(t0.Add(300*time.Millisecond), 0); err != nil {
+		t.Fatalf("refused at the new floor: %v", err)
+	}
+	// A slot reserved on the 300 ms floor, then the floor rises to 2 s:
+	// Confirm moves the start to 2 s after the last actual start.
+	t1 := t0.Add(300 * time.Millisecond)
+	pm, err := p.Acquire(t1.Add(100*time.Millisecond), a, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := t1.Add(300 * time.Millisecond); !pm.Start.Equal(want) {
+		t.Fatalf("reserved start %v, want %v", pm.Start, want)
+	}
+	p.SetPolicy(&pacer.Policy{Default: pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 1, Source: "kv:default"}})
+	pm, err = p.Confirm(pm.Start, pm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := t1.Add(2 * time.Second); !pm.Start.Equal(want) {
+		t.Fatalf("confirmed start %v after the floor rose to 2 s, want %v", pm.Start, want)
+	}
+	st := p.Snapshot(t1)
+	if len(st) != 1 || st[0].Floor != 2*time.Second || st[0].MaxInFlight != 1 || st[0].PolicySource != "kv:default" {
+		t.Fatalf("snapshot %+v, want floor 2s, cap 1, source kv:default", st)
+	}
+	// The cap of 1 is taken by the reservation.
+	if _, err := p.Acquire(t1.Add(5*time.Second), a, 0); err == nil {
+		t.Fatal("granted over the lowered in-flight cap")
+	}
+	p.Done(pm.Start, pm, pacer.Response{Status: 200})
+	if _, err := take(pm.Start.Add(1999*time.Millisecond), 0); err == nil {
+		t.Fatal("granted 1.999 s after a start at floor 2 s")
+	}
+	if _, err := take(pm.Start.Add(2*time.Second), 0); err != nil {
+		t.Fatalf("refused at the new floor: %v", err)
+	}
+}
+
+func TestSetPolicyKeepsAnEscalatedInterval(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const a = "origin.example:443"
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: time.Second, MaxInFlight: 2}}, StartGuard: -1})
+	pm, err := p.Acquire(t0, a, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Done(t0, pm, pacer.Response{Status: 429})
+	iv := p.Snapshot(t0)[0].Interval
+	if iv <= time.Second {
+		t.Fatalf("interval %v after a 429, want escalated", iv)
+	}
+	p.SetPolicy(&pacer.Policy{Default: pacer.Limits{Floor: 100 * time.Millisecond, MaxInFlight: 2}})
+	if got := p.Snapshot(t0)[0]; got.Interval != iv || got.Floor != 100*time.Millisecond {
+		t.Fatalf("after lowering the floor: interval %v floor %v, want %v and 100ms", got.Interval, got.Floor, iv)
+	}
+	p.SetPolicy(&pacer.Policy{Default: pacer.Limits{Floor: 5 * time.Minute, MaxInFlight: 2}})
+	if got := p.Snapshot(t0)[0]; got.Interval != 5*time.Minute {
+		t.Fatalf("after raising the floor above the interval: interval %v, want 5m", got.Interval)
+	}
+}

@@ -143,7 +143,7 @@ func TestPropertyRandomSequences(t *testing.T) {
 						pm, err := p.Confirm(now, r.pm)
 						if err != nil {
 							var re *pacer.RefusedError
-							if !errors.As(err, &re) || re.Wait <= 0 || (re.Reason != pacer.ReasonCooling && re.Reason != pacer.ReasonProbing) {
+							if !errors.As(err, &re) || re.Wait <= 0 || (re.Reason != pacer.ReasonCooling && re.Reason != pacer.ReasonProbing && re.Reason != pacer.ReasonBackoff) {
 								t.Fatalf("op %d: bad revocation %v", op, err)
 							}
 							p.Done(now, pm, pacer.Response{Cancelled: true})

@@ -64,7 +64,7 @@ func TestArchitectureListsThePacerReasons(t *testing.T) {
 	documented := strings.Split(m[1], " | ")
 	code := map[string]pacer.Reason{
 		"ReasonCooling": pacer.ReasonCooling, "ReasonProbing": pacer.ReasonProbing, "ReasonInFlight": pacer.ReasonInFlight,
-		"ReasonSpacing": pacer.ReasonSpacing, "ReasonPaused": pacer.ReasonPaused,
+		"ReasonSpacing": pacer.ReasonSpacing, "ReasonPaused": pacer.ReasonPaused, "ReasonBackoff": pacer.ReasonBackoff,
 	}
 	// Every Reason constant of pacer/api.go is in code (a new one must be
 	// added here and to the document).

@@ -13,6 +13,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/policy"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -51,11 +52,13 @@ type Pod struct {
 	parts  *Parts
 	mgr    *cluster.Manager // nil with the shared consumer
 	follow Actor
+	policy *policy.Watcher // the live policy (MIRROR_POLICY)
 	log    zerolog.Logger
 }
 
 // StartPod binds a worker to MIRROR_JOBS, in the order a pod must start:
-// the consumers (EnsureWork with its partitions, or the shared consumer),
+// the live policy (MIRROR_POLICY loaded into the pacer, then followed by
+// Run: docs/adr/0023), the consumers (EnsureWork with its partitions, or the shared consumer),
 // the follower of MIRROR_EVENTS (before the restore, so that no fact falls
 // between the two), the cold-start restore of the pacer (a read error is
 // fatal: starting without it would be ruder than before), the worker with
@@ -66,6 +69,12 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 	pod := &Pod{parts: p, log: o.Logger}
 	var cons jetstream.Consumer
 	var err error
+	// The live policy (MIRROR_POLICY, docs/adr/0023) over Config.Policy,
+	// loaded into the pacer before anything can send a request.
+	if pod.policy, err = policy.Open(ctx, js, policy.Options{Base: p.cfg.Policy, Apply: p.Pacer.SetPolicy,
+		Replicas: o.Replicas, Registerer: p.cfg.Registerer, Logger: o.Logger}); err != nil {
+		return nil, fmt.Errorf("live policy: %w", err)
+	}
 	if o.Partitions > 0 {
 		if err := jobs.CheckServer(js.Conn()); err != nil {
 			return nil, err
@@ -101,6 +110,7 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 		pod.stopFollow()
 		return nil, err
 	}
+	pod.policy.OnChange(pod.Worker.Repace) // jobs waiting on a floor just lowered ask again
 	if pod.Partitions > 0 {
 		if pod.mgr, err = pod.newManager(ctx, o); err != nil {
 			pod.stopFollow()
@@ -155,6 +165,9 @@ func (pod *Pod) Run(ctx context.Context) error {
 		})
 		ro.Actors = append(ro.Actors, pod.follow)
 	}
+	policyCtx, stopPolicy := context.WithCancel(context.Background())
+	defer stopPolicy()
+	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.policy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
 	return pod.parts.Run(ctx, func(wctx context.Context) error {
 		err := pod.Worker.Run(wctx)
 		switch {

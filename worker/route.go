@@ -17,6 +17,7 @@ const (
 	reasonInFlight = reason(pacer.ReasonInFlight) // the authority's in-flight cap is reached
 	reasonSpacing  = reason(pacer.ReasonSpacing)  // the next slot is further than HoldMax
 	reasonPaused   = reason(pacer.ReasonPaused)   // an operator paused the authority
+	reasonBackoff  = reason(pacer.ReasonBackoff)  // the authority is failing and backed off
 	// reasonOverflow: the authority's queue holds its share of memory
 	// (MaxHeldPerAuthority) and is not served soon (docs/adr/0014).
 	reasonOverflow reason = "overflow"
@@ -31,7 +32,7 @@ const (
 )
 
 // pacerReasons are the refusals a pacer gives, as reasons.
-var pacerReasons = []reason{reasonCooling, reasonProbing, reasonInFlight, reasonSpacing, reasonPaused}
+var pacerReasons = []reason{reasonCooling, reasonProbing, reasonInFlight, reasonSpacing, reasonPaused, reasonBackoff}
 
 // redirectReason is the reason of a job deferred because a redirect hop's
 // authority refused it with r.

@@ -111,7 +111,11 @@ func TestTransientFailuresUseTheBudget(t *testing.T) {
 		}
 		return false
 	})
-	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{
+	// The job's budget is the point here: the authority's failure backoff
+	// (pacer/backoff.go, its own tests) would space these attempts by
+	// seconds, so it is left to the floor, 0.
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}}, FailureBackoffMin: -1})
+	r := e.start(p, worker.Options{
 		FailureBudget: 3, BackoffInitial: 20 * time.Millisecond, BackoffMax: 100 * time.Millisecond,
 	})
 	e.publish(

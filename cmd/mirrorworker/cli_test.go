@@ -76,7 +76,7 @@ func TestTopLevelUsage(t *testing.T) {
 		{"no subcommand", nil, 2, "missing subcommand", "usage: mirrorworker <subcommand>"},
 		{"help", []string{"help"}, 0, "", "docs/contract.md"},
 		{"help names a subcommand", []string{"help", "enqueue"}, 0, "", "usage: mirrorworker enqueue"},
-		{"unknown subcommand lists them", []string{"start"}, 2, `unknown subcommand "start": want one of dlq, enqueue, loadtest, pause, replay, resume, run, status, stub-origin, verify, version`, ""},
+		{"unknown subcommand lists them", []string{"start"}, 2, `unknown subcommand "start": want one of dlq, enqueue, loadtest, pause, policy, replay, resume, run, status, stub-origin, verify, version`, ""},
 		{"flag before the subcommand", []string{"--data-dir", "x", "run"}, 2, `"--data-dir" before the subcommand: flags go after it`, ""},
 	}
 	for _, tt := range tests {

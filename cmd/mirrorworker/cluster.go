@@ -244,7 +244,7 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 		fmt.Fprintf(tw, "(unowned)\t%d\t\t\n", free)
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "AUTHORITY\tSTATE\tUNTIL\tINTERVAL\tIN FLIGHT\tQUEUED\tPARKED\tSERVED BY")
+	fmt.Fprintln(tw, "AUTHORITY\tSTATE\tUNTIL\tINTERVAL\tFLOOR (POLICY)\tIN FLIGHT\tQUEUED\tPARKED\tSERVED BY")
 	for _, r := range rows {
 		until := "-"
 		switch {
@@ -252,12 +252,21 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 			until = r.PausedUntil.UTC().Format(time.RFC3339) + " (paused)"
 		case !r.CooldownUntil.IsZero():
 			until = r.CooldownUntil.UTC().Format(time.RFC3339)
+		case !r.BackoffUntil.IsZero():
+			until = fmt.Sprintf("%s (backoff, %d failures)", r.BackoffUntil.UTC().Format(time.RFC3339), r.Failures)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", r.Authority, r.State.State, until, r.Interval,
+		floor := r.Floor.String()
+		switch {
+		case r.MaxInFlight == 0: // no pod tracks it: see 'mirrorworker policy list'
+			floor = "-"
+		case r.PolicySource != "":
+			floor += " (" + r.PolicySource + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", r.Authority, r.State.State, until, r.Interval, floor,
 			r.InFlight, r.MaxInFlight, r.Queued, r.Parked, r.Pod)
 	}
 	if len(rows) == 0 {
-		fmt.Fprintln(tw, "(every authority idle)\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(every authority idle)\t\t\t\t\t\t\t\t")
 	}
 	return tw.Flush()
 }

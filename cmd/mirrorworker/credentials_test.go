@@ -17,8 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/mirrorworker/mirrorworker/fetch/fetchtest"
 	"github.com/mirrorworker/mirrorworker/deadletter"
+	"github.com/mirrorworker/mirrorworker/fetch/fetchtest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 

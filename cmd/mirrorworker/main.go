@@ -69,6 +69,7 @@ func commands() map[string]command {
 		"pause":       {"stop every worker from sending requests to one authority for a while", cmdPause},
 		"resume":      {"end an operator's pause of an authority on every worker", cmdResume},
 		"status":      {"show the pods, their partitions and each busy authority's state", cmdStatus},
+		"policy":      {"change floors and in-flight caps on a running cluster (set|show|list|delete)", cmdPolicy},
 		"verify":      {"audit a mirror target: missing, corrupt and orphaned objects (--repair re-enqueues their jobs)", cmdVerify},
 	}
 }

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// failingOrigin is one authority on loopback that resets every connection
+// (phase refuse), then answers 500 (phase fail), then serves (phase ok),
+// timing every arrival with the phase it met.
+type failingOrigin struct {
+	phase atomic.Int32
+	mu    sync.Mutex
+	arr   []arrival
+	addr  string
+}
+
+const (
+	phaseRefuse = iota
+	phaseFail
+	phaseOK
+)
+
+type arrival struct {
+	at    time.Time
+	phase int32
+}
+
+func (o *failingOrigin) record(p int32) {
+	o.mu.Lock()
+	o.arr = append(o.arr, arrival{time.Now(), p})
+	o.mu.Unlock()
+}
+
+func (o *failingOrigin) arrivals() []arrival {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	a := append([]arrival(nil), o.arr...)
+	sort.Slice(a, func(i, j int) bool { return a[i].at.Before(a[j].at) })
+	return a
+}
+
+// resetListener resets (RST) every connection while the origin refuses.
+type resetListener struct {
+	net.Listener
+	o *failingOrigin
+}
+
+func (l resetListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.o.phase.Load() != phaseRefuse {
+			return c, err
+		}
+		l.o.record(phaseRefuse)
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		c.Close()
+	}
+}
+
+func newFailingOrigin(t *testing.T) *failingOrigin {
+	o := &failingOrigin{}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.addr = ln.Addr().String()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := o.phase.Load()
+		o.record(p)
+		if p == phaseFail {
+			http.Error(w, "down for maintenance", http.StatusInternalServerError)
+			return
+		}
+		w.Write(clusterBody(r.URL.Path))
+	})}
+	go srv.Serve(resetListener{ln, o})
+	t.Cleanup(func() { srv.Close() })
+	return o
+}
+
+// TestProcessFailingOriginIsBackedOff is issue 28's failing-origin test: a
+// `mirrorworker run` pod with 20 jobs for one origin at floor 200 ms; the
+// origin resets every connection for 4 s, answers 500 for 10 s, then
+// serves. As the origin times them: during the outage the requests are
+// spaced by the backoff (x2 from 1 s, jittered by at most a fifth), not by
+// the number of jobs; once it answers, the backoff is over and the jobs
+// go at the floor; every job is stored, none dead-lettered.
+func TestProcessFailingOriginIsBackedOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	const (
+		jobsN   = 20
+		floor   = 200 * time.Millisecond
+		refuse  = 4 * time.Second  // connections reset
+		failing = 14 * time.Second // then 500s, up to this long after the first request
+	)
+	natsURL := externalNATS(t)
+	origin := newFailingOrigin(t)
+	targets := map[string]string{}
+	var urls []string
+	for i := range jobsN {
+		u := fmt.Sprintf("http://%s/obj/%03d", origin.addr, i)
+		targets[u] = fmt.Sprintf("obj/%03d", i)
+		urls = append(urls, u)
+	}
+	publishURLs(t, natsURL, targets, urls)
+	root := t.TempDir()
+	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(),
+		"--max-in-flight", "2", "--ack-wait", "5s", "--log-level", "info")...)
+	waitFor(t, 60*time.Second, "the first request", func() bool { return len(origin.arrivals()) > 0 })
+	t0 := origin.arrivals()[0].at
+	waitFor(t, 60*time.Second, "the refusing phase to pass", func() bool { return time.Since(t0) >= refuse })
+	origin.phase.Store(phaseFail)
+	waitFor(t, 60*time.Second, "the failing phase to pass", func() bool { return time.Since(t0) >= failing })
+	origin.phase.Store(phaseOK)
+	waitQueueEmpty(t, natsURL, root, jobsN, 120*time.Second, pod.log)
+	if _, err := pod.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Errorf("pod exit after SIGTERM: %v", err)
+	}
+	checkClusterMirror(t, root, targets)
+
+	arr := origin.arrivals()
+	var failed, served []time.Time
+	perPhase := map[int32]int{}
+	for _, a := range arr {
+		perPhase[a.phase]++
+		if a.phase == phaseOK {
+			served = append(served, a.at)
+		} else {
+			failed = append(failed, a.at)
+		}
+	}
+	var gaps []string
+	for i := 1; i < len(failed); i++ {
+		gaps = append(gaps, failed[i].Sub(failed[i-1]).Round(10*time.Millisecond).String())
+	}
+	var okGaps []time.Duration
+	for i := 1; i < len(served); i++ {
+		okGaps = append(okGaps, served[i].Sub(served[i-1]))
+	}
+	sort.Slice(okGaps, func(i, j int) bool { return okGaps[i] < okGaps[j] })
+	var median time.Duration
+	if len(okGaps) > 0 {
+		median = okGaps[len(okGaps)/2]
+	}
+	t.Logf("%d jobs; %d requests during the %s outage (%d reset, %d answered 500), gaps %v; %d requests after it, median gap %s",
+		jobsN, len(failed), failing, perPhase[phaseRefuse], perPhase[phaseFail], gaps, len(served), median.Round(time.Millisecond))
+	if len(served) > 0 {
+		// The recovery is seen at the first request after the backoff in
+		// force when the origin came back: at most one step late.
+		t.Logf("first request after the recovery %s after it; all %d served within %s of it",
+			served[0].Sub(t0.Add(failing)).Round(time.Millisecond), len(served), served[len(served)-1].Sub(t0.Add(failing)).Round(time.Millisecond))
+	}
+	// The backoff after k failures is 2^k s times [0.8, 1]: 1.6 s at least,
+	// and 14 s of outage hold at most 1.6+3.2+6.4 = 11.2 s of backoffs
+	// after the first failure (the next is 12.8 s), so at most 4 requests;
+	// 2 more for requests already in flight (the cap) when a failure came
+	// back.
+	if len(failed) > 6 {
+		t.Errorf("%d requests during the outage, want at most 6 (the backoff's, not the %d jobs')", len(failed), jobsN)
+	}
+	if perPhase[phaseRefuse] == 0 || perPhase[phaseFail] == 0 {
+		t.Errorf("requests per phase %v: the test wants both reset connections and 500s", perPhase)
+	}
+	// Two requests in flight at once may fail together (the cap is 2), so
+	// one short gap is excused; every other is a backoff step.
+	short := 0
+	for i := 1; i < len(failed); i++ {
+		if failed[i].Sub(failed[i-1]) < 1500*time.Millisecond {
+			short++
+		}
+	}
+	if short > 1 {
+		t.Errorf("%d gaps under 1.5 s during the outage (%v), want at most 1", short, gaps)
+	}
+	// Recovered: the jobs go at the floor, not at a backoff step.
+	if len(served) < jobsN || median > time.Second {
+		t.Errorf("after recovery: %d requests, median gap %s; want %d at about the floor %s", len(served), median, jobsN, floor)
+	}
+	// Every gap after recovery respects the floor (okGaps is sorted).
+	if len(okGaps) > 0 && okGaps[0] < floor-floor/10 {
+		t.Errorf("after recovery: a gap of %s below the floor %s", okGaps[0], floor)
+	}
+}

@@ -1,0 +1,135 @@
+package policy_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/policy"
+)
+
+func TestKeyRoundTrip(t *testing.T) {
+	tests := []struct {
+		auth, key, back string
+	}{
+		{auth: "files.example.org:443", key: "auth.files.example.org.443", back: "files.example.org:443"},
+		{auth: "Files.Example.ORG:8080", key: "auth.files.example.org.8080", back: "files.example.org:8080"},
+		{auth: "127.0.0.1:8080", key: "auth.127.0.0.1.8080", back: "127.0.0.1:8080"},
+		{auth: "Bücher.example:443", key: "auth.xn--bcher-kva.example.443", back: "xn--bcher-kva.example:443"},
+		{auth: "[2001:DB8::1]:80", back: "[2001:db8::1]:80"},
+		{auth: "default", key: "default", back: "default"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.auth, func(t *testing.T) {
+			key, err := policy.Key(tt.auth)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.key != "" && key != tt.key {
+				t.Errorf("Key(%q) = %q, want %q", tt.auth, key, tt.key)
+			}
+			back, err := policy.ParseKey(key)
+			if err != nil || back != tt.back {
+				t.Errorf("ParseKey(%q) = %q, %v; want %q", key, back, err, tt.back)
+			}
+		})
+	}
+	for _, bad := range []string{"", "files.example.org:443", "auth.files", "auth.Files.example.443", "auth.a.b.notaport", "authx.!!", "other.x.1"} {
+		if a, err := policy.ParseKey(bad); !errors.Is(err, policy.ErrInvalid) {
+			t.Errorf("ParseKey(%q) = %q, %v; want ErrInvalid", bad, a, err)
+		}
+	}
+	for _, bad := range []string{"files.example.org", "http://x/", "a b:1"} {
+		if k, err := policy.Key(bad); !errors.Is(err, policy.ErrInvalid) {
+			t.Errorf("Key(%q) = %q, %v; want ErrInvalid", bad, k, err)
+		}
+	}
+}
+
+func TestParseValue(t *testing.T) {
+	v, err := policy.ParseValue([]byte(`{"floor":"300ms","max_in_flight":3,"until":"2026-12-01T18:00:00Z","reason":"maintenance"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *v.Floor != 300*time.Millisecond || *v.MaxInFlight != 3 || v.Reason != "maintenance" ||
+		!v.Until.Equal(time.Date(2026, 12, 1, 18, 0, 0, 0, time.UTC)) {
+		t.Fatalf("parsed %+v", v)
+	}
+	data, err := v.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, err := policy.ParseValue(data); err != nil || *w.Floor != *v.Floor || *w.MaxInFlight != *v.MaxInFlight || !w.Until.Equal(v.Until) {
+		t.Fatalf("round trip %s: %+v, %v", data, w, err)
+	}
+	for _, tt := range []struct{ in, want string }{
+		{`{}`, "neither floor nor max_in_flight"},
+		{`{"floor":"1 second"}`, `"1 second" is not a duration`},
+		{`{"floor":"-1s"}`, "outside 0 to 24h"},
+		{`{"floor":"25h"}`, "outside 0 to 24h"},
+		{`{"max_in_flight":0}`, "max_in_flight: 0 is outside"},
+		{`{"floor":"1s","burst":2}`, "unknown field"},
+		{`{"floor":"1s"} {}`, "trailing data"},
+	} {
+		_, err := policy.ParseValue([]byte(tt.in))
+		if !errors.Is(err, policy.ErrInvalid) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseValue(%s) = %v, want ErrInvalid with %q", tt.in, err, tt.want)
+		}
+	}
+}
+
+func dur(d time.Duration) *time.Duration { return &d }
+func num(n int) *int                     { return &n }
+
+// TestMergePrecedence: the authority's key, then its file entry, then the
+// default key, then the static default; unset fields from the level below;
+// values past their until left out, and the next until reported.
+func TestMergePrecedence(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	base := &pacer.Policy{
+		Default:     pacer.Limits{Floor: time.Second, MaxInFlight: 2},
+		Authorities: map[string]pacer.Limits{"file.example:443": {Floor: 5 * time.Second, MaxInFlight: 1}},
+	}
+	vals := map[string]policy.Value{
+		policy.DefaultKey:   {Floor: dur(2 * time.Second)},
+		"file.example:443":  {MaxInFlight: num(4), Until: now.Add(time.Hour)},
+		"kv.example:443":    {Floor: dur(300 * time.Millisecond), Until: now.Add(10 * time.Minute)},
+		"ended.example:443": {Floor: dur(0), MaxInFlight: num(9), Until: now},
+	}
+	p, next := policy.Merge(base, vals, now)
+	tests := []struct {
+		auth string
+		want pacer.Limits
+	}{
+		{"file.example:443", pacer.Limits{Floor: 5 * time.Second, MaxInFlight: 4, Source: policy.SourceKV}},
+		{"kv.example:443", pacer.Limits{Floor: 300 * time.Millisecond, MaxInFlight: 2, Source: policy.SourceKV}},
+		{"ended.example:443", pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 2, Source: policy.SourceDefault}},
+		{"other.example:443", pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 2, Source: policy.SourceDefault}},
+	}
+	for _, tt := range tests {
+		if got := p.Limits(tt.auth); got != tt.want {
+			t.Errorf("%s: %+v, want %+v", tt.auth, got, tt.want)
+		}
+	}
+	if !next.Equal(now.Add(10 * time.Minute)) {
+		t.Errorf("next = %v, want the earliest until ahead %v", next, now.Add(10*time.Minute))
+	}
+	// Later: both overrides ended; the file entry and the default key remain.
+	p, next = policy.Merge(base, vals, now.Add(2*time.Hour))
+	if got := p.Limits("file.example:443"); got != (pacer.Limits{Floor: 5 * time.Second, MaxInFlight: 1, Source: policy.SourceFile}) {
+		t.Errorf("file entry after its override ended: %+v", got)
+	}
+	if got := p.Limits("kv.example:443"); got.Source != policy.SourceDefault || got.Floor != 2*time.Second {
+		t.Errorf("kv.example after its until: %+v", got)
+	}
+	if !next.IsZero() {
+		t.Errorf("next = %v after every until, want zero", next)
+	}
+	// No values: the static policy, labelled.
+	p, _ = policy.Merge(base, nil, now)
+	if got := p.Limits("x.example:80"); got != (pacer.Limits{Floor: time.Second, MaxInFlight: 2, Source: policy.SourceStatic}) {
+		t.Errorf("static default: %+v", got)
+	}
+}
