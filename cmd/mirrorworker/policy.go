@@ -45,77 +45,9 @@ func cmdPolicy(ctx context.Context, args []string, getenv func(string) string, _
 		}
 		return nil
 	}
-	sub, args := args[0], args[1:]
-	var o opFlags
-	fs := newFlagSet("policy "+sub, stderr)
-	def := false
-	if sub != "list" {
-		o.register(fs, "the authority: host:port, or a URL (https://h/x means h:443)")
-		fs.BoolVar(&def, "default", false, "the default key: every authority without a key of its own or an entry in the --policy file")
-	} else {
-		o.register(fs, "list only this authority's key (host:port, or a URL)")
-	}
-	var (
-		auth string
-		err  error
-		run  func(js jetstream.KeyValue) error
-	)
-	parse := func(usage ...string) error {
-		if auth, err = o.parse(fs, args, getenv, stderr, true, usage...); err != nil {
-			return err
-		}
-		if sub == "list" {
-			return nil
-		}
-		switch {
-		case def && auth != "":
-			return usageError{"policy " + sub + ": give --authority or --default, not both"}
-		case def:
-			auth = policy.DefaultKey
-		case auth == "":
-			return usageError{"policy " + sub + ": --authority HOST:PORT or --default is required"}
-		}
-		return nil
-	}
-	switch sub {
-	case "set":
-		var f policySetFlags
-		f.register(fs)
-		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --default) [--floor D] [--max-in-flight N] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
-			"Sets the floor and/or the in-flight cap of one authority (or the default) on every pod.",
-			"Fields not given keep the key's current value (--replace: the layers below). --for/--until",
-			"make it temporary: at that instant the pods drop it by themselves."); err != nil {
-			return err
-		}
-		given := explicitFlags(fs, getenv)
-		if err := f.check(given, time.Now()); err != nil {
-			return err
-		}
-		run = func(kv jetstream.KeyValue) error { return policySet(ctx, kv, auth, &f, given, o.timeout(), stdout) }
-	case "show":
-		asJSON := fs.Bool("json", false, "print the value as JSON")
-		if err := parse("usage: mirrorworker policy show (--authority HOST:PORT | --default) [--json]",
-			"Shows one key of "+policy.Bucket+": its limits, until, reason and revision."); err != nil {
-			return err
-		}
-		run = func(kv jetstream.KeyValue) error { return policyShow(ctx, kv, auth, *asJSON, o.timeout(), stdout) }
-	case "list":
-		asJSON := fs.Bool("json", false, "print JSON")
-		if err := parse("usage: mirrorworker policy list [--json]",
-			"Lists every key of "+policy.Bucket+", expired overrides marked."); err != nil {
-			return err
-		}
-		run = func(kv jetstream.KeyValue) error { return policyList(ctx, kv, auth, *asJSON, o.timeout(), stdout) }
-	case "delete":
-		rev := fs.Uint64("revision", 0, "delete only if the key is still at this revision (from 'policy show')")
-		if err := parse("usage: mirrorworker policy delete (--authority HOST:PORT | --default) [--revision N]",
-			"Deletes one key: the authority gets the policy below it again (its --policy file entry or the default)."); err != nil {
-			return err
-		}
-		run = func(kv jetstream.KeyValue) error { return policyDelete(ctx, kv, auth, *rev, o.timeout(), stdout) }
-	default:
-		policyUsage(stderr)
-		return usageError{fmt.Sprintf("policy: unknown command %q: want set, show, list or delete", sub)}
+	o, run, err := policyCommand(ctx, args[0], args[1:], getenv, stdout, stderr)
+	if err != nil {
+		return err
 	}
 	js, closeConn, err := o.connect(ctx, "KV_"+policy.Bucket)
 	if err != nil {
@@ -129,6 +61,83 @@ func cmdPolicy(ctx context.Context, args []string, getenv func(string) string, _
 		return err
 	}
 	return run(kv)
+}
+
+// policyKey parses a policy command's flags and returns the key it edits
+// (the authority, or policy.DefaultKey with --default; for list, the
+// authority it is narrowed to, or "").
+func policyKey(o *opFlags, fs *flag.FlagSet, sub string, def *bool, args []string, getenv func(string) string, stderr io.Writer, usage ...string) (string, error) {
+	auth, err := o.parse(fs, args, getenv, stderr, true, usage...)
+	if err != nil || sub == "list" {
+		return auth, err
+	}
+	switch {
+	case *def && auth != "":
+		return "", usageError{"policy " + sub + ": give --authority or --default, not both"}
+	case *def:
+		return policy.DefaultKey, nil
+	case auth == "":
+		return "", usageError{"policy " + sub + ": --authority HOST:PORT or --default is required"}
+	}
+	return auth, nil
+}
+
+// policyCommand parses the flags of one policy command and returns what
+// it does to the bucket.
+func policyCommand(ctx context.Context, sub string, args []string, getenv func(string) string, stdout, stderr io.Writer) (*opFlags, func(jetstream.KeyValue) error, error) {
+	o := &opFlags{}
+	fs := newFlagSet("policy "+sub, stderr)
+	def := false
+	if sub != "list" {
+		o.register(fs, "the authority: host:port, or a URL (https://h/x means h:443)")
+		fs.BoolVar(&def, "default", false, "the default key: every authority without a key of its own or an entry in the --policy file")
+	} else {
+		o.register(fs, "list only this authority's key (host:port, or a URL)")
+	}
+	var auth string
+	parse := func(usage ...string) (err error) {
+		auth, err = policyKey(o, fs, sub, &def, args, getenv, stderr, usage...)
+		return err
+	}
+	switch sub {
+	case "set":
+		var f policySetFlags
+		f.register(fs)
+		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --default) [--floor D] [--max-in-flight N] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
+			"Sets the floor and/or the in-flight cap of one authority (or the default) on every pod.",
+			"Fields not given keep the key's current value (--replace: the layers below). --for/--until",
+			"make it temporary: at that instant the pods drop it by themselves."); err != nil {
+			return nil, nil, err
+		}
+		given := explicitFlags(fs, getenv)
+		if err := f.check(given, time.Now()); err != nil {
+			return nil, nil, err
+		}
+		return o, func(kv jetstream.KeyValue) error { return policySet(ctx, kv, auth, &f, given, o.timeout(), stdout) }, nil
+	case "show":
+		asJSON := fs.Bool("json", false, "print the value as JSON")
+		if err := parse("usage: mirrorworker policy show (--authority HOST:PORT | --default) [--json]",
+			"Shows one key of "+policy.Bucket+": its limits, until, reason and revision."); err != nil {
+			return nil, nil, err
+		}
+		return o, func(kv jetstream.KeyValue) error { return policyShow(ctx, kv, auth, *asJSON, o.timeout(), stdout) }, nil
+	case "list":
+		asJSON := fs.Bool("json", false, "print JSON")
+		if err := parse("usage: mirrorworker policy list [--json]",
+			"Lists every key of "+policy.Bucket+", expired overrides marked."); err != nil {
+			return nil, nil, err
+		}
+		return o, func(kv jetstream.KeyValue) error { return policyList(ctx, kv, auth, *asJSON, o.timeout(), stdout) }, nil
+	case "delete":
+		rev := fs.Uint64("revision", 0, "delete only if the key is still at this revision (from 'policy show')")
+		if err := parse("usage: mirrorworker policy delete (--authority HOST:PORT | --default) [--revision N]",
+			"Deletes one key: the authority gets the policy below it again (its --policy file entry or the default)."); err != nil {
+			return nil, nil, err
+		}
+		return o, func(kv jetstream.KeyValue) error { return policyDelete(ctx, kv, auth, *rev, o.timeout(), stdout) }, nil
+	}
+	policyUsage(stderr)
+	return nil, nil, usageError{fmt.Sprintf("policy: unknown command %q: want set, show, list or delete", sub)}
 }
 
 type policySetFlags struct {

@@ -87,24 +87,8 @@ func cmdVerify(ctx context.Context, args []string, getenv func(string) string, _
 		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args, getenv); err != nil {
+	if err := c.parse(fs, args, getenv); err != nil {
 		return err
-	}
-	c.nats.markGiven(fs, getenv)
-	var errs []string
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Sprintf(format, a...)) }
-	if len(fs.Args()) > 0 {
-		bad("unexpected arguments %q", fs.Args())
-	}
-	if c.dataDir == "" && c.target == "" {
-		bad("--data-dir must not be empty")
-	}
-	if c.nats.timeout <= 0 {
-		bad("--nats-connect-timeout %s: want more than 0", c.nats.timeout)
-	}
-	c.s3.check(bad)
-	if len(errs) > 0 {
-		return usageError{"verify: " + strings.Join(errs, "; ")}
 	}
 	log, err := newLogger(stderr, c.logFormat, c.logLevel)
 	if err != nil {
@@ -139,18 +123,7 @@ func cmdVerify(ctx context.Context, args []string, getenv func(string) string, _
 	if err != nil {
 		return err
 	}
-	for _, f := range res.findings {
-		line := fmt.Sprintf("%-9s %s", f.kind, f.key)
-		if f.detail != "" {
-			line += ": " + f.detail
-		}
-		if f.job != nil && f.kind != findingOrphaned {
-			line += fmt.Sprintf(" (job %s, %s)", f.job.ID, f.job.URL)
-		}
-		fmt.Fprintln(stdout, line)
-	}
-	fmt.Fprintf(stdout, "verified %s: %d objects, %d ok, %d corrupt, %d orphaned; %d keys in %s, %d missing\n",
-		target.Root(), res.objects, res.ok, res.count(findingCorrupt), res.count(findingOrphaned), len(want), jobs.JobsStream, res.count(findingMissing))
+	printFindings(stdout, target.Root(), res, len(want))
 	broken := res.count(findingMissing) + res.count(findingCorrupt)
 	if !c.repair {
 		if broken > 0 {
@@ -161,6 +134,46 @@ func cmdVerify(ctx context.Context, args []string, getenv func(string) string, _
 	n, err := repair(ctx, js, target, res.findings, time.Now())
 	fmt.Fprintf(stdout, "re-enqueued %d of %d jobs of missing and corrupt objects\n", n, broken)
 	return err
+}
+
+// parse reads verify's flags and reports every value that cannot work.
+func (c *verifyConfig) parse(fs *flag.FlagSet, args []string, getenv func(string) string) error {
+	if err := parseFlags(fs, args, getenv); err != nil {
+		return err
+	}
+	c.nats.markGiven(fs, getenv)
+	var errs []string
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Sprintf(format, a...)) }
+	if len(fs.Args()) > 0 {
+		bad("unexpected arguments %q", fs.Args())
+	}
+	if c.dataDir == "" && c.target == "" {
+		bad("--data-dir must not be empty")
+	}
+	if c.nats.timeout <= 0 {
+		bad("--nats-connect-timeout %s: want more than 0", c.nats.timeout)
+	}
+	c.s3.check(bad)
+	if len(errs) > 0 {
+		return usageError{"verify: " + strings.Join(errs, "; ")}
+	}
+	return nil
+}
+
+// printFindings writes one line per finding and the summary line.
+func printFindings(w io.Writer, root string, res auditResult, keys int) {
+	for _, f := range res.findings {
+		line := fmt.Sprintf("%-9s %s", f.kind, f.key)
+		if f.detail != "" {
+			line += ": " + f.detail
+		}
+		if f.job != nil && f.kind != findingOrphaned {
+			line += fmt.Sprintf(" (job %s, %s)", f.job.ID, f.job.URL)
+		}
+		fmt.Fprintln(w, line)
+	}
+	fmt.Fprintf(w, "verified %s: %d objects, %d ok, %d corrupt, %d orphaned; %d keys in %s, %d missing\n",
+		root, res.objects, res.ok, res.count(findingCorrupt), res.count(findingOrphaned), keys, jobs.JobsStream, res.count(findingMissing))
 }
 
 // verifyFailed is verify's finding of damage: exit status 1, with no usage.
