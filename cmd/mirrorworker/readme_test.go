@@ -203,9 +203,6 @@ func TestREADMECommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.HasPrefix(repo, "/tmp/") {
-		t.Fatalf("the repository %s is under /tmp, which the test replaces by a tmpfs", repo)
-	}
 	script := readmeScript(cmds, repo)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -278,9 +275,12 @@ stopbg() { if [ -n "$BG" ]; then kill -TERM -- -$BG 2>/dev/null; waitfor 90 "! k
 cleanup() { stopbg; kill $(jobs -p) 2>/dev/null; }
 trap cleanup EXIT
 set -m
+# The working directory keeps the repository reachable even when it lies
+# under /tmp, which the tmpfs hides by name.
+cd %s || fail 0 "enter the repository"
 mount -t tmpfs tmpfs /tmp || fail 0 "mount a tmpfs on /tmp"
-python3 -c 'import socket,fcntl,struct; s=socket.socket(); fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x41, b""))' || fail 0 "bring the loopback up"
-mkdir -p /tmp/repo && tar -C %s --exclude=./data --exclude=./bin --exclude=./out --exclude=./.test-skipped -cf - . | tar -C /tmp/repo -xf - || fail 0 "copy the repository"
+(cd / && python3 -c 'import socket,fcntl,struct; s=socket.socket(); fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x41, b""))') || fail 0 "bring the loopback up"
+mkdir -p /tmp/repo && tar -C . --exclude=./data --exclude=./bin --exclude=./out --exclude=./.test-skipped -cf - . | tar -C /tmp/repo -xf - || fail 0 "copy the repository"
 cd /tmp/repo
 make install >/tmp/make-install.log 2>&1 || { cat /tmp/make-install.log; fail 0 "make install"; }
 `, sq(repo))
