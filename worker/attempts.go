@@ -93,3 +93,14 @@ func getAttempts(ctx context.Context, kv KV, id string) (attemptRecord, error) {
 	_ = json.Unmarshal(e.Value(), &rec)
 	return rec, nil
 }
+
+// countReason is the attempts with reason.
+func countReason(as []jobs.Attempt, reason string) int {
+	n := 0
+	for _, a := range as {
+		if a.Reason == reason {
+			n++
+		}
+	}
+	return n
+}

@@ -3,12 +3,12 @@ package worker
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/fetch"
@@ -26,53 +26,59 @@ import (
 // stored. A crash in between redelivers the job, and the continuation's
 // message id makes its second copy a duplicate the stream drops.
 
-// errHandOff is the gate's answer for a hop to an authority of a
-// partition this pod does not serve (hopSet.gate, scheduler.hopBegin).
-var errHandOff = errors.New("the authority's partition is served by another pod")
-
 // continuesRefused reports whether a redirect hop that its authority's
 // pacer refuses (a cooldown, a long spacing wait, the in-flight cap past
 // HoldMax) goes on as a continuation in that authority's queue rather than
 // deferring the whole job, which would ask the first hop again. Only with
 // partitions, where the continuation has a partition to wait in, and not
 // in a replay, which skips continuations.
-func (w *Worker) continuesRefused() bool {
-	return w.o.Partitions > 0 && !w.o.SkipCopies
+func (h *handoffs) continuesRefused() bool {
+	return h.partitions > 0 && !h.skipCopies
+}
+
+// handoffs publishes the continuations of redirects.
+type handoffs struct {
+	js         jetstream.JetStream
+	partitions int  // Options.Partitions
+	skipCopies bool // Options.SkipCopies: a replay
+	log        zerolog.Logger
+	sched      *scheduler
+	settler    *settler
 }
 
 // handOff publishes j's continuation at the hop ge and acks j. why is for
 // the log: other_pod, or the pacer's reason for refusing the hop.
-func (w *Worker) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError, why string) {
+func (h *handoffs) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError, why string) {
 	cj := j.job
 	cj.URL = ge.URL
 	m, nj, err := jobs.NewMsg(cj)
 	if err != nil {
 		// A redirect to a URL no job may hold (too long, say).
 		err = fmt.Errorf("redirect to %s: %v: %w", ge.Authority, err, fetch.ErrInvalidURL)
-		w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), 0, nil)
+		h.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), 0, nil)
 		return
 	}
 	akey := nj.Authority.Key()
-	m.Subject = jobs.PartitionedSubject(jobs.Partition(akey, w.o.Partitions), nj.Tenant, akey)
+	m.Subject = jobs.PartitionedSubject(jobs.Partition(akey, h.partitions), nj.Tenant, akey)
 	// One id per delivered job and hop: a redelivery hands over again, and
 	// the stream drops that copy within its duplicate window.
 	m.Header.Set(jetstream.MsgIDHeader, nj.ID+"~"+strconv.FormatUint(j.seq, 10)+"~"+strconv.Itoa(ge.Hop))
 	m.Header.Set(jobs.HeaderContinues, authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)))
 	m.Header.Set(jobs.HeaderHops, strconv.Itoa(ge.Hop))
-	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(w.sched.deliveries(j), 10))
+	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(h.sched.deliveries(j), 10))
 	pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	_, err = w.d.JS.PublishMsg(pctx, m)
+	_, err = h.js.PublishMsg(pctx, m)
 	cancel()
 	if err != nil {
-		w.log.Warn().Err(err).Str("job", j.job.ID).Str("authority", ge.Authority.String()).Msg("publish a redirect's continuation; the job comes back")
-		w.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: reasonHandoff})
+		h.log.Warn().Err(err).Str("job", j.job.ID).Str("authority", ge.Authority.String()).Msg("publish a redirect's continuation; the job comes back")
+		h.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: reasonHandoff})
 		return
 	}
-	if err := w.settler.settle(j, w.settler.confirmedAck); err != nil {
+	if err := h.settler.settle(j, h.settler.confirmedAck); err != nil {
 		// The job comes back and is handed over again: a duplicate the
 		// stream drops.
-		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack a handed-over job")
+		h.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack a handed-over job")
 	}
-	w.log.Debug().Str("job", j.job.ID).Str("authority", ge.Authority.String()).Int("hop", ge.Hop).Str("reason", why).Msg("redirect continued in its authority's queue")
-	w.settler.final(j, OutcomeHandedOff, "")
+	h.log.Debug().Str("job", j.job.ID).Str("authority", ge.Authority.String()).Int("hop", ge.Hop).Str("reason", why).Msg("redirect continued in its authority's queue")
+	h.settler.final(j, OutcomeHandedOff, "")
 }

@@ -3,32 +3,47 @@ package worker
 import (
 	"context"
 	"errors"
-	"net/url"
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
+// errHandOff is the gate's answer for a hop to an authority of a
+// partition this pod does not serve (hopSet.gate, scheduler.hopBegin).
+var errHandOff = errors.New("the authority's partition is served by another pod")
+
 // hopSet admits the hops of one fetch: the first with the permit the
 // scheduler acquired, each redirect hop with a permit of its own authority.
 // It makes sure every permit gets exactly one Done. Safe for concurrent use.
 type hopSet struct {
-	w     *Worker
+	d     *hopDeps
 	first pacer.Permit
 	kind  string
 	part  int // the job's partition
 
 	mu        sync.Mutex
 	firstUsed bool
-	hops      []*hop
+	hops      []*hopPermit
 }
 
-type hop struct {
+// hopDeps are what the hops of every fetch are admitted and reported
+// with; the worker keeps one.
+type hopDeps struct {
+	pacer      Pacer
+	clk        clock.Clock
+	m          *Metrics
+	sched      *scheduler
+	auth       *authGuard // learns from every answer whether a credential works
+	partitions int        // Options.Partitions
+	holdMax    time.Duration
+	wake       func() // a permit ended: the dispatcher may grant again
+}
+
+type hopPermit struct {
 	pm pacer.Permit
 	// part is the hop authority's partition when hopBegin counted the hop
 	// there (-1: not counted).
@@ -49,47 +64,47 @@ func (h *hopSet) gate(ctx context.Context, _ int, a authority.Authority) (func(f
 	h.mu.Unlock()
 	pm, part := h.first, -1
 	if !useFirst {
-		if hp := h.w.sched.partitionOf(auth); h.w.o.Partitions > 0 && hp != h.part {
+		if hp := h.d.sched.partitionOf(auth); h.d.partitions > 0 && hp != h.part {
 			// Another partition's authority: followed only if this pod
 			// serves it, and counted there while it runs.
-			if !h.w.sched.hopBegin(h.w.clk.Now(), hp, auth) {
+			if !h.d.sched.hopBegin(h.d.clk.Now(), hp, auth) {
 				return nil, errHandOff
 			}
 			part = hp
 		}
 		var err error
-		if pm, err = h.w.acquireHop(ctx, auth); err != nil {
+		if pm, err = h.d.acquire(ctx, auth); err != nil {
 			if part >= 0 {
-				h.w.sched.hopEnd(part)
+				h.d.sched.hopEnd(part)
 			}
 			return nil, err
 		}
 	}
-	p := &hop{pm: pm, part: part}
+	p := &hopPermit{pm: pm, part: part}
 	h.mu.Lock()
 	h.hops = append(h.hops, p)
 	h.mu.Unlock()
 	return func(r fetch.Result) { h.done(p, r) }, nil
 }
 
-func (h *hopSet) done(p *hop, r fetch.Result) {
+func (h *hopSet) done(p *hopPermit, r fetch.Result) {
 	p.once.Do(func() {
-		w := h.w
-		now := w.clk.Now()
-		v := w.d.Pacer.Done(now, p.pm, pacer.Response{Status: r.Status, Header: r.Header, Err: r.Err, Cancelled: r.Cancelled})
+		d := h.d
+		now := d.clk.Now()
+		v := d.pacer.Done(now, p.pm, pacer.Response{Status: r.Status, Header: r.Header, Err: r.Err, Cancelled: r.Cancelled})
 		h.mu.Lock()
 		p.status, p.verdict = r.Status, v
 		h.mu.Unlock()
 		if r.Status != 0 || (r.Err != nil && !r.Cancelled) {
 			host, port := authority.Split(p.pm.Authority)
-			w.m.CountUpstreamRequest(host, port, h.kind, upstreamOutcome(r, v))
+			d.m.CountUpstreamRequest(host, port, h.kind, upstreamOutcome(r, v))
 		}
-		w.noteAuth(p.pm.Authority, r.Status) // authfail.go
-		w.sched.released(now, p.pm.Authority)
+		d.auth.answered(p.pm.Authority, r.Status) // authfail.go
+		d.sched.released(now, p.pm.Authority)
 		if p.part >= 0 {
-			w.sched.hopEnd(p.part)
+			d.sched.hopEnd(p.part)
 		}
-		w.poke()
+		d.wake()
 	})
 }
 
@@ -97,7 +112,7 @@ func (h *hopSet) done(p *hop, r fetch.Result) {
 // before a hop's request, or the first permit never used) its Done.
 func (h *hopSet) close() {
 	h.mu.Lock()
-	hops := append([]*hop(nil), h.hops...)
+	hops := append([]*hopPermit(nil), h.hops...)
 	firstUnused := !h.firstUsed
 	h.firstUsed = true
 	h.mu.Unlock()
@@ -105,7 +120,7 @@ func (h *hopSet) close() {
 		h.done(p, fetch.Result{Cancelled: true})
 	}
 	if firstUnused {
-		h.done(&hop{pm: h.first, part: -1}, fetch.Result{Cancelled: true})
+		h.done(&hopPermit{pm: h.first, part: -1}, fetch.Result{Cancelled: true})
 	}
 }
 
@@ -130,16 +145,16 @@ func (h *hopSet) lastStatus() int {
 	return 0
 }
 
-// acquireHop admits a redirect hop: it waits in the slot for up to HoldMax
+// acquire admits a redirect hop: it waits in the slot for up to HoldMax
 // (spacing, in-flight cap) and returns the pacer's refusal when the wait
 // would be longer, so that the job is deferred.
-func (w *Worker) acquireHop(ctx context.Context, auth string) (pacer.Permit, error) {
-	deadline := w.clk.Now().Add(w.o.HoldMax)
+func (d *hopDeps) acquire(ctx context.Context, auth string) (pacer.Permit, error) {
+	deadline := d.clk.Now().Add(d.holdMax)
 	for {
-		now := w.clk.Now()
-		pm, err := w.d.Pacer.Acquire(now, auth, w.o.HoldMax)
+		now := d.clk.Now()
+		pm, err := d.pacer.Acquire(now, auth, d.holdMax)
 		if err == nil {
-			return w.confirm(ctx, pm)
+			return pacer.Wait(ctx, d.clk, d.pacer, pm)
 		}
 		var re *pacer.RefusedError
 		if !errors.As(err, &re) {
@@ -149,7 +164,7 @@ func (w *Worker) acquireHop(ctx context.Context, auth string) (pacer.Permit, err
 		if now.Add(wait).After(deadline) {
 			return pacer.Permit{}, re
 		}
-		if !clock.Sleep(w.clk, wait, ctx.Done()) {
+		if !clock.Sleep(d.clk, wait, ctx.Done()) {
 			return pacer.Permit{}, ctx.Err()
 		}
 	}
@@ -175,32 +190,4 @@ func upstreamOutcome(r fetch.Result, v pacer.Verdict) string {
 		return "server_error"
 	}
 	return "error"
-}
-
-// backoff returns the retry delay after the n-th failed attempt:
-// exponential from BackoffInitial, capped at BackoffMax, ±50% jitter.
-func (w *Worker) backoff(n int) time.Duration {
-	b := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(w.o.BackoffInitial),
-		backoff.WithMaxInterval(w.o.BackoffMax),
-		backoff.WithMultiplier(2),
-		backoff.WithRandomizationFactor(0.5),
-		backoff.WithMaxElapsedTime(0),
-	)
-	d := b.NextBackOff()
-	for i := 1; i < n; i++ {
-		d = b.NextBackOff()
-	}
-	return d
-}
-
-// logURL returns rawURL fit for a log line (SPEC section 7): without
-// credentials, query string or fragment.
-func logURL(rawURL string) string {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return ""
-	}
-	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
-	return u.String()
 }

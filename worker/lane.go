@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -59,12 +60,12 @@ const (
 	laneRetry = 100 * time.Millisecond
 )
 
-type lanes struct {
-	w      *Worker
+type laneSet struct {
+	d      laneDeps
 	stream jetstream.Stream // MIRROR_JOBS; nil: lanes are off
 
 	mu       sync.Mutex
-	byKey    map[laneKey]*lane   // lanes of the partitions served
+	byKey    map[laneKey]*authLane   // lanes of the partitions served
 	catchups map[string]*catchup // by consumer name
 	tried    map[int]time.Time   // last skip attempt, per partition
 	busy     map[int]bool        // a skip under way, per partition
@@ -74,7 +75,7 @@ type lanes struct {
 }
 
 // countLocked updates active after byKey or catchups changed.
-func (l *lanes) countLocked() { l.active.Store(int32(len(l.byKey) + len(l.catchups))) }
+func (l *laneSet) countLocked() { l.active.Store(int32(len(l.byKey) + len(l.catchups))) }
 
 type laneKey struct {
 	part int
@@ -82,7 +83,7 @@ type laneKey struct {
 }
 
 // lane is one authority's skipped backlog in one partition.
-type lane struct {
+type authLane struct {
 	part  int
 	auth  string
 	akey  string
@@ -100,23 +101,44 @@ type catchup struct {
 	done  chan struct{}
 }
 
-func newLanes(w *Worker) *lanes {
-	return &lanes{w: w, byKey: map[laneKey]*lane{}, catchups: map[string]*catchup{},
+// laneDeps are what the lanes work with.
+type laneDeps struct {
+	js         jetstream.JetStream
+	clk        clock.Clock
+	log        zerolog.Logger
+	m          *Metrics
+	sched      *scheduler
+	parts      *servedParts
+	readyIn    readyInFunc // Pacer.ReadyIn
+	fault      faultHook
+	backlog    int // Options.LaneBacklog; negative: no lanes
+	holdMax    time.Duration
+	maxPerAuth int // Options.MaxHeldPerAuthority
+	// deliver takes one delivery from a lane (the worker's intake); pull
+	// serves a catch-up consumer of a partition until ctx ends (the
+	// worker's intake loop), counted in loops, which Run waits for.
+	deliver func(ctx context.Context, m Msg)
+	pull    func(ctx context.Context, c jetstream.Consumer, part int)
+	loops   *sync.WaitGroup
+}
+
+func newLanes(d laneDeps) *laneSet {
+	return &laneSet{d: d, byKey: map[laneKey]*authLane{}, catchups: map[string]*catchup{},
 		tried: map[int]time.Time{}, busy: map[int]bool{}}
 }
 
 // open binds MIRROR_JOBS (partitioned mode). Lanes stay off on a server
 // that cannot reset a consumer (jobs.LaneServerVersion).
-func (l *lanes) open(ctx context.Context) error {
-	if l.w.o.LaneBacklog < 0 {
+func (l *laneSet) open(ctx context.Context) error {
+	if l.d.backlog < 0 {
 		return nil
 	}
-	if nc := l.w.d.JS.Conn(); nc != nil && !jobs.CanSkip(nc) {
-		l.w.log.Info().Str("server", nc.ConnectedServerVersion()).Str("needs", jobs.LaneServerVersion).
+	if nc := l.d.js.Conn(); nc != nil && !jobs.CanSkip(nc) {
+		l.d.log.Info().Str("server", nc.ConnectedServerVersion()).Str("needs", jobs.LaneServerVersion).
 			Msg("no lanes on this nats-server: a cooling authority's backlog is parked job by job")
 		return nil
 	}
-	s, err := l.w.d.JS.Stream(ctx, jobs.JobsStream)
+	s, err := l.d.js.Stream(ctx, jobs.JobsStream)
 	if err != nil {
 		return errors.Join(errors.New("worker: stream "+jobs.JobsStream), err)
 	}
@@ -128,7 +150,7 @@ func (l *lanes) open(ctx context.Context) error {
 // served elsewhere and is to be acked without work: a partition consumer's
 // job of an authority with a lane, or a catch-up consumer's job past the
 // sequence it covers.
-func (l *lanes) covered(consumer string, seq uint64, subject string) bool {
+func (l *laneSet) covered(consumer string, seq uint64, subject string) bool {
 	if l == nil || l.stream == nil || l.active.Load() == 0 {
 		return false // the common case: no lane, no catch-up
 	}
@@ -157,11 +179,11 @@ func isLane(consumer string) bool { return strings.HasPrefix(consumer, jobs.Lane
 
 // run pulls the lanes whose authority is ready, and refreshes what the
 // lanes hold, while ctx lasts (partitioned mode; Worker.Run starts it).
-func (l *lanes) run(ctx context.Context) {
+func (l *laneSet) run(ctx context.Context) {
 	const period = 100 * time.Millisecond
-	lastRefresh := l.w.clk.Now()
+	lastRefresh := l.d.clk.Now()
 	for {
-		t := l.w.clk.NewTimer(period)
+		t := l.d.clk.NewTimer(period)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -169,7 +191,7 @@ func (l *lanes) run(ctx context.Context) {
 		case <-t.C():
 		}
 		l.serveReady(ctx)
-		if now := l.w.clk.Now(); now.Sub(lastRefresh) >= 2*time.Second {
+		if now := l.d.clk.Now(); now.Sub(lastRefresh) >= 2*time.Second {
 			lastRefresh = now
 			l.refresh() // one consumer info per lane
 		}
@@ -179,8 +201,8 @@ func (l *lanes) run(ctx context.Context) {
 // consider opens a lane for auth in partition part, in the background,
 // when the partition's consumer has a large backlog ahead: called when a
 // job of auth must wait longer than ParkAfter.
-func (l *lanes) consider(part int, auth, akey string) {
-	if l == nil || l.stream == nil || !l.w.owns(part) { // no stream: lanes are off
+func (l *laneSet) consider(part int, auth, akey string) {
+	if l == nil || l.stream == nil || !l.d.parts.owns(part) { // no stream: lanes are off
 		return
 	}
 	l.mu.Lock()
@@ -202,20 +224,20 @@ func (l *lanes) consider(part int, auth, akey string) {
 		if err := l.openLane(ctx, part, auth, akey); err != nil {
 			return err
 		}
-		return l.skip(ctx, part)
+		return l.skipPast(ctx, part)
 	})
 }
 
 // skipSoonLocked repeats the skip of a partition with lanes when its
 // consumer has fallen behind again.
-func (l *lanes) skipSoonLocked(part int) {
-	l.startLocked(part, func(ctx context.Context) error { return l.skip(ctx, part) })
+func (l *laneSet) skipSoonLocked(part int) {
+	l.startLocked(part, func(ctx context.Context) error { return l.skipPast(ctx, part) })
 }
 
 // startLocked runs a skip step of a partition in the background, one at a
 // time and at most once per laneRetry.
-func (l *lanes) startLocked(part int, f func(ctx context.Context) error) {
-	now := l.w.clk.Now()
+func (l *laneSet) startLocked(part int, f func(ctx context.Context) error) {
+	now := l.d.clk.Now()
 	if l.busy[part] || now.Sub(l.tried[part]) < laneRetry {
 		return
 	}
@@ -228,10 +250,10 @@ func (l *lanes) startLocked(part int, f func(ctx context.Context) error) {
 			delete(l.busy, part)
 			l.mu.Unlock()
 		}()
-		ctx, cancel := context.WithTimeout(l.w.runCtxOr(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(l.d.parts.lifetime(), 30*time.Second)
 		defer cancel()
 		if err := f(ctx); err != nil {
-			l.w.log.Warn().Err(err).Int("partition", part).
+			l.d.log.Warn().Err(err).Int("partition", part).
 				Msg("skip a cooling authority's backlog; the partition consumer reads through it instead")
 		}
 	}()
@@ -239,8 +261,8 @@ func (l *lanes) startLocked(part int, f func(ctx context.Context) error) {
 
 // backlog returns partition part's consumer info and whether at least
 // atLeast jobs are ahead of it (pending and ack pending).
-func (l *lanes) backlog(ctx context.Context, part int, atLeast int) (*jetstream.ConsumerInfo, bool, error) {
-	main, err := l.w.d.JS.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(part))
+func (l *laneSet) backlogAhead(ctx context.Context, part int, atLeast int) (*jetstream.ConsumerInfo, bool, error) {
+	main, err := l.d.js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(part))
 	if err != nil {
 		return nil, false, err
 	}
@@ -261,9 +283,8 @@ func laneConfig(base jetstream.ConsumerConfig, name, desc string, start uint64, 
 
 // openLane creates the lane of auth in partition part (step 1), from the
 // partition consumer's ack floor on.
-func (l *lanes) openLane(ctx context.Context, part int, auth, akey string) error {
-	w := l.w
-	mi, big, err := l.backlog(ctx, part, l.w.o.LaneBacklog)
+func (l *laneSet) openLane(ctx context.Context, part int, auth, akey string) error {
+	mi, big, err := l.backlogAhead(ctx, part, l.d.backlog)
 	if err != nil || !big {
 		return err // little ahead: parking one by one is cheap enough
 	}
@@ -271,13 +292,13 @@ func (l *lanes) openLane(ctx context.Context, part int, auth, akey string) error
 	lc := laneConfig(mi.Config, jobs.LaneConsumer(part, akey), fmt.Sprintf("mirrorworker: backlog of cooling %s in partition %d", auth, part),
 		floor+1, map[string]string{jobs.MetaAuthority: auth, jobs.MetaAkey: akey})
 	lc.FilterSubject = jobs.LaneFilter(part, akey)
-	lcons, err := w.d.JS.CreateConsumer(ctx, jobs.JobsStream, lc)
+	lcons, err := l.d.js.CreateConsumer(ctx, jobs.JobsStream, lc)
 	if err != nil {
 		return fmt.Errorf("create lane: %w", err)
 	}
-	if l.addLane(&lane{part: part, auth: auth, akey: akey, start: floor + 1, cons: lcons}) {
-		w.m.Parks.WithLabelValues("lane").Inc()
-		w.log.Info().Int("partition", part).Str("authority", auth).Uint64("from", floor+1).
+	if l.addLane(&authLane{part: part, auth: auth, akey: akey, start: floor + 1, cons: lcons}) {
+		l.d.m.Parks.WithLabelValues("lane").Inc()
+		l.d.log.Info().Int("partition", part).Str("authority", auth).Uint64("from", floor+1).
 			Msg("cooling authority's backlog moved to a lane: it waits there, unread, until the authority can take requests")
 	}
 	return nil
@@ -286,8 +307,7 @@ func (l *lanes) openLane(ctx context.Context, part int, auth, akey string) error
 // skip runs steps 2 and 3 for partition part: a catch-up consumer for the
 // jobs of its authorities without a lane up to the stream's last sequence,
 // then the partition consumer reset past it.
-func (l *lanes) skip(ctx context.Context, part int) error {
-	w := l.w
+func (l *laneSet) skipPast(ctx context.Context, part int) error {
 	l.mu.Lock()
 	laned := map[string]bool{}
 	for k := range l.byKey {
@@ -307,7 +327,7 @@ func (l *lanes) skip(ctx context.Context, part int) error {
 	}
 	// Once a lane exists, skipping is cheap: skip again as soon as the
 	// consumer is a little behind (an eighth of the lane threshold).
-	mi, big, err := l.backlog(ctx, part, max(l.w.o.LaneBacklog/8, 1))
+	mi, big, err := l.backlogAhead(ctx, part, max(l.d.backlog/8, 1))
 	if err != nil || !big {
 		return err
 	}
@@ -346,7 +366,7 @@ func (l *lanes) skip(ctx context.Context, part int) error {
 		} else {
 			cc.FilterSubjects = others
 		}
-		ccons, err := w.d.JS.CreateConsumer(ctx, jobs.JobsStream, cc)
+		ccons, err := l.d.js.CreateConsumer(ctx, jobs.JobsStream, cc)
 		if err != nil {
 			return fmt.Errorf("create catch-up consumer: %w", err)
 		}
@@ -355,33 +375,30 @@ func (l *lanes) skip(ctx context.Context, part int) error {
 		}
 	}
 	// 3. Skip: only while this pod still owns the partition.
-	if !w.owns(part) {
+	if !l.d.parts.owns(part) {
 		return nil
 	}
-	w.fault("lane-before-reset")
-	if _, err := w.d.JS.ResetConsumerToSequence(ctx, jobs.JobsStream, jobs.PartitionConsumer(part), last+1); err != nil {
+	l.d.fault.reached("lane-before-reset")
+	if _, err := l.d.js.ResetConsumerToSequence(ctx, jobs.JobsStream, jobs.PartitionConsumer(part), last+1); err != nil {
 		// An older server: the lanes still take their authorities' jobs off
 		// the partition consumer (acked unread), without the skip.
 		return fmt.Errorf("reset the partition consumer past the backlog (needs nats-server 2.14 or later): %w", err)
 	}
-	w.m.Parks.WithLabelValues("skip").Inc()
-	w.log.Info().Int("partition", part).Uint64("from", floor+1).Uint64("to", last).Int("other_subjects", len(others)).
+	l.d.m.Parks.WithLabelValues("skip").Inc()
+	l.d.log.Info().Int("partition", part).Uint64("from", floor+1).Uint64("to", last).Int("other_subjects", len(others)).
 		Msg("partition consumer skipped its lanes' backlog")
 	return nil
 }
 
 // addLane registers a lane of a partition served; false when it is not.
-func (l *lanes) addLane(ln *lane) bool {
-	l.w.pmu.Lock()
-	_, served := l.w.parts[ln.part]
-	l.w.pmu.Unlock()
-	if !served {
+func (l *laneSet) addLane(ln *authLane) bool {
+	if l.d.parts.lookup(ln.part) == nil {
 		return false
 	}
 	k := laneKey{ln.part, ln.akey}
 	l.mu.Lock()
 	if old := l.byKey[k]; old != nil {
-		l.w.m.ParkedJobs.WithLabelValues(l.w.m.hostPort(old.auth)).Sub(float64(old.n))
+		l.d.m.ParkedJobs.WithLabelValues(l.d.m.hostPort(old.auth)).Sub(float64(old.n))
 	}
 	l.byKey[k] = ln
 	l.countLocked()
@@ -391,7 +408,7 @@ func (l *lanes) addLane(ln *lane) bool {
 }
 
 // refreshOne reads how many jobs wait in a lane.
-func (l *lanes) refreshOne(ln *lane) {
+func (l *laneSet) refreshOne(ln *authLane) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	info, err := ln.cons.Info(ctx)
@@ -402,7 +419,7 @@ func (l *lanes) refreshOne(ln *lane) {
 }
 
 // setCount records how many jobs wait in a lane, from its consumer's info.
-func (l *lanes) setCount(ln *lane, info *jetstream.ConsumerInfo) {
+func (l *laneSet) setCount(ln *authLane, info *jetstream.ConsumerInfo) {
 	if info == nil {
 		return
 	}
@@ -410,18 +427,15 @@ func (l *lanes) setCount(ln *lane, info *jetstream.ConsumerInfo) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byKey[laneKey{ln.part, ln.akey}] == ln {
-		l.w.m.ParkedJobs.WithLabelValues(l.w.m.hostPort(ln.auth)).Add(float64(n - ln.n))
+		l.d.m.ParkedJobs.WithLabelValues(l.d.m.hostPort(ln.auth)).Add(float64(n - ln.n))
 		ln.n = n
 	}
 }
 
 // startCatchup serves a catch-up consumer until everything it holds up to
 // until is acked, then deletes it; false when the partition is not served.
-func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool {
-	w := l.w
-	w.pmu.Lock()
-	pt := w.parts[part]
-	w.pmu.Unlock()
+func (l *laneSet) startCatchup(part int, c jetstream.Consumer, until uint64) bool {
+	pt := l.d.parts.lookup(part)
 	if pt == nil {
 		return false
 	}
@@ -437,13 +451,13 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 	l.catchups[name] = cu
 	l.countLocked()
 	l.mu.Unlock()
-	w.intakes.Add(1)
+	l.d.loops.Add(1)
 	go func() {
-		defer w.intakes.Done()
+		defer l.d.loops.Done()
 		defer close(cu.done)
 		intake := make(chan struct{})
-		go func() { defer close(intake); w.intakeLoop(ctx, c, part) }()
-		for clock.Sleep(w.clk, 250*time.Millisecond, ctx.Done()) {
+		go func() { defer close(intake); l.d.pull(ctx, c, part) }()
+		for clock.Sleep(l.d.clk, 250*time.Millisecond, ctx.Done()) {
 			ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			info, err := c.Info(ictx)
 			cancel()
@@ -455,8 +469,8 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 			stop()
 			<-intake
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			if err := w.d.JS.DeleteConsumer(dctx, jobs.JobsStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-				w.log.Warn().Err(err).Int("partition", part).Msg("delete a finished catch-up consumer")
+			if err := l.d.js.DeleteConsumer(dctx, jobs.JobsStream, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				l.d.log.Warn().Err(err).Int("partition", part).Msg("delete a finished catch-up consumer")
 			}
 			cancel()
 			l.mu.Lock()
@@ -465,7 +479,7 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 				l.countLocked()
 			}
 			l.mu.Unlock()
-			w.log.Info().Int("partition", part).Uint64("until", until).Msg("caught up with the jobs skipped along with a lane")
+			l.d.log.Info().Int("partition", part).Uint64("until", until).Msg("caught up with the jobs skipped along with a lane")
 			return
 		}
 		stop()
@@ -476,11 +490,10 @@ func (l *lanes) startCatchup(part int, c jetstream.Consumer, until uint64) bool 
 
 // partitionAdded finds the lanes and the catch-up consumer of a partition
 // taken over, before its consumer is pulled.
-func (l *lanes) partitionAdded(ctx context.Context, part int) {
+func (l *laneSet) partitionAdded(ctx context.Context, part int) {
 	if l == nil || l.stream == nil {
 		return
 	}
-	w := l.w
 	lp, cp := jobs.LanePrefix(part), jobs.CatchupPrefix(part)
 	names := l.stream.ConsumerNames(ctx)
 	var found []string
@@ -490,7 +503,7 @@ func (l *lanes) partitionAdded(ctx context.Context, part int) {
 		}
 	}
 	if err := names.Err(); err != nil {
-		w.log.Warn().Err(err).Int("partition", part).Msg("list the partition's lanes; their authorities' jobs may be served twice")
+		l.d.log.Warn().Err(err).Int("partition", part).Msg("list the partition's lanes; their authorities' jobs may be served twice")
 	}
 	for _, name := range found {
 		c, err := l.stream.Consumer(ctx, name)
@@ -509,13 +522,13 @@ func (l *lanes) partitionAdded(ctx context.Context, part int) {
 		if auth == "" || akey == "" {
 			continue
 		}
-		l.addLane(&lane{part: part, auth: auth, akey: akey, start: max(cfg.OptStartSeq, 1), cons: c})
+		l.addLane(&authLane{part: part, auth: auth, akey: akey, start: max(cfg.OptStartSeq, 1), cons: c})
 	}
 }
 
 // partitionRemoved forgets a partition given up (its intake has stopped):
 // its new owner serves its lanes and catch-up.
-func (l *lanes) partitionRemoved(part int) {
+func (l *laneSet) partitionRemoved(part int) {
 	if l == nil {
 		return
 	}
@@ -530,7 +543,7 @@ func (l *lanes) partitionRemoved(part int) {
 	}
 	for k, ln := range l.byKey {
 		if k.part == part {
-			l.w.m.ParkedJobs.WithLabelValues(l.w.m.hostPort(ln.auth)).Sub(float64(ln.n))
+			l.d.m.ParkedJobs.WithLabelValues(l.d.m.hostPort(ln.auth)).Sub(float64(ln.n))
 			delete(l.byKey, k)
 			l.countLocked()
 		}
@@ -545,23 +558,22 @@ func (l *lanes) partitionRemoved(part int) {
 // serveReady pulls from the lane of every authority that can take
 // requests within HoldMax as many jobs as it can start in that time (the
 // probe alone while one is due), and deletes the lanes that are empty.
-func (l *lanes) serveReady(ctx context.Context) {
+func (l *laneSet) serveReady(ctx context.Context) {
 	if l == nil || l.stream == nil {
 		return
 	}
-	w := l.w
-	now := w.clk.Now()
+	now := l.d.clk.Now()
 	type pull struct {
-		ln *lane
+		ln *authLane
 		k  int
 	}
 	var pulls []pull
 	l.mu.Lock()
 	for _, ln := range l.byKey {
-		if !w.owns(ln.part) {
+		if !l.d.parts.owns(ln.part) {
 			continue
 		}
-		k, ok := startable(w.d.Pacer.ReadyIn, w.o.HoldMax, now, ln.auth, max(1, w.o.MaxHeldPerAuthority/2))
+		k, ok := startable(l.d.readyIn, l.d.holdMax, now, ln.auth, max(1, l.d.maxPerAuth/2))
 		if !ok {
 			continue
 		}
@@ -569,23 +581,23 @@ func (l *lanes) serveReady(ctx context.Context) {
 	}
 	l.mu.Unlock()
 	for _, p := range pulls {
-		k := min(p.k-w.sched.pipeline(p.ln.auth), 256)
+		k := min(p.k-l.d.sched.pipeline(p.ln.auth), 256)
 		if k <= 0 {
 			continue
 		}
 		batch, err := p.ln.cons.Fetch(k, jetstream.FetchMaxWait(100*time.Millisecond))
 		if err != nil {
-			w.log.Debug().Err(err).Str("authority", p.ln.auth).Msg("pull from a lane")
+			l.d.log.Debug().Err(err).Str("authority", p.ln.auth).Msg("pull from a lane")
 			continue
 		}
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			w.intake(ctx, m)
+			l.d.deliver(ctx, m)
 		}
 		l.mu.Lock()
 		if got > 0 {
-			w.m.ParkedJobs.WithLabelValues(w.m.hostPort(p.ln.auth)).Sub(float64(min(int64(got), p.ln.n)))
+			l.d.m.ParkedJobs.WithLabelValues(l.d.m.hostPort(p.ln.auth)).Sub(float64(min(int64(got), p.ln.n)))
 			p.ln.n = max(p.ln.n-int64(got), 0)
 			l.mu.Unlock()
 			continue
@@ -598,8 +610,7 @@ func (l *lanes) serveReady(ctx context.Context) {
 // closeIfEmpty deletes a lane that holds nothing: first the partition
 // consumer serves the authority again, then the lane goes. A job that
 // arrives in between may be served by both (a duplicate, never a loss).
-func (l *lanes) closeIfEmpty(ctx context.Context, ln *lane) {
-	w := l.w
+func (l *laneSet) closeIfEmpty(ctx context.Context, ln *authLane) {
 	empty := func() bool {
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
@@ -617,7 +628,7 @@ func (l *lanes) closeIfEmpty(ctx context.Context, ln *lane) {
 	}
 	delete(l.byKey, k)
 	l.countLocked()
-	w.m.ParkedJobs.WithLabelValues(w.m.hostPort(ln.auth)).Sub(float64(ln.n))
+	l.d.m.ParkedJobs.WithLabelValues(l.d.m.hostPort(ln.auth)).Sub(float64(ln.n))
 	l.mu.Unlock()
 	if !empty() {
 		l.mu.Lock()
@@ -631,15 +642,15 @@ func (l *lanes) closeIfEmpty(ctx context.Context, ln *lane) {
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := w.d.JS.DeleteConsumer(dctx, jobs.JobsStream, ln.cons.CachedInfo().Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		w.log.Warn().Err(err).Str("authority", ln.auth).Msg("delete an empty lane")
+	if err := l.d.js.DeleteConsumer(dctx, jobs.JobsStream, ln.cons.CachedInfo().Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		l.d.log.Warn().Err(err).Str("authority", ln.auth).Msg("delete an empty lane")
 		return
 	}
-	w.log.Info().Int("partition", ln.part).Str("authority", ln.auth).Msg("lane drained; the partition consumer serves the authority again")
+	l.d.log.Info().Int("partition", ln.part).Str("authority", ln.auth).Msg("lane drained; the partition consumer serves the authority again")
 }
 
 // has reports whether auth has a lane in partition part.
-func (l *lanes) has(part int, akey string) bool {
+func (l *laneSet) hasLane(part int, akey string) bool {
 	if l == nil {
 		return false
 	}
@@ -650,7 +661,7 @@ func (l *lanes) has(part int, akey string) bool {
 
 // laneFor returns the lane covering a job of partition part, authority key
 // akey at stream sequence seq, if any.
-func (l *lanes) laneFor(part int, akey string, seq uint64) *lane {
+func (l *laneSet) laneFor(part int, akey string, seq uint64) *authLane {
 	if l == nil {
 		return nil
 	}
@@ -663,12 +674,12 @@ func (l *lanes) laneFor(part int, akey string, seq uint64) *lane {
 }
 
 // refresh re-reads the lanes' sizes (for status and the metrics).
-func (l *lanes) refresh() {
+func (l *laneSet) refresh() {
 	if l == nil {
 		return
 	}
 	l.mu.Lock()
-	all := make([]*lane, 0, len(l.byKey))
+	all := make([]*authLane, 0, len(l.byKey))
 	for _, ln := range l.byKey {
 		all = append(all, ln)
 	}
@@ -679,7 +690,7 @@ func (l *lanes) refresh() {
 }
 
 // counts adds the jobs waiting in lanes per authority to out.
-func (l *lanes) counts(out map[string]int64) {
+func (l *laneSet) addCounts(out map[string]int64) {
 	if l == nil {
 		return
 	}
@@ -693,7 +704,7 @@ func (l *lanes) counts(out map[string]int64) {
 }
 
 // wait returns once no lane is being opened.
-func (l *lanes) wait() {
+func (l *laneSet) wait() {
 	if l != nil {
 		l.opening.Wait()
 	}

@@ -145,7 +145,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	}, []string{"host", "port", "reason"})).(*prometheus.CounterVec)
 	m.EventsDropped = reg1(prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Name: "events_dropped_total",
-		Help: "Pacer events not published because the buffer was full or the publish failed.",
+		Help: "Facts of the pacer not published because the buffer was full or the publish failed.",
 	})).(prometheus.Counter)
 	m.DeadLetters = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "dead_letters_total",
@@ -209,7 +209,7 @@ func (m *Metrics) CountEventDropped() { m.EventsDropped.Inc() }
 
 func (m *Metrics) setHeld(counts [3]int, busy int) {
 	for i, n := range counts {
-		m.HeldJobs.WithLabelValues(stateNames[i]).Set(float64(n))
+		m.HeldJobs.WithLabelValues(heldStates[i]).Set(float64(n))
 	}
 	m.Inflight.Set(float64(busy))
 }
@@ -240,7 +240,7 @@ func (l *hostLimiter) labels(host, port string) (string, string) {
 }
 
 // pacerCollector exports mirrorworker_pacer_authorities{state} from a
-// function such as (*pacer.Pacer).Counts, read at scrape time. It is safe
+// function such as the pacer's Counts, read at scrape time. It is safe
 // for concurrent use when counts is.
 type pacerCollector struct {
 	counts func(now time.Time) map[string]int
@@ -337,3 +337,7 @@ func (c *coolingCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, longest.Seconds())
 }
+
+// heldStates are the values of mirrorworker_held_jobs' state label, in the
+// order of the scheduler's counts (queued, waiting, fetching).
+var heldStates = [...]string{"queued", "waiting", "fetching"}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
 // parking moves the jobs of an authority that cannot take them for a long
@@ -60,11 +59,10 @@ type parkDeps struct {
 	log        zerolog.Logger
 	m          *Metrics
 	sched      *scheduler // deliveries and jobs on the way of an authority
-	lanes      *lanes     // which authorities have a lane (their parked jobs go to it)
+	lanes      *laneSet     // which authorities have a lane (their parked jobs go to it)
 	readyIn    readyInFunc
-	mayServe   func(part int) bool // Deps.Owns: the partition is this pod's
-	servedNow  func() []int        // the partitions served
-	faultHook  func(point string)  // Options.FaultHook, never nil
+	parts      *servedParts // the partitions served, and whether each is still this pod's
+	fault      faultHook
 	holdMax    time.Duration
 	maxPerAuth int
 	// parked reports a park's outcome: err is nil once MIRROR_PARKED has
@@ -73,9 +71,6 @@ type parkDeps struct {
 	// NAK instead).
 	parked func(d deferral, err error)
 }
-
-// readyInFunc is Pacer.ReadyIn.
-type readyInFunc func(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
 
 func newParking(d parkDeps) *parking {
 	return &parking{d: d, auths: map[string]*parkedAuth{}, naks: map[string][]time.Time{}, kick: make(chan struct{}, 1)}
@@ -167,7 +162,7 @@ func (p *parking) park(d deferral) {
 			p.parkFailed(d, err)
 			return
 		}
-		w.faultHook("parked-before-ack")
+		w.fault.reached("parked-before-ack")
 		w.parked(d, nil) // acked and counted by the caller
 		p.mu.Lock()
 		pa := p.authLocked(j.auth, j.part, akey)
@@ -295,7 +290,7 @@ func (p *parking) run(ctx context.Context) {
 		p.unparkReady(ctx)
 		if now := p.d.clk.Now(); now.Sub(lastScan) >= rescanEvery {
 			lastScan = now
-			for _, part := range p.d.servedNow() {
+			for _, part := range p.d.parts.list() {
 				p.rescan(part)
 			}
 		}
@@ -319,10 +314,10 @@ func (p *parking) unparkReady(ctx context.Context) {
 	var moves []move
 	p.mu.Lock()
 	for auth, pa := range p.auths {
-		if !w.mayServe(pa.part) {
+		if !w.parts.owns(pa.part) {
 			continue
 		}
-		if w.lanes.has(pa.part, pa.akey) {
+		if w.lanes.hasLane(pa.part, pa.akey) {
 			// The authority has a lane: its parked jobs go back into their
 			// partition, where the lane (which the pacer paces) takes them,
 			// or are dropped when the lane has them already.
@@ -434,7 +429,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 		}
 		return false, false
 	}
-	w.faultHook("unparked-before-delete")
+	w.fault.reached("unparked-before-delete")
 	if err := p.stream.DeleteMsg(rctx, rm.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		w.log.Warn().Err(err).Uint64("seq", rm.Sequence).Msg("delete parked job (it may come back once more)")
 	}
@@ -454,27 +449,8 @@ func (p *parking) taken(pa *parkedAuth, auth string, seq uint64) {
 	}
 }
 
-// startable returns how many jobs of auth, at most want, can start within
-// HoldMax from now, and false when none can: only what the authority can
-// start in that time (more would wait longer than that in memory, and be
-// deferred again), and only the probe while one is due (the rest once it
-// has answered), so that jobs coming back never arrive as a burst.
-func startable(readyIn readyInFunc, holdMax time.Duration, now time.Time, auth string, want int) (int, bool) {
-	wait, spacing, reason := readyIn(now, auth)
-	if wait > holdMax {
-		return 0, false
-	}
-	if spacing > 0 {
-		want = min(want, 1+int((holdMax-wait)/spacing))
-	}
-	if reason == pacer.ReasonProbing {
-		want = 1
-	}
-	return want, true
-}
-
 // counts returns the parked jobs per authority (a hint, see parkedAuth.n).
-func (p *parking) counts() map[string]int64 {
+func (p *parking) parkedCounts() map[string]int64 {
 	if p == nil {
 		return nil
 	}

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"time"
 
@@ -13,43 +12,18 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
-// DefaultParkAfter, DefaultParkShare and DefaultLaneBacklog are the defaults
-// of Options.ParkAfter, Options.ParkShare and Options.LaneBacklog
-// (docs/adr/0007).
-const (
-	DefaultParkAfter   = 10 * time.Second
-	DefaultParkShare   = 1000
-	DefaultLaneBacklog = 2000
-)
-
-// partition is one partition of MIRROR_JOBS this worker serves.
-type partition struct {
-	ictx        context.Context    // its intake's context
-	stop        context.CancelFunc // ends its intake
-	done        chan struct{}      // closed when its intake has returned
-	fctx        context.Context    // its fetches' context
-	cancelFetch context.CancelFunc
-}
-
 // AddPartition starts serving partition p from consumer c (partitioned
 // mode). since is when this worker took the partition over: the first
 // request to each of its authorities is spaced from it by the interval in
 // force, so that no origin sees this pod's first request closer to the
 // previous owner's last one than the pacer allows. Run must be running.
 func (w *Worker) AddPartition(p int, c jetstream.Consumer, since time.Time) error {
-	w.pmu.Lock()
-	defer w.pmu.Unlock()
-	if w.runCtx == nil || w.runCtx.Err() != nil {
-		return errors.New("worker: not running")
-	}
-	if _, ok := w.parts[p]; ok {
-		return nil
+	pt, err := w.parts.add(p)
+	if pt == nil {
+		return err // not running, or p served already
 	}
 	w.sched.takeOver(p, since)
-	ictx, stop := context.WithCancel(w.runCtx)
-	fctx, cancelFetch := context.WithCancel(w.fetchCt)
-	pt := &partition{ictx: ictx, stop: stop, done: make(chan struct{}), fctx: fctx, cancelFetch: cancelFetch}
-	w.parts[p] = pt
+	ictx := pt.ictx
 	w.intakes.Add(1)
 	go func() {
 		defer w.intakes.Done()
@@ -71,10 +45,7 @@ func (w *Worker) AddPartition(p int, c jetstream.Consumer, since time.Time) erro
 // jobs handed back). The caller (the lease manager) has already stopped new
 // requests of p from starting: Deps.Owns(p) is false.
 func (w *Worker) RemovePartition(ctx context.Context, p int) {
-	w.pmu.Lock()
-	pt := w.parts[p]
-	delete(w.parts, p)
-	w.pmu.Unlock()
+	pt := w.parts.remove(p)
 	if pt == nil {
 		return
 	}
@@ -101,25 +72,6 @@ func (w *Worker) RemovePartition(ctx context.Context, p int) {
 	for _, j := range w.sched.drainPartition(p) {
 		w.settler.handBack(j)
 	}
-}
-
-// owns reports whether requests of partition p may start.
-func (w *Worker) owns(p int) bool {
-	return w.d.Owns == nil || w.d.Owns(p)
-}
-
-// fetchContext returns the context for a fetch of partition p: the worker's
-// own, or the partition's when it is served (so giving p up can cancel it).
-func (w *Worker) fetchContext(fctx context.Context, p int) context.Context {
-	if w.o.Partitions <= 0 {
-		return fctx
-	}
-	w.pmu.Lock()
-	defer w.pmu.Unlock()
-	if pt := w.parts[p]; pt != nil {
-		return pt.fctx
-	}
-	return fctx
 }
 
 // moveLegacy moves the jobs an earlier version stored without a partition
@@ -177,42 +129,13 @@ func (w *Worker) moveLegacy(ctx context.Context, c jetstream.Consumer) {
 	}
 }
 
-// runCtxOr returns the context Run was given, or a background one before
-// Run.
-func (w *Worker) runCtxOr() context.Context {
-	w.pmu.Lock()
-	defer w.pmu.Unlock()
-	if w.runCtx != nil {
-		return w.runCtx
-	}
-	return context.Background()
-}
-
 // Parked returns how many jobs each authority of the partitions this worker
 // serves has parked (a hint kept in memory, see parkedAuth.n).
 func (w *Worker) Parked() map[string]int64 {
-	out := w.parking.counts()
+	out := w.parking.parkedCounts()
 	if out == nil {
 		out = map[string]int64{}
 	}
-	w.lanes.counts(out)
+	w.lanes.addCounts(out)
 	return out
-}
-
-// fault calls the test fault hook at a named point, if one is set.
-func (w *Worker) fault(point string) {
-	if w.o.FaultHook != nil {
-		w.o.FaultHook(point)
-	}
-}
-
-// served returns the partitions this worker serves now.
-func (w *Worker) served() []int {
-	w.pmu.Lock()
-	defer w.pmu.Unlock()
-	parts := make([]int, 0, len(w.parts))
-	for part := range w.parts {
-		parts = append(parts, part)
-	}
-	return parts
 }

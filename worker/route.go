@@ -27,6 +27,9 @@ const (
 	// reasonHandoff: a redirect's continuation could not be published
 	// (handoff.go); the whole job is tried again later.
 	reasonHandoff reason = "handoff"
+	// reasonAuthHold: the authority refuses its credential and is held
+	// (authfail.go); the job waits for the hold to end.
+	reasonAuthHold reason = "auth_hold"
 	// redirectPrefix + a pacer reason: a redirect hop's authority refused.
 	redirectPrefix = "redirect_"
 )

@@ -24,9 +24,7 @@ const (
 	stateFetching                 // its request (or the store) is running
 )
 
-var stateNames = [...]string{"queued", "waiting", "fetching"}
-
-func (s jobState) String() string { return stateNames[s] }
+func (s jobState) String() string { return [...]string{"queued", "waiting", "fetching"}[s] }
 
 // heldJob is one delivered job the worker holds in memory.
 type heldJob struct {
@@ -866,4 +864,23 @@ func ewma(avg, x time.Duration) time.Duration {
 		return x
 	}
 	return (avg*7 + x) / 8
+}
+
+// startable returns how many jobs of auth, at most want, can start within
+// HoldMax from now, and false when none can: only what the authority can
+// start in that time (more would wait longer than that in memory, and be
+// deferred again), and only the probe while one is due (the rest once it
+// has answered), so that jobs coming back never arrive as a burst.
+func startable(readyIn readyInFunc, holdMax time.Duration, now time.Time, auth string, want int) (int, bool) {
+	wait, spacing, reason := readyIn(now, auth)
+	if wait > holdMax {
+		return 0, false
+	}
+	if spacing > 0 {
+		want = min(want, 1+int((holdMax-wait)/spacing))
+	}
+	if reason == pacer.ReasonProbing {
+		want = 1
+	}
+	return want, true
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -23,12 +25,11 @@ type settler struct {
 	kv      KV // the attempts bucket, set by Run
 	sched   *scheduler
 	parking *parking
-	lanes   *lanes
+	lanes   *laneSet
 	m       *Metrics
 	o       *Options
 	clk     clock.Clock
 	log     zerolog.Logger
-	backoff func(n int) time.Duration
 	onFinal func(Final) // test hook: every job's final outcome
 	stored  *storedLog  // the log of stored objects (stored.go)
 }
@@ -197,7 +198,7 @@ func (s *settler) retry(ctx context.Context, j *heldJob, reason string, status i
 			return
 		}
 	}
-	if reason == jobs.ReasonAuthFailed && countReason(rec.Attempts, reason) >= s.o.Auth.withDefaults().Attempts {
+	if reason == jobs.ReasonAuthFailed && countReason(rec.Attempts, reason) >= s.o.Auth.Attempts {
 		s.deadLetter(ctx, j, reason, detail, status, rec.Attempts) // authfail.go
 		return
 	}
@@ -273,4 +274,50 @@ func (s *settler) deadLetter(ctx context.Context, j *heldJob, reason, detail str
 	}
 	ev.Msg("job dead-lettered")
 	s.final(j, OutcomeDeadLettered, reason)
+}
+
+// Final describes a job leaving the worker for good in one delivery.
+type Final struct {
+	JobID      string
+	Authority  string
+	Outcome    string // stored, unchanged, dead_lettered
+	Reason     string // the dead-letter reason
+	Deliveries uint64
+}
+
+// MaxContentMismatches is how many answers with other bytes than the job's
+// size or sha256 a job takes before it is dead-lettered content_mismatch:
+// one retry, in case the origin changed the object in between (SPEC
+// section 5).
+const MaxContentMismatches = 2
+
+// mismatchReasons are the attempt reasons that count as content mismatches.
+var mismatchReasons = map[string]bool{jobs.ReasonSizeMismatch: true, jobs.ReasonDigestMismatch: true}
+
+// backoff returns the retry delay after the n-th failed attempt:
+// exponential from BackoffInitial, capped at BackoffMax, ±50% jitter.
+func (s *settler) backoff(n int) time.Duration {
+	b := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(s.o.BackoffInitial),
+		backoff.WithMaxInterval(s.o.BackoffMax),
+		backoff.WithMultiplier(2),
+		backoff.WithRandomizationFactor(0.5),
+		backoff.WithMaxElapsedTime(0),
+	)
+	d := b.NextBackOff()
+	for i := 1; i < n; i++ {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+// logURL returns rawURL fit for a log line (docs/contract.md, logging): without
+// credentials, query string or fragment.
+func logURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return ""
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	return u.String()
 }

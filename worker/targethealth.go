@@ -10,11 +10,12 @@ import (
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/rs/zerolog"
 )
 
 // A failure of the mirror target itself (a full disk, a quota, a read-only
 // or broken file system: mirror.FailureCode) is the worker's problem, not
-// the job's (SPEC section 5 as changed by issue 13). On the first one the
+// the job's (docs/contract.md, docs/adr/0011). On the first one the
 // worker marks the target down: it pulls no more jobs, /readyz names the
 // cause, every job that reaches a slot or a write is handed back without
 // using its failure budget and without a request to its origin, and a probe
@@ -23,15 +24,33 @@ import (
 // Put here, runSlot asks before a fetch, the intake asks before a pull,
 // and Ready reports the cause.
 
-// targetHealth is whether the mirror target takes writes. The zero value
-// is a target that is up. Safe for concurrent use.
+// targetHealth is whether the mirror target takes writes, and what is done
+// about it: jobs handed back while it fails, the probe loop. The zero value
+// is a target that is up (its state alone); the rest needs its deps. Safe
+// for concurrent use.
 type targetHealth struct {
+	d healthDeps
+
 	mu      sync.Mutex
 	down    bool
 	code    string // mirror.FailureCode of cause
 	cause   error
 	since   time.Time
 	changed chan struct{} // closed, and replaced, when down changes
+}
+
+// healthDeps are what targetHealth probes the target and hands jobs back
+// with.
+type healthDeps struct {
+	target     Target
+	pacer      Pacer // takes back the permit of a job that does not go
+	clk        clock.Clock
+	log        zerolog.Logger
+	m          *Metrics
+	settler    *settler
+	probeFirst time.Duration // Options.TargetProbeInitial
+	probeMax   time.Duration // Options.TargetProbeMax
+	resume     func()        // tells the intake that the target is up again
 }
 
 // fail marks the target down because of err; it reports whether the target
@@ -98,49 +117,49 @@ func (h *targetHealth) err(now time.Time) error {
 		now.Sub(h.since).Round(time.Second), h.code, h.cause)
 }
 
-// targetFailed settles a job whose write failed because of the target
+// writeFailed settles a job whose write failed because of the target
 // itself: it marks the target down and hands the job back. No failure is
 // recorded against the job.
-func (w *Worker) targetFailed(j *heldJob, code string, err error) {
-	now := w.clk.Now()
-	w.m.TargetFailures.WithLabelValues(code).Inc()
-	if w.health.fail(now, code, err) {
-		w.m.TargetUp.Set(0)
-		w.log.Error().Str("error_code", code).Str("error", err.Error()).Str("job", j.job.ID).
-			Str("probe_first_in", w.o.TargetProbeInitial.String()).
+func (h *targetHealth) writeFailed(j *heldJob, code string, err error) {
+	now := h.d.clk.Now()
+	h.d.m.TargetFailures.WithLabelValues(code).Inc()
+	if h.fail(now, code, err) {
+		h.d.m.TargetUp.Set(0)
+		h.d.log.Error().Str("error_code", code).Str("error", err.Error()).Str("job", j.job.ID).
+			Str("probe_first_in", h.d.probeFirst.String()).
 			Msg("mirror target failing: pulling no jobs and handing held ones back, at no cost to their failure budget, until a probe write succeeds")
 	}
-	w.handBackTargetDown(j)
+	h.handBack(j)
 }
 
-// handBackTargetDown returns a job to the stream while the target is down.
+// handBack returns a job to the stream while the target is down.
 // The short delay keeps a job from circling through a pull that was
 // already in flight; it counts one delivery and no failure.
-func (w *Worker) handBackTargetDown(j *heldJob) {
-	if err := w.settler.settle(j, func(m Msg) error { return m.NakWithDelay(w.o.TargetProbeInitial) }); err != nil {
-		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak job while the mirror target fails")
+func (h *targetHealth) handBack(j *heldJob) {
+	if err := h.d.settler.settle(j, func(m Msg) error { return m.NakWithDelay(h.d.probeFirst) }); err != nil {
+		h.d.log.Warn().Err(err).Str("job", j.job.ID).Msg("nak job while the mirror target fails")
 	}
-	w.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Msg("job handed back: mirror target failing")
+	h.d.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Msg("job handed back: mirror target failing")
 }
 
-// skipWhileTargetDown is runSlot's hook before a fetch: while the target
+// skipWhileDown is runSlot's hook before a fetch: while the target
 // is down, the granted permit is given back unused and the job handed
 // back, so that no origin is asked for bytes that cannot be stored.
-func (w *Worker) skipWhileTargetDown(j *heldJob, pm pacer.Permit) bool {
-	if !w.health.isDown() {
+func (h *targetHealth) skipWhileDown(j *heldJob, pm pacer.Permit) bool {
+	if !h.isDown() {
 		return false
 	}
-	w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
-	w.handBackTargetDown(j)
+	h.d.pacer.Done(h.d.clk.Now(), pm, pacer.Response{Cancelled: true})
+	h.handBack(j)
 	return true
 }
 
-// waitTargetUp is the intake's hook before a pull: it returns at once
+// waitUp is the intake's hook before a pull: it returns at once
 // while the target is up, else waits until it is up again (true) or ctx
 // is done (false).
-func (w *Worker) waitTargetUp(ctx context.Context) bool {
+func (h *targetHealth) waitUp(ctx context.Context) bool {
 	for {
-		down, changed := w.health.state()
+		down, changed := h.state()
 		if !down {
 			return true
 		}
@@ -152,21 +171,21 @@ func (w *Worker) waitTargetUp(ctx context.Context) bool {
 	}
 }
 
-// targetProbeLoop waits for the target to go down, then probes it with
+// probeLoop waits for the target to go down, then probes it with
 // exponential backoff (TargetProbeInitial doubling up to TargetProbeMax,
 // with jitter) until a probe succeeds, and marks it up. It returns when
 // ctx is done.
-func (w *Worker) targetProbeLoop(ctx context.Context) {
+func (h *targetHealth) probeLoop(ctx context.Context) {
 	b := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(w.o.TargetProbeInitial),
-		backoff.WithMaxInterval(w.o.TargetProbeMax),
+		backoff.WithInitialInterval(h.d.probeFirst),
+		backoff.WithMaxInterval(h.d.probeMax),
 		backoff.WithMultiplier(2),
 		backoff.WithRandomizationFactor(0.2),
 		backoff.WithMaxElapsedTime(0),
 	)
 	var upAt time.Time // when the target last recovered
 	for {
-		down, changed := w.health.state()
+		down, changed := h.state()
 		if !down {
 			select {
 			case <-ctx.Done():
@@ -179,37 +198,37 @@ func (w *Worker) targetProbeLoop(ctx context.Context) {
 		// on a nearly full disk, objects do not) keeps its longer delay, so
 		// that a flapping target does not cost origins a round of requests
 		// every TargetProbeInitial.
-		if upAt.IsZero() || w.clk.Now().Sub(upAt) > w.o.TargetProbeMax {
+		if upAt.IsZero() || h.d.clk.Now().Sub(upAt) > h.d.probeMax {
 			b.Reset()
 		}
 		delay := b.NextBackOff()
 		for probes := 1; ; probes++ {
-			if !clock.Sleep(w.clk, delay, ctx.Done()) {
+			if !clock.Sleep(h.d.clk, delay, ctx.Done()) {
 				return
 			}
 			pctx, cancel := context.WithTimeout(ctx, time.Minute)
-			err := w.d.Target.Probe(pctx)
+			err := h.d.target.Probe(pctx)
 			cancel()
 			if ctx.Err() != nil {
 				return
 			}
 			if err == nil {
-				upAt = w.clk.Now()
-				downFor, _ := w.health.recover(upAt)
-				w.m.TargetUp.Set(1)
-				w.log.Info().Str("down_for", downFor.Round(time.Millisecond).String()).Int("probes", probes).
+				upAt = h.d.clk.Now()
+				downFor, _ := h.recover(upAt)
+				h.d.m.TargetUp.Set(1)
+				h.d.log.Info().Str("down_for", downFor.Round(time.Millisecond).String()).Int("probes", probes).
 					Msg("mirror target takes writes again: pulling jobs")
-				w.wakeIntake()
+				h.d.resume()
 				break
 			}
 			code := mirror.FailureCode(err)
 			if code == "" {
 				code = "other"
 			}
-			w.m.TargetFailures.WithLabelValues(code).Inc()
-			w.health.fail(w.clk.Now(), code, err)
+			h.d.m.TargetFailures.WithLabelValues(code).Inc()
+			h.fail(h.d.clk.Now(), code, err)
 			delay = b.NextBackOff()
-			w.log.Warn().Str("error_code", code).Str("error", err.Error()).Int("probes", probes).
+			h.d.log.Warn().Str("error_code", code).Str("error", err.Error()).Int("probes", probes).
 				Str("next_probe_in", delay.String()).Msg("mirror target still failing")
 		}
 	}

@@ -18,8 +18,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -33,232 +31,14 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
-
-// Fetcher makes the upstream request of a job; *fetch.Client is one.
-type Fetcher interface {
-	Do(ctx context.Context, r fetch.Request, g fetch.Gate) (*fetch.Response, error)
-}
-
-// Target is where fetched objects are stored; *mirror.FileTarget is one.
-// Probe tests, without storing an object, whether the target takes writes
-// again after it failed (targethealth.go).
-type Target interface {
-	Stat(ctx context.Context, key string) (mirror.Meta, error)
-	Put(ctx context.Context, key string, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error)
-	Probe(ctx context.Context) error
-}
-
-// Pacer decides when a request to an authority may start; *pacer.Pacer is
-// one. Its contract is pacer.Permit's: Acquire grants, Confirm re-checks
-// immediately before every request start (it may revoke the permit or move
-// its Start later), and Done is called exactly once per grant. ReadyIn says,
-// without side effects, how long until auth could take a request (parked
-// jobs come back by it, and a stale hint is checked against it); Fence
-// spaces the next start from at, when another pod may have started a
-// request to auth as late as at (a partition taken over).
-type Pacer interface {
-	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
-	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
-	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
-	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
-	Fence(now time.Time, auth string, at time.Time)
-}
-
-var _ Pacer = (*pacer.Pacer)(nil)
 
 // confirm waits until pm may start, confirming it just before the request
 // (pacer.Wait owns that loop): it returns the permit to run the request
 // with, or, the permit given back, the refusal or ctx's error.
 func (w *Worker) confirm(ctx context.Context, pm pacer.Permit) (pacer.Permit, error) {
 	return pacer.Wait(ctx, w.clk, w.d.Pacer, pm)
-}
-
-// Msg is the subset of jetstream.Msg the worker uses.
-type Msg interface {
-	Metadata() (*jetstream.MsgMetadata, error)
-	Data() []byte
-	Subject() string
-	Ack() error
-	DoubleAck(ctx context.Context) error
-	Nak() error
-	NakWithDelay(delay time.Duration) error
-	InProgress() error
-	TermWithReason(reason string) error
-}
-
-var _ Msg = (jetstream.Msg)(nil)
-
-// Deps are the worker's collaborators. All are required, except Consumer
-// and Owns, which depend on the mode: with Options.Partitions zero the
-// worker pulls Consumer; otherwise partitions are added and removed while it
-// runs (AddPartition, RemovePartition) and Owns says which it may serve.
-type Deps struct {
-	JS       jetstream.JetStream // dead letters, the attempts bucket, parking
-	Consumer jetstream.Consumer  // the durable pull consumer (one-consumer mode)
-	Fetcher  Fetcher
-	Target   Target
-	Pacer    Pacer
-	// Owns reports whether this worker may start a request of partition p
-	// now (cluster.Manager.Owns); partitioned mode only.
-	Owns func(p int) bool
-	// Legacy, if set (partitioned mode), is the single consumer of an
-	// earlier version, narrowed to jobs stored without a partition token
-	// (jobs.LegacyFilter): the worker serving partition 0 moves them into
-	// their partitions.
-	Legacy jetstream.Consumer
-}
-
-// DefaultFailureBudget is the default of Options.FailureBudget and of the
-// --failure-budget flag.
-const DefaultFailureBudget = 10
-
-// DefaultWorkerID is the default of Options.WorkerID (and, after a
-// command's prefix, of the --worker-id flag): <hostname>-<pid>, with
-// "mirrorworker" when the host has no name.
-func DefaultWorkerID() string {
-	host, _ := os.Hostname()
-	if host == "" {
-		host = "mirrorworker"
-	}
-	return host + "-" + strconv.Itoa(os.Getpid())
-}
-
-// DefaultConcurrency returns the default of Options.Concurrency (and of
-// --concurrency): 16 fetch slots per CPU the Go runtime uses (GOMAXPROCS,
-// which follows a container's CPU limit), at least 16 and at most 128. A
-// slot mostly waits (on the origin, on the disk's fsync), so slots go well
-// beyond the CPUs; against loopback origins, where a job costs only CPU,
-// 16 to 64 slots on 2 CPUs ran within the noise of each other
-// (BenchmarkThroughput). README "Sizing" says when to set it.
-func DefaultConcurrency() int {
-	return min(max(16*runtime.GOMAXPROCS(0), 16), 128)
-}
-
-// Options tune a Worker. A nil *Options, and every zero field, means the
-// default given on the field.
-type Options struct {
-	Concurrency    int           // fetch slots; DefaultConcurrency()
-	FailureBudget  int           // failed attempts before a job is dead-lettered; DefaultFailureBudget
-	BackoffInitial time.Duration // first retry delay; 1 s
-	BackoffMax     time.Duration // longest retry delay; 5 min
-	// HoldMax: a job whose authority can take it within HoldMax waits in
-	// memory; a longer wait defers it to the stream (NAK with delay). 2 s.
-	HoldMax time.Duration
-	// MaxHeld bounds the jobs held in memory (queued, waiting, fetching);
-	// the worker pulls only below it. 1000.
-	MaxHeld int
-	// MaxHeldPerAuthority bounds one authority's queue, so a hot authority
-	// cannot take all of MaxHeld; past it jobs are deferred, unless the
-	// authority serves its queue within ParkAfter (HoldMax if longer): then
-	// they wait in memory and the intake of its partition pauses until the
-	// queue is back under the bound, or until the authority makes no
-	// progress for that long (docs/adr/0014). MaxHeld/4.
-	MaxHeldPerAuthority int
-	// AckWait must match the consumer's; held jobs get an in-progress ack
-	// well before it runs out. 60 s.
-	AckWait time.Duration
-	// ShutdownGrace is how long in-flight fetches may finish after Run's
-	// context is cancelled before they are cancelled and handed back. 10 s.
-	ShutdownGrace time.Duration
-	// DeferSpread is the horizon of the deferral calendar: no deferred job
-	// is sent further than this past its authority's earliest start. 5 min.
-	DeferSpread time.Duration
-	// PullBatch bounds one pull request; 256. PullWait is its expiry; 1 s.
-	PullBatch int
-	PullWait  time.Duration
-	// Partitions > 0 selects partitioned mode (docs/adr/0007): jobs come
-	// from the partitions added with AddPartition, and long waits are
-	// parked in MIRROR_PARKED instead of holding the consumer.
-	Partitions int
-	// ParkAfter: a deferral longer than this parks the job (partitioned
-	// mode); a shorter one is a NAK with delay. DefaultParkAfter.
-	ParkAfter time.Duration
-	// ParkShare: an authority with more jobs than this deferred by NAK (and
-	// so holding ack-pending slots) parks the rest. DefaultParkShare.
-	ParkShare int
-	// LaneBacklog: when a job must wait longer than ParkAfter and its
-	// partition consumer has at least this many jobs ahead (pending plus
-	// ack pending), the authority's backlog moves to a lane instead of
-	// being parked job by job, and the consumer skips it (lane.go).
-	// DefaultLaneBacklog; negative: no lanes.
-	LaneBacklog int
-	// TargetProbeInitial is the first delay before the mirror target is
-	// probed after it failed (full, read-only, broken: mirror.FailureCode),
-	// and the delay of every job handed back meanwhile; the delay doubles
-	// up to TargetProbeMax. 1 s and 1 min.
-	TargetProbeInitial time.Duration
-	TargetProbeMax     time.Duration
-	WorkerID           string // in dead letters; DefaultWorkerID()
-	// SkipCopies acks, without doing them, the copies the worker itself
-	// wrote into MIRROR_JOBS (jobs.IsCopy): replay sets it, so that it does
-	// each submitted job once.
-	SkipCopies bool
-	// FaultHook, if set, is called at named points of the parking protocol
-	// ("parked-before-ack", "unparked-before-delete", "lane-before-reset"),
-	// for crash tests.
-	FaultHook func(point string)
-	// OnOutcome, if set, is called with every outcome the worker counts in
-	// mirrorworker_jobs_total (an Outcome* constant: once per deferral and
-	// per retry, once per job for the final ones), on the goroutine that
-	// settled the job: it must be safe for concurrent use and quick.
-	// replay.Tally is one.
-	OnOutcome func(outcome string)
-	Clock     clock.Clock
-	Logger    zerolog.Logger
-	// Metrics, if set, is used as is; otherwise metrics are created on
-	// Registerer (nil: a private registry).
-	Metrics        *Metrics
-	Registerer     prometheus.Registerer
-	HostLabelLimit int      // distinct (host, port) label pairs; DefaultHostLabelLimit
-	Auth           AuthRule // 401/403 handling (authfail.go); zero: the defaults
-}
-
-func (o *Options) withDefaults() Options {
-	var r Options
-	if o != nil {
-		r = *o
-	}
-	defInt := func(p *int, v int) {
-		if *p <= 0 {
-			*p = v
-		}
-	}
-	defDur := func(p *time.Duration, v time.Duration) {
-		if *p <= 0 {
-			*p = v
-		}
-	}
-	defInt(&r.Concurrency, DefaultConcurrency())
-	defInt(&r.FailureBudget, DefaultFailureBudget)
-	defDur(&r.BackoffInitial, time.Second)
-	defDur(&r.BackoffMax, 5*time.Minute)
-	defDur(&r.HoldMax, 2*time.Second)
-	defInt(&r.MaxHeld, 1000)
-	defInt(&r.MaxHeldPerAuthority, max(r.MaxHeld/4, 1))
-	defDur(&r.AckWait, jobs.DefaultAckWait)
-	defDur(&r.ShutdownGrace, 10*time.Second)
-	defDur(&r.DeferSpread, 5*time.Minute)
-	defInt(&r.PullBatch, 256)
-	defDur(&r.PullWait, time.Second)
-	defDur(&r.ParkAfter, DefaultParkAfter)
-	defInt(&r.ParkShare, DefaultParkShare)
-	if r.LaneBacklog == 0 {
-		r.LaneBacklog = DefaultLaneBacklog
-	}
-	defDur(&r.TargetProbeInitial, time.Second)
-	defDur(&r.TargetProbeMax, time.Minute)
-	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
-	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
-	if r.WorkerID == "" {
-		r.WorkerID = DefaultWorkerID()
-	}
-	if r.Clock == nil {
-		r.Clock = clock.Real{}
-	}
-	return r
 }
 
 // Worker consumes jobs. Create it with New and call Run once. Ready is safe
@@ -271,8 +51,10 @@ type Worker struct {
 	m     *Metrics
 	sched *scheduler
 
-	health targetHealth // whether the mirror target takes writes (targethealth.go)
-	auth   authGuard    // 401/403 per authority (authfail.go)
+	hops     hopDeps      // what every fetch's hops are admitted with (hops.go)
+	handoffs *handoffs    // redirect continuations (handoff.go)
+	health   targetHealth // whether the mirror target takes writes (targethealth.go)
+	auth     authGuard    // 401/403 per authority (authfail.go)
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -283,28 +65,16 @@ type Worker struct {
 	pullOne sync.Once
 	anon    atomic.Uint64
 
-	// Partitioned mode: the partitions being served and the worker's
-	// lifetime contexts, which AddPartition derives from.
-	pmu     sync.Mutex
-	parts   map[int]*partition
-	runCtx  context.Context
-	fetchCt context.Context
+	// Partitioned mode: the partitions being served, and the intakes of
+	// their consumers (Run waits for them).
+	parts   *servedParts
 	intakes sync.WaitGroup
 	// pulling is the room reserved by pulls in progress, so that several
 	// partitions' intakes together stay within MaxHeld.
 	pulling atomic.Int64
 	parking *parking
-	lanes   *lanes
+	lanes   *laneSet
 	settler *settler
-}
-
-// Final describes a job leaving the worker for good in one delivery.
-type Final struct {
-	JobID      string
-	Authority  string
-	Outcome    string // stored, unchanged, dead_lettered
-	Reason     string // the dead-letter reason
-	Deliveries uint64
 }
 
 // New checks d and returns a Worker; nil o means the defaults.
@@ -351,19 +121,39 @@ func New(d Deps, o *Options) (*Worker, error) {
 		owns:        d.Owns,
 	})
 	w.sched.onCounts = m.setHeld
-	w.parts = map[int]*partition{}
-	w.lanes = newLanes(w)
+	w.parts = newServedParts(r.Partitions > 0, d.Owns)
+	w.lanes = newLanes(laneDeps{
+		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, parts: w.parts,
+		readyIn: d.Pacer.ReadyIn, fault: r.FaultHook,
+		backlog: r.LaneBacklog, holdMax: r.HoldMax, maxPerAuth: r.MaxHeldPerAuthority,
+		deliver: w.intake, pull: w.intakeLoop, loops: &w.intakes,
+	})
 	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
-		clk: w.clk, log: w.log, backoff: w.backoff,
+		clk: w.clk, log: w.log,
 		stored: &storedLog{log: w.log, clk: w.clk, every: DefaultStoredSummaryEvery}}
 	w.parking = newParking(parkDeps{
 		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
-		readyIn: d.Pacer.ReadyIn, mayServe: w.owns, servedNow: w.served, faultHook: w.fault,
+		readyIn: d.Pacer.ReadyIn, parts: w.parts, fault: r.FaultHook,
 		holdMax: r.HoldMax, maxPerAuth: r.MaxHeldPerAuthority,
 		parked: w.settler.parked,
 	})
 	w.settler.parking = w.parking
+	w.hops = hopDeps{pacer: d.Pacer, clk: w.clk, m: m, sched: w.sched, auth: &w.auth,
+		partitions: r.Partitions, holdMax: r.HoldMax, wake: w.poke}
+	w.handoffs = &handoffs{js: d.JS, partitions: r.Partitions, skipCopies: r.SkipCopies, log: w.log, sched: w.sched, settler: w.settler}
+	w.health.d = healthDeps{target: d.Target, pacer: d.Pacer, clk: w.clk, log: w.log, m: m, settler: w.settler,
+		probeFirst: r.TargetProbeInitial, probeMax: r.TargetProbeMax, resume: w.wakeIntake}
+	w.auth.d = authDeps{rule: r.Auth, pacer: d.Pacer, clk: w.clk, log: w.log, settler: w.settler}
 	return w, nil
+}
+
+// CredentialsChanged is told the authorities whose credential changed
+// (credentials.Store.OnChange): their failures are forgotten and a hold
+// the worker took on them ends now, so that the new credential is tried
+// at once. An operator's pause is left alone.
+func (w *Worker) CredentialsChanged(changed func(authority.Authority) bool) {
+	w.auth.credentialsChanged(changed)
+	w.poke()
 }
 
 // Metrics returns the worker's metrics.
@@ -456,9 +246,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		if err := w.lanes.open(ctx); err != nil {
 			return startErr(err)
 		}
-		w.pmu.Lock()
-		w.runCtx, w.fetchCt = ctx, fctx
-		w.pmu.Unlock()
+		w.parts.begin(ctx, fctx)
 		w.setPulling() // ready: partitions come and go with the leases
 		loops.Add(1)
 		go func() { defer loops.Done(); w.parking.run(ctx) }()
@@ -473,7 +261,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	hbDone := make(chan struct{})
 	go func() { defer close(hbDone); w.heartbeatLoop(hbCtx) }()
 	probeDone := make(chan struct{})
-	go func() { defer close(probeDone); w.targetProbeLoop(hbCtx) }()
+	go func() { defer close(probeDone); w.health.probeLoop(hbCtx) }()
 	storedDone := make(chan struct{})
 	go func() { defer close(storedDone); w.settler.stored.run(hbCtx) }()
 
@@ -521,7 +309,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 	// is free rather than pulling one message per round trip.
 	lowWater := max(1, min(w.o.PullBatch, w.o.MaxHeld/8))
 	for ctx.Err() == nil {
-		if !w.waitTargetUp(ctx) { // targethealth.go: no pulling while the target fails
+		if !w.health.waitUp(ctx) { // targethealth.go: no pulling while the target fails
 			return
 		}
 		batchMax := w.o.PullBatch
@@ -529,9 +317,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			// A pull holds its room for up to PullWait while it waits for
 			// messages: give each partition being served a fair share of
 			// MaxHeld, so that empty partitions cannot starve busy ones.
-			w.pmu.Lock()
-			n := max(len(w.parts), 1)
-			w.pmu.Unlock()
+			n := max(w.parts.count(), 1)
 			batchMax = max(1, min(w.o.PullBatch, w.o.MaxHeld/(2*n)))
 			lowWater = max(1, min(lowWater, batchMax/2))
 		}
@@ -777,11 +563,11 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 		w.finish(j, 0, true)
 		return
 	}
-	if w.skipWhileTargetDown(j, pm) { // targethealth.go
+	if w.health.skipWhileDown(j, pm) { // targethealth.go
 		w.finish(j, 0, false)
 		return
 	}
-	if !w.owns(j.part) {
+	if !w.parts.owns(j.part) {
 		// The partition was lost between the grant and now: its new owner
 		// serves the job, and this pod sends nothing more to the authority.
 		w.d.Pacer.Done(w.clk.Now(), pm, pacer.Response{Cancelled: true})
@@ -792,7 +578,7 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 	start := w.clk.Now()
 	w.m.PacerWait.Observe(start.Sub(j.queuedAt).Seconds())
 	w.sched.fetching(j)
-	requeue := w.process(w.fetchContext(fctx, j.part), j, pm)
+	requeue := w.process(w.parts.fetchContext(fctx, j.part), j, pm)
 	w.finish(j, w.clk.Now().Sub(start), requeue)
 }
 
@@ -806,7 +592,7 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // throttled answer: the pacer now knows when the next request may go).
 func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
 	began := w.clk.Now()
-	hops := &hopSet{w: w, first: pm, kind: j.job.Kind, part: j.part}
+	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part}
 	defer hops.close()
 	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
 	if j.job.Size != nil {
@@ -825,11 +611,11 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		switch {
 		case errors.Is(err, errHandOff) && errors.As(err, &ge):
 			// The hop's authority is another pod's: it fetches the rest.
-			w.handOff(ctx, j, ge, "other_pod")
-		case errors.As(err, &re) && errors.As(err, &ge) && w.continuesRefused():
+			w.handoffs.handOff(ctx, j, ge, "other_pod")
+		case errors.As(err, &re) && errors.As(err, &ge) && w.handoffs.continuesRefused():
 			// The hop's authority cannot take it soon: the rest waits in
 			// that authority's queue, and the first hop is not asked again.
-			w.handOff(ctx, j, ge, string(re.Reason))
+			w.handoffs.handOff(ctx, j, ge, string(re.Reason))
 		case errors.As(err, &re):
 			// A redirect hop's authority cannot take it soon: defer on
 			// that authority's calendar, without using the budget.
@@ -869,7 +655,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	case fetch.ClassTransient:
 		w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "")
 	case fetch.ClassAuthFailed:
-		w.authFailed(ctx, j, resp) // authfail.go
+		w.auth.refused(ctx, j, resp) // authfail.go
 	default:
 		w.settler.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
 	}
@@ -936,7 +722,7 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	case mirror.FailureCode(err) != "":
 		// The target itself failed (full, read-only, broken): the worker's
 		// problem, not the job's (targethealth.go).
-		w.targetFailed(j, mirror.FailureCode(err), err)
+		w.health.writeFailed(j, mirror.FailureCode(err), err)
 	case errors.Is(err, mirror.ErrDigestMismatch):
 		w.settler.transient(ctx, j, jobs.ReasonDigestMismatch, resp.Status, err.Error())
 	case errors.Is(err, mirror.ErrSizeMismatch):
@@ -1011,15 +797,6 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
-
-// MaxContentMismatches is how many answers with other bytes than the job's
-// size or sha256 a job takes before it is dead-lettered content_mismatch:
-// one retry, in case the origin changed the object in between (SPEC
-// section 5).
-const MaxContentMismatches = 2
-
-// mismatchReasons are the attempt reasons that count as content mismatches.
-var mismatchReasons = map[string]bool{jobs.ReasonSizeMismatch: true, jobs.ReasonDigestMismatch: true}
 
 // SlowRetryFactor: a job whose transfer was cut as too slow (fetch.ErrTooSlow)
 // is retried no sooner than this many times the time its attempt held a

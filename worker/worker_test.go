@@ -447,6 +447,8 @@ func (p *phasedPacer) ReadyIn(now time.Time, _ string) (time.Duration, time.Dura
 // Fence changes nothing: the phases are the pacer's whole rule.
 func (p *phasedPacer) Fence(time.Time, string, time.Time) {}
 
+func (p *phasedPacer) Apply(time.Time, pacer.Event) {}
+
 func (p *phasedPacer) Done(time.Time, pacer.Permit, pacer.Response) pacer.Verdict {
 	return pacer.Verdict{}
 }
