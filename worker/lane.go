@@ -65,10 +65,10 @@ type laneSet struct {
 	stream jetstream.Stream // MIRROR_JOBS; nil: lanes are off
 
 	mu       sync.Mutex
-	byKey    map[laneKey]*authLane   // lanes of the partitions served
-	catchups map[string]*catchup // by consumer name
-	tried    map[int]time.Time   // last skip attempt, per partition
-	busy     map[int]bool        // a skip under way, per partition
+	byKey    map[laneKey]*authLane // lanes of the partitions served
+	catchups map[string]*catchup   // by consumer name
+	tried    map[int]time.Time     // last skip attempt, per partition
+	busy     map[int]bool          // a skip under way, per partition
 	opening  sync.WaitGroup
 	// active is len(byKey)+len(catchups), read without the lock by covered.
 	active atomic.Int32

@@ -59,7 +59,7 @@ type parkDeps struct {
 	log        zerolog.Logger
 	m          *Metrics
 	sched      *scheduler // deliveries and jobs on the way of an authority
-	lanes      *laneSet     // which authorities have a lane (their parked jobs go to it)
+	lanes      *laneSet   // which authorities have a lane (their parked jobs go to it)
 	readyIn    readyInFunc
 	parts      *servedParts // the partitions served, and whether each is still this pod's
 	fault      faultHook

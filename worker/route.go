@@ -44,11 +44,83 @@ func redirectReason(r pacer.Reason) reason { return redirectPrefix + reason(r) }
 // reasonOf is the reason of a pacer's refusal.
 func reasonOf(r pacer.Reason) reason { return reason(r) }
 
+// hold is whether a job waits in memory for its authority, and how; when
+// it does not, it is deferred and decideRoute says where it goes. The
+// scheduler gathers the facts (sched.go: admit, next) and does what
+// decideHold says.
+type hold uint8
+
+const (
+	// holdQueue: the job waits in its authority's queue; the authority
+	// can take a request within HoldMax (a timer may be armed for it).
+	holdQueue hold = iota + 1
+	// holdTimer: a refused authority can take a request within HoldMax:
+	// its queue waits for the timer.
+	holdTimer
+	// holdRelease: a refused authority is at its in-flight cap: its queue
+	// waits until one of its requests ends.
+	holdRelease
+	// holdOver: the job queues past the authority's share of memory
+	// (MaxHeldPerAuthority) because the authority serves its queue soon;
+	// its partition's intake pauses meanwhile (docs/adr/0014).
+	holdOver
+	// holdDefer: the job leaves memory (decideRoute, with the reason).
+	holdDefer
+)
+
+var holdNames = [...]string{holdQueue: "queue", holdTimer: "timer", holdRelease: "release", holdOver: "over", holdDefer: "defer"}
+
+func (h hold) String() string { return holdNames[h] }
+
+// holdFacts are what decideHold decides from: at admission (a job
+// delivered) from the authority's last refusal, remembered as a hint; at
+// dispatch from the pacer's refusal of the queue's head.
+type holdFacts struct {
+	gone    bool          // the job's partition is no longer this pod's (its lease is gone or being given back)
+	wait    time.Duration // until the authority can take a request (0: now)
+	release bool          // the wait ends when one of its requests ends (the in-flight cap), not at a time
+	reason  reason        // why it waits (the pacer's refusal)
+	// full: the job would queue past the authority's share of memory
+	// (admission only); drainIn is how long the queue ahead takes to be
+	// served, and drains that the authority makes progress and has not
+	// held over for too long (docs/adr/0014).
+	full    bool
+	drainIn time.Duration
+	drains  bool
+
+	holdMax     time.Duration // Options.HoldMax
+	overHorizon time.Duration // how long a queue past its share may take: max(HoldMax, ParkAfter)
+}
+
+// decideHold is the one rule of whether a job waits in memory: not when its
+// partition is another pod's now (handed over at once); not when its
+// authority cannot take a request within HoldMax (unless only a request in
+// flight holds it: a completion may come any moment); past the authority's
+// share only while the queue ahead is served within the horizon, else it
+// is deferred as overflow; otherwise it queues, behind a timer or a
+// completion when the pacer refused.
+func decideHold(f holdFacts) (hold, reason) {
+	switch {
+	case f.gone:
+		return holdDefer, reasonHandover
+	case !f.release && f.wait > f.holdMax:
+		return holdDefer, f.reason
+	case f.full && f.drainIn <= f.overHorizon && f.drains:
+		return holdOver, ""
+	case f.full:
+		return holdDefer, reasonOverflow
+	case f.release:
+		return holdRelease, f.reason
+	case f.wait > 0:
+		return holdTimer, f.reason
+	}
+	return holdQueue, ""
+}
+
 // route is what becomes of a job that leaves memory without being fetched
-// (a deferral): one of routeNak, routePark, routeParkAndLane, routeHandBack.
-// Whether a job waits in memory instead (held) is the scheduler's rule
-// (sched.go: admit and next), which the table in docs/architecture.md
-// places.
+// (a deferral, decideHold's holdDefer): one of routeNak, routePark,
+// routeParkAndLane, routeHandBack. The table in docs/architecture.md
+// places both rules.
 type route uint8
 
 const (

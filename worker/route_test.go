@@ -36,3 +36,34 @@ func TestDecideRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestDecideHold is the table of whether a job waits in memory.
+func TestDecideHold(t *testing.T) {
+	const holdMax, horizon = 2 * time.Second, 10 * time.Second
+	base := holdFacts{holdMax: holdMax, overHorizon: horizon}
+	with := func(f func(*holdFacts)) holdFacts { h := base; f(&h); return h }
+	for _, c := range []struct {
+		name string
+		f    holdFacts
+		want hold
+		why  reason
+	}{
+		{"an authority ready now queues the job", base, holdQueue, ""},
+		{"a job of a partition served elsewhere now is handed over", with(func(h *holdFacts) { h.gone = true }), holdDefer, reasonHandover},
+		{"a handover comes before any wait", with(func(h *holdFacts) { h.gone, h.release, h.wait = true, true, time.Hour }), holdDefer, reasonHandover},
+		{"a wait within HoldMax waits for its timer", with(func(h *holdFacts) { h.wait, h.reason = holdMax, reasonSpacing }), holdTimer, reasonSpacing},
+		{"a wait past HoldMax defers with the pacer's reason", with(func(h *holdFacts) { h.wait, h.reason = holdMax+1, reasonCooling }), holdDefer, reasonCooling},
+		{"the in-flight cap waits for a completion however long", with(func(h *holdFacts) { h.wait, h.release, h.reason = time.Hour, true, reasonInFlight }), holdRelease, reasonInFlight},
+		{"past the share, a queue served within the horizon holds over", with(func(h *holdFacts) { h.full, h.drainIn, h.drains = true, horizon, true }), holdOver, ""},
+		{"past the share, a queue served later is overflow", with(func(h *holdFacts) { h.full, h.drainIn, h.drains = true, horizon+1, true }), holdDefer, reasonOverflow},
+		{"past the share, a stalled authority is overflow", with(func(h *holdFacts) { h.full, h.drainIn = true, time.Second }), holdDefer, reasonOverflow},
+		{"past the share behind the in-flight cap, the queue decides", with(func(h *holdFacts) { h.release, h.full, h.drainIn = true, true, time.Hour }), holdDefer, reasonOverflow},
+		{"a long wait defers before the share is looked at", with(func(h *holdFacts) { h.wait, h.reason, h.full, h.drains = time.Hour, reasonPaused, true, true }), holdDefer, reasonPaused},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got, why := decideHold(c.f); got != c.want || why != c.why {
+				t.Errorf("decideHold(%+v) = %v, %q; want %v, %q", c.f, got, why, c.want, c.why)
+			}
+		})
+	}
+}

@@ -388,51 +388,56 @@ func (s *scheduler) tryDefer(now time.Time, j *heldJob) (deferral, bool) {
 }
 
 func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (deferral, bool) {
-	if wait := a.notBefore.Sub(now); wait > s.o.holdMax && !a.waitRelease {
-		// The hint may be stale: a pause resumed, or a recovery learned from
-		// another pod. The pacer has the last word (ReadyIn changes nothing).
-		if pw, _, _ := s.pacer.ReadyIn(now, a.name); pw <= s.o.holdMax {
-			a.notBefore = time.Time{}
-			wait = 0
-		}
-		if wait > s.o.holdMax {
-			return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, a.interval), reason: a.reason}, true
+	f := holdFacts{release: a.waitRelease, reason: a.reason, holdMax: s.o.holdMax, overHorizon: s.o.overHorizon}
+	if !a.waitRelease {
+		f.wait = max(a.notBefore.Sub(now), 0)
+		if f.wait > s.o.holdMax {
+			// The hint may be stale: a pause resumed, or a recovery learned
+			// from another pod. The pacer has the last word (ReadyIn
+			// changes nothing).
+			if pw, _, _ := s.pacer.ReadyIn(now, a.name); pw <= s.o.holdMax {
+				a.notBefore, f.wait = time.Time{}, 0
+			}
 		}
 	}
-	if a.n >= s.o.maxPerAuth {
+	var per time.Duration
+	if a.n >= s.o.maxPerAuth && (f.release || f.wait <= s.o.holdMax) {
 		// The queue ahead takes about n×perJob; that estimate rests on the
 		// interval in force, which may decay, so it is capped by the spread
 		// like every calendar offset.
-		per := a.perJob()
+		per = a.perJob()
 		ahead := time.Duration(a.n) * per
 		if s.o.spread > 0 {
 			ahead = min(ahead, s.o.spread)
 		}
-		var until time.Duration // until the head may go, unless only a completion holds it
-		if !a.waitRelease {
-			until = max(a.notBefore.Sub(now), 0)
-		}
-		wait := until + max(ahead, 10*time.Millisecond)
 		if a.over && now.Sub(a.overRun) > s.o.overHorizon {
 			s.blockOverLocked(a, now)
 		}
-		if wait <= s.o.overHorizon && !a.stalled(now, s.o.overHorizon) && !now.Before(a.overBlocked) {
-			// The authority serves its whole queue soon (within ParkAfter,
-			// short of which a deferred job would be NAKed and delivered
-			// again for nothing): the job waits in memory, and the
-			// partition's intake stops pulling until the queue is back
-			// under the cap, so memory stays with the other authorities
-			// (docs/adr/0014).
-			if !a.over {
-				a.over, a.overSince = true, now
-				if a.overEnded.IsZero() || now.Sub(a.overEnded) > s.o.overHorizon {
-					a.overRun = now
-				}
-				s.overs[a] = struct{}{}
-			}
-			return deferral{}, false
+		f.full = true
+		f.drainIn = f.wait + max(ahead, 10*time.Millisecond) // until the head may go (unless only a completion holds it), then the queue
+		f.drains = !a.stalled(now, s.o.overHorizon) && !now.Before(a.overBlocked)
+	}
+	h, why := decideHold(f)
+	switch h {
+	case holdDefer:
+		wait, step := f.wait, a.interval
+		if why == reasonOverflow {
+			wait, step = f.drainIn, per
 		}
-		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, per), reason: reasonOverflow}, true
+		return deferral{job: j, delay: s.deferDelayLocked(now, a, wait, step), reason: why}, true
+	case holdOver:
+		// The authority serves its whole queue soon (within ParkAfter,
+		// short of which a deferred job would be NAKed and delivered again
+		// for nothing): the job waits in memory, and the partition's intake
+		// stops pulling until the queue is back under the cap, so memory
+		// stays with the other authorities (docs/adr/0014).
+		if !a.over {
+			a.over, a.overSince = true, now
+			if a.overEnded.IsZero() || now.Sub(a.overEnded) > s.o.overHorizon {
+				a.overRun = now
+			}
+			s.overs[a] = struct{}{}
+		}
 	}
 	return deferral{}, false
 }
@@ -616,13 +621,13 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 		if head == nil {
 			continue
 		}
-		if !s.ownsLocked(a.part) {
+		if h, why := decideHold(holdFacts{gone: !s.ownsLocked(a.part)}); h == holdDefer {
 			// The partition's lease is gone or being given back: another
 			// pod serves these jobs now, and gets them at once.
 			for a.n > 0 {
 				j := s.popLocked(a)
 				s.dropLocked(j)
-				defers = append(defers, deferral{job: j, reason: reasonHandover})
+				defers = append(defers, deferral{job: j, reason: why})
 			}
 			s.forgetLocked(a, now)
 			continue
@@ -654,13 +659,15 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			re = &pacer.RefusedError{Authority: a.name, Reason: pacer.ReasonSpacing, Wait: s.o.inflightRe}
 		}
 		a.interval, a.reason = re.Interval, reasonOf(re.Reason)
-		switch {
-		case re.Reason == pacer.ReasonInFlight:
+		h, why := decideHold(holdFacts{wait: re.Wait, release: re.Reason == pacer.ReasonInFlight, reason: a.reason,
+			holdMax: s.o.holdMax, overHorizon: s.o.overHorizon})
+		switch h {
+		case holdRelease:
 			// A completion of one of this authority's requests wakes it;
 			// the timer is a fallback for permits held elsewhere.
 			a.waitRelease = true
 			s.armLocked(a, now.Add(max(re.Wait, s.o.inflightRe)))
-		case re.Wait <= s.o.holdMax:
+		case holdTimer, holdQueue:
 			s.armLocked(a, now.Add(re.Wait))
 		default:
 			// The authority cannot take a request within HoldMax: every job
@@ -669,7 +676,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			for a.n > 0 {
 				j := s.popLocked(a)
 				s.dropLocked(j)
-				defers = append(defers, deferral{job: j, delay: s.deferDelayLocked(now, a, re.Wait, re.Interval), reason: reasonOf(re.Reason)})
+				defers = append(defers, deferral{job: j, delay: s.deferDelayLocked(now, a, re.Wait, re.Interval), reason: why})
 			}
 			s.forgetLocked(a, now)
 		}

@@ -11,15 +11,15 @@ import (
 	"github.com/mirrorworker/mirrorworker/clock"
 )
 
-// DefaultStoredSummaryEvery is how often the worker logs, at info, a
+// storedSummaryEvery is how often the worker logs, at info, a
 // summary of the objects it stored (docs/adr/0008): each object is logged
 // at debug.
-const DefaultStoredSummaryEvery = 10 * time.Second
+const storedSummaryEvery = 10 * time.Second
 
 // storedLog writes what the worker stored: each object at debug ("object
 // stored": key, bytes, took, status 200 or 304), and at info a summary of
 // the objects stored since the last one ("objects stored"), every
-// DefaultStoredSummaryEvery when there were any, and once more when the
+// storedSummaryEvery when there were any, and once more when the
 // worker stops. Safe for concurrent use.
 type storedLog struct {
 	log   zerolog.Logger

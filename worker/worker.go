@@ -130,7 +130,7 @@ func New(d Deps, o *Options) (*Worker, error) {
 	})
 	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
 		clk: w.clk, log: w.log,
-		stored: &storedLog{log: w.log, clk: w.clk, every: DefaultStoredSummaryEvery}}
+		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}}
 	w.parking = newParking(parkDeps{
 		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
 		readyIn: d.Pacer.ReadyIn, parts: w.parts, fault: r.FaultHook,
