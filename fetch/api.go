@@ -136,6 +136,6 @@ var (
 	// ErrSizeMismatch: the answer's Content-Length, or its body, differs
 	// from Request.Size. Neither permanent nor transient on its own: the
 	// caller decides how often an origin may answer with other bytes than
-	// the job expects (SPEC section 5: content_mismatch).
+	// the job expects (docs/contract.md section 5: content_mismatch).
 	ErrSizeMismatch = errors.New("fetch: body size differs from the expected size")
 )

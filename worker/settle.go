@@ -287,8 +287,8 @@ type Final struct {
 
 // MaxContentMismatches is how many answers with other bytes than the job's
 // size or sha256 a job takes before it is dead-lettered content_mismatch:
-// one retry, in case the origin changed the object in between (SPEC
-// section 5).
+// one retry, in case the origin changed the object in between
+// (docs/contract.md section 5).
 const MaxContentMismatches = 2
 
 // mismatchReasons are the attempt reasons that count as content mismatches.
