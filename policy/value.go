@@ -118,7 +118,7 @@ func legible(host string) bool {
 type Value struct {
 	Floor       *time.Duration
 	MaxInFlight *int
-	Bandwidth   *int64 // bytes per second over all the authority's bodies in flight; 0: no cap
+	Bandwidth   *int64    // bytes per second over all the authority's bodies in flight; 0: no cap
 	Until       time.Time // zero: no end
 	Reason      string    // why, for the logs and status
 	SetAt       time.Time // when it was written (by `mirrorworker policy set`)
