@@ -594,6 +594,26 @@ func (b *byteSize) Set(s string) error {
 	return nil
 }
 
+// rateFlag is a flag of bytes per second (bytesize.ParseRate: 1MiB/s,
+// 500KB/s, a plain number); 0 is none.
+type rateFlag int64
+
+func (r *rateFlag) String() string {
+	if r == nil || *r == 0 {
+		return "0"
+	}
+	return bytesize.FormatRate(int64(*r))
+}
+
+func (r *rateFlag) Set(s string) error {
+	n, err := bytesize.ParseRate(s)
+	if err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), bytesize.ErrSyntax.Error()+": "))
+	}
+	*r = rateFlag(n)
+	return nil
+}
+
 // laneBacklogFlag is --lane-backlog: a count of jobs, 0 for no lanes. It
 // stores worker.Options.LaneBacklog's meaning (negative: no lanes), so that
 // the value means one thing past the flag parser.
