@@ -148,7 +148,8 @@ func receiveBuffer(t *testing.T) int {
 // takes in ahead of the reads (the client's receive buffer, the origin's
 // send buffer, the two HTTP buffers: about 160 KiB each here). Two thirds in, `policy set`
 // raises the cap to 8 MiB/s: within a second the origin sends faster than
-// the old cap allows. The metrics count the bytes and the time throttled.
+// the old cap allows. status shows the cap; the metrics count the bytes
+// and the time throttled.
 func TestProcessBandwidthCap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a worker process")
@@ -178,6 +179,14 @@ func TestProcessBandwidthCap(t *testing.T) {
 	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--concurrency", "4",
 		"--max-in-flight", "3", "--lease-ttl", "2s", "--log-level", "info")...)
 
+	// status shows the cap in force on the pod that serves the authority.
+	waitFor(t, 30*time.Second, "status showing the bandwidth cap", func() bool {
+		var o bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = run(ctx, []string{"status", "--nats-url", natsURL, "--authority", auth}, noEnv, nil, &o, &o)
+		return strings.Contains(o.String(), "1MiB/s")
+	})
 	// Raised two thirds in, and not before one whole window at the cap.
 	waitFor(t, 60*time.Second, "two thirds of the bytes at the cap", func() bool {
 		return origin.sent() >= 2*jobsN*size/3 && time.Since(origin.firstWrite()) > window+200*time.Millisecond
