@@ -156,7 +156,7 @@ type policySetFlags struct {
 func (f *policySetFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.floor, "floor", 0, "minimum spacing between request starts to the authority, 0 to "+pacer.MaxPolicyFloor.String())
 	fs.IntVar(&f.maxInFlight, "max-in-flight", 0, fmt.Sprintf("cap of requests in flight to the authority, 1 to %d", pacer.MaxPolicyInFlight))
-	fs.Var(&f.bandwidth, "bandwidth", "cap of the authority's body transfers together, in `bytes per second` (1MiB/s, 500KB/s, or a plain number; at least "+bytesize.FormatRate(pacer.MinPolicyBandwidth)+"), enforced by the pod that serves it; 0: no cap")
+	fs.Var(&f.bandwidth, "bandwidth", "cap of the authority's body transfers together, a `rate` in bytes per second (1MiB/s, 500KB/s, or a plain number; at least "+bytesize.FormatRate(pacer.MinPolicyBandwidth)+"), enforced by the pod that serves it; 0: no cap")
 	fs.DurationVar(&f.forD, "for", 0, "temporary: the pods drop the key this long from now")
 	fs.StringVar(&f.until, "until", "", "temporary: the pods drop the key at this instant (RFC 3339, e.g. 2026-12-01T18:00:00Z)")
 	fs.StringVar(&f.reason, "reason", "", "why, for the logs and 'policy list'")

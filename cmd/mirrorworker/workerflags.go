@@ -107,7 +107,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.DurationVar(&w.deadlineBase, "body-deadline-base", fetch.DefaultDeadlineBase, "total deadline of a body: this plus its expected size at --body-deadline-rate")
 	w.deadlineRate = fetch.DefaultDeadlineRate
 	fs.Var(&w.deadlineRate, "body-deadline-rate", "`bytes` per second the total deadline of a body allows for its expected size (Content-Length, else the job's size, else --max-body-size); 0: no total deadline")
-	fs.Var(&w.maxBandwidth, "max-bandwidth", "cap of this process's body transfers from every origin together, in `bytes per second` (1MiB/s, 500KB/s, or a plain number); each authority's own cap is its policy's bandwidth (README: Changing politeness on a running cluster); 0: none")
+	fs.Var(&w.maxBandwidth, "max-bandwidth", "cap of this process's body transfers from every origin together, a `rate` in bytes per second (1MiB/s, 500KB/s, or a plain number); each authority's own cap is its policy's bandwidth (README: Changing politeness on a running cluster); 0: none")
 	fs.IntVar(&w.failureBudget, "failure-budget", worker.DefaultFailureBudget, "attempts of a job with transient errors before it is dead-lettered")
 	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
 	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
