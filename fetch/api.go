@@ -50,6 +50,26 @@ type Result struct {
 // refusal, which the caller turns into a deferral).
 type Gate func(ctx context.Context, hop int, a authority.Authority) (done func(Result), err error)
 
+// Throttle spends the bytes of bodies against bandwidth caps (package
+// bandwidth implements it). The client asks it for a BodyThrottle for each
+// 2xx body it returns, by the authority of the hop that answered.
+// Implementations are safe for concurrent use.
+type Throttle interface {
+	Body(a authority.Authority) BodyThrottle
+}
+
+// BodyThrottle is one body's share of the caps. The body calls Wait from
+// its reads, one at a time, and Close once when it is closed.
+type BodyThrottle interface {
+	// Wait blocks until the body may read up to n more bytes (n > 0) and
+	// returns how many, 1 to n; the body reads no more before it calls
+	// Wait again. It fails only with ctx's error. Time spent in Wait is
+	// not spent on the origin: it counts against neither the minimum
+	// transfer rate, the idle timeout nor the total deadline.
+	Wait(ctx context.Context, n int) (int, error)
+	Close()
+}
+
 // GateError is a hop the Gate did not admit: Do returns it before that
 // hop's request starts, with the URL the hop would have fetched, so that
 // the caller can defer the job or hand the rest of the fetch to another

@@ -44,7 +44,14 @@ type body struct {
 	wTime       time.Duration
 	deadline    *time.Timer   // cancels hctx with errDeadlineCut; nil: none
 	deadlineIn  time.Duration // the total deadline, for its error message
+	deadlineAt  time.Time     // when deadline fires; moved later by the time waited on the throttle
 	sizeLimited bool          // max is the job's expected size, not MaxBodySize
+
+	// The bandwidth caps: credit is the bytes the throttle granted and the
+	// body has not read yet; a read asks for more only when it is spent.
+	// nil throttle: no cap. Touched by Read only (Close closes throttle).
+	throttle BodyThrottle
+	credit   int64
 
 	mu      sync.Mutex
 	reading bool // a read of rc is blocked; only then may the slow timer cut
@@ -68,6 +75,16 @@ func (b *body) Read(p []byte) (int, error) {
 	// One byte past the limit is asked for so an oversized body shows.
 	if rem := b.max - n0 + 1; int64(len(p)) > rem {
 		p = p[:rem]
+	}
+	if b.throttle != nil {
+		if b.credit == 0 {
+			if err := b.waitThrottle(len(p), n0); err != nil {
+				return 0, err
+			}
+		}
+		if int64(len(p)) > b.credit {
+			p = p[:b.credit]
+		}
 	}
 	b.timer.Reset(b.idle)
 	if b.slow != nil && b.wBytes < b.need {
@@ -95,6 +112,8 @@ func (b *body) Read(p []byte) (int, error) {
 			b.wBytes, b.wTime = 0, 0
 		}
 	}
+
+	b.credit = max(b.credit-int64(n), 0)
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -124,6 +143,38 @@ func (b *body) Read(p []byte) (int, error) {
 		b.err = err
 	}
 	return n, err
+}
+
+// waitThrottle waits for the bandwidth caps to grant up to n bytes (no
+// more than the rest of a body of known length, and one byte to see its
+// end) and adds them to b.credit. The idle and slow timers are not armed
+// meanwhile, and the total deadline is stopped and moved later by the time
+// waited: a capped body is slow by the operator's choice, not the
+// origin's. n0 is the bytes read so far.
+func (b *body) waitThrottle(n int, n0 int64) error {
+	if b.want >= 0 {
+		n = int(min(int64(n), max(b.want-n0, 0)+1))
+	}
+	t0 := b.now()
+	var left time.Duration
+	stopped := b.deadline != nil && b.deadline.Stop()
+	if stopped {
+		left = b.deadlineAt.Sub(t0)
+	}
+	g, err := b.throttle.Wait(b.hctx, n)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if stopped && !b.closed {
+		b.deadlineAt = b.now().Add(left)
+		b.deadline.Reset(max(left, 0))
+	}
+	if err != nil {
+		err = b.mapErrLocked(err)
+		b.err, b.res.Err = err, err
+		return err
+	}
+	b.credit = int64(max(g, 1))
+	return nil
 }
 
 // slowCut is the slow timer's function: a window ended while a read was
@@ -181,6 +232,9 @@ func (b *body) Close() error {
 	}
 	if b.deadline != nil {
 		b.deadline.Stop()
+	}
+	if b.throttle != nil {
+		b.throttle.Close()
 	}
 	err := b.rc.Close()
 	b.done(res)

@@ -156,6 +156,11 @@ type Options struct {
 	// direct dialer checks the addresses it connects to); nil: the
 	// system's.
 	Resolver Resolver
+	// Throttle, if set, caps the bandwidth of 2xx bodies (package
+	// bandwidth): every read of a body first waits for its share, and the
+	// wait is not held against the body's transfer rate or deadlines.
+	// Bodies drained by the client (redirects, errors) are not throttled.
+	Throttle Throttle
 }
 
 func (o *Options) withDefaults() Options {
@@ -448,7 +453,11 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 			expected = b.max
 		}
 		b.deadlineIn = totalDeadline(c.opt.DeadlineBase, c.opt.DeadlineRate, expected)
+		b.deadlineAt = b.now().Add(b.deadlineIn)
 		b.deadline = time.AfterFunc(b.deadlineIn, func() { cancel(errDeadlineCut) })
+	}
+	if c.opt.Throttle != nil {
+		b.throttle = c.opt.Throttle.Body(a)
 	}
 	resp.Body = b
 	return resp, nil

@@ -144,4 +144,7 @@ type State struct {
 	// PolicySource says where Floor and MaxInFlight come from (Limits.Source):
 	// empty for a Pacer built from a static policy alone.
 	PolicySource string `json:"policy_source,omitempty"`
+	// Bandwidth is the authority's bandwidth cap in bytes per second
+	// (Limits.Bandwidth; 0: none), which package bandwidth enforces.
+	Bandwidth int64 `json:"bandwidth,omitempty"`
 }

@@ -974,6 +974,7 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		MaxInFlight:  int(e.maxFlight),
 		LastThrottle: unixOrZero(e.lastThrot),
 		PolicySource: p.policy.Load().Limits(auth).Source,
+		Bandwidth:    p.policy.Load().Limits(auth).Bandwidth,
 	}
 	if e.lastStart != 0 {
 		st.NextSlot = time.Unix(0, max(e.lastStart+iv+p.guardFor(e), n))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/bytesize"
 )
 
 // Policy defaults (docs/contract.md section 3).
@@ -18,12 +19,20 @@ const (
 	DefaultMaxInFlight = 2
 	MaxPolicyFloor     = 24 * time.Hour // a larger floor is far more likely a typo than a wish
 	MaxPolicyInFlight  = 1 << 16        // the largest in-flight cap a policy may give
+	// MinPolicyBandwidth is the lowest bandwidth cap a policy may give
+	// (bytes per second; 0 is no cap): below it a body of any size takes
+	// hours, more likely a typo than a wish.
+	MinPolicyBandwidth = 1 << 10
 )
 
 // Limits is the issuer's politeness for one authority.
 type Limits struct {
 	Floor       time.Duration // minimum spacing between request starts; may be 0
 	MaxInFlight int           // concurrent requests; at least 1
+	// Bandwidth caps the bytes per second of all the authority's bodies in
+	// flight on the pod that serves it (package bandwidth spends it on body
+	// reads; the pacer does not read it); 0: no cap.
+	Bandwidth int64
 	// Source says where these limits come from, for status and
 	// /debug/pacer (package policy fills it: "kv:default", "file", ...);
 	// ParsePolicy leaves it empty. The pacer does not read it otherwise.
@@ -82,6 +91,7 @@ func LoadPolicy(path string) (*Policy, error) {
 type rawLimits struct {
 	Floor       *string `json:"floor"`
 	MaxInFlight *int    `json:"max_in_flight"`
+	Bandwidth   *string `json:"bandwidth"`
 }
 
 type rawPolicy struct {
@@ -92,10 +102,11 @@ type rawPolicy struct {
 // ParsePolicy parses a JSON policy:
 //
 //	{"default": {"floor": "1s", "max_in_flight": 2},
-//	 "authorities": {"files.example.org:443": {"floor": "250ms", "max_in_flight": 4}}}
+//	 "authorities": {"files.example.org:443": {"floor": "250ms", "max_in_flight": 4, "bandwidth": "1MiB/s"}}}
 //
 // Floors are Go durations ("0", "250ms", "2s"), from 0 to 24h; max_in_flight is
-// at least 1. Omitted fields take the default's value (the default's own
+// at least 1; bandwidth is bytes per second ("1MiB/s", "500KB/s", a plain
+// number; see CheckBandwidth), "0" for no cap. Omitted fields take the default's value (the default's own
 // omitted fields take 1s and 2). Authority keys are "host:port" and are
 // normalised (lowercase, IDNA, IPv6 in brackets). Unknown fields are
 // rejected. Errors name the offending field.
@@ -157,7 +168,26 @@ func (r *rawLimits) limits(def Limits, field string) (Limits, error) {
 		}
 		l.MaxInFlight = n
 	}
+	if r.Bandwidth != nil {
+		n, err := bytesize.ParseRate(*r.Bandwidth)
+		if err == nil {
+			err = CheckBandwidth(n)
+		}
+		if err != nil {
+			return l, fmt.Errorf("policy: %s.bandwidth: %w", field, err)
+		}
+		l.Bandwidth = n
+	}
 	return l, nil
+}
+
+// CheckBandwidth reports a bandwidth cap outside 0 (none) or
+// MinPolicyBandwidth and above.
+func CheckBandwidth(n int64) error {
+	if n < 0 || n > 0 && n < MinPolicyBandwidth {
+		return fmt.Errorf("%s is below the lowest cap, %s (0: no cap)", bytesize.FormatRate(n), bytesize.FormatRate(MinPolicyBandwidth))
+	}
+	return nil
 }
 
 // NormalizeAuthority turns a policy key "host:port" into the form Acquire

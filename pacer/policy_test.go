@@ -12,9 +12,10 @@ import (
 
 func TestParsePolicy(t *testing.T) {
 	p, err := pacer.ParsePolicy([]byte(`{
-		"default": {"floor": "1500ms", "max_in_flight": 3},
+		"default": {"floor": "1500ms", "max_in_flight": 3, "bandwidth": "10MiB/s"},
 		"authorities": {
-			"files.example.org:443": {"floor": "250ms", "max_in_flight": 4},
+			"files.example.org:443": {"floor": "250ms", "max_in_flight": 4, "bandwidth": "512KiB/s"},
+			"fast.example.org:443": {"bandwidth": "0"},
 			"Bücher.Example:8443": {"floor": "0"},
 			"[2001:DB8::1]:80": {"max_in_flight": 1}
 		}
@@ -26,10 +27,11 @@ func TestParsePolicy(t *testing.T) {
 		auth string
 		want pacer.Limits
 	}{
-		{"files.example.org:443", pacer.Limits{Floor: 250 * time.Millisecond, MaxInFlight: 4}},
-		{"xn--bcher-kva.example:8443", pacer.Limits{Floor: 0, MaxInFlight: 3}},
-		{"[2001:db8::1]:80", pacer.Limits{Floor: 1500 * time.Millisecond, MaxInFlight: 1}},
-		{"other.example:443", pacer.Limits{Floor: 1500 * time.Millisecond, MaxInFlight: 3}},
+		{"files.example.org:443", pacer.Limits{Floor: 250 * time.Millisecond, MaxInFlight: 4, Bandwidth: 512 << 10}},
+		{"fast.example.org:443", pacer.Limits{Floor: 1500 * time.Millisecond, MaxInFlight: 3}},
+		{"xn--bcher-kva.example:8443", pacer.Limits{Floor: 0, MaxInFlight: 3, Bandwidth: 10 << 20}},
+		{"[2001:db8::1]:80", pacer.Limits{Floor: 1500 * time.Millisecond, MaxInFlight: 1, Bandwidth: 10 << 20}},
+		{"other.example:443", pacer.Limits{Floor: 1500 * time.Millisecond, MaxInFlight: 3, Bandwidth: 10 << 20}},
 	}
 	for _, tt := range tests {
 		if got := p.Limits(tt.auth); got != tt.want {
@@ -55,6 +57,9 @@ func TestParsePolicyErrors(t *testing.T) {
 		{`{"default":{"floor":1}}`, `cannot unmarshal number`},
 		{`{"default":{"max_in_flight":0}}`, `default.max_in_flight: 0 is outside 1`},
 		{`{"default":{"burst":3}}`, `unknown field "burst"`},
+		{`{"default":{"bandwidth":"1MiB/h"}}`, `default.bandwidth: bytesize: invalid size`},
+		{`{"default":{"bandwidth":"100/s"}}`, `default.bandwidth: 100/s is below the lowest cap, 1KiB/s`},
+		{`{"authorities":{"a.org:443":{"bandwidth":1}}}`, `cannot unmarshal number`},
 		{`{"defaults":{}}`, `unknown field "defaults"`},
 		{`{"authorities":{"example.org":{}}}`, `authorities["example.org"]: want "host:port"`},
 		{`{"authorities":{"exa mple.org:443":{}}}`, `authorities["exa mple.org:443"]`},

@@ -1,11 +1,11 @@
 // Package pipeline builds and runs a worker pipeline, the one way every
 // command does (mirrorworker run, replay and the load test's in-process
 // workers): the metrics, the event sink that logs, counts and publishes the
-// pacer's facts, the HostPacer, the fetch client and the worker, and the
-// order in which they stop; and a pod's start-up (StartPod: consumers,
-// the follower and the restore of the pacer's facts, the worker's partition
-// options, the lease manager). It also holds the rule for the default
-// mirror target.
+// pacer's facts, the HostPacer, the bandwidth caps, the fetch client and the
+// worker, and the order in which they stop; and a pod's start-up (StartPod:
+// consumers, the follower and the restore of the pacer's facts, the
+// worker's partition options, the lease manager). It also holds the rule
+// for the default mirror target.
 //
 // It does not: parse flags (cmd/mirrorworker does, and fills a Config and
 // PodOptions), connect to NATS, define streams or consumers (package jobs
@@ -28,6 +28,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/bandwidth"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/credentials"
 	"github.com/mirrorworker/mirrorworker/facts"
@@ -51,6 +52,10 @@ type Config struct {
 	// strategies publish nothing).
 	Pacer *pacer.Pacer
 	Fetch *fetch.Options
+	// MaxBandwidth caps the bytes per second of every body together
+	// (bandwidth.Options.PodLimit, run's --max-bandwidth); 0: no cap. The
+	// authorities' own caps come from Policy and the live policy.
+	MaxBandwidth int64
 	// Credentials, if set, is the credentials file or directory
 	// (package credentials): New loads it (an error if it does not load),
 	// the fetch client sends each authority its credential, Run reloads it
@@ -79,6 +84,9 @@ type Parts struct {
 	Sink    *facts.Sink
 	Pacer   *pacer.Pacer
 	Fetch   *fetch.Client
+	// Bandwidth holds the bandwidth caps the fetch client spends body
+	// reads on; SetPolicy gives it and the pacer a new policy.
+	Bandwidth *bandwidth.Caps
 	// Credentials is the loaded credential set (nil without
 	// Config.Credentials).
 	Credentials *credentials.Store
@@ -118,6 +126,11 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 			}
 		})
 	}
+	if p.Bandwidth, err = bandwidth.New(&bandwidth.Options{Policy: c.Policy, PodLimit: c.MaxBandwidth,
+		Registerer: c.Registerer, Labels: metrics.HostLabels}); err != nil {
+		return nil, err
+	}
+	fo.Throttle = p.Bandwidth
 	if !fo.Proxy.IsZero() {
 		c.Logger.Info().Str("proxy", fo.Proxy.String()).Msg("egress proxy")
 	}
@@ -131,6 +144,13 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 		p.Pacer = pacer.New(&pacer.Options{Policy: c.Policy, OnEvent: p.Sink.Handle, Scale: c.TimeScale})
 	}
 	return p, nil
+}
+
+// SetPolicy applies a policy to the pacer (floors, in-flight caps) and to
+// the bandwidth caps: the live policy's Apply (docs/adr/0023).
+func (p *Parts) SetPolicy(q *pacer.Policy) {
+	p.Pacer.SetPolicy(q)
+	p.Bandwidth.SetPolicy(q)
 }
 
 // Close releases the fetch client's idle connections.

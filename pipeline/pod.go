@@ -71,7 +71,7 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 	var err error
 	// The live policy (MIRROR_POLICY, docs/adr/0023) over Config.Policy,
 	// loaded into the pacer before anything can send a request.
-	if pod.policy, err = policy.Open(ctx, js, policy.Options{Base: p.cfg.Policy, Apply: p.Pacer.SetPolicy,
+	if pod.policy, err = policy.Open(ctx, js, policy.Options{Base: p.cfg.Policy, Apply: p.SetPolicy,
 		Replicas: o.Replicas, Registerer: p.cfg.Registerer, Logger: o.Logger}); err != nil {
 		return nil, fmt.Errorf("live policy: %w", err)
 	}

@@ -1,5 +1,5 @@
-// Package policy is the live politeness policy: floors and in-flight caps
-// an operator changes on a running cluster, kept in the NATS KV bucket
+// Package policy is the live politeness policy: floors, in-flight caps and
+// bandwidth caps an operator changes on a running cluster, kept in the NATS KV bucket
 // MIRROR_POLICY (one key per authority, and a default), watched by every
 // pod and merged over the static policy (--policy FILE, --floor,
 // --max-in-flight) into the pacer's policy.
@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/bytesize"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
@@ -117,6 +118,7 @@ func legible(host string) bool {
 type Value struct {
 	Floor       *time.Duration
 	MaxInFlight *int
+	Bandwidth   *int64    // bytes per second over all the authority's bodies in flight; 0: no cap
 	Until       time.Time // zero: no end
 	Reason      string    // why, for the logs and status
 	SetAt       time.Time // when it was written (by `mirrorworker policy set`)
@@ -125,13 +127,15 @@ type Value struct {
 type rawValue struct {
 	Floor       *string    `json:"floor,omitempty"`
 	MaxInFlight *int       `json:"max_in_flight,omitempty"`
+	Bandwidth   *string    `json:"bandwidth,omitempty"`
 	Until       *time.Time `json:"until,omitempty"`
 	Reason      string     `json:"reason,omitempty"`
 	SetAt       *time.Time `json:"set_at,omitempty"`
 }
 
-// MarshalJSON writes {"floor": "300ms", "max_in_flight": 2, "until":
-// RFC 3339, "reason": "...", "set_at": RFC 3339}, the unset fields left out.
+// MarshalJSON writes {"floor": "300ms", "max_in_flight": 2, "bandwidth":
+// "1MiB/s", "until": RFC 3339, "reason": "...", "set_at": RFC 3339}, the
+// unset fields left out.
 func (v Value) MarshalJSON() ([]byte, error) {
 	var r rawValue
 	if v.Floor != nil {
@@ -139,6 +143,10 @@ func (v Value) MarshalJSON() ([]byte, error) {
 		r.Floor = &s
 	}
 	r.MaxInFlight, r.Reason = v.MaxInFlight, v.Reason
+	if v.Bandwidth != nil {
+		s := bytesize.FormatRate(*v.Bandwidth)
+		r.Bandwidth = &s
+	}
 	if !v.Until.IsZero() {
 		u := v.Until.UTC()
 		r.Until = &u
@@ -152,8 +160,9 @@ func (v Value) MarshalJSON() ([]byte, error) {
 
 // ParseValue reads and validates a bucket value: unknown fields are
 // rejected, a floor is a Go duration from 0 to pacer.MaxPolicyFloor,
-// max_in_flight is 1 to pacer.MaxPolicyInFlight, and one of them at least is
-// set. Errors name the field.
+// max_in_flight is 1 to pacer.MaxPolicyInFlight, bandwidth is bytes per
+// second ("1MiB/s", a plain number; 0 or pacer.MinPolicyBandwidth and up),
+// and one of the three at least is set. Errors name the field.
 func ParseValue(data []byte) (Value, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -172,6 +181,13 @@ func ParseValue(data []byte) (Value, error) {
 		}
 		v.Floor = &d
 	}
+	if r.Bandwidth != nil {
+		n, err := bytesize.ParseRate(*r.Bandwidth)
+		if err != nil {
+			return Value{}, fmt.Errorf("%w: bandwidth: %q is not a rate such as \"1MiB/s\" or \"500KB/s\"", ErrInvalid, *r.Bandwidth)
+		}
+		v.Bandwidth = &n
+	}
 	if r.Until != nil {
 		v.Until = *r.Until
 	}
@@ -183,14 +199,19 @@ func ParseValue(data []byte) (Value, error) {
 
 // Validate checks the limits' ranges (see ParseValue).
 func (v Value) Validate() error {
-	if v.Floor == nil && v.MaxInFlight == nil {
-		return fmt.Errorf("%w: neither floor nor max_in_flight is set", ErrInvalid)
+	if v.Floor == nil && v.MaxInFlight == nil && v.Bandwidth == nil {
+		return fmt.Errorf("%w: none of floor, max_in_flight and bandwidth is set", ErrInvalid)
 	}
 	if v.Floor != nil && (*v.Floor < 0 || *v.Floor > pacer.MaxPolicyFloor) {
 		return fmt.Errorf("%w: floor: %s is outside 0 to %s", ErrInvalid, *v.Floor, pacer.MaxPolicyFloor)
 	}
 	if v.MaxInFlight != nil && (*v.MaxInFlight < 1 || *v.MaxInFlight > pacer.MaxPolicyInFlight) {
 		return fmt.Errorf("%w: max_in_flight: %d is outside 1 to %d", ErrInvalid, *v.MaxInFlight, pacer.MaxPolicyInFlight)
+	}
+	if v.Bandwidth != nil {
+		if err := pacer.CheckBandwidth(*v.Bandwidth); err != nil {
+			return fmt.Errorf("%w: bandwidth: %w", ErrInvalid, err)
+		}
 	}
 	return nil
 }
@@ -206,6 +227,9 @@ func (v Value) over(l pacer.Limits) pacer.Limits {
 	}
 	if v.MaxInFlight != nil {
 		l.MaxInFlight = *v.MaxInFlight
+	}
+	if v.Bandwidth != nil {
+		l.Bandwidth = *v.Bandwidth
 	}
 	return l
 }

@@ -49,11 +49,11 @@ func TestKeyRoundTrip(t *testing.T) {
 }
 
 func TestParseValue(t *testing.T) {
-	v, err := policy.ParseValue([]byte(`{"floor":"300ms","max_in_flight":3,"until":"2026-12-01T18:00:00Z","reason":"maintenance"}`))
+	v, err := policy.ParseValue([]byte(`{"floor":"300ms","max_in_flight":3,"bandwidth":"1MiB/s","until":"2026-12-01T18:00:00Z","reason":"maintenance"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if *v.Floor != 300*time.Millisecond || *v.MaxInFlight != 3 || v.Reason != "maintenance" ||
+	if *v.Floor != 300*time.Millisecond || *v.MaxInFlight != 3 || *v.Bandwidth != 1<<20 || v.Reason != "maintenance" ||
 		!v.Until.Equal(time.Date(2026, 12, 1, 18, 0, 0, 0, time.UTC)) {
 		t.Fatalf("parsed %+v", v)
 	}
@@ -61,11 +61,16 @@ func TestParseValue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w, err := policy.ParseValue(data); err != nil || *w.Floor != *v.Floor || *w.MaxInFlight != *v.MaxInFlight || !w.Until.Equal(v.Until) {
+	if !strings.Contains(string(data), `"bandwidth":"1MiB/s"`) {
+		t.Errorf("bandwidth not written as a rate: %s", data)
+	}
+	if w, err := policy.ParseValue(data); err != nil || *w.Floor != *v.Floor || *w.MaxInFlight != *v.MaxInFlight || *w.Bandwidth != *v.Bandwidth || !w.Until.Equal(v.Until) {
 		t.Fatalf("round trip %s: %+v, %v", data, w, err)
 	}
 	for _, tt := range []struct{ in, want string }{
-		{`{}`, "neither floor nor max_in_flight"},
+		{`{}`, "none of floor, max_in_flight and bandwidth"},
+		{`{"bandwidth":"fast"}`, `bandwidth: "fast" is not a rate`},
+		{`{"bandwidth":"10/s"}`, "bandwidth: 10/s is below the lowest cap"},
 		{`{"floor":"1 second"}`, `"1 second" is not a duration`},
 		{`{"floor":"-1s"}`, "outside 0 to 24h"},
 		{`{"floor":"25h"}`, "outside 0 to 24h"},
@@ -82,6 +87,7 @@ func TestParseValue(t *testing.T) {
 
 func dur(d time.Duration) *time.Duration { return &d }
 func num(n int) *int                     { return &n }
+func rate(n int64) *int64                { return &n }
 
 // TestMergePrecedence: the authority's key, then its file entry, then the
 // default key, then the static default; unset fields from the level below;
@@ -90,23 +96,25 @@ func TestMergePrecedence(t *testing.T) {
 	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	base := &pacer.Policy{
 		Default:     pacer.Limits{Floor: time.Second, MaxInFlight: 2},
-		Authorities: map[string]pacer.Limits{"file.example:443": {Floor: 5 * time.Second, MaxInFlight: 1}},
+		Authorities: map[string]pacer.Limits{"file.example:443": {Floor: 5 * time.Second, MaxInFlight: 1, Bandwidth: 4 << 20}},
 	}
 	vals := map[string]policy.Value{
-		policy.DefaultKey:   {Floor: dur(2 * time.Second)},
-		"file.example:443":  {MaxInFlight: num(4), Until: now.Add(time.Hour)},
-		"kv.example:443":    {Floor: dur(300 * time.Millisecond), Until: now.Add(10 * time.Minute)},
-		"ended.example:443": {Floor: dur(0), MaxInFlight: num(9), Until: now},
+		policy.DefaultKey:      {Floor: dur(2 * time.Second), Bandwidth: rate(1 << 20)},
+		"file.example:443":     {MaxInFlight: num(4), Until: now.Add(time.Hour)},
+		"uncapped.example:443": {Bandwidth: rate(0)},
+		"kv.example:443":       {Floor: dur(300 * time.Millisecond), Until: now.Add(10 * time.Minute)},
+		"ended.example:443":    {Floor: dur(0), MaxInFlight: num(9), Until: now},
 	}
 	p, next := policy.Merge(base, vals, now)
 	tests := []struct {
 		auth string
 		want pacer.Limits
 	}{
-		{"file.example:443", pacer.Limits{Floor: 5 * time.Second, MaxInFlight: 4, Source: policy.SourceKV}},
-		{"kv.example:443", pacer.Limits{Floor: 300 * time.Millisecond, MaxInFlight: 2, Source: policy.SourceKV}},
-		{"ended.example:443", pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 2, Source: policy.SourceDefault}},
-		{"other.example:443", pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 2, Source: policy.SourceDefault}},
+		{"file.example:443", pacer.Limits{Floor: 5 * time.Second, MaxInFlight: 4, Bandwidth: 4 << 20, Source: policy.SourceKV}},
+		{"kv.example:443", pacer.Limits{Floor: 300 * time.Millisecond, MaxInFlight: 2, Bandwidth: 1 << 20, Source: policy.SourceKV}},
+		{"uncapped.example:443", pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 2, Source: policy.SourceKV}},
+		{"ended.example:443", pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 2, Bandwidth: 1 << 20, Source: policy.SourceDefault}},
+		{"other.example:443", pacer.Limits{Floor: 2 * time.Second, MaxInFlight: 2, Bandwidth: 1 << 20, Source: policy.SourceDefault}},
 	}
 	for _, tt := range tests {
 		if got := p.Limits(tt.auth); got != tt.want {
@@ -118,7 +126,7 @@ func TestMergePrecedence(t *testing.T) {
 	}
 	// Later: both overrides ended; the file entry and the default key remain.
 	p, next = policy.Merge(base, vals, now.Add(2*time.Hour))
-	if got := p.Limits("file.example:443"); got != (pacer.Limits{Floor: 5 * time.Second, MaxInFlight: 1, Source: policy.SourceFile}) {
+	if got := p.Limits("file.example:443"); got != (pacer.Limits{Floor: 5 * time.Second, MaxInFlight: 1, Bandwidth: 4 << 20, Source: policy.SourceFile}) {
 		t.Errorf("file entry after its override ended: %+v", got)
 	}
 	if got := p.Limits("kv.example:443"); got.Source != policy.SourceDefault || got.Floor != 2*time.Second {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/mirrorworker/mirrorworker/bytesize"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
@@ -356,6 +357,9 @@ func (w *Watcher) update(e jetstream.KeyValueEntry) {
 	}
 	if v.MaxInFlight != nil {
 		ev = ev.Int("max_in_flight", *v.MaxInFlight)
+	}
+	if v.Bandwidth != nil {
+		ev = ev.Str("bandwidth", bytesize.FormatRate(*v.Bandwidth))
 	}
 	if !v.Until.IsZero() {
 		ev = ev.Time("until", v.Until)

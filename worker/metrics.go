@@ -203,6 +203,11 @@ func (m *Metrics) hostPort(auth string) (string, string) {
 	return m.hosts.labels(authority.Split(auth))
 }
 
+// HostLabels returns the host and port labels of an authority, capped as
+// in CountUpstreamRequest, for metrics kept outside the worker (package
+// bandwidth's).
+func (m *Metrics) HostLabels(auth string) (host, port string) { return m.hostPort(auth) }
+
 // CountEventDropped counts one pacer fact not published in
 // events_dropped_total (package facts' Sink counts through it).
 func (m *Metrics) CountEventDropped() { m.EventsDropped.Inc() }

@@ -244,7 +244,7 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 		fmt.Fprintf(tw, "(unowned)\t%d\t\t\n", free)
 	}
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "AUTHORITY\tSTATE\tUNTIL\tINTERVAL\tFLOOR (POLICY)\tIN FLIGHT\tQUEUED\tPARKED\tSERVED BY")
+	fmt.Fprintln(tw, "AUTHORITY\tSTATE\tUNTIL\tINTERVAL\tFLOOR (POLICY)\tIN FLIGHT\tBANDWIDTH\tQUEUED\tPARKED\tSERVED BY")
 	for _, r := range rows {
 		until := "-"
 		switch {
@@ -255,18 +255,18 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 		case !r.BackoffUntil.IsZero():
 			until = fmt.Sprintf("%s (backoff, %d failures)", r.BackoffUntil.UTC().Format(time.RFC3339), r.Failures)
 		}
-		floor := r.Floor.String()
+		floor, bw := r.Floor.String(), describeBandwidth(r.Bandwidth)
 		switch {
 		case r.MaxInFlight == 0: // no pod tracks it: see 'mirrorworker policy list'
-			floor = "-"
+			floor, bw = "-", "-"
 		case r.PolicySource != "":
 			floor += " (" + r.PolicySource + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%d\t%s\n", r.Authority, r.State.State, until, r.Interval, floor,
-			r.InFlight, r.MaxInFlight, r.Queued, r.Parked, r.Pod)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%d\t%d\t%s\n", r.Authority, r.State.State, until, r.Interval, floor,
+			r.InFlight, r.MaxInFlight, bw, r.Queued, r.Parked, r.Pod)
 	}
 	if len(rows) == 0 {
-		fmt.Fprintln(tw, "(every authority idle)\t\t\t\t\t\t\t\t")
+		fmt.Fprintln(tw, "(every authority idle)\t\t\t\t\t\t\t\t\t")
 	}
 	return tw.Flush()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/bytesize"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/policy"
 )
@@ -24,7 +25,7 @@ const policyCASTries = 5
 
 func policyUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mirrorworker policy set    (--authority HOST:PORT | --default) [--floor D] [--max-in-flight N]")
-	fmt.Fprintln(w, "                                 [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]")
+	fmt.Fprintln(w, "                                 [--bandwidth RATE] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]")
 	fmt.Fprintln(w, "       mirrorworker policy show   (--authority HOST:PORT | --default) [--json]")
 	fmt.Fprintln(w, "       mirrorworker policy list   [--json]")
 	fmt.Fprintln(w, "       mirrorworker policy delete (--authority HOST:PORT | --default) [--revision N]")
@@ -103,8 +104,8 @@ func policyCommand(ctx context.Context, sub string, args []string, getenv func(s
 	case "set":
 		var f policySetFlags
 		f.register(fs)
-		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --default) [--floor D] [--max-in-flight N] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
-			"Sets the floor and/or the in-flight cap of one authority (or the default) on every pod.",
+		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --default) [--floor D] [--max-in-flight N] [--bandwidth RATE] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
+			"Sets the floor, the in-flight cap and/or the bandwidth cap of one authority (or the default) on every pod.",
 			"Fields not given keep the key's current value (--replace: the layers below). --for/--until",
 			"make it temporary: at that instant the pods drop it by themselves."); err != nil {
 			return nil, nil, err
@@ -143,6 +144,7 @@ func policyCommand(ctx context.Context, sub string, args []string, getenv func(s
 type policySetFlags struct {
 	floor       time.Duration
 	maxInFlight int
+	bandwidth   rateFlag
 	forD        time.Duration
 	until       string
 	reason      string
@@ -154,6 +156,7 @@ type policySetFlags struct {
 func (f *policySetFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.floor, "floor", 0, "minimum spacing between request starts to the authority, 0 to "+pacer.MaxPolicyFloor.String())
 	fs.IntVar(&f.maxInFlight, "max-in-flight", 0, fmt.Sprintf("cap of requests in flight to the authority, 1 to %d", pacer.MaxPolicyInFlight))
+	fs.Var(&f.bandwidth, "bandwidth", "cap of the authority's body transfers together, a `rate` in bytes per second (1MiB/s, 500KB/s, or a plain number; at least "+bytesize.FormatRate(pacer.MinPolicyBandwidth)+"), enforced by the pod that serves it; 0: no cap")
 	fs.DurationVar(&f.forD, "for", 0, "temporary: the pods drop the key this long from now")
 	fs.StringVar(&f.until, "until", "", "temporary: the pods drop the key at this instant (RFC 3339, e.g. 2026-12-01T18:00:00Z)")
 	fs.StringVar(&f.reason, "reason", "", "why, for the logs and 'policy list'")
@@ -179,8 +182,8 @@ func (f *policySetFlags) check(given map[string]bool, now time.Time) error {
 		}
 		f.untilAt = t
 	}
-	if !given["floor"] && !given["max-in-flight"] && (f.replace || !given["for"] && !given["until"] && !given["reason"]) {
-		return usageError{"policy set: give --floor and/or --max-in-flight"}
+	if !given["floor"] && !given["max-in-flight"] && !given["bandwidth"] && (f.replace || !given["for"] && !given["until"] && !given["reason"]) {
+		return usageError{"policy set: give --floor, --max-in-flight and/or --bandwidth"}
 	}
 	return nil
 }
@@ -199,6 +202,10 @@ func (f *policySetFlags) value(cur *policy.Value, given map[string]bool, now tim
 	if given["max-in-flight"] {
 		n := f.maxInFlight
 		v.MaxInFlight = &n
+	}
+	if given["bandwidth"] {
+		r := int64(f.bandwidth)
+		v.Bandwidth = &r
 	}
 	if !f.untilAt.IsZero() {
 		v.Until = f.untilAt
@@ -278,6 +285,14 @@ func policyGet(ctx context.Context, kv jetstream.KeyValue, key string) (*policy.
 	return &v, e.Revision(), nil
 }
 
+// describeBandwidth is a cap as the commands print it: "1MiB/s", or "none".
+func describeBandwidth(n int64) string {
+	if n == 0 {
+		return "none"
+	}
+	return bytesize.FormatRate(n)
+}
+
 func describeValue(v policy.Value) string {
 	var parts []string
 	if v.Floor != nil {
@@ -285,6 +300,9 @@ func describeValue(v policy.Value) string {
 	}
 	if v.MaxInFlight != nil {
 		parts = append(parts, fmt.Sprintf("max in flight %d", *v.MaxInFlight))
+	}
+	if v.Bandwidth != nil {
+		parts = append(parts, "bandwidth "+describeBandwidth(*v.Bandwidth))
 	}
 	if !v.Until.IsZero() {
 		parts = append(parts, "until "+v.Until.UTC().Format(time.RFC3339))
@@ -370,13 +388,16 @@ func printPolicyRows(stdout io.Writer, rows []policyRow, asJSON bool) error {
 		return enc.Encode(rows)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "AUTHORITY\tFLOOR\tMAX IN FLIGHT\tUNTIL\tREASON\tREVISION")
+	fmt.Fprintln(tw, "AUTHORITY\tFLOOR\tMAX IN FLIGHT\tBANDWIDTH\tUNTIL\tREASON\tREVISION")
 	for _, r := range rows {
 		if r.Invalid != "" {
-			fmt.Fprintf(tw, "%s\t(invalid: %s)\t\t\t\t%d\n", r.Authority, r.Invalid, r.Revision)
+			fmt.Fprintf(tw, "%s\t(invalid: %s)\t\t\t\t\t%d\n", r.Authority, r.Invalid, r.Revision)
 			continue
 		}
-		floor, capN, until := "-", "-", "-"
+		floor, capN, bw, until := "-", "-", "-", "-"
+		if r.Value.Bandwidth != nil {
+			bw = describeBandwidth(*r.Value.Bandwidth)
+		}
 		if r.Value.Floor != nil {
 			floor = r.Value.Floor.String()
 		}
@@ -389,10 +410,10 @@ func printPolicyRows(stdout io.Writer, rows []policyRow, asJSON bool) error {
 				until += " (ended)"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", r.Authority, floor, capN, until, r.Value.Reason, r.Revision)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.Authority, floor, capN, bw, until, r.Value.Reason, r.Revision)
 	}
 	if len(rows) == 0 {
-		fmt.Fprintln(tw, "(no keys: every pod runs its --policy file and flags)\t\t\t\t\t")
+		fmt.Fprintln(tw, "(no keys: every pod runs its --policy file and flags)\t\t\t\t\t\t")
 	}
 	return tw.Flush()
 }

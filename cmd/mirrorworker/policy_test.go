@@ -231,10 +231,25 @@ func TestPolicyCommandCompareAndSet(t *testing.T) {
 	if !strings.Contains(out, "floor 300ms, max in flight 4") || !strings.Contains(out, `"migration"`) || !strings.Contains(out, "(revision 2)") {
 		t.Fatalf("set printed %q", out)
 	}
+	// A bandwidth cap, the other fields kept; list shows it.
+	out = must("set", "--authority", a, "--bandwidth", "2MiB/s")
+	if !strings.Contains(out, "floor 300ms, max in flight 4, bandwidth 2MiB/s") || !strings.Contains(out, "(revision 3)") {
+		t.Fatalf("set --bandwidth printed %q", out)
+	}
+	if list := must("list"); !strings.Contains(list, "BANDWIDTH") || !strings.Contains(list, "2MiB/s") {
+		t.Fatalf("list after set --bandwidth = %q", list)
+	}
+	if js := must("show", "--authority", a, "--json"); !strings.Contains(js, `"bandwidth": "2MiB/s"`) {
+		t.Fatalf("show --json = %q", js)
+	}
+	out = must("set", "--authority", a, "--bandwidth", "0", "--revision", "3")
+	if !strings.Contains(out, "bandwidth none") {
+		t.Fatalf("set --bandwidth 0 printed %q", out)
+	}
 	// Stale revision: refused, nothing written.
 	out, err := runPolicy(t, natsURL, "set", "--authority", a, "--floor", "5s", "--revision", "1")
-	if err == nil || !strings.Contains(err.Error(), "revision 2, not 1") {
-		t.Fatalf("set at a stale revision = %v\n%s; want refused naming revision 2", err, out)
+	if err == nil || !strings.Contains(err.Error(), "revision 4, not 1") {
+		t.Fatalf("set at a stale revision = %v\n%s; want refused naming revision 4", err, out)
 	}
 	if out := must("show", "--authority", a); !strings.Contains(out, "300ms") || strings.Contains(out, "5s") {
 		t.Fatalf("show after a refused edit: %q", out)
@@ -260,6 +275,8 @@ func TestPolicyCommandCompareAndSet(t *testing.T) {
 		{"set", "--authority", a},
 		{"set", "--authority", a, "--floor", "25h"},
 		{"set", "--authority", a, "--max-in-flight", "0"},
+		{"set", "--authority", a, "--bandwidth", "100/s"},
+		{"set", "--authority", a, "--bandwidth", "fast"},
 		{"set", "--authority", a, "--default", "--floor", "1s"},
 		{"set", "--floor", "1s"},
 		{"set", "--authority", a, "--floor", "1s", "--for", "1h", "--until", "2030-01-01T00:00:00Z"},

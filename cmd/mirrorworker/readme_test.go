@@ -55,6 +55,7 @@ var readmeRuns = map[string]readmeRun{
 	"mirrorworker dlq requeue --reason auth_failed":                                                                                              {want: "0 requeued"},
 	`mirrorworker policy set --authority files.example.org:443 --floor 5s --max-in-flight 1 --for 2h --reason "origin maintenance, ticket 1234"`: {want: "set files.example.org:443"},
 	"mirrorworker policy set --default --floor 500ms":                                                                                            {want: "set default"},
+	"mirrorworker policy set --authority files.example.org:443 --bandwidth 1MiB/s":                                                               {want: "bandwidth 1MiB/s"},
 	"mirrorworker policy list":                                                                                                                   {want: "files.example.org:443"},
 	"mirrorworker policy show --authority files.example.org:443":                                                                                 {want: "files.example.org:443"},
 	"mirrorworker policy delete --authority files.example.org:443":                                                                               {want: "deleted files.example.org:443"},

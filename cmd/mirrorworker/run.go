@@ -23,6 +23,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/admin"
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/bytesize"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -576,44 +577,40 @@ func checkPortFree(addr string) error {
 }
 
 // byteSize is a flag of bytes: a plain integer or one with a unit
-// (KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in powers of 1024).
+// (bytesize.Parse: KB, MB, GB, TB in powers of 1000; KiB, MiB, GiB, TiB in
+// powers of 1024).
 type byteSize int64
 
 // String is the size with the largest binary unit that divides it exactly
 // (16GiB, 1500B), so that help and errors read as people write sizes.
-func (b *byteSize) String() string {
-	n := int64(*b)
-	for _, u := range []struct {
-		name string
-		mult int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n != 0 && n%u.mult == 0 {
-			return strconv.FormatInt(n/u.mult, 10) + u.name
-		}
-	}
-	return strconv.FormatInt(n, 10)
-}
+func (b *byteSize) String() string { return bytesize.Format(int64(*b)) }
 
 func (b *byteSize) Set(s string) error {
-	s = strings.TrimSpace(s)
-	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
-	unit := strings.TrimSpace(s[len(num):])
-	mult, ok := map[string]int64{
-		"": 1, "B": 1,
-		"KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-		"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-	}[unit]
-	if !ok {
-		return fmt.Errorf("unit %q: want B, KB, MB, GB, TB, KiB, MiB, GiB or TiB", unit)
+	n, err := bytesize.Parse(s)
+	if err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), bytesize.ErrSyntax.Error()+": "))
 	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil || n < 0 {
-		return fmt.Errorf("%q: want a number of bytes, e.g. 16GiB", s)
+	*b = byteSize(n)
+	return nil
+}
+
+// rateFlag is a flag of bytes per second (bytesize.ParseRate: 1MiB/s,
+// 500KB/s, a plain number); 0 is none.
+type rateFlag int64
+
+func (r *rateFlag) String() string {
+	if r == nil || *r == 0 {
+		return "0"
 	}
-	if n > 0 && n > (1<<63-1)/mult {
-		return fmt.Errorf("%q: too large", s)
+	return bytesize.FormatRate(int64(*r))
+}
+
+func (r *rateFlag) Set(s string) error {
+	n, err := bytesize.ParseRate(s)
+	if err != nil {
+		return errors.New(strings.TrimPrefix(err.Error(), bytesize.ErrSyntax.Error()+": "))
 	}
-	*b = byteSize(n * mult)
+	*r = rateFlag(n)
 	return nil
 }
 

@@ -40,6 +40,7 @@ type workerFlags struct {
 	minRateWindow time.Duration
 	deadlineBase  time.Duration
 	deadlineRate  byteSize
+	maxBandwidth  rateFlag
 	failureBudget int
 	ackWait       time.Duration
 	maxAckPending int
@@ -106,6 +107,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.DurationVar(&w.deadlineBase, "body-deadline-base", fetch.DefaultDeadlineBase, "total deadline of a body: this plus its expected size at --body-deadline-rate")
 	w.deadlineRate = fetch.DefaultDeadlineRate
 	fs.Var(&w.deadlineRate, "body-deadline-rate", "`bytes` per second the total deadline of a body allows for its expected size (Content-Length, else the job's size, else --max-body-size); 0: no total deadline")
+	fs.Var(&w.maxBandwidth, "max-bandwidth", "cap of this process's body transfers from every origin together, a `rate` in bytes per second (1MiB/s, 500KB/s, or a plain number); each authority's own cap is its policy's bandwidth (README: Changing politeness on a running cluster); 0: none")
 	fs.IntVar(&w.failureBudget, "failure-budget", worker.DefaultFailureBudget, "attempts of a job with transient errors before it is dead-lettered")
 	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
 	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
@@ -197,6 +199,9 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	}
 	if w.maxBodySize <= 0 {
 		bad("--max-body-size %d: want more than 0", w.maxBodySize)
+	}
+	if err := pacer.CheckBandwidth(int64(w.maxBandwidth)); err != nil {
+		bad("--max-bandwidth: %s", err)
 	}
 	if w.authHolds < 1 {
 		bad("--auth-holds %d: want at least 1", w.authHolds)
@@ -305,6 +310,7 @@ func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Po
 		Policy:            policy,
 		TimeScale:         w.timeScale,
 		Fetch:             w.fetchOptions(),
+		MaxBandwidth:      int64(w.maxBandwidth),
 		Credentials:       w.credentials,
 		CredentialsReload: w.credsReload,
 		Auth:              worker.AuthRule{Hold: w.authHold, Holds: w.authHolds},

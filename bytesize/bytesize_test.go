@@ -1,0 +1,69 @@
+package bytesize_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/mirrorworker/mirrorworker/bytesize"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{in: "0", want: 0},
+		{in: "1500", want: 1500},
+		{in: "16GiB", want: 16 << 30},
+		{in: " 500 MB ", want: 500e6},
+		{in: "4KiB", want: 4096},
+		{in: "1B", want: 1},
+		{in: "1 XB", bad: true},
+		{in: "-1", bad: true},
+		{in: "MiB", bad: true},
+		{in: "9223372036854775807KiB", bad: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := bytesize.Parse(tt.in)
+			if tt.bad {
+				if !errors.Is(err, bytesize.ErrSyntax) {
+					t.Fatalf("Parse(%q) = %d, %v; want ErrSyntax", tt.in, got, err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("Parse(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestRateRoundTrip(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int64
+		out  string
+	}{
+		{in: "1MiB/s", want: 1 << 20, out: "1MiB/s"},
+		{in: "1048576", want: 1 << 20, out: "1MiB/s"},
+		{in: "500KB/s", want: 500e3, out: "500000/s"},
+		{in: "0", want: 0, out: "0/s"},
+		{in: "1536 /s", want: 1536, out: "1536/s"},
+	} {
+		got, err := bytesize.ParseRate(tt.in)
+		if err != nil || got != tt.want {
+			t.Fatalf("ParseRate(%q) = %d, %v; want %d", tt.in, got, err, tt.want)
+		}
+		if s := bytesize.FormatRate(got); s != tt.out {
+			t.Errorf("FormatRate(%d) = %q, want %q", got, s, tt.out)
+		}
+		if back, err := bytesize.ParseRate(bytesize.FormatRate(got)); err != nil || back != got {
+			t.Errorf("ParseRate(FormatRate(%d)) = %d, %v", got, back, err)
+		}
+	}
+	if _, err := bytesize.ParseRate("1MiB/h"); !errors.Is(err, bytesize.ErrSyntax) {
+		t.Errorf("ParseRate(1MiB/h): %v, want ErrSyntax", err)
+	}
+}
