@@ -416,7 +416,7 @@ func (r *run) inProcess(ctx context.Context, res *Result) error {
 		}
 		insts[len(insts)-1].parts = parts
 		wk, err := parts.NewWorker(cons, target, 2*time.Second, func(_ *worker.Options, d *worker.Deps) {
-			d.Fetcher = r.sent.fetcher(d.Fetcher)
+			r.sent.wrap(d)
 		})
 		if err != nil {
 			return err
