@@ -155,6 +155,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node nats-server cluster and worker processes")
 	}
+	t.Parallel()
 	const n = 300
 	nodes := natsCluster(t)
 	url := clusterURL(nodes)
