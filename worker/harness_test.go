@@ -68,7 +68,10 @@ func (e *env) publish(js ...jobs.Job) {
 		if err != nil {
 			e.t.Fatalf("job %d: %v", i, err)
 		}
-		if _, err := e.js.PublishMsgAsync(m); err != nil {
+		// A loaded machine can take longer than the default 200 ms to
+		// ack the window of pending publishes: wait for room instead of
+		// failing (TestParkingIsolationAtScale publishes 100,000).
+		if _, err := e.js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
 			e.t.Fatalf("publish job %d: %v", i, err)
 		}
 	}
