@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/loadtest"
 )
@@ -76,7 +77,7 @@ func newClusterOrigin(t *testing.T, partitions int, behaves ...string) *clusterO
 			used[p] = true
 			a.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { o.serve(a, w, r) }))
 			a.srv.Listener.Close()
-			a.srv.Listener = ln
+			a.srv.Listener = rxstamp.Serve(a.srv.Config, ln)
 			a.srv.Start()
 			a.name = ln.Addr().String()
 			break
@@ -88,15 +89,18 @@ func newClusterOrigin(t *testing.T, partitions int, behaves ...string) *clusterO
 }
 
 func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Request) {
-	now := time.Now()
+	// A request arrived when this host received it (rxstamp), however
+	// late the test process got to run this handler; what the origin
+	// answers and tells it is timed from now.
+	now, arrived := time.Now(), rxstamp.Arrival(r)
 	o.mu.Lock()
-	a.arrivals = append(a.arrivals, now)
+	a.arrivals = append(a.arrivals, arrived)
 	a.inflight++
 	a.maxIn = max(a.maxIn, a.inflight)
-	at := fmt.Sprintf("%s %s at %.3fs", a.name, r.URL.Path, now.Sub(o.start).Seconds())
+	at := fmt.Sprintf("%s %s at %.3fs", a.name, r.URL.Path, arrived.Sub(o.start).Seconds())
 	probe := false
 	switch {
-	case now.Before(a.until):
+	case arrived.Before(a.until):
 		a.early = append(a.early, at+fmt.Sprintf(" (told to wait until %.3fs)", a.until.Sub(o.start).Seconds()))
 	case a.probing:
 		a.overlap = append(a.overlap, at)
@@ -185,11 +189,13 @@ func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int
 		a := o.auths[n]
 		arr := append([]time.Time(nil), a.arrivals...)
 		sort.Slice(arr, func(i, j int) bool { return arr[i].Before(arr[j]) })
-		// Arrivals are timed by the origin's handlers, which a loaded
-		// machine can run late, so a correctly spaced gap can look short by
-		// some ms when the earlier request was the later to run. The slack
-		// (a tenth of the floor) excuses only that; pods without one owner
-		// per authority show gaps of 0.1 to 60 ms here.
+		// Arrivals are timed as this host received them (rxstamp), not by
+		// the handlers, which a loaded machine can run late. A request can
+		// still be late on its way from a busy pod's pacer to the socket,
+		// so a correctly spaced gap can look short by some ms when the
+		// earlier request was the later to leave. The slack (a tenth of
+		// the floor) excuses only that; pods without one owner per
+		// authority show gaps of 0.1 to 60 ms here.
 		slack := floor / 10
 		minGap, below := time.Duration(1<<62), 0
 		for i := 1; i < len(arr); i++ {
