@@ -7,6 +7,13 @@ RUN_ARGS  ?=
 # Packages with goroutines of their own run under the race detector in `make test`.
 RACE_PKGS := ./clock/... ./credentials/... ./cluster/... ./pacer/... ./worker/... ./fetch/... ./mirror/... ./stuborigin/... ./jobs/... ./replay/... ./admin/... ./strategy/... ./broker/... ./loadtest/... ./pipeline/... ./facts/... ./faultproxy/... ./policy/... ./bandwidth/...
 PKGS      := ./...
+# test-plain runs the other packages: the race run already runs every test of RACE_PKGS.
+# Their tests that shrink under the race detector (raceEnabled) run plain too, at full size.
+PLAIN_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list $(PKGS)))
+FULL_SIZE  := ^(TestParkingIsolationAtScale|TestSimulatedClusterKeepsOnePace|TestSimulatedClusterLinkFaults)$$
+# Tests that mostly wait (floors, cooldowns, leases, real processes) call t.Parallel;
+# this many run at once (go test's default is GOMAXPROCS, 2 on a 2-core machine).
+PARALLEL  ?= 8
 # Tests skipped for a missing optional dependency append a line here
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
@@ -52,14 +59,17 @@ image:
 	  --version "$$(git describe --always --dirty 2>/dev/null || echo dev)" --tag $(IMAGE_TAG) \
 	  --oci ../bin/image --tar ../bin/mirrorworker-image.tar
 
-# cmd/mirrorworker's process tests run ~12 minutes on a quiet 2-core machine (they wait on
-# real floors, cooldowns and leases): its binary gets room beyond that.
+# cmd/mirrorworker's process tests wait on real floors, cooldowns and leases (about 12
+# minutes one after another, 5 with PARALLEL at once): its binary gets room beyond that.
+# The full-size tests run beside the other packages, each go test failing the target.
 test-plain:
 	@rm -f $(SKIPPED)
-	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 25m $(PKGS)
+	@MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 25m -parallel $(PARALLEL) $(PLAIN_PKGS) & plain=$$!; \
+	$(GO) test -count=1 -timeout 15m -run '$(FULL_SIZE)' ./worker/ ./cluster/; full=$$?; \
+	wait $$plain && [ $$full -eq 0 ]
 
 test-race:
-	$(GO) test -race -count=1 -timeout 15m $(RACE_PKGS)
+	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -race -count=1 -timeout 15m -parallel $(PARALLEL) $(RACE_PKGS)
 
 vet:
 	$(GO) vet $(PKGS)

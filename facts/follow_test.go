@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -36,8 +37,8 @@ func (s *stamped) len() int {
 // pause and another pod's cooldown at the injected clock's instant, and
 // skips the facts its own pod published.
 func TestFollowAppliesOthersFactsOnItsClock(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	virtual := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
 	clk := clock.NewFake(virtual)
 	var r stamped

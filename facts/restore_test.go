@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -25,7 +26,7 @@ var _ facts.Applier = (*recorder)(nil)
 
 func publishRaw(t *testing.T, js jetstream.JetStream, subject string, data []byte) {
 	t.Helper()
-	if _, err := js.Publish(testContext(t), subject, data); err != nil {
+	if _, err := js.Publish(brokertest.Context(t), subject, data); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -40,8 +41,8 @@ func publishFact(t *testing.T, js jetstream.JetStream, ev pacer.Event) {
 }
 
 func TestRestoreReplaysFactsInOrderAndSkipsGarbage(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	at := time.Now().Truncate(time.Millisecond)
 	const a, b = "a.example:443", "b.example:8080"
 	given := []pacer.Event{
@@ -130,8 +131,8 @@ func TestRestoreReplaysFactsInOrderAndSkipsGarbage(t *testing.T) {
 }
 
 func TestRestoreEmptyAndMissingStream(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	var r recorder
 	began := time.Now()
 	res, err := facts.Restore(ctx, js, &r, facts.RestoreOptions{})
@@ -158,8 +159,8 @@ func TestRestoreEmptyAndMissingStream(t *testing.T) {
 // refuses the authority until the same deadline, and only then lets a
 // single probe through.
 func TestRestoredPacerOwesTheCooldown(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	const auth = "origin.example:443"
 	now := time.Now()
 	var published []pacer.Event
@@ -222,8 +223,8 @@ func sameEvents(a, b []pacer.Event) bool {
 // 26), within the window and beyond it, even when pacer facts of the
 // authority follow the pause; and a resume is restored too.
 func TestRestoreKeepsAnOperatorsPause(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	const auth = "paused.example:443"
 	now := time.Now()
 	pause := pacer.Event{Type: pacer.EventPaused, Authority: auth, At: now, Until: now.Add(3 * time.Hour), Reason: "maintenance"}

@@ -15,14 +15,15 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
-// departures records when each request actually left a worker, per
-// authority, so the report can tell a pacer that granted two starts too
-// close (a politeness bug) from arrivals that the origin timed too close
-// because one request left or was handled late (CPU contention, a new
-// connection). Safe for concurrent use.
+// departures records when each request left a worker, as its pacer
+// confirmed the start (recorder), per authority, so the report can tell a
+// pacer that granted two starts too close (a politeness bug) from arrivals
+// that the origin timed too close because one request left or was handled
+// late (CPU contention, a new connection). Safe for concurrent use.
 type departures struct {
 	mu sync.Mutex
 	at map[string][]time.Time
@@ -30,25 +31,116 @@ type departures struct {
 
 func newDepartures() *departures { return &departures{at: map[string][]time.Time{}} }
 
-// fetcher wraps f so that every hop admitted by the worker's gate is
-// recorded the moment the gate lets it go.
-func (d *departures) fetcher(f worker.Fetcher) worker.Fetcher { return recordingFetcher{f: f, d: d} }
+// wrap makes the worker of d record its departures (see recorder).
+func (d *departures) wrap(wd *worker.Deps) { newRecorder(d).wrap(wd) }
+
+// recorder times each request a worker sends at the instant its pacer
+// confirmed the start: the instant Confirm recorded as the actual start and
+// spaces every later start from (pacer.Confirm). A time read when the
+// fetcher's gate returns would be later by however long the slot took from
+// the confirm to the request (a busy CPU, a handed-back check), and by a
+// different amount for each request, so two starts the pacer spaced by the
+// floor plus the guard could be recorded closer than the floor. What the
+// origin sees beyond that (the request's way to its socket, its handler run
+// late) it times itself.
+//
+// The pacer wrapper notes each confirmed start per authority; the fetcher's
+// gate, when it admits a hop (the request then leaves), takes the latest
+// noted start of that authority and records it. Which of two slots' starts a
+// hop takes does not change the set recorded; a start confirmed and then
+// given back unsent (the partition lost, the target down) is older than
+// every later one, never taken, and dropped after a minute. Safe for
+// concurrent use.
+type recorder struct {
+	log interface {
+		record(auth string, t time.Time)
+	}
+	mu        sync.Mutex
+	confirmed map[string][]time.Time // per authority, oldest first
+}
+
+func newRecorder(log interface{ record(string, time.Time) }) *recorder {
+	return &recorder{log: log, confirmed: map[string][]time.Time{}}
+}
+
+// wrap puts the recorder around the worker's fetcher and pacer.
+func (r *recorder) wrap(d *worker.Deps) {
+	d.Fetcher = recordingFetcher{f: d.Fetcher, r: r}
+	d.Pacer = r.pacer(d.Pacer)
+}
+
+func (r *recorder) confirm(auth string, at time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ts := r.confirmed[auth]
+	for len(ts) > 0 && at.Sub(ts[0]) > time.Minute {
+		ts = ts[1:]
+	}
+	r.confirmed[auth] = append(ts, at)
+}
+
+// sent records a request to auth that the gate has just admitted.
+func (r *recorder) sent(auth string) {
+	r.mu.Lock()
+	at, ts := time.Time{}, r.confirmed[auth]
+	if n := len(ts); n > 0 {
+		at, r.confirmed[auth] = ts[n-1], ts[:n-1]
+	}
+	r.mu.Unlock()
+	if at.IsZero() {
+		at = time.Now() // no confirm seen: a pacer that is not the worker's own
+	}
+	r.log.record(auth, at)
+}
 
 type recordingFetcher struct {
 	f worker.Fetcher
-	d interface {
-		record(auth string, t time.Time)
-	}
+	r *recorder
 }
 
-func (r recordingFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gate) (*fetch.Response, error) {
-	return r.f.Do(ctx, req, func(ctx context.Context, hop int, a authority.Authority) (func(fetch.Result), error) {
+func (f recordingFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gate) (*fetch.Response, error) {
+	return f.f.Do(ctx, req, func(ctx context.Context, hop int, a authority.Authority) (func(fetch.Result), error) {
 		done, err := g(ctx, hop, a)
 		if err == nil {
-			r.d.record(a.String(), time.Now())
+			f.r.sent(a.String())
 		}
 		return done, err
 	})
+}
+
+// recordingPacer notes every start its pacer confirms.
+type recordingPacer struct {
+	worker.Pacer
+	r *recorder
+}
+
+func (p recordingPacer) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
+	cpm, err := p.Pacer.Confirm(now, pm)
+	if err == nil && !cpm.Start.After(now) { // may start now: pacer.Wait starts it
+		p.r.confirm(pm.Authority, now)
+	}
+	return cpm, err
+}
+
+// applier is the method the worker looks for on its pacer beyond
+// worker.Pacer (an operator's pause, authfail.go): the wrapper keeps it.
+type applier interface {
+	Apply(now time.Time, ev pacer.Event)
+}
+
+type recordingApplier struct {
+	recordingPacer
+	a applier
+}
+
+func (p recordingApplier) Apply(now time.Time, ev pacer.Event) { p.a.Apply(now, ev) }
+
+func (r *recorder) pacer(p worker.Pacer) worker.Pacer {
+	rp := recordingPacer{Pacer: p, r: r}
+	if a, ok := p.(applier); ok {
+		return recordingApplier{recordingPacer: rp, a: a}
+	}
+	return rp
 }
 
 func (d *departures) record(auth string, t time.Time) {
@@ -79,7 +171,8 @@ func (d *departures) belowFloor(floor time.Duration) (n int64, minGap time.Durat
 }
 
 // DeparturesEnv names the file to which a `mirrorworker run` process started
-// by the load test appends the instant of every request it sends (see
+// by the load test appends the instant of every request it sends, as its
+// pacer confirmed the start (see
 // DepartureLog). Only the load test sets it, for its own pods: it is not a
 // MIRRORWORKER_ variable, so it can never be read as a flag.
 const DeparturesEnv = "MW_LOADTEST_DEPARTURES"
@@ -108,13 +201,14 @@ func OpenDepartureLog(path string) (*DepartureLog, error) {
 	return &DepartureLog{f: f}, nil
 }
 
-// Fetcher wraps f so that every hop the worker's gate admits is recorded
-// the moment the gate lets it go; on a nil DepartureLog it returns f.
-func (d *DepartureLog) Fetcher(f worker.Fetcher) worker.Fetcher {
+// Wrap makes the worker of d record every request it sends, at the
+// instant its pacer confirmed the start (see recorder); on a nil
+// DepartureLog it changes nothing.
+func (d *DepartureLog) Wrap(wd *worker.Deps) {
 	if d == nil {
-		return f
+		return
 	}
-	return recordingFetcher{f: f, d: d}
+	newRecorder(d).wrap(wd)
 }
 
 func (d *DepartureLog) record(auth string, t time.Time) {

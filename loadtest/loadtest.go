@@ -416,7 +416,7 @@ func (r *run) inProcess(ctx context.Context, res *Result) error {
 		}
 		insts[len(insts)-1].parts = parts
 		wk, err := parts.NewWorker(cons, target, 2*time.Second, func(_ *worker.Options, d *worker.Deps) {
-			d.Fetcher = r.sent.fetcher(d.Fetcher)
+			r.sent.wrap(d)
 		})
 		if err != nil {
 			return err
@@ -764,7 +764,11 @@ func fillOrigin(res *Result, st stuborigin.Stats, start time.Time, drain time.Du
 	var admitted int64
 	minGap := time.Duration(-1)
 	offset := int(start.Sub(st.Start) / time.Second)
-	secs := int(math.Ceil(drain.Seconds()))
+	// The run covers [start, start+drain] in the origin's seconds; the
+	// series starts at the whole second the start falls in, so it needs
+	// the seconds up to the one the end falls in (ceil(drain) alone would
+	// drop the run's last fraction of a second when the start's is larger).
+	secs := int(math.Ceil((start.Sub(st.Start)+drain).Seconds())) - offset
 	series := make([]Point, secs)
 	for i := range series {
 		series[i].T = i

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/replay"
 )
@@ -19,8 +20,8 @@ import (
 // jobs keep arriving: the case that made a replay's progress go backwards
 // and never finish.
 func TestRunWorksOnTheStreamAsItWas(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	publishJobs(t, js, jobsFor(3, 0)...)                                // a.example: 1..3
 	publishJobs(t, js, jobs.Job{URL: "https://b.example/not-selected"}) // 4
 	filter := replay.Filter{Authorities: auths(t, "a.example:443")}

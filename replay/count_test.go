@@ -10,13 +10,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/replay"
 )
 
 func TestCount(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	now := time.Now()
 
 	empty, err := replay.Count(ctx, js, replay.Start{}, nil, now)
@@ -98,8 +99,8 @@ func TestCount(t *testing.T) {
 // messages; a dead-lettered job is counted as such, with its reason, and a
 // job enqueued again after its dead letter is not.
 func TestCountJobsNotMessages(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	a, err := jobs.Parse([]byte(`{"url":"http://127.0.0.1:18765/pub/hello.txt"}`))
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package replay_test
 import (
 	"testing"
 
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/replay"
 )
@@ -11,8 +12,8 @@ import (
 // JetStream lands in the replay's stream, not in MIRROR_DLQ; other
 // messages go where they always do.
 func TestSeparateDeadLetters(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	if err := replay.EnsureDeadLetterStream(ctx, js, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -32,7 +33,7 @@ type liveWorker struct {
 
 func startLiveWorker(t *testing.T, js jetstream.JetStream, root string, restore bool) *liveWorker {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := brokertest.Context(t)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)
 	cons, err := jobs.EnsureConsumer(ctx, js, nil)
 	if err != nil {
@@ -101,8 +102,8 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 // within the window with a new job for the origin at once. The origin gets
 // no request before the deadline, then the probe and the rest.
 func TestRestartOwesTheCooldown(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	o := newOrigin(t)
 	o.throttle = func(n int, h http.Header) int {
 		if n == 1 {

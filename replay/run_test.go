@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -43,7 +44,7 @@ func testPolicy() *pacer.Policy {
 // its own facts, metrics on a private registry.
 func replayInto(t *testing.T, js jetstream.JetStream, root string, start replay.Start, f replay.Filter) (replay.Result, replay.Summary) {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := brokertest.Context(t)
 	log := zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)
 	reg := prometheus.NewRegistry()
 	metrics, err := worker.NewMetrics(reg, 0)
@@ -166,8 +167,8 @@ func objectFiles(t *testing.T, root string) []string {
 }
 
 func TestReplayRebuildsAndRemirrorsCheaply(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	origins := []*origin{newOrigin(t), newOrigin(t), newOrigin(t), newOrigin(t)}
 	const perOrigin = 250
 	var all []jobs.Job

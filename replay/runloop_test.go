@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,7 +24,7 @@ func jobsFor(n, from int) []jobs.Job {
 
 func consumerGone(t *testing.T, js jetstream.JetStream, name string) {
 	t.Helper()
-	if _, err := js.Consumer(testContext(t), jobs.JobsStream, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if _, err := js.Consumer(brokertest.Context(t), jobs.JobsStream, name); !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("replay consumer %s still there after Run (%v)", name, err)
 	}
 }
@@ -31,8 +32,8 @@ func consumerGone(t *testing.T, js jetstream.JetStream, name string) {
 // A worker stand-in that acks what it gets: Run ends once the jobs stored
 // before it began are acked, even while newer jobs are held unacked.
 func TestRunDoesNotWaitForNewerJobs(t *testing.T) {
-	js, _ := startJetStream(t)
-	ctx := testContext(t)
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
 	publishJobs(t, js, jobsFor(5, 0)...)
 	work := func(ctx context.Context, c jetstream.Consumer) error {
 		it, err := c.Messages()
@@ -69,9 +70,9 @@ func TestRunDoesNotWaitForNewerJobs(t *testing.T) {
 }
 
 func TestRunReportsAWorkerThatFails(t *testing.T) {
-	js, _ := startJetStream(t)
+	js, _ := brokertest.Streams(t)
 	publishJobs(t, js, jobsFor(2, 0)...)
-	res, err := replay.Run(testContext(t), js, func(context.Context, jetstream.Consumer) error {
+	res, err := replay.Run(brokertest.Context(t), js, func(context.Context, jetstream.Consumer) error {
 		return errors.New("no bucket")
 	}, nil)
 	if err == nil || !strings.Contains(err.Error(), "no bucket") {
@@ -79,7 +80,7 @@ func TestRunReportsAWorkerThatFails(t *testing.T) {
 	}
 	consumerGone(t, js, res.Consumer)
 
-	res, err = replay.Run(testContext(t), js, func(context.Context, jetstream.Consumer) error { return nil }, nil)
+	res, err = replay.Run(brokertest.Context(t), js, func(context.Context, jetstream.Consumer) error { return nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "stopped before the replay was complete") {
 		t.Fatalf("Run = %v, want an early stop reported", err)
 	}
@@ -87,9 +88,9 @@ func TestRunReportsAWorkerThatFails(t *testing.T) {
 }
 
 func TestRunInterrupted(t *testing.T) {
-	js, _ := startJetStream(t)
+	js, _ := brokertest.Streams(t)
 	publishJobs(t, js, jobsFor(2, 0)...)
-	ctx, cancel := context.WithCancel(testContext(t))
+	ctx, cancel := context.WithCancel(brokertest.Context(t))
 	stopped := make(chan struct{})
 	res, err := replay.Run(ctx, js, func(wctx context.Context, _ jetstream.Consumer) error {
 		cancel() // the user presses Ctrl-C
@@ -109,8 +110,8 @@ func TestRunInterrupted(t *testing.T) {
 }
 
 func TestRunNothingToReplay(t *testing.T) {
-	js, _ := startJetStream(t)
-	res, err := replay.Run(testContext(t), js, func(ctx context.Context, _ jetstream.Consumer) error {
+	js, _ := brokertest.Streams(t)
+	res, err := replay.Run(brokertest.Context(t), js, func(ctx context.Context, _ jetstream.Consumer) error {
 		<-ctx.Done()
 		return nil
 	}, &replay.Options{Start: replay.Start{Seq: 10}})

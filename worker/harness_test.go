@@ -21,6 +21,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
@@ -68,7 +69,10 @@ func (e *env) publish(js ...jobs.Job) {
 		if err != nil {
 			e.t.Fatalf("job %d: %v", i, err)
 		}
-		if _, err := e.js.PublishMsgAsync(m); err != nil {
+		// A loaded machine can take longer than the default 200 ms to
+		// ack the window of pending publishes: wait for room instead of
+		// failing (TestParkingIsolationAtScale publishes 100,000).
+		if _, err := e.js.PublishMsgAsync(m, jetstream.WithStallWait(30*time.Second)); err != nil {
 			e.t.Fatalf("publish job %d: %v", i, err)
 		}
 	}
@@ -312,7 +316,7 @@ func newOrigin(t testing.TB) *origin {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.srv.Listener = ln
+	o.srv.Listener = rxstamp.Serve(o.srv.Config, ln) // arrivals as this host received them
 	o.srv.Start()
 	t.Cleanup(o.srv.Close)
 	o.auth = ln.Addr().String()
@@ -322,7 +326,7 @@ func newOrigin(t testing.TB) *origin {
 func (o *origin) url(path string) string { return "http://" + o.auth + path }
 
 func (o *origin) serve(w http.ResponseWriter, r *http.Request) {
-	now := time.Now()
+	now := rxstamp.Arrival(r)
 	o.mu.Lock()
 	o.perPath[r.URL.Path]++
 	n := o.perPath[r.URL.Path]

@@ -183,6 +183,7 @@ func (f *faultTarget) minPutFails(keys []string) int {
 // disk is full and says why; it resumes and stores everything once writes
 // succeed again.
 func TestFullTargetCostsNoBudget(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	ft := &faultTarget{FileTarget: e.target, putFails: map[string]int{}}
@@ -254,6 +255,7 @@ func TestFullTargetCostsNoBudget(t *testing.T) {
 // without one is cut at size+1 bytes; after two such answers the job is
 // dead-lettered content_mismatch.
 func TestOversizedBodyIsCutAndDeadLettered(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	const big = 50 << 20
@@ -291,10 +293,18 @@ func TestOversizedBodyIsCutAndDeadLettered(t *testing.T) {
 			t.Errorf("%s: %s after %d attempts, want content_mismatch after %d", d.JobID, d.Reason, len(d.Attempts), worker.MaxContentMismatches)
 		}
 	}
+	// The origin logs a request when its handler returns, and a handler
+	// still writing the chunked body notices the cut connection a moment
+	// after the worker has moved on: wait for both logs (a third request
+	// still fails below).
 	n := map[string]int{}
-	for _, a := range o.log() {
-		n[a.path]++
-	}
+	waitCond(t, 10*time.Second, "the origin's handlers to return", func() bool {
+		n = map[string]int{}
+		for _, a := range o.log() {
+			n[a.path]++
+		}
+		return n["/big-length"] >= 2 && n["/big-chunked"] >= 2
+	})
 	if n["/big-length"] != 2 || n["/big-chunked"] != 2 {
 		t.Errorf("requests %v, want 2 each", n)
 	}
@@ -370,6 +380,7 @@ func TestLabelCapCountsAuthorities(t *testing.T) {
 // Issue 13, case 6: the dead letter of an invalid job names the job's id
 // when it carries a valid one.
 func TestInvalidJobDeadLetterNamesItsID(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{})

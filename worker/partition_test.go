@@ -75,6 +75,7 @@ func (e *env) startServing(p worker.Pacer, o worker.Options, legacy jetstream.Co
 // TestPartitionedDrains: in partitioned mode every job of every authority
 // is stored once, from the partition consumers.
 func TestPartitionedDrains(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	origins := []*origin{newOrigin(t), newOrigin(t), newOrigin(t)}
 	const per = 20
@@ -101,6 +102,7 @@ func TestPartitionedDrains(t *testing.T) {
 // are moved into their partitions and stored after an upgrade; the ones it
 // had acked are not done again.
 func TestPartitionedMovesJobsOfAnEarlierVersion(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	ctx := context.Background()

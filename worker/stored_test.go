@@ -53,6 +53,7 @@ func (l *lockedBuffer) lines(t *testing.T, msg string) []map[string]any {
 // unchanged), and the objects stored are summed up at info, so that a
 // newcomer at the default level sees the worker store.
 func TestStoredObjectsAreLogged(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	var logs lockedBuffer

@@ -19,6 +19,7 @@ import (
 )
 
 func TestStoresEveryJobThenRevalidates(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	var origins []*origin
 	for range 10 {
@@ -98,6 +99,7 @@ func TestStoresEveryJobThenRevalidates(t *testing.T) {
 }
 
 func TestTransientFailuresUseTheBudget(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	o.setBehave(func(w http.ResponseWriter, r *http.Request, n int) bool {
@@ -168,6 +170,7 @@ func TestTransientFailuresUseTheBudget(t *testing.T) {
 }
 
 func TestPermanentAndInvalidJobsAreDeadLettered(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	o.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
@@ -238,6 +241,7 @@ func TestPermanentAndInvalidJobsAreDeadLettered(t *testing.T) {
 }
 
 func TestTargetConflictIsDeadLetteredAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
 	r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{})
@@ -348,6 +352,7 @@ func TestFloorHoldsAtTheOrigin(t *testing.T) {
 }
 
 func TestHeldJobsOutliveTheAckWait(t *testing.T) {
+	t.Parallel()
 	// Six jobs 700 ms apart on one authority take over 3 s in memory; the
 	// ack wait is 1.5 s. In-progress acks keep every job on its first
 	// delivery.
@@ -454,6 +459,7 @@ func (p *phasedPacer) Done(time.Time, pacer.Permit, pacer.Response) pacer.Verdic
 }
 
 func TestDeferringAFullMemoryResumesPulling(t *testing.T) {
+	t.Parallel()
 	// MaxHeld jobs wait in memory (a short spacing wait) while more are
 	// pending, so the intake waits for space. Then a cooldown longer than
 	// HoldMax defers every one of them, with no fetch in flight: the

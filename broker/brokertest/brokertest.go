@@ -2,11 +2,12 @@
 // way every package's tests need one: in a temporary store, on an
 // in-process connection, everything stopped with the test.
 //
-// It does not create mirrorworker's streams (jobs.EnsureStreams does), and
-// it is for tests only.
+// Start and JetStream leave the server empty; Streams adds mirrorworker's
+// streams (jobs.EnsureStreams). It is for tests only.
 package brokertest
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
 // Start starts an embedded server with o (an empty StoreDir is a directory
@@ -46,6 +48,27 @@ func JetStream(t testing.TB, e *broker.Embedded) (jetstream.JetStream, *nats.Con
 		t.Fatal(err)
 	}
 	return js, nc
+}
+
+// Streams starts an embedded server of the test's own with mirrorworker's
+// streams (jobs.EnsureStreams with the defaults) and returns a client on
+// it; everything stops with the test.
+func Streams(t testing.TB) (jetstream.JetStream, *nats.Conn) {
+	t.Helper()
+	js, nc := JetStream(t, Start(t, broker.EmbeddedOptions{}))
+	if err := jobs.EnsureStreams(Context(t), js, nil); err != nil {
+		t.Fatal(err)
+	}
+	return js, nc
+}
+
+// Context is a context that ends with the test, or after 50 s: a limit
+// for a test's calls to the server far beyond what they take on a busy
+// machine, so that a lost answer fails the test instead of hanging it.
+func Context(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // StartWithPassword starts a plain NATS server (no JetStream) on a free

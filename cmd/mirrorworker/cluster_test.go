@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -18,7 +19,9 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/loadtest"
 )
 
 // clusterOrigin is one origin with several authorities (loopback ports),
@@ -74,7 +77,7 @@ func newClusterOrigin(t *testing.T, partitions int, behaves ...string) *clusterO
 			used[p] = true
 			a.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { o.serve(a, w, r) }))
 			a.srv.Listener.Close()
-			a.srv.Listener = ln
+			a.srv.Listener = rxstamp.Serve(a.srv.Config, ln)
 			a.srv.Start()
 			a.name = ln.Addr().String()
 			break
@@ -86,15 +89,18 @@ func newClusterOrigin(t *testing.T, partitions int, behaves ...string) *clusterO
 }
 
 func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Request) {
-	now := time.Now()
+	// A request arrived when this host received it (rxstamp), however
+	// late the test process got to run this handler; what the origin
+	// answers and tells it is timed from now.
+	now, arrived := time.Now(), rxstamp.Arrival(r)
 	o.mu.Lock()
-	a.arrivals = append(a.arrivals, now)
+	a.arrivals = append(a.arrivals, arrived)
 	a.inflight++
 	a.maxIn = max(a.maxIn, a.inflight)
-	at := fmt.Sprintf("%s %s at %.3fs", a.name, r.URL.Path, now.Sub(o.start).Seconds())
+	at := fmt.Sprintf("%s %s at %.3fs", a.name, r.URL.Path, arrived.Sub(o.start).Seconds())
 	probe := false
 	switch {
-	case now.Before(a.until):
+	case arrived.Before(a.until):
 		a.early = append(a.early, at+fmt.Sprintf(" (told to wait until %.3fs)", a.until.Sub(o.start).Seconds()))
 	case a.probing:
 		a.overlap = append(a.overlap, at)
@@ -164,8 +170,13 @@ func throttles(behave string) bool {
 	return behave != "plain" && behave != "cdn" && !strings.HasPrefix(behave, "redirect")
 }
 
-// check reports every breach of the politeness contract the origin saw.
-func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int) {
+// check reports every breach of the politeness contract the origin saw,
+// and any two requests to one authority whose starts the pods' pacers
+// confirmed closer than the floor (deps, from the pods' departure logs; nil
+// for none). The departures tell an origin-timed short gap whose requests
+// were spaced as they should be (a handler, or a request on its way, run
+// late on a busy machine) from one they were not.
+func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int, deps map[string][]departure) {
 	t.Helper()
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -178,11 +189,13 @@ func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int
 		a := o.auths[n]
 		arr := append([]time.Time(nil), a.arrivals...)
 		sort.Slice(arr, func(i, j int) bool { return arr[i].Before(arr[j]) })
-		// Arrivals are timed by the origin's handlers, which a loaded
-		// machine can run late, so a correctly spaced gap can look short by
-		// some ms when the earlier request was the later to run. The slack
-		// (a tenth of the floor) excuses only that; pods without one owner
-		// per authority show gaps of 0.1 to 60 ms here.
+		// Arrivals are timed as this host received them (rxstamp), not by
+		// the handlers, which a loaded machine can run late. A request can
+		// still be late on its way from a busy pod's pacer to the socket,
+		// so a correctly spaced gap can look short by some ms when the
+		// earlier request was the later to leave. The slack (a tenth of
+		// the floor) excuses only that; pods without one owner per
+		// authority show gaps of 0.1 to 60 ms here.
 		slack := floor / 10
 		minGap, below := time.Duration(1<<62), 0
 		for i := 1; i < len(arr); i++ {
@@ -192,10 +205,23 @@ func (o *clusterOrigin) check(t *testing.T, floor time.Duration, maxInFlight int
 				below++
 			}
 		}
-		t.Logf("%s (%s): %d requests, closest gap %s, %d cooldowns probed, max in flight %d",
-			n, a.behave, len(arr), minGap.Round(100*time.Microsecond), a.probes, a.maxIn)
+		sent := "not logged"
+		if deps != nil {
+			d := deps[n]
+			minDep := time.Duration(1 << 62)
+			for i := 1; i < len(d); i++ {
+				g := d[i].at.Sub(d[i-1].at)
+				minDep = min(minDep, g)
+				if g < floor {
+					t.Errorf("%s: pod %d's pacer started a request at %.3fs, %s after pod %d's (floor %s)", n, d[i].pod, d[i].at.Sub(o.start).Seconds(), g, d[i-1].pod, floor)
+				}
+			}
+			sent = fmt.Sprintf("%s (%d requests)", minDep.Round(100*time.Microsecond), len(d))
+		}
+		t.Logf("%s (%s): %d requests, closest gap %s as arrived, %s as the pods' pacers started them; %d cooldowns probed, max in flight %d",
+			n, a.behave, len(arr), minGap.Round(100*time.Microsecond), sent, a.probes, a.maxIn)
 		if below > 0 {
-			t.Errorf("%s: %d gaps below the floor %s (closest %s)", n, below, floor, minGap)
+			t.Errorf("%s: %d gaps below the floor %s as arrived (closest %s; as started %s)", n, below, floor, minGap, sent)
 		}
 		if len(a.early) > 0 {
 			t.Errorf("%s: %d requests while told to wait: %v", n, len(a.early), a.early)
@@ -292,7 +318,8 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 					"--max-in-flight", "2", "--lease-ttl", "2s",
 					"--ack-wait", "3s", "--log-level", "info")
 			}
-			pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+			deps := &departureLogs{dir: t.TempDir()}
+			pods := []*workerProcess{deps.start(t, args()...), deps.start(t, args()...), deps.start(t, args()...)}
 			if kill {
 				waitFor(t, 60*time.Second, "a third of the jobs stored", func() bool {
 					return len(mirrorFiles(t, root)) >= len(urls)/3
@@ -307,7 +334,7 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 				if n := len(mirrorFiles(t, root)); n >= len(urls) {
 					t.Fatalf("all %d jobs stored before the kill; the test proves nothing", n)
 				}
-				pods = append(append(pods[:victim:victim], pods[victim+1:]...), startWorkerProcess(t, args()...))
+				pods = append(append(pods[:victim:victim], pods[victim+1:]...), deps.start(t, args()...))
 				waitFor(t, 60*time.Second, "a request to the killed pod's authority", func() bool {
 					return origin.lastArrival(origin.named("429")).After(killed)
 				})
@@ -321,7 +348,7 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 				}
 			}
 			checkClusterMirror(t, root, targets)
-			origin.check(t, floor, 2)
+			origin.check(t, floor, 2, readDepartures(t, deps.files))
 			served := 0
 			for _, p := range pods {
 				if strings.Contains(p.log.String(), `"partitions taken"`) {
@@ -366,7 +393,8 @@ func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
 		return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(),
 			"--max-in-flight", "2", "--lease-ttl", "2s", "--ack-wait", "5s", "--log-level", "info")
 	}
-	pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+	deps := &departureLogs{dir: t.TempDir()}
+	pods := []*workerProcess{deps.start(t, args()...), deps.start(t, args()...), deps.start(t, args()...)}
 	waitQueueEmpty(t, natsURL, root, len(urls), 120*time.Second, multiLog(pods))
 	// Which redirects crossed pods, by the leases at the end (they can
 	// move while the pods start; a redirect whose authority shares the
@@ -383,7 +411,7 @@ func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
 		}
 	}
 	checkClusterMirror(t, root, targets)
-	origin.check(t, floor, 2)
+	origin.check(t, floor, 2, readDepartures(t, deps.files))
 	t.Logf("%d of %d redirecting authorities served by another pod than the cdn's", crossed, len(behaves)-1)
 	if crossed == 0 {
 		t.Error("every redirecting authority shares the cdn's pod; the test proves nothing")
@@ -399,6 +427,21 @@ func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
 			t.Errorf("%s (%s): %d requests, want %d", n, a.behave, len(a.arrivals), want)
 		}
 	}
+}
+
+// departureLogs starts worker processes that each log the instant their
+// pacer confirmed every request's start (loadtest.DepartureLog), for
+// readDepartures; the order of files is the order of the pods started.
+type departureLogs struct {
+	dir   string
+	files []string
+}
+
+func (d *departureLogs) start(t *testing.T, args ...string) *workerProcess {
+	t.Helper()
+	f := filepath.Join(d.dir, fmt.Sprintf("departures-%d", len(d.files)))
+	d.files = append(d.files, f)
+	return startWorkerProcessEnv(t, []string{loadtest.DeparturesEnv + "=" + f}, args...)
 }
 
 // waitQueueEmpty waits until n files are in the mirror and nothing is left
@@ -505,8 +548,10 @@ func TestProcessCrashWhileParking(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	for _, point := range []string{"parked-before-ack", "unparked-before-delete"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			const n = 5 // the 429 escalates the interval to 2 s
 			natsURL := externalNATS(t)
 			origin := newClusterOrigin(t, jobs.DefaultPartitions, "429")
@@ -535,9 +580,7 @@ func TestProcessCrashWhileParking(t *testing.T) {
 // the named fault point (MW_FAULT_POINT) and waits until it has.
 func startKilledAt(t *testing.T, point string, args ...string) *workerProcess {
 	t.Helper()
-	t.Setenv(faultEnv, point)
-	defer os.Unsetenv(faultEnv)
-	p := startWorkerProcess(t, args...)
+	p := startWorkerProcessEnv(t, []string{faultEnv + "=" + point}, args...)
 	select {
 	case <-p.exited:
 	case <-time.After(60 * time.Second):
@@ -558,6 +601,7 @@ func TestProcessCrashBeforeLaneSkip(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	const n = 400
 	natsURL := externalNATS(t)
 	origin := newClusterOrigin(t, jobs.DefaultPartitions, "429", "plain")

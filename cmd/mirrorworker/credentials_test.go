@@ -135,6 +135,7 @@ func streamBytes(t *testing.T, js jetstream.JetStream, stream string) string {
 //     the dead letters, the events, the attempts bucket, the metrics,
 //     /debug/pacer or status.
 func TestPrivateUpstreams(t *testing.T) {
+	t.Parallel()
 	ca, err := fetchtest.NewCA()
 	if err != nil {
 		t.Fatal(err)

@@ -88,6 +88,7 @@ func listJSON(t *testing.T, natsURL string, args ...string) []deadletter.Record 
 // nothing); a requeued job that fails again is dead-lettered again and not
 // retried on its own; once the origin works a requeue stores it.
 func TestDLQListShowRequeue(t *testing.T) {
+	t.Parallel()
 	origin := newSwitchOrigin(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

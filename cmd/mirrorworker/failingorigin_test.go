@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 )
 
 // failingOrigin is one authority on loopback that resets every connection
@@ -33,9 +35,9 @@ type arrival struct {
 	phase int32
 }
 
-func (o *failingOrigin) record(p int32) {
+func (o *failingOrigin) record(p int32, at time.Time) {
 	o.mu.Lock()
-	o.arr = append(o.arr, arrival{time.Now(), p})
+	o.arr = append(o.arr, arrival{at, p})
 	o.mu.Unlock()
 }
 
@@ -59,12 +61,17 @@ func (l resetListener) Accept() (net.Conn, error) {
 		if err != nil || l.o.phase.Load() != phaseRefuse {
 			return c, err
 		}
-		l.o.record(phaseRefuse)
+		l.o.record(phaseRefuse, time.Now())
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0)
 		}
 		c.Close()
 	}
+}
+
+// SyscallConn lets rxstamp set its option on the listening socket.
+func (l resetListener) SyscallConn() (syscall.RawConn, error) {
+	return l.Listener.(syscall.Conn).SyscallConn()
 }
 
 func newFailingOrigin(t *testing.T) *failingOrigin {
@@ -76,14 +83,14 @@ func newFailingOrigin(t *testing.T) *failingOrigin {
 	o.addr = ln.Addr().String()
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := o.phase.Load()
-		o.record(p)
+		o.record(p, rxstamp.Arrival(r)) // as this host received it
 		if p == phaseFail {
 			http.Error(w, "down for maintenance", http.StatusInternalServerError)
 			return
 		}
 		w.Write(clusterBody(r.URL.Path))
 	})}
-	go srv.Serve(resetListener{ln, o})
+	go srv.Serve(rxstamp.Serve(srv, resetListener{ln, o}))
 	t.Cleanup(func() { srv.Close() })
 	return o
 }

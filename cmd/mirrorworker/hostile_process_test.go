@@ -118,6 +118,7 @@ func TestProcessTrickleDoesNotStallHealthyJobs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	const n = 20
 	natsURL := externalNATS(t)
 	healthy := newObjectOrigin(t)
@@ -195,6 +196,7 @@ func TestProcessFullDiskCostsNoBudget(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	mnt := t.TempDir()
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=2m"); err != nil {
 		t.Skipf("cannot mount a tmpfs (needs root): %v", err)

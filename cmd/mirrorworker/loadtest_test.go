@@ -19,6 +19,7 @@ func TestLoadtestCommand(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a load test")
 	}
+	t.Parallel()
 	dir := t.TempDir()
 	// The default profile bans fixed for 30 s after 10 early requests, once
 	// or twice: the limit leaves room for both.

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,60 +22,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/internal/testbin"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
-var (
-	natsServerOnce sync.Once
-	natsServerBin  string
-	natsServerErr  error
-)
-
-// natsServerBinary builds nats-server from the module cache once per test
-// binary (the version in go.mod, so no download beyond the module itself).
-func natsServerBinary(t *testing.T) string {
-	t.Helper()
-	natsServerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "mirrorworker-nats-server-")
-		if err != nil {
-			natsServerErr = err
-			return
-		}
-		bin := filepath.Join(dir, "nats-server")
-		cmd := exec.Command("go", "build", "-o", bin, "github.com/nats-io/nats-server/v2")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			natsServerErr = fmt.Errorf("go build nats-server: %v\n%s", err, out)
-			return
-		}
-		natsServerBin = bin
-	})
-	if natsServerErr != nil {
-		t.Fatal(natsServerErr)
-	}
-	return natsServerBin
-}
-
-// freePorts returns n distinct free loopback ports. They are released before
-// use, so another process could take one in between; on a test machine
-// that is rare, and the server then fails to start loudly.
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var lns []net.Listener
-	var ports []int
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
-}
+// natsServer is the nats-server command of the version in go.mod, built
+// from the module cache (no download beyond the module itself).
+var natsServer = testbin.Program{Name: "nats-server", Package: "github.com/nats-io/nats-server/v2", Module: "github.com/nats-io/nats-server/v2"}
 
 // natsNode is one nats-server process of a test cluster.
 type natsNode struct {
@@ -91,8 +43,8 @@ type natsNode struct {
 // JetStream answers (a meta leader is elected).
 func natsCluster(t *testing.T) []*natsNode {
 	t.Helper()
-	bin := natsServerBinary(t)
-	ports := freePorts(t, 6)
+	bin := testbin.Binary(t, natsServer)
+	ports := testbin.FreePorts(t, 6)
 	var routes []string
 	for i := range 3 {
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[3+i]))
@@ -203,6 +155,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node nats-server cluster and worker processes")
 	}
+	t.Parallel()
 	const n = 300
 	nodes := natsCluster(t)
 	url := clusterURL(nodes)

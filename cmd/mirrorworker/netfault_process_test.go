@@ -29,13 +29,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/loadtest"
 )
 
-// netFaultBaseline is the drain time of the run with no fault, for the
-// ratio the fault runs report (set by the "no fault" subtest).
-var netFaultBaseline struct {
-	sync.Mutex
-	d time.Duration
-}
-
 // netFaultCase is one run: a fault struck on one pod's link, and when it
 // is lifted (0: never, the fault lasts to the end of the run).
 type netFaultCase struct {
@@ -71,12 +64,36 @@ func TestProcessClusterNetworkFaults(t *testing.T) {
 		{name: "cut", strike: (*faultproxy.Proxy).Cut, lasts: 5 * time.Second, afterWait: true},
 		{name: "black hole", strike: (*faultproxy.Proxy).BlackHole, lasts: 5 * time.Second, afterWait: true},
 	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) { runNetFault(t, tc, ttl) })
+	t.Parallel()
+	// The runs are independent (a NATS server, an origin, pods and links
+	// of their own) and mostly wait on floors, TTLs and faults: they run at
+	// once, and the drain times are compared once all have ended.
+	var (
+		mu     sync.Mutex
+		drains = map[string]time.Duration{}
+	)
+	t.Run("runs", func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				d := runNetFault(t, tc, ttl)
+				mu.Lock()
+				drains[tc.name] = d
+				mu.Unlock()
+			})
+		}
+	})
+	base, ok := drains["no fault"]
+	for _, tc := range cases[1:] {
+		if d, done := drains[tc.name]; done && ok {
+			t.Logf("%s: drained in %s, %.2f of the no-fault drain (%s) of the same, concurrent, runs", tc.name, d.Round(10*time.Millisecond), d.Seconds()/base.Seconds(), base.Round(10*time.Millisecond))
+		}
 	}
 }
 
-func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) {
+// runNetFault runs one case and returns its drain time (0 if it failed
+// before the drain).
+func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) time.Duration {
 	const (
 		partitions = jobs.DefaultPartitions
 		perAuth    = 12
@@ -111,8 +128,7 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) {
 		t.Cleanup(func() { px.Close() })
 		proxies = append(proxies, px)
 		departures = append(departures, filepath.Join(t.TempDir(), fmt.Sprintf("departures-%d", i)))
-		t.Setenv(loadtest.DeparturesEnv, departures[i])
-		pods = append(pods, startWorkerProcess(t, workerArgs("nats://"+px.Addr(), t.TempDir(),
+		pods = append(pods, startWorkerProcessEnv(t, []string{loadtest.DeparturesEnv + "=" + departures[i]}, workerArgs("nats://"+px.Addr(), t.TempDir(),
 			"--target", root, "--floor", floor.String(), "--concurrency", "8", "--max-in-flight", "2",
 			"--lease-ttl", ttl.String(), "--ack-wait", "10s", "--log-level", "info")...))
 	}
@@ -189,18 +205,8 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) {
 	for _, p := range pods {
 		failed += strings.Count(p.log.String(), "lease round failed")
 	}
-	netFaultBaseline.Lock()
-	defer netFaultBaseline.Unlock()
-	if tc.strike == nil {
-		netFaultBaseline.d = drain
-		t.Logf("drained %d jobs in %s with no fault", len(urls), drain.Round(10*time.Millisecond))
-		return
-	}
-	ratio := "no baseline in this run"
-	if b := netFaultBaseline.d; b > 0 {
-		ratio = fmt.Sprintf("%.2f of the no-fault drain (%s)", drain.Seconds()/b.Seconds(), b.Round(10*time.Millisecond))
-	}
-	t.Logf("%s: drained %d jobs in %s, %s; %d requests while told to wait; %d failed lease rounds logged", tc.name, len(urls), drain.Round(10*time.Millisecond), ratio, early, failed)
+	t.Logf("%s: drained %d jobs in %s; %d requests while told to wait; %d failed lease rounds logged", tc.name, len(urls), drain.Round(10*time.Millisecond), early, failed)
+	return drain
 }
 
 // netFaultOwner returns a func that reports which pod holds the lease of
@@ -351,6 +357,7 @@ func TestProcessReadinessMeansServing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	const partitions = jobs.DefaultPartitions
 	natsURL := externalNATS(t)
 	args := func() []string {

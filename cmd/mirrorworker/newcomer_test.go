@@ -77,6 +77,7 @@ func TestProcessNewcomerQuickStart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/pub/hello.txt" {
 			http.NotFound(w, r)

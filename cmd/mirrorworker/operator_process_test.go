@@ -28,6 +28,7 @@ func TestProcessBadNATSCredentials(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	natsURL := externalNATS(t)
 	authURL := brokertest.StartWithPassword(t, "mirror", "s3cret")
 	dir := t.TempDir()
@@ -80,6 +81,7 @@ func TestProcessCommandsFindWorkerByDataDir(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	dataDir := t.TempDir()
 	w := startWorkerProcess(t, "--data-dir", dataDir, "--embedded-listen", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--log-level", "debug")
 	if !strings.HasPrefix(w.start.NATSURL, "nats://127.0.0.1:") || strings.HasSuffix(w.start.NATSURL, ":4222") {
@@ -134,6 +136,7 @@ func TestProcessReplayKeepsTheLiveDLQ(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	const n = 5
 	natsURL := externalNATS(t)
 	origin := newObjectOrigin(t)

@@ -24,6 +24,7 @@ func TestProcessPauseSurvivesRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	natsURL := externalNATS(t)
 	origin := newClusterOrigin(t, jobs.DefaultPartitions, "paused", "plain")
 	paused, plain := origin.named("paused"), origin.named("plain")

@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 	"github.com/mirrorworker/mirrorworker/policy"
 )
 
 // arrivalOrigin is one authority on loopback that times every request as
-// it arrives.
+// this host received it (rxstamp).
 type arrivalOrigin struct {
 	mu       sync.Mutex
 	arrivals []time.Time
@@ -26,12 +27,14 @@ type arrivalOrigin struct {
 
 func newArrivalOrigin(t *testing.T) *arrivalOrigin {
 	o := &arrivalOrigin{}
-	o.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	o.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		o.mu.Lock()
-		o.arrivals = append(o.arrivals, time.Now())
+		o.arrivals = append(o.arrivals, rxstamp.Arrival(r))
 		o.mu.Unlock()
 		fmt.Fprintf(w, "object %s\n", r.URL.Path)
 	}))
+	o.srv.Listener = rxstamp.Serve(o.srv.Config, o.srv.Listener)
+	o.srv.Start()
 	t.Cleanup(o.srv.Close)
 	return o
 }

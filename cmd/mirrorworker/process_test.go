@@ -458,6 +458,15 @@ type workerProcess struct {
 
 func startWorkerProcess(t *testing.T, args ...string) *workerProcess {
 	t.Helper()
+	return startWorkerProcessEnv(t, nil, args...)
+}
+
+// startWorkerProcessEnv is startWorkerProcess with extra KEY=value
+// variables (a test hook such as faultEnv) in the child's environment
+// only: t.Setenv would change the whole test binary's, which keeps a test
+// from running in parallel.
+func startWorkerProcessEnv(t *testing.T, extra []string, args ...string) *workerProcess {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"run"}, args...)...)
 	env := []string{asMainEnv + "=1"}
 	for _, kv := range os.Environ() {
@@ -465,7 +474,7 @@ func startWorkerProcess(t *testing.T, args ...string) *workerProcess {
 			env = append(env, kv)
 		}
 	}
-	cmd.Env = env
+	cmd.Env = append(env, extra...)
 	p := &workerProcess{cmd: cmd, log: newLogWatch(), exited: make(chan struct{})}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -555,6 +564,7 @@ func TestProcessSIGTERMHandsBackInFlightJobs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	const n = 30
 	natsURL := externalNATS(t)
 	origin := newObjectOrigin(t)
@@ -612,6 +622,7 @@ func TestProcessSIGKILLThenRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	const n = 40
 	natsURL := externalNATS(t)
 	origin := newObjectOrigin(t)

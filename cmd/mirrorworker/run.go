@@ -488,7 +488,7 @@ func (p *natsStage) podOptions(departures *loadtest.DepartureLog) *pipeline.PodO
 		PodID: c.workerID, Version: version, Target: p.target, ShutdownGrace: c.shutdownGrace,
 		Logger: p.log,
 		Adjust: func(o *worker.Options, d *worker.Deps) {
-			d.Fetcher = departures.Fetcher(d.Fetcher)
+			departures.Wrap(d)
 			p.hooks.adjust(o, d)
 		},
 	}

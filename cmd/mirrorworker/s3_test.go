@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -171,13 +172,24 @@ func getObject(t *testing.T, c *s3.Client, b, key string) []byte {
 }
 
 // s3Env puts the test server's credentials where the AWS chain finds
-// them (the process environment; a child process inherits it).
+// them (the process environment; a child process inherits it). They are
+// the same for every test server (buckettest's root credentials, no
+// instance metadata, no config files), so they are set once for the rest
+// of the test binary, not per test with t.Setenv: that lets the S3 tests
+// run in parallel, and no other test reads AWS variables.
 func s3Env(t *testing.T, srv *buckettest.Server) {
-	for _, kv := range srv.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
+	t.Helper()
+	s3EnvOnce.Do(func() {
+		for _, kv := range srv.Env() {
+			k, v, _ := strings.Cut(kv, "=")
+			if err := os.Setenv(k, v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }
+
+var s3EnvOnce sync.Once
 
 func s3Args(srv *buckettest.Server, spec string) []string {
 	return []string{"--target", spec, "--s3-endpoint", srv.Endpoint, "--s3-region", buckettest.Region, "--s3-part-size", s3TestPartSize}
@@ -203,6 +215,7 @@ func TestS3MirrorEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs an S3 server")
 	}
+	t.Parallel()
 	srv := buckettest.Start(t)
 	srv.CreateBucket(t, "mirror")
 	s3Env(t, srv)
@@ -341,6 +354,7 @@ func TestS3StoreDownPausesAndResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs an S3 server for 20 s down")
 	}
+	t.Parallel()
 	const n, down = 40, 20 * time.Second
 	srv := buckettest.Start(t)
 	srv.CreateBucket(t, "mirror")
@@ -427,6 +441,7 @@ func TestProcessS3KilledMidMultipart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes and an S3 server")
 	}
+	t.Parallel()
 	srv := buckettest.Start(t)
 	srv.CreateBucket(t, "mirror")
 	s3Env(t, srv)
@@ -477,6 +492,7 @@ func TestProcessThreePodsOneBucket(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes and an S3 server")
 	}
+	t.Parallel()
 	srv := buckettest.Start(t)
 	srv.CreateBucket(t, "mirror")
 	s3Env(t, srv)

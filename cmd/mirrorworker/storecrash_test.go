@@ -25,8 +25,10 @@ func TestProcessCrashWhileStoring(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	for _, point := range []string{mirror.FaultObjectSynced, mirror.FaultObjectRenamed, mirror.FaultCommitted} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			const n = 4
 			natsURL := externalNATS(t)
 			origin := newClusterOrigin(t, jobs.DefaultPartitions, "plain")

@@ -37,6 +37,7 @@ func TestVerifyFindsAndRepairs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a worker and an S3 server")
 	}
+	t.Parallel()
 	for _, kind := range []string{"file", "s3"} {
 		t.Run(kind, func(t *testing.T) {
 			origin := newS3Origin(t)

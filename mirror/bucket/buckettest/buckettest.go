@@ -5,11 +5,9 @@
 //
 // The server binary is built once from the pinned module (go install
 // Module@Version) into os.UserCacheDir()/mirrorworker-test/versitygw-
-// <Version>/, shared by every test binary: one builds (under a lock file)
-// into a temporary name and renames it, the others wait and find it, so
-// none sees a partial binary. It is not embedded in the test process: its posix
-// backend changes the working directory and allows one instance per
-// process.
+// <Version>/, shared by every test binary and run (internal/testbin). It
+// is not embedded in the test process: its posix backend changes the
+// working directory and allows one instance per process.
 //
 // It is for tests only.
 package buckettest
@@ -18,11 +16,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -31,6 +27,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/mirrorworker/mirrorworker/internal/testbin"
 )
 
 // Module and Version are the versitygw command the tests run.
@@ -46,66 +44,11 @@ const (
 	Region    = "us-east-1"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
-
 // Binary returns the path of the versitygw binary, building it on first
 // use (about a minute and a half on two cores; later runs find it).
 func Binary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() { binPath, buildErr = build() })
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
-}
-
-func build() (string, error) {
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("buckettest: cache dir: %w", err)
-	}
-	dir := filepath.Join(cache, "mirrorworker-test", "versitygw-"+Version)
-	bin := filepath.Join(dir, "versitygw")
-	if fi, err := os.Stat(bin); err == nil && fi.Mode().IsRegular() {
-		return bin, nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("buckettest: %w", err)
-	}
-	// One build at a time across test binaries (go test ./... runs them
-	// in parallel): the others wait here and then find the binary. The
-	// temporary name and the rename keep a crashed build from leaving a
-	// partial binary where the next run would trust it.
-	if lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644); err == nil {
-		defer lock.Close()
-		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err == nil {
-			defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-		}
-		if fi, err := os.Stat(bin); err == nil && fi.Mode().IsRegular() {
-			return bin, nil
-		}
-	}
-	tmp, err := os.MkdirTemp(dir, ".build-")
-	if err != nil {
-		return "", fmt.Errorf("buckettest: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	cmd := exec.Command("go", "install", Module+"@"+Version)
-	// Outside any module and workspace, so that the pinned version is
-	// what is built.
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOWORK=off", "GOFLAGS=-buildvcs=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("buckettest: go install %s@%s: %v\n%s", Module, Version, err, out)
-	}
-	if err := os.Rename(filepath.Join(tmp, "versitygw"), bin); err != nil {
-		return "", fmt.Errorf("buckettest: %w", err)
-	}
-	return bin, nil
+	return testbin.Binary(t, testbin.Program{Name: "versitygw", Package: Module, Module: "github.com/versity/versitygw", Version: Version})
 }
 
 // Server is one versitygw process.
@@ -152,12 +95,7 @@ func Start(t testing.TB) *Server {
 	s := &Server{t: t, bin: Binary(t), Root: t.TempDir()}
 	var err error
 	for range 3 { // the free port may be taken in between: try another
-		ln, lerr := net.Listen("tcp", "127.0.0.1:0")
-		if lerr != nil {
-			t.Fatal(lerr)
-		}
-		s.addr = ln.Addr().String()
-		ln.Close()
+		s.addr = fmt.Sprintf("127.0.0.1:%d", testbin.FreePorts(t, 1)[0])
 		s.Endpoint = "http://" + s.addr
 		if err = s.start(); err == nil {
 			break
