@@ -167,8 +167,7 @@ func TestLaneSkipsACoolingBacklog(t *testing.T) {
 	// third before the answer reached the worker's pacer. No request may
 	// reach the origin inside the cooldown once the pacer knew of it (50 ms
 	// for a start confirmed just before to reach the socket on a loaded
-	// machine), nor more than two besides the
-	// one answered.
+	// machine), nor more than two besides the one answered.
 	knew := time.Unix(0, learnedAt.Load())
 	inside := 0
 	for i, a := range log[1:] {
