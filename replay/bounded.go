@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
 // bounded is the replay consumer as the worker sees it: the stream as it
@@ -41,7 +43,9 @@ func (b bounded) filter(in jetstream.MessageBatch) jetstream.MessageBatch {
 		for m := range in.Messages() {
 			if md, err := m.Metadata(); err == nil && md.Sequence.Stream > b.lastSeq {
 				_ = m.Ack() // lost: redelivered after AckWait, and skipped again
-				b.skipped.Add(1)
+				if !jobs.IsCopy(m.Headers()) { // the workers' copies (a replay's own) are no new jobs
+					b.skipped.Add(1)
+				}
 				continue
 			}
 			out.ch <- m

@@ -60,6 +60,7 @@ func (w *Worker) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError, w
 	m.Header.Set(jobs.HeaderContinues, authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)))
 	m.Header.Set(jobs.HeaderHops, strconv.Itoa(ge.Hop))
 	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(w.sched.deliveries(j), 10))
+	setReplay(m.Header, j)
 	pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err = w.d.JS.PublishMsg(pctx, m)
 	cancel()
