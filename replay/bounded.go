@@ -18,6 +18,7 @@ type bounded struct {
 	jetstream.Consumer
 	lastSeq uint64
 	skipped *atomic.Int64
+	copies  *atomic.Int64 // the workers' copies up to lastSeq (jobs.IsCopy), first deliveries
 }
 
 func (b bounded) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
@@ -41,7 +42,11 @@ func (b bounded) filter(in jetstream.MessageBatch) jetstream.MessageBatch {
 	go func() {
 		defer close(out.ch)
 		for m := range in.Messages() {
-			if md, err := m.Metadata(); err == nil && md.Sequence.Stream > b.lastSeq {
+			md, err := m.Metadata()
+			if err == nil && md.Sequence.Stream <= b.lastSeq && md.NumDelivered == 1 && b.copies != nil && jobs.IsCopy(m.Headers()) {
+				b.copies.Add(1)
+			}
+			if err == nil && md.Sequence.Stream > b.lastSeq {
 				_ = m.Ack() // lost: redelivered after AckWait, and skipped again
 				if !jobs.IsCopy(m.Headers()) { // the workers' copies (a replay's own) are no new jobs
 					b.skipped.Add(1)

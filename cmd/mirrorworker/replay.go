@@ -369,7 +369,7 @@ func replayEnd(ctx context.Context, js jetstream.JetStream, c *replayConfig, pla
 		return err
 	}
 	fmt.Fprintf(stdout, "replayed %d jobs (%s, %s) into %s in %s: %s\n",
-		res.Jobs, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
+		res.Jobs-res.Copies, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
 	if res.Later > 0 {
 		fmt.Fprintf(stdout, "%d %s stored after the replay began (after sequence %d) left to the live workers\n", res.Later, plural(int(res.Later), "job", "jobs"), res.LastSeq)
 	}
@@ -426,7 +426,7 @@ func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *repla
 		parts[i] = fmt.Sprintf("%s %d", r, reasons[r])
 	}
 	fmt.Fprintf(w, "  by reason: %s\n", strings.Join(parts, ", "))
-	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate {
+	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate && run == "" { // the pods' flags are theirs
 		fmt.Fprintf(w, "  %d %s refused as loopback or private destinations: if the live worker runs with --allow-private-networks, pass it to the replay too\n",
 			n, plural(n, "was", "were"))
 	}
