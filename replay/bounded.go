@@ -47,7 +47,7 @@ func (b bounded) filter(in jetstream.MessageBatch) jetstream.MessageBatch {
 				b.copies.Add(1)
 			}
 			if err == nil && md.Sequence.Stream > b.lastSeq {
-				_ = m.Ack() // lost: redelivered after AckWait, and skipped again
+				_ = m.Ack()                    // lost: redelivered after AckWait, and skipped again
 				if !jobs.IsCopy(m.Headers()) { // the workers' copies (a replay's own) are no new jobs
 					b.skipped.Add(1)
 				}

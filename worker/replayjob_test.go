@@ -15,10 +15,10 @@ import (
 // is the next one granted.
 func TestSchedulerLiveFirst(t *testing.T) {
 	tests := []struct {
-		name       string
-		live, bg   int
-		lateLive   int // live jobs admitted after the first grant
-		wantOrder  string
+		name      string
+		live, bg  int
+		lateLive  int // live jobs admitted after the first grant
+		wantOrder string
 	}{
 		{name: "replay only", bg: 4, wantOrder: "RRRR"},
 		{name: "live only", live: 3, wantOrder: "LLL"},
