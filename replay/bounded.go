@@ -47,8 +47,10 @@ func (b bounded) filter(in jetstream.MessageBatch) jetstream.MessageBatch {
 				b.copies.Add(1)
 			}
 			if err == nil && md.Sequence.Stream > b.lastSeq {
-				_ = m.Ack()                    // lost: redelivered after AckWait, and skipped again
-				if !jobs.IsCopy(m.Headers()) { // the workers' copies (a replay's own) are no new jobs
+				// An ack lost: redelivered after AckWait, and skipped again.
+				_ = m.Ack()
+				// The workers' copies (a replay's own among them) are no new jobs.
+				if !jobs.IsCopy(m.Headers()) {
 					b.skipped.Add(1)
 				}
 				continue
