@@ -110,6 +110,16 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 		liveTargets[u] = fmt.Sprintf("%s/live-%d", b, i)
 		publishJob(t, js, u, liveTargets[u])
 	}
+	// status shows the replay while the pods work for it.
+	var out, errOut bytes.Buffer
+	if err := run(ctx, []string{"status", "--nats-url", natsURL}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("status: %v\n%s", err, errOut.String())
+	}
+	run0 := replayRuns(t, js)
+	if len(run0) != 1 || !strings.Contains(out.String(), "REPLAY") || !strings.Contains(out.String(), run0[0].Run) ||
+		!strings.Contains(out.String(), "at most 1 request in 4") {
+		t.Errorf("status during the replay:\n%s", out.String())
+	}
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("replay: %v\n%s\n%s", r.err, r.stdout, r.stderr)
@@ -247,11 +257,24 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--replay-target", newRoot,
 		"--floor", floor.String(), "--max-in-flight", "1", "--log-level", "info")...)
 	began := origin.count()
+	waitFor(t, 30*time.Second, "the pod announced", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		pods, err := replay.LivePods(ctx, js)
+		return err == nil && len(pods) == 1
+	})
 
 	rctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	done := runReplayIn(rctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "none")
-	waitFor(t, 30*time.Second, "the replay's first requests", func() bool { return countPrefix(origin.since(began), "/old/") >= 6 })
+	waitFor(t, 30*time.Second, "the replay's first requests", func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("the replay ended before its first requests: %v\n%s\n%s", r.err, r.stdout, r.stderr)
+		default:
+		}
+		return countPrefix(origin.since(began), "/old/") >= 6
+	})
 	worst := 0
 	for i := range live {
 		at, t0 := origin.count(), time.Now()

@@ -79,7 +79,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", targetHelp+" (default file://<data-dir>/mirror)")
-	fs.Var(&c.replayTargets, "replay-target", "a mirror target besides --target that 'mirrorworker replay' may have this pod store replayed jobs into, as --target takes it (repeatable, or comma-separated); opened at start. A replay into the pod's own target needs none")
+	fs.Var(&c.replayTargets, "replay-target", "a mirror `target` besides --target that 'mirrorworker replay' may have this pod store replayed jobs into, as --target takes it (repeatable, or comma-separated); opened at start. A replay into the pod's own target needs none")
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
 
 	c.workerFlags.register(fs, workerDefaults{
