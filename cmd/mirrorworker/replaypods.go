@@ -31,7 +31,7 @@ func replayThroughPods(ctx context.Context, js jetstream.JetStream, c *replayCon
 		return replicasHint(err, c.streamReplicas)
 	}
 	run := strings.ToLower(nuid.Next())
-	fmt.Fprintf(stderr, "replay %s: %d live %s do the work, live jobs first (mirrorworker status shows it)\n", run, len(pods), plural(len(pods), "pod", "pods"))
+	fmt.Fprintf(stderr, "replay %s: the live pods do its jobs (%d), after their live ones; 'mirrorworker status' shows it\n", run, len(pods))
 	var tally replay.Tally
 	work := replay.Handover(js, kv, replay.HandoverOptions{
 		Run: run, Target: spec, AckWait: c.ackWait, Logger: log,

@@ -127,7 +127,7 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 	if !strings.Contains(r.stdout, fmt.Sprintf("replayed %d jobs", len(urls))) || !strings.Contains(r.stdout, fmt.Sprintf("%d stored", len(urls))) {
 		t.Errorf("replay summary: %s", r.stdout)
 	}
-	if !strings.Contains(r.stderr, "live pods do the work") {
+	if !strings.Contains(r.stderr, "the live pods do its jobs (2)") {
 		t.Errorf("the replay does not say the pods do its work:\n%s", r.stderr)
 	}
 	all := map[string]string{}
