@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -114,15 +113,17 @@ func EnsureReplaysBucket(ctx context.Context, js jetstream.JetStream, replicas i
 	return kv, nil
 }
 
-// handover is one run's state. Safe for concurrent use.
+// handover is one run's state, owned by the goroutine of its run loop
+// (pull only feeds it messages): no lock.
 type handover struct {
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
 	o   HandoverOptions
 	log zerolog.Logger
 
-	mu      sync.Mutex
 	auths   map[string]*handAuth
+	dirty   map[*handAuth]bool // authorities that may have room and jobs held
+	held    map[uint64]bool    // stream sequences held, not yet handed over
 	pending map[uint64]*handed // by stream sequence of the replay's message
 	entry   jobs.ReplayRun
 }
@@ -161,7 +162,7 @@ func Handover(js jetstream.JetStream, kv jetstream.KeyValue, o HandoverOptions) 
 		o.Batch = 256
 	}
 	return func(ctx context.Context, c jetstream.Consumer) error {
-		h := &handover{js: js, kv: kv, o: o, log: o.Logger, auths: map[string]*handAuth{}, pending: map[uint64]*handed{},
+		h := &handover{js: js, kv: kv, o: o, log: o.Logger, auths: map[string]*handAuth{}, pending: map[uint64]*handed{}, dirty: map[*handAuth]bool{}, held: map[uint64]bool{},
 			entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: time.Now().UTC()}}
 		if ci := c.CachedInfo(); ci != nil {
 			h.entry.Jobs = int64(ci.NumPending)
@@ -181,7 +182,9 @@ func (h *handover) run(ctx context.Context, c jetstream.Consumer) error {
 			h.log.Warn().Err(err).Str("run", h.o.Run).Msg("replay: delete the run's entry (it expires by itself)")
 		}
 	}()
-	reports := make(chan *nats.Msg, 1024)
+	// A report dropped because this buffer is full lapses after Patience
+	// and its job is handed over again; the window bounds how many are out.
+	reports := make(chan *nats.Msg, 1<<14)
 	sub, err := h.js.Conn().ChanSubscribe(jobs.ReplayDoneSubject(h.o.Run), reports)
 	if err != nil {
 		return fmt.Errorf("replay: subscribe to the pods' reports: %w", err)
@@ -206,6 +209,9 @@ func (h *handover) run(ctx context.Context, c jetstream.Consumer) error {
 			h.report(r.Data)
 		case <-tick.C:
 			h.keepInProgress()
+			for _, a := range h.auths {
+				h.dirty[a] = true // a publish that failed is tried again
+			}
 		case <-refresh.C:
 			if err := h.publishEntry(ctx); err != nil && ctx.Err() == nil {
 				h.log.Warn().Err(err).Msg("replay: refresh the run's entry")
@@ -222,7 +228,10 @@ func (h *handover) pull(ctx context.Context, c jetstream.Consumer, out chan<- je
 		if err != nil {
 			if ctx.Err() == nil {
 				h.log.Debug().Err(err).Msg("replay: pull")
-				time.Sleep(200 * time.Millisecond)
+				select {
+				case <-ctx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
 			}
 			continue
 		}
@@ -248,8 +257,6 @@ func (h *handover) take(m jetstream.Msg) {
 		_ = m.Ack()
 		return
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	if p := h.pending[md.Sequence.Stream]; p != nil {
 		p.m = m // acks go to the live delivery
 		return
@@ -266,20 +273,19 @@ func (h *handover) take(m jetstream.Msg) {
 		a = &handAuth{name: auth}
 		h.auths[auth] = a
 	}
-	for _, held := range a.held {
-		if hm, _ := held.Metadata(); hm != nil && hm.Sequence.Stream == md.Sequence.Stream {
-			return // a redelivery of one still held: the newer is acked later
-		}
+	if h.held[md.Sequence.Stream] {
+		return // a redelivery of one still held (kept in progress): the one held is acked
 	}
+	h.held[md.Sequence.Stream] = true
 	a.held = append(a.held, m)
+	h.dirty[a] = true
 }
 
 // handOut hands over held jobs while their authority has room in its
 // window.
 func (h *handover) handOut(ctx context.Context) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, a := range h.auths {
+	for a := range h.dirty {
+		delete(h.dirty, a)
 		for len(a.held) > 0 && a.out < h.o.Window {
 			m := a.held[0]
 			if err := h.publishCopy(ctx, m); err != nil {
@@ -291,6 +297,7 @@ func (h *handover) handOut(ctx context.Context) {
 			a.held = a.held[1:]
 			a.out++
 			md, _ := m.Metadata()
+			delete(h.held, md.Sequence.Stream)
 			h.pending[md.Sequence.Stream] = &handed{m: m, auth: a, at: time.Now()}
 		}
 	}
@@ -324,15 +331,14 @@ func (h *handover) report(data []byte) {
 	if json.Unmarshal(data, &r) != nil {
 		return
 	}
-	h.mu.Lock()
 	p := h.pending[r.Of]
 	if p != nil {
 		delete(h.pending, r.Of)
 		p.auth.out--
 		p.auth.done++
 		h.entry.Done++
+		h.dirty[p.auth] = true
 	}
-	h.mu.Unlock()
 	if p == nil {
 		return // a second report (a job handed over twice)
 	}
@@ -348,7 +354,6 @@ func (h *handover) report(data []byte) {
 // redelivered, except a handed-over one past Patience: it comes back and is
 // handed over again.
 func (h *handover) keepInProgress() {
-	h.mu.Lock()
 	var ms []jetstream.Msg
 	for _, a := range h.auths {
 		ms = append(ms, a.held...)
@@ -361,8 +366,8 @@ func (h *handover) keepInProgress() {
 		}
 		delete(h.pending, seq)
 		p.auth.out--
+		h.dirty[p.auth] = true
 	}
-	h.mu.Unlock()
 	for _, m := range ms {
 		_ = m.InProgress()
 	}
@@ -370,7 +375,6 @@ func (h *handover) keepInProgress() {
 
 // publishEntry writes the run's entry in jobs.ReplaysBucket.
 func (h *handover) publishEntry(ctx context.Context) error {
-	h.mu.Lock()
 	e := h.entry
 	e.Updated = time.Now().UTC()
 	e.Waiting, e.Authorities = 0, nil
@@ -378,7 +382,6 @@ func (h *handover) publishEntry(ctx context.Context) error {
 		e.Waiting += int64(a.out)
 		e.Authorities = append(e.Authorities, jobs.ReplayAuthority{Authority: a.name, Done: a.done, Waiting: int64(a.out), Held: int64(len(a.held))})
 	}
-	h.mu.Unlock()
 	sort.Slice(e.Authorities, func(i, j int) bool {
 		a, b := e.Authorities[i], e.Authorities[j]
 		if wa, wb := a.Held+a.Waiting, b.Held+b.Waiting; wa != wb {
