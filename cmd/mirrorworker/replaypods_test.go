@@ -99,7 +99,8 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 	defer closeConn()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	done := runReplayIn(ctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "lines")
+	// A process of its own, so that this one (the origin's clock) stays light.
+	rp, rout := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--progress", "lines")
 	waitFor(t, 30*time.Second, "the replay's entry", func() bool { return len(replayRuns(t, js)) == 1 })
 	liveTargets := map[string]string{}
 	names := []string{origin.named("plain"), origin.named("429")}
@@ -120,15 +121,12 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 		!strings.Contains(out.String(), "at most 1 request in 4") {
 		t.Errorf("status during the replay:\n%s", out.String())
 	}
-	r := <-done
-	if r.err != nil {
-		t.Fatalf("replay: %v\n%s\n%s", r.err, r.stdout, r.stderr)
+	if err := rp.Wait(); err != nil {
+		t.Fatalf("replay: %v\n%s", err, rout)
 	}
-	if !strings.Contains(r.stdout, fmt.Sprintf("replayed %d jobs", len(urls))) || !strings.Contains(r.stdout, fmt.Sprintf("%d stored", len(urls))) {
-		t.Errorf("replay summary: %s", r.stdout)
-	}
-	if !strings.Contains(r.stderr, "the live pods do its jobs (2)") {
-		t.Errorf("the replay does not say the pods do its work:\n%s", r.stderr)
+	if s := rout.String(); !strings.Contains(s, fmt.Sprintf("replayed %d jobs", len(urls))) || !strings.Contains(s, fmt.Sprintf("%d stored", len(urls))) ||
+		!strings.Contains(s, "the live pods do its jobs (2)") {
+		t.Errorf("replay output:\n%s", s)
 	}
 	all := map[string]string{}
 	for u, k := range targets {
@@ -319,7 +317,7 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 
 	// SIGKILL mid-way, then run again to the end.
 	killAt := len(mirrorFiles(t, newRoot)) + 8
-	rp := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--progress", "none")
+	rp, _ := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--progress", "none")
 	waitFor(t, 30*time.Second, "objects stored by the second replay", func() bool { return len(mirrorFiles(t, newRoot)) >= killAt })
 	if err := rp.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -363,8 +361,9 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 	}
 }
 
-// startReplayProcess starts `mirrorworker replay` as a child process.
-func startReplayProcess(t *testing.T, args ...string) *exec.Cmd {
+// startReplayProcess starts `mirrorworker replay` as a child process; its
+// stdout and stderr go to the writer returned.
+func startReplayProcess(t *testing.T, args ...string) (*exec.Cmd, *syncWriter) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"replay"}, args...)...)
 	env := []string{asMainEnv + "=1"}
@@ -388,5 +387,5 @@ func startReplayProcess(t *testing.T, args ...string) *exec.Cmd {
 			t.Logf("replay process output:\n%s", out.String())
 		}
 	})
-	return cmd
+	return cmd, out
 }
