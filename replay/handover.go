@@ -397,3 +397,42 @@ func (h *handover) publishEntry(ctx context.Context) error {
 	_, err := h.kv.Put(pctx, h.o.Run, e.Encode())
 	return err
 }
+
+// WaitForPods is LivePods, except that while partitions of MIRROR_JOBS are
+// leased (jobs.LeasesBucket) but no pod is announced (a pod whose lease
+// round failed withdraws its announcement until one succeeds) it asks again
+// for up to patience: a replay must not take itself for alone beside a pod.
+func WaitForPods(ctx context.Context, js jetstream.JetStream, patience time.Duration) (map[string][]string, error) {
+	deadline := time.Now().Add(patience)
+	for {
+		pods, err := LivePods(ctx, js)
+		if err != nil || len(pods) > 0 || !leased(ctx, js) {
+			return pods, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("partitions of %s are leased but no pod is announced in %s: a pod is running and cannot reach NATS; try again", jobs.JobsStream, jobs.PodsBucket)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// leased reports whether any partition lease is held.
+func leased(ctx context.Context, js jetstream.JetStream) bool {
+	kv, err := js.KeyValue(ctx, jobs.LeasesBucket)
+	if err != nil {
+		return false
+	}
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return false
+	}
+	for range lister.Keys() {
+		_ = lister.Stop()
+		return true
+	}
+	return false
+}

@@ -229,7 +229,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 		return replicasHint(err, c.streamReplicas)
 	}
 	// With live pods, they do the work (docs/adr/0025).
-	pods, err := replay.LivePods(ctx, js)
+	pods, err := replay.WaitForPods(ctx, js, 2*jobs.DefaultLeaseTTL)
 	if err != nil {
 		return err
 	}
