@@ -29,6 +29,7 @@ const (
 	ReasonContentMismatch    = "content_mismatch" // the origin answered, twice, with other bytes than the job's size or sha256
 	ReasonInvalidTarget      = "invalid_target"   // the mirror refused the job's target key
 	ReasonTargetConflict     = "target_conflict"  // an object stands where the key needs a directory, or the reverse
+	ReasonReplayTarget       = "replay_target"    // a pod may not write the target a replay job names (run --replay-target)
 	// Reasons of failed attempts the worker retries against the budget
 	// (besides fetch.ReasonCode's transport codes and HTTPReason of a 5xx).
 	ReasonSizeMismatch   = "size_mismatch"   // other bytes than the job's size
@@ -75,6 +76,9 @@ type DeadLetter struct {
 	First      time.Time `json:"first,omitzero"` // first attempt (or delivery)
 	Last       time.Time `json:"last,omitzero"`  // when the job was given up
 	Worker     string    `json:"worker,omitempty"`
+	// Replay is the replay run of a replay job (HeaderReplay) a pod gave
+	// up: its record goes to ReplayDLQStream, not MIRROR_DLQ.
+	Replay string `json:"replay,omitempty"`
 }
 
 // Attempt is one failed attempt at a job.
@@ -117,7 +121,11 @@ func (d DeadLetter) subject() string {
 			akey = sa
 		}
 	}
-	return DeadLetterSubject(tenant, akey) // replaces what is still invalid
+	subj := DeadLetterSubject(tenant, akey) // replaces what is still invalid
+	if d.Replay != "" {
+		return ReplayDLQPrefix + strings.TrimPrefix(subj, DLQSubjectPrefix)
+	}
+	return subj
 }
 
 // msgID derives the dead letter's Nats-Msg-Id from the job id (or a digest

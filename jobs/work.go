@@ -88,10 +88,11 @@ const (
 
 // IsCopy reports whether a MIRROR_JOBS message with headers h is a copy the
 // workers wrote (a parked job brought back, a job moved into its
-// partition, a redirect's continuation) rather than a submitted job: replay
-// skips such copies, so that it sees each submitted job once.
+// partition, a redirect's continuation, a replay's copy handed to the pods)
+// rather than a submitted job: replay skips such copies, so that it sees
+// each submitted job once.
 func IsCopy(h nats.Header) bool {
-	return h.Get(HeaderUnparked) != "" || h.Get(HeaderContinues) != ""
+	return h.Get(HeaderUnparked) != "" || h.Get(HeaderContinues) != "" || h.Get(HeaderReplay) != ""
 }
 
 // MinServerVersion is the oldest nats-server the cluster layout works with:

@@ -768,7 +768,7 @@ func fillOrigin(res *Result, st stuborigin.Stats, start time.Time, drain time.Du
 	// series starts at the whole second the start falls in, so it needs
 	// the seconds up to the one the end falls in (ceil(drain) alone would
 	// drop the run's last fraction of a second when the start's is larger).
-	secs := int(math.Ceil((start.Sub(st.Start)+drain).Seconds())) - offset
+	secs := int(math.Ceil((start.Sub(st.Start) + drain).Seconds())) - offset
 	series := make([]Point, secs)
 	for i := range series {
 		series[i].T = i

@@ -33,6 +33,9 @@ type PodOptions struct {
 	PodID       string // the lease holder's name; Config.WorkerID
 	Version     string // in the pod's status (MIRROR_PODS)
 	Target      worker.Target
+	// ReplayTargets are the targets the pod stores replay jobs into (its
+	// own and the allowed ones); nil: the pod takes no replay jobs.
+	ReplayTargets *ReplayTargets
 	// ShutdownGrace is worker.Options.ShutdownGrace.
 	ShutdownGrace time.Duration
 	// Adjust, if set, changes the worker's options and dependencies last
@@ -53,6 +56,7 @@ type Pod struct {
 	mgr    *cluster.Manager // nil with the shared consumer
 	follow Actor
 	policy *policy.Watcher // the live policy (MIRROR_POLICY)
+	replay []string        // the replay targets, in the status
 	log    zerolog.Logger
 }
 
@@ -101,6 +105,10 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 				d.Legacy = legacy // EnsureWork narrowed it to the unpartitioned jobs
 			}
 			d.Owns = func(p int) bool { m := mgrp.Load(); return m != nil && m.Owns(p) }
+		}
+		if o.ReplayTargets != nil {
+			d.ReplayTarget = (&replayOpener{js: js, targets: o.ReplayTargets}).open
+			pod.replay = o.ReplayTargets.Specs()
 		}
 		if o.Adjust != nil {
 			o.Adjust(wo, d)
@@ -232,5 +240,5 @@ func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
 func (h *podHooks) Release(ctx context.Context, p int) { h.pod.Worker.RemovePartition(ctx, p) }
 
 func (h *podHooks) Status() []byte {
-	return h.pod.Worker.StatusJSON(h.id, h.version, h.pod.Owned(), h.pod.parts.Pacer.Snapshot(time.Now()))
+	return withReplayTargets(h.pod.Worker.StatusJSON(h.id, h.version, h.pod.Owned(), h.pod.parts.Pacer.Snapshot(time.Now())), h.pod.replay)
 }

@@ -4,6 +4,8 @@ import (
 	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
 // bounded is the replay consumer as the worker sees it: the stream as it
@@ -16,6 +18,7 @@ type bounded struct {
 	jetstream.Consumer
 	lastSeq uint64
 	skipped *atomic.Int64
+	copies  *atomic.Int64 // the workers' copies up to lastSeq (jobs.IsCopy), first deliveries
 }
 
 func (b bounded) Fetch(n int, opts ...jetstream.FetchOpt) (jetstream.MessageBatch, error) {
@@ -39,9 +42,17 @@ func (b bounded) filter(in jetstream.MessageBatch) jetstream.MessageBatch {
 	go func() {
 		defer close(out.ch)
 		for m := range in.Messages() {
-			if md, err := m.Metadata(); err == nil && md.Sequence.Stream > b.lastSeq {
-				_ = m.Ack() // lost: redelivered after AckWait, and skipped again
-				b.skipped.Add(1)
+			md, err := m.Metadata()
+			if err == nil && md.Sequence.Stream <= b.lastSeq && md.NumDelivered == 1 && b.copies != nil && jobs.IsCopy(m.Headers()) {
+				b.copies.Add(1)
+			}
+			if err == nil && md.Sequence.Stream > b.lastSeq {
+				// An ack lost: redelivered after AckWait, and skipped again.
+				_ = m.Ack()
+				// The workers' copies (a replay's own among them) are no new jobs.
+				if !jobs.IsCopy(m.Headers()) {
+					b.skipped.Add(1)
+				}
 				continue
 			}
 			out.ch <- m

@@ -20,8 +20,8 @@ import (
 // jobs.DLQSubjectPrefix, as the same records (whose Worker names the
 // replay); `mirrorworker dlq --replays` reads them.
 const (
-	DeadLetterStream = "MIRROR_REPLAY_DLQ"
-	DeadLetterPrefix = "mirror.replay.dlq."
+	DeadLetterStream = jobs.ReplayDLQStream
+	DeadLetterPrefix = jobs.ReplayDLQPrefix
 )
 
 // DeadLetterStreamConfig is DeadLetterStream's configuration: MIRROR_DLQ's

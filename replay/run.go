@@ -53,6 +53,10 @@ type Result struct {
 	// Later is how many jobs stored after LastSeq the consumer delivered
 	// and the replay skipped: they are the live workers' to do.
 	Later int64
+	// Copies is how many of Jobs were the workers' copies of jobs (parked
+	// and brought back, continuations, earlier replays' copies), skipped:
+	// each submitted job is replayed once.
+	Copies int64
 }
 
 // infoPatience is how long Run keeps asking a consumer that does not
@@ -138,8 +142,10 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	workErr := make(chan error, 1)
-	var skipped atomic.Int64
-	go func() { workErr <- work(wctx, bounded{Consumer: c, lastSeq: res.LastSeq, skipped: &skipped}) }()
+	var skipped, copies atomic.Int64
+	go func() {
+		workErr <- work(wctx, bounded{Consumer: c, lastSeq: res.LastSeq, skipped: &skipped, copies: &copies})
+	}()
 	// finish stops the worker and waits for it to hand back what it holds.
 	finish := func() error {
 		stop()
@@ -200,7 +206,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 			if o.Progress != nil {
 				o.Progress.Set(res.Jobs)
 			}
-			res.Later = skipped.Load()
+			res.Later, res.Copies = skipped.Load(), copies.Load()
 			log.Info().Str("consumer", res.Consumer).Int64("jobs", res.Jobs).Int64("later_jobs_skipped", res.Later).Str("took", res.Elapsed.Round(time.Millisecond).String()).Msg("replay: complete")
 			return res, nil
 		}

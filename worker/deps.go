@@ -90,6 +90,10 @@ type Deps struct {
 	// (jobs.LegacyFilter): the worker serving partition 0 moves them into
 	// their partitions.
 	Legacy jetstream.Consumer
+	// ReplayTarget, if set, opens the target of a replay job of run
+	// (replayjob.go): one this pod may write, or an error (ErrReplayOver
+	// when the run is over). Nil: replay jobs are dead-lettered.
+	ReplayTarget func(ctx context.Context, run, target string) (Target, error)
 }
 
 // DefaultFailureBudget is the default of Options.FailureBudget and of the

@@ -60,6 +60,9 @@ type Metrics struct {
 	// fails (the worker pulls nothing then).
 	TargetFailures *prometheus.CounterVec // {error}
 	TargetUp       prometheus.Gauge
+	// ClassRequests counts requests started by job class (live, replay):
+	// a replay's share of an authority's pace (docs/adr/0025).
+	ClassRequests *prometheus.CounterVec // {class}
 
 	hosts hostLimiter
 }
@@ -164,6 +167,10 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		Namespace: ns, Name: "target_up",
 		Help: "1 while the mirror target takes writes; 0 while it fails and the worker pulls no jobs.",
 	})).(prometheus.Gauge)
+	m.ClassRequests = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "requests_by_class_total",
+		Help: "Requests started, by job class (live, replay): while live jobs wait, replay jobs get at most one request in four.",
+	}, []string{"class"})).(*prometheus.CounterVec)
 	if err != nil {
 		return nil, err
 	}

@@ -411,6 +411,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 			m.Header.Set(k, v)
 		}
 	}
+	jobs.CopyReplayHeaders(m.Header, rm.Header)
 	m.Header.Set(jobs.HeaderUnparked, "parked")
 	// Counted in transit before the publish: the job can be delivered (and
 	// counted as arrived) before PublishMsg returns.

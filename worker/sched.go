@@ -40,6 +40,8 @@ type heldJob struct {
 	// already followed, and the job's original URL.
 	hops   int
 	origin string
+	// replay is set on a replay job (replayjob.go).
+	replay *replayJob
 	auth   string // "host:port" of the first hop
 	etag   string // from the stored metadata, for a conditional request
 	lastMo string
@@ -70,6 +72,7 @@ func setContinuation(h nats.Header, j *heldJob) {
 		h.Set(jobs.HeaderContinues, j.origin)
 		h.Set(jobs.HeaderHops, strconv.Itoa(j.hops))
 	}
+	setReplay(h, j)
 }
 
 // grant is a job handed to a fetch slot with the permit for its first hop.
@@ -173,6 +176,8 @@ type authQ struct {
 	// a slow authority's, and its partition's other authorities are reached
 	// at pull speed meanwhile (docs/adr/0014).
 	overRun, overEnded, overBlocked time.Time
+	// bg holds the authority's replay jobs, after its live ones (replayjob.go).
+	bg background
 }
 
 type fifo struct{ jobs []*heldJob }
@@ -522,6 +527,10 @@ func (a *authQ) perJob() time.Duration {
 }
 
 func (s *scheduler) enqueueLocked(a *authQ, j *heldJob, front bool) {
+	if j.replay != nil {
+		a.putBackground(j, front)
+		return
+	}
 	t := a.tenants[j.job.Tenant]
 	if t == nil {
 		t = &fifo{}
@@ -538,6 +547,9 @@ func (s *scheduler) enqueueLocked(a *authQ, j *heldJob, front bool) {
 
 // popLocked takes the next job of a, round robin between its tenants.
 func (s *scheduler) popLocked(a *authQ) *heldJob {
+	if j := s.popBackgroundLocked(a); j != nil {
+		return j
+	}
 	for range len(a.order) {
 		if a.cursor >= len(a.order) {
 			a.cursor = 0
@@ -571,7 +583,7 @@ func (s *scheduler) peekLocked(a *authQ) *heldJob {
 			return t.jobs[0]
 		}
 	}
-	return nil
+	return a.peekBackground()
 }
 
 // wakeLocked puts a on the ready ring if it has work and nothing holds it.

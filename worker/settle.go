@@ -156,6 +156,7 @@ func (s *settler) count(outcome string) {
 
 func (s *settler) final(j *heldJob, outcome, reason string) {
 	s.count(outcome)
+	s.replayDone(j, outcome, reason)
 	s.m.JobDuration.WithLabelValues(outcome).Observe(s.clk.Now().Sub(j.received).Seconds())
 	d := s.sched.deliveries(j)
 	s.m.DeliveriesPerJob.Observe(float64(d))
@@ -242,6 +243,7 @@ func (s *settler) deadLetter(ctx context.Context, j *heldJob, reason, detail str
 		First:      j.received.UTC(),
 		Last:       now,
 		Worker:     s.o.WorkerID,
+		Replay:     j.replayRun(),
 	}
 	if len(attempts) > 0 && attempts[0].Time.Before(dl.First) {
 		dl.First = attempts[0].Time

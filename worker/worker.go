@@ -414,6 +414,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 			if h.Get(jobs.HeaderUnparked) != "" {
 				defer func() { w.parking.arrived(j.auth) }()
 			}
+			j.replay = replayOf(h)
 		}
 	}
 	if md, err := m.Metadata(); err == nil {
@@ -462,13 +463,16 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 			return
 		}
 	}
+	if !w.openReplay(ctx, j) {
+		return
+	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
 		w.settler.deferJob(d)
 		return
 	}
 	// Stat before queueing, not between the pacer's grant and the request:
 	// the pacer spaces grants, so the request must follow its grant at once.
-	if meta, err := w.d.Target.Stat(ctx, job.Target); err == nil {
+	if meta, err := w.targetOf(j).Stat(ctx, job.Target); err == nil {
 		j.etag, j.lastMo = meta.ETag, meta.LastModified
 	} else if !errors.Is(err, mirror.ErrNotFound) {
 		w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
@@ -576,6 +580,7 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 		return
 	}
 	start := w.clk.Now()
+	w.m.ClassRequests.WithLabelValues(jobClass(j)).Inc()
 	w.m.PacerWait.Observe(start.Sub(j.queuedAt).Seconds())
 	w.sched.fetching(j)
 	requeue := w.process(w.parts.fetchContext(fctx, j.part), j, pm)
@@ -694,7 +699,7 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	body := &countingReader{r: resp.Body}
 	src, done := readAhead(body)
-	_, err := w.d.Target.Put(ctx, j.job.Target, src, want, meta)
+	_, err := w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
 	done()
 	resp.Body.Close()
 	if err == nil {

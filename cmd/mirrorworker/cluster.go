@@ -179,6 +179,10 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 		return err
 	}
 	rows := statusRows(pods, leases, partitions, only)
+	replays, err := readReplays(rctx, js)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -186,9 +190,13 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 			Pods        []worker.PodStatus `json:"pods"`
 			Leases      map[int]string     `json:"leases"`
 			Authorities []statusRow        `json:"authorities"`
-		}{pods, leases, rows})
+			Replays     []jobs.ReplayRun   `json:"replays,omitempty"`
+		}{pods, leases, rows, replays})
 	}
-	return writeStatus(stdout, pods, leases, partitions, rows, time.Now())
+	if err := writeStatus(stdout, pods, leases, partitions, rows, time.Now()); err != nil {
+		return err
+	}
+	return writeReplays(stdout, replays, time.Now())
 }
 
 // statusRows is one row per authority, sorted, of those only selects (""

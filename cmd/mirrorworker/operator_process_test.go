@@ -131,7 +131,9 @@ func TestProcessCommandsFindWorkerByDataDir(t *testing.T) {
 // run without --allow-private-networks while the live worker stored the
 // jobs with it: every job fails in the replay, but its dead letters go to
 // the replay's own stream, the live MIRROR_DLQ stays empty, the replay
-// ends, and a dry run afterwards reports no job dead-lettered.
+// ends, and a dry run afterwards reports no job dead-lettered. The live
+// worker is stopped first: beside a live pod the pod would do the work
+// (docs/adr/0025, TestProcessReplayBesideLivePods).
 func TestProcessReplayKeepsTheLiveDLQ(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -144,6 +146,9 @@ func TestProcessReplayKeepsTheLiveDLQ(t *testing.T) {
 	live := t.TempDir()
 	w := startWorkerProcess(t, workerArgs(natsURL, live)...)
 	waitDrained(t, natsURL, filepath.Join(live, "mirror"), n, 60*time.Second, w.log)
+	if _, err := w.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("worker exit: %v", err)
+	}
 
 	// The dry run says which authorities such a replay refuses.
 	stdout, stderr, exit := runProcess(t, "replay", "--nats-url", natsURL, "--dry-run")
@@ -186,8 +191,5 @@ func TestProcessReplayKeepsTheLiveDLQ(t *testing.T) {
 	stdout, _, exit = runProcess(t, "replay", "--nats-url", natsURL, "--dry-run")
 	if exit != 0 || strings.Contains(stdout, "dead-lettered") {
 		t.Errorf("dry run after the replay: exit %d, stdout %q", exit, stdout)
-	}
-	if _, err := w.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
-		t.Fatalf("worker exit: %v", err)
 	}
 }

@@ -228,6 +228,14 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	if err := replay.EnsureDeadLetterStream(ctx, js, c.streamReplicas); err != nil {
 		return replicasHint(err, c.streamReplicas)
 	}
+	// With live pods, they do the work (docs/adr/0025).
+	pods, err := replay.WaitForPods(ctx, js, 2*jobs.DefaultLeaseTTL)
+	if err != nil {
+		return err
+	}
+	if len(pods) > 0 {
+		return replayThroughPods(ctx, js, c, plan, target, pods, log, stdout, stderr)
+	}
 	return replayJobs(ctx, js, c, plan, target, policy, log, stdout, stderr)
 }
 
@@ -345,7 +353,14 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 		})
 		return err
 	}, &pipeline.RunOptions{Actors: []pipeline.Actor{follow}})
-	sum := tally.Summary()
+	return replayEnd(ctx, js, c, plan, target, res, tally.Summary(), err, began, "", stdout)
+}
+
+// replayEnd prints a replay's summary, or says how to finish an
+// interrupted one. run is the replay run whose dead letters the pods
+// wrote ("": the replay did the work itself).
+func replayEnd(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan, target storeTarget,
+	res replay.Result, sum replay.Summary, err error, began time.Time, run string, stdout io.Writer) error {
 	if err != nil {
 		if ctx.Err() != nil {
 			fmt.Fprintf(stdout, "replay interrupted after %s: %s\n", res.Elapsed.Round(time.Millisecond), sum)
@@ -354,14 +369,14 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 		return err
 	}
 	fmt.Fprintf(stdout, "replayed %d jobs (%s, %s) into %s in %s: %s\n",
-		res.Jobs, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
+		res.Jobs-res.Copies, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
 	if res.Later > 0 {
 		fmt.Fprintf(stdout, "%d %s stored after the replay began (after sequence %d) left to the live workers\n", res.Later, plural(int(res.Later), "job", "jobs"), res.LastSeq)
 	}
 	if sum.DeadLettered > 0 {
 		fmt.Fprintf(stdout, "%d jobs dead-lettered by this replay (worker %s): 'mirrorworker dlq list --replays' lists them (stream %s; the live %s is untouched)\n",
 			sum.DeadLettered, c.workerID, replay.DeadLetterStream, jobs.DLQStream)
-		explainReplayFailures(ctx, js, c, began, stdout)
+		explainReplayFailures(ctx, js, c, run, began, stdout)
 	}
 	return nil
 }
@@ -387,14 +402,14 @@ func newProgress(mode string, stderr io.Writer) replay.Progress {
 // explainReplayFailures says why the replay's jobs were dead-lettered, by
 // reason, and what to pass when the reason is one of the replay's own
 // settings: a destination the live worker was allowed to fetch.
-func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *replayConfig, since time.Time, w io.Writer) {
+func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *replayConfig, run string, since time.Time, w io.Writer) {
 	recs, err := deadletter.List(ctx, js, deadletter.Query{Replays: true, Since: since.Add(-time.Second)})
 	if err != nil {
 		return // the summary line above already says where they are
 	}
 	reasons := map[string]int{}
 	for _, r := range recs {
-		if r.Record.Worker == c.workerID {
+		if r.Record.Worker == c.workerID || run != "" && r.Record.Replay == run {
 			reasons[r.Record.Reason]++
 		}
 	}
@@ -411,7 +426,7 @@ func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *repla
 		parts[i] = fmt.Sprintf("%s %d", r, reasons[r])
 	}
 	fmt.Fprintf(w, "  by reason: %s\n", strings.Join(parts, ", "))
-	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate {
+	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate && run == "" { // the pods' flags are theirs
 		fmt.Fprintf(w, "  %d %s refused as loopback or private destinations: if the live worker runs with --allow-private-networks, pass it to the replay too\n",
 			n, plural(n, "was", "were"))
 	}

@@ -53,6 +53,9 @@ type runConfig struct {
 	embeddedListen string
 	target         string
 	adminAddr      string
+	// replayTargets are the targets besides --target that replay jobs may
+	// be stored into (--replay-target).
+	replayTargets listFlag
 
 	workerFlags
 	shutdownGrace  time.Duration
@@ -77,6 +80,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", targetHelp+" (default file://<data-dir>/mirror)")
+	fs.Var(&c.replayTargets, "replay-target", "a mirror `target` besides --target that 'mirrorworker replay' may have this pod store replayed jobs into, as --target takes it (repeatable, or comma-separated); opened at start. A replay into the pod's own target needs none")
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
 
 	c.workerFlags.register(fs, workerDefaults{
@@ -185,6 +189,10 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	if err != nil {
 		return err
 	}
+	replayTargets, err := openReplayTargets(ctx, c, hooks, target, log)
+	if err != nil {
+		return err
+	}
 	policy, err := c.pacerPolicy()
 	if err != nil {
 		return err
@@ -216,7 +224,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		}
 	}
 	p := &natsStage{
-		c: c, log: log, reg: reg, conn: conn, target: target, policy: policy,
+		c: c, log: log, reg: reg, conn: conn, target: target, replay: replayTargets, policy: policy,
 		embedded: embedded, state: &state, hooks: hooks,
 		startFields: func(e *zerolog.Event) *zerolog.Event {
 			e = e.Str("mirror", target.Root()).Str("admin_url", adm.URL())
@@ -246,6 +254,21 @@ func openStore(ctx context.Context, c *runConfig, hooks testHooks, log zerolog.L
 	}
 	target, err = c.s3.openTarget(ctx, spec, hooks.fault, log)
 	return dataDir, target, err
+}
+
+// openReplayTargets opens every --replay-target, as --target is opened
+// (proved writable or reachable), keyed by its canonical spec, with the
+// pod's own target (docs/adr/0025).
+func openReplayTargets(ctx context.Context, c *runConfig, hooks testHooks, own storeTarget, log zerolog.Logger) (*pipeline.ReplayTargets, error) {
+	r := &pipeline.ReplayTargets{Own: pipeline.TargetSpec(own.Root()), OwnT: own, Allowed: map[string]worker.Target{}}
+	for _, spec := range c.replayTargets {
+		t, err := c.s3.openTarget(ctx, spec, hooks.fault, log)
+		if err != nil {
+			return nil, fmt.Errorf("--replay-target %s: %w", spec, err)
+		}
+		r.Allowed[pipeline.TargetSpec(t.Root())] = t
+	}
+	return r, nil
 }
 
 // newRegistry is the process's metric registry with the collectors every
@@ -378,6 +401,7 @@ type natsStage struct {
 	reg      prometheus.Registerer
 	conn     *broker.ConnCollector
 	target   storeTarget
+	replay   *pipeline.ReplayTargets
 	policy   *pacer.Policy
 	embedded *broker.Embedded // nil: join c.nats.url
 	state    *atomic.Pointer[liveState]
@@ -485,7 +509,7 @@ func (p *natsStage) podOptions(departures *loadtest.DepartureLog) *pipeline.PodO
 	o := &pipeline.PodOptions{
 		Consumer: c.consumerOptions(), LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas,
 		ParkAfter: c.parkAfter, LaneBacklog: c.laneBacklog,
-		PodID: c.workerID, Version: version, Target: p.target, ShutdownGrace: c.shutdownGrace,
+		PodID: c.workerID, Version: version, Target: p.target, ReplayTargets: p.replay, ShutdownGrace: c.shutdownGrace,
 		Logger: p.log,
 		Adjust: func(o *worker.Options, d *worker.Deps) {
 			departures.Wrap(d)

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// readReplays returns the replays handing their jobs to the pods, from
+// jobs.ReplaysBucket; none when it does not exist.
+func readReplays(ctx context.Context, js jetstream.JetStream) ([]jobs.ReplayRun, error) {
+	kv, err := js.KeyValue(ctx, jobs.ReplaysBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", jobs.ReplaysBucket, err)
+	}
+	return readReplayRuns(ctx, kv)
+}
+
+func readReplayRuns(ctx context.Context, kv jetstream.KeyValue) ([]jobs.ReplayRun, error) {
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list replays: %w", err)
+	}
+	var out []jobs.ReplayRun
+	for k := range lister.Keys() {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			continue // ended meanwhile
+		}
+		var r jobs.ReplayRun
+		if json.Unmarshal(e.Value(), &r) == nil {
+			out = append(out, r)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
+	return out, nil
+}
+
+// writeReplays prints each replay the pods work for: done, waiting in the
+// pods' queues, still held by the replay, the ETA, the busiest
+// authorities, and the share live jobs leave it.
+func writeReplays(w io.Writer, runs []jobs.ReplayRun, now time.Time) error {
+	if len(runs) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "REPLAY\tTARGET\tDONE\tIN PODS' QUEUES\tETA\tUPDATED")
+	for _, r := range runs {
+		eta := "-"
+		if r.ETA > 0 {
+			eta = r.ETA.String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d\t%s\t%s ago\n", r.Run, r.Target, r.Done, r.Jobs, r.Waiting, eta, now.Sub(r.Updated).Round(100*time.Millisecond))
+		var auths []string
+		for i, a := range r.Authorities {
+			if i == 5 {
+				auths = append(auths, fmt.Sprintf("+%d more", len(r.Authorities)-i))
+				break
+			}
+			auths = append(auths, fmt.Sprintf("%s %d done, %d queued, %d to hand over", a.Authority, a.Done, a.Waiting, a.Held))
+		}
+		if len(auths) > 0 {
+			fmt.Fprintf(tw, "  %s\t\t\t\t\t\n", strings.Join(auths, "; "))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "Replay jobs go after live ones: while live jobs of an authority wait, its replay jobs get at most 1 request in %d.\n", worker.LiveFirstRun+1)
+	return err
+}

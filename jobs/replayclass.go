@@ -1,0 +1,111 @@
+package jobs
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// A replay beside live pods does not fetch: it hands its jobs to the pods
+// that own their authorities (docs/adr/0025). Each is a copy of the
+// submitted job in MIRROR_JOBS, on the job's own subject (so in its
+// authority's partition), marked with the headers below: the replay class.
+// A pod queues it behind the authority's live jobs, stores it into the
+// replay's target, and reports its end on ReplayDoneSubject.
+const (
+	// HeaderReplay names the replay run a copy belongs to (a token, see
+	// ValidReplayRun). Replay skips such copies (IsCopy).
+	HeaderReplay = "Mirror-Replay"
+	// HeaderReplayTarget is the mirror target the copy is stored into, as
+	// the replay canonicalized it (file:///abs/dir or s3://BUCKET/PREFIX):
+	// a pod stores it there only when that target is its own or one its
+	// operator allowed (run --replay-target).
+	HeaderReplayTarget = "Mirror-Replay-Target"
+	// HeaderReplayOf is the MIRROR_JOBS sequence of the submitted job the
+	// copy replays, for the replay to match the pods' reports to its own
+	// consumer's messages.
+	HeaderReplayOf = "Mirror-Replay-Of"
+
+	// ReplayDonePrefix + <run> is the core NATS subject a pod reports each
+	// replay job's end on (ReplayDone). Core, not JetStream: a report lost
+	// leaves the replay's message unacked, it is delivered again after its
+	// AckWait and handed over again, and the pod answers from what it
+	// stored (a conditional request).
+	ReplayDonePrefix = "mirror.replay.done."
+
+	// ReplaysBucket holds one entry per replay run that hands its jobs to
+	// the pods, refreshed while it runs (ReplayRun). A pod drops the copies
+	// of a run that has no entry: an interrupted replay leaves nothing
+	// queued as live work once its entry is deleted (Ctrl-C) or has
+	// expired (SIGKILL, after ReplaysTTL).
+	ReplaysBucket = "MIRROR_REPLAYS"
+	ReplaysTTL    = 10 * time.Second
+
+	// ReplayDLQStream holds the dead letters of replays, wherever the work
+	// ran (docs/adr/0021): subjects ReplayDLQPrefix<tenant>.<akey>.
+	ReplayDLQStream = "MIRROR_REPLAY_DLQ"
+	ReplayDLQPrefix = "mirror.replay.dlq."
+)
+
+// ReplayHeaders are the headers that make a MIRROR_JOBS message a replay
+// copy; a copy of it (parked and brought back, a redirect's continuation)
+// keeps them.
+var ReplayHeaders = []string{HeaderReplay, HeaderReplayTarget, HeaderReplayOf}
+
+// CopyReplayHeaders sets on to every replay header of from.
+func CopyReplayHeaders(to, from nats.Header) {
+	for _, k := range ReplayHeaders {
+		if v := from.Get(k); v != "" {
+			to.Set(k, v)
+		}
+	}
+}
+
+// ValidReplayRun reports whether s can name a replay run: one subject
+// token of the characters a key may hold.
+func ValidReplayRun(s string) bool { return len(s) <= 64 && tokenChars(s) }
+
+// ReplayDoneSubject returns ReplayDonePrefix + run.
+func ReplayDoneSubject(run string) string { return ReplayDonePrefix + run }
+
+// ReplayDone is a pod's report that it finished a replay job: stored,
+// unchanged (a 304 against what the target holds), or dead-lettered (into
+// ReplayDLQStream), or dropped (its run was over).
+type ReplayDone struct {
+	Of        uint64 `json:"of"` // HeaderReplayOf
+	JobID     string `json:"job_id"`
+	Authority string `json:"authority"`
+	Outcome   string `json:"outcome"`
+	Reason    string `json:"reason,omitempty"`
+	Pod       string `json:"pod"`
+}
+
+// ReplayRun is a replay's entry in ReplaysBucket: what `mirrorworker
+// status` shows of it and what the pods check its copies against.
+type ReplayRun struct {
+	Run     string    `json:"run"`
+	Target  string    `json:"target"`
+	Started time.Time `json:"started"`
+	Updated time.Time `json:"updated"`
+	// Jobs is how many jobs the replay has to do, Done how many are
+	// finished and Waiting how many are in the pods' queues now.
+	Jobs    int64 `json:"jobs"`
+	Done    int64 `json:"done"`
+	Waiting int64 `json:"waiting"`
+	// ETA is the replay's estimate of the time left, from its pace so far.
+	ETA time.Duration `json:"eta,omitempty"`
+	// Authorities are the per-authority counts, busiest first.
+	Authorities []ReplayAuthority `json:"authorities,omitempty"`
+}
+
+// ReplayAuthority is one authority of a ReplayRun.
+type ReplayAuthority struct {
+	Authority string `json:"authority"`
+	Done      int64  `json:"done"`
+	Waiting   int64  `json:"waiting"` // in the pods' queues
+	Held      int64  `json:"held"`    // delivered to the replay, not yet handed over
+}
+
+// Encode is r as JSON.
+func (r ReplayRun) Encode() []byte { b, _ := json.Marshal(r); return b }
