@@ -66,7 +66,7 @@ func (h *handoffs) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError,
 	m.Header.Set(jobs.HeaderContinues, authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)))
 	m.Header.Set(jobs.HeaderHops, strconv.Itoa(ge.Hop))
 	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(h.sched.deliveries(j), 10))
-	setReplay(m.Header, j)
+	j.replay.copyTo(m.Header)
 	pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err = h.js.PublishMsg(pctx, m)
 	cancel()

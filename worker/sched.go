@@ -72,7 +72,7 @@ func setContinuation(h nats.Header, j *heldJob) {
 		h.Set(jobs.HeaderContinues, j.origin)
 		h.Set(jobs.HeaderHops, strconv.Itoa(j.hops))
 	}
-	setReplay(h, j)
+	j.replay.copyTo(h)
 }
 
 // grant is a job handed to a fetch slot with the permit for its first hop.
@@ -902,4 +902,53 @@ func startable(readyIn readyInFunc, holdMax time.Duration, now time.Time, auth s
 		want = 1
 	}
 	return want, true
+}
+
+// background is an authority's queue of replay jobs. While live jobs of
+// the authority wait, a replay job gets the next request only after
+// LiveFirstRun live jobs had theirs: a replay takes at most one request in
+// LiveFirstRun+1 (a quarter of the authority's pace) while live jobs
+// wait, and all of it when none do. Guarded by scheduler.mu.
+type background struct {
+	q    fifo
+	live int // live jobs taken since the last replay job, while replay jobs waited
+}
+
+// LiveFirstRun is how many live jobs of an authority go before one of its
+// replay jobs, while both wait.
+const LiveFirstRun = 3
+
+// putBackground queues a replay job (front: put back at the head).
+func (a *authQ) putBackground(j *heldJob, front bool) {
+	if front {
+		a.bg.q.front(j)
+	} else {
+		a.bg.q.push(j)
+	}
+	a.n++
+}
+
+// popBackgroundLocked takes a's next job when it is a replay job, and
+// returns nil when it is a live one (popLocked's round robin takes it).
+func (s *scheduler) popBackgroundLocked(a *authQ) *heldJob {
+	nb := len(a.bg.q.jobs)
+	if nb == 0 {
+		return nil
+	}
+	if a.n > nb && a.bg.live < LiveFirstRun {
+		a.bg.live++
+		return nil
+	}
+	a.bg.live = 0
+	a.n--
+	s.underCapLocked(a)
+	return a.bg.q.pop()
+}
+
+// peekBackground is a's first replay job, nil if none.
+func (a *authQ) peekBackground() *heldJob {
+	if len(a.bg.q.jobs) == 0 {
+		return nil
+	}
+	return a.bg.q.jobs[0]
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -243,7 +244,7 @@ func (s *settler) deadLetter(ctx context.Context, j *heldJob, reason, detail str
 		First:      j.received.UTC(),
 		Last:       now,
 		Worker:     s.o.WorkerID,
-		Replay:     j.replayRun(),
+		Replay:     j.replay.runName(),
 	}
 	if len(attempts) > 0 && attempts[0].Time.Before(dl.First) {
 		dl.First = attempts[0].Time
@@ -322,4 +323,24 @@ func logURL(rawURL string) string {
 	}
 	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
 	return u.String()
+}
+
+// replayDone reports a replay job's end to its replay, on the run's core
+// NATS subject. A continuation's end is reported by the pod that finishes
+// it.
+func (s *settler) replayDone(j *heldJob, outcome, reason string) {
+	if j.replay == nil || outcome == OutcomeHandedOff || s.js == nil {
+		return
+	}
+	nc := s.js.Conn()
+	if nc == nil {
+		return
+	}
+	b, _ := json.Marshal(jobs.ReplayDone{Of: j.replay.of, JobID: j.job.ID, Authority: j.auth,
+		Outcome: outcome, Reason: reason, Pod: s.o.WorkerID})
+	if err := nc.Publish(jobs.ReplayDoneSubject(j.replay.run), b); err != nil {
+		// The replay's message comes back after its AckWait and is asked
+		// again, answered from what is stored.
+		s.log.Debug().Err(err).Str("job", j.job.ID).Msg("report a replay job's end")
+	}
 }

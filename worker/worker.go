@@ -809,3 +809,52 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // about a tenth of its time in a slot, and healthy origins keep flowing
 // beside trickling ones.
 const SlowRetryFactor = 9
+
+// targetOf is where j is stored: its replay's target, or the worker's.
+func (w *Worker) targetOf(j *heldJob) Target {
+	if j.replay != nil && j.replay.to != nil {
+		return j.replay.to
+	}
+	return w.d.Target
+}
+
+// openReplay opens a replay job's target (Deps.ReplayTarget). It reports
+// false when it settled the job instead: dropped, its run being over, or
+// dead-lettered (into the replays' stream, jobs.ReplayDLQStream) when the
+// target is not one this pod may write.
+func (w *Worker) openReplay(ctx context.Context, j *heldJob) bool {
+	r := j.replay
+	if r == nil {
+		return true
+	}
+	var err error
+	switch {
+	case !jobs.ValidReplayRun(r.run):
+		err = fmt.Errorf("replay run %q is not a run name", jobs.Truncate(r.run, 80))
+	case w.d.ReplayTarget == nil:
+		err = errors.New("this worker takes no replay jobs")
+	default:
+		r.to, err = w.d.ReplayTarget(ctx, r.run, r.target)
+	}
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, ErrReplayOver):
+		if err := w.settler.settle(j, Msg.Ack); err != nil {
+			w.log.Debug().Err(err).Str("job", j.job.ID).Msg("ack a job of a replay that is over")
+		}
+		w.settler.count(OutcomeDropped)
+		w.log.Debug().Str("job", j.job.ID).Str("replay", r.run).Msg("replay job dropped: its run is over")
+		return false
+	}
+	w.settler.deadLetter(ctx, j, jobs.ReasonReplayTarget, err.Error(), 0, nil)
+	return false
+}
+
+// jobClass is the class label of j: live or replay.
+func jobClass(j *heldJob) string {
+	if j.replay != nil {
+		return "replay"
+	}
+	return "live"
+}
