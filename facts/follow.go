@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -19,12 +20,42 @@ import (
 // the wall clock). It reads with an ordered consumer from the newest message
 // on, so it starts before the cold-start Restore and nothing falls between
 // the two; a fact applied twice is harmless. The returned run returns when
-// ctx ends; err says Follow could not start.
+// ctx ends; err says Follow could not start. NewFollower is the same with
+// Sync.
 func Follow(ctx context.Context, js jetstream.JetStream, p Applier, self string, clk clock.Clock, log zerolog.Logger) (run func() error, err error) {
+	f, err := NewFollower(ctx, js, p, self, clk, log)
+	if err != nil {
+		return nil, err
+	}
+	return f.Run, nil
+}
+
+// Follower is Follow's reader, with Sync. Run once; Sync is safe for
+// concurrent use.
+type Follower struct {
+	ctx    context.Context
+	stream jetstream.Stream
+	it     jetstream.MessagesContext
+	p      Applier
+	self   string
+	clk    clock.Clock
+	log    zerolog.Logger
+
+	mu       sync.Mutex
+	seen     uint64        // the stream sequence of the last fact read (applied or skipped)
+	progress chan struct{} // closed and replaced when seen moves
+}
+
+// NewFollower starts following MIRROR_EVENTS as Follow does.
+func NewFollower(ctx context.Context, js jetstream.JetStream, p Applier, self string, clk clock.Clock, log zerolog.Logger) (*Follower, error) {
 	if clk == nil {
 		clk = clock.Real{}
 	}
-	c, err := js.OrderedConsumer(ctx, jobs.EventsStream, jetstream.OrderedConsumerConfig{
+	stream, err := js.Stream(ctx, jobs.EventsStream)
+	if err != nil {
+		return nil, fmt.Errorf("follow %s: %w", jobs.EventsStream, err)
+	}
+	c, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{jobs.PacerEventPrefix + ">"},
 		DeliverPolicy:  jetstream.DeliverNewPolicy,
 	})
@@ -35,29 +66,82 @@ func Follow(ctx context.Context, js jetstream.JetStream, p Applier, self string,
 	if err != nil {
 		return nil, fmt.Errorf("follow %s: %w", jobs.EventsStream, err)
 	}
-	return func() error {
-		go func() { <-ctx.Done(); it.Stop() }()
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					return nil
-				}
-				log.Warn().Err(err).Msg("follow pacer facts")
-				continue
+	f := &Follower{ctx: ctx, stream: stream, it: it, p: p, self: self, clk: clk, log: log, progress: make(chan struct{})}
+	// What the consumer starts after is the cold-start Restore's, which
+	// runs after this: Sync need not wait for it.
+	if info, err := c.Info(ctx); err == nil {
+		f.seen = info.Delivered.Stream
+	}
+	return f, nil
+}
+
+// Run applies facts until the Follower's context ends; it returns nil.
+func (f *Follower) Run() error {
+	go func() { <-f.ctx.Done(); f.it.Stop() }()
+	for {
+		m, err := f.it.Next()
+		if err != nil {
+			if f.ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
 			}
-			if m.Headers().Get(jobs.HeaderPod) == self && self != "" {
-				continue
-			}
-			var ev pacer.Event
-			if err := json.Unmarshal(m.Data(), &ev); err != nil || ev.Authority == "" {
-				continue
-			}
-			p.Apply(clk.Now(), ev)
-			if ev.Type == pacer.EventPaused || ev.Type == pacer.EventResumed {
-				log.Info().Str("authority", ev.Authority).Str("event", string(ev.Type)).
-					Time("until", ev.Until).Str("reason", ev.Reason).Msg("operator " + string(ev.Type) + " authority")
-			}
+			f.log.Warn().Err(err).Msg("follow pacer facts")
+			continue
 		}
-	}, nil
+		f.apply(m)
+		if md, err := m.Metadata(); err == nil {
+			f.advance(md.Sequence.Stream)
+		}
+	}
+}
+
+func (f *Follower) apply(m jetstream.Msg) {
+	if m.Headers().Get(jobs.HeaderPod) == f.self && f.self != "" {
+		return
+	}
+	var ev pacer.Event
+	if err := json.Unmarshal(m.Data(), &ev); err != nil || ev.Authority == "" {
+		return
+	}
+	f.p.Apply(f.clk.Now(), ev)
+	if ev.Type == pacer.EventPaused || ev.Type == pacer.EventResumed {
+		f.log.Info().Str("authority", ev.Authority).Str("event", string(ev.Type)).
+			Time("until", ev.Until).Str("reason", ev.Reason).Msg("operator " + string(ev.Type) + " authority")
+	}
+}
+
+func (f *Follower) advance(seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if seq > f.seen {
+		f.seen = seq
+		close(f.progress)
+		f.progress = make(chan struct{})
+	}
+}
+
+// Sync returns once every fact MIRROR_EVENTS had stored when Sync was
+// called has been applied (or skipped as this pod's own), or with ctx's
+// error: what a pod taking a partition over waits for before serving it,
+// so that every wait another pod published before the take binds it.
+func (f *Follower) Sync(ctx context.Context) error {
+	last, err := f.stream.GetLastMsgForSubject(ctx, jobs.PacerEventPrefix+">")
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return nil // no fact at all
+	case err != nil:
+		return fmt.Errorf("sync pacer facts: %w", err)
+	}
+	for {
+		f.mu.Lock()
+		seen, progress := f.seen, f.progress
+		f.mu.Unlock()
+		if seen >= last.Sequence {
+			return nil
+		}
+		select {
+		case <-progress:
+		case <-ctx.Done():
+			return fmt.Errorf("sync pacer facts: applied up to %d of %d: %w", seen, last.Sequence, ctx.Err())
+		}
+	}
 }

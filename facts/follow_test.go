@@ -106,3 +106,50 @@ func TestPublishOperatorRefusesOtherFacts(t *testing.T) {
 		}
 	}
 }
+
+// slowApplier applies each fact slowly, as a busy pod might.
+type slowApplier struct{ stamped }
+
+func (s *slowApplier) Apply(now time.Time, ev pacer.Event) {
+	time.Sleep(150 * time.Millisecond)
+	s.stamped.Apply(now, ev)
+}
+
+// TestFollowerSyncWaitsForStoredFacts: Sync returns only once every fact
+// stored before it was called has been applied, however slowly the
+// follower applies them; with nothing new stored it returns at once.
+func TestFollowerSyncWaitsForStoredFacts(t *testing.T) {
+	js, _ := startJetStream(t)
+	ctx := testContext(t)
+	var r slowApplier
+	fctx, stop := context.WithCancel(ctx)
+	f, err := facts.NewFollower(fctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Run() }()
+	defer func() { stop(); <-done }()
+	if err := f.Sync(ctx); err != nil {
+		t.Fatalf("Sync with nothing stored: %v", err)
+	}
+	other := facts.NewSink(js, zerolog.Nop(), nil)
+	other.SetPod("pod-b")
+	sctx, stopSink := context.WithCancel(ctx)
+	sinkDone := make(chan error, 1)
+	go func() { sinkDone <- other.Run(sctx) }()
+	defer func() { stopSink(); <-sinkDone }()
+	const n = 4
+	for i := range n {
+		other.Handle(pacer.Event{Type: pacer.EventInterval, Authority: "origin.example:443", At: time.Now(), Interval: time.Duration(i+1) * time.Second})
+	}
+	if err := other.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.len(); got != n {
+		t.Fatalf("Sync returned with %d of the %d stored facts applied", got, n)
+	}
+}
