@@ -18,13 +18,17 @@ import (
 // DefaultBuffer is how many pacer facts wait for publication in a Sink.
 const DefaultBuffer = 4096
 
-// PublishTimeout bounds one attempt to publish a fact; a fact not stored
-// is tried again (RetryMax apart at most) until it is, however long the
-// link is down. StopWindow is how long a stopping Sink keeps trying.
+// PublishTimeout bounds the first attempt to publish a fact; each attempt
+// after it may take twice as long as the one before, up to
+// PublishTimeoutMax, so that a link slower than the first deadline (whose
+// attempts all land, only too late) is still answered in time. A fact not
+// stored is tried again (RetryMax apart at most) until it is, however long
+// the link is down. StopWindow is how long a stopping Sink keeps trying.
 const (
-	PublishTimeout = 2 * time.Second
-	RetryMax       = time.Second
-	StopWindow     = 3 * time.Second
+	PublishTimeout    = 2 * time.Second
+	PublishTimeoutMax = 16 * time.Second
+	RetryMax          = time.Second
+	StopWindow        = 3 * time.Second
 )
 
 // Publisher is the subset of jetstream.JetStream that publishing facts
@@ -222,9 +226,9 @@ func newStopWindow(ctx context.Context) context.Context {
 // hole delivers them late) are stored once.
 func (s *Sink) publishUntilStored(stop context.Context, f outFact) {
 	id := fmt.Sprintf("%s.%s.%d", s.pod, s.boot, f.seq)
-	pause := 50 * time.Millisecond
+	pause, timeout := 50*time.Millisecond, PublishTimeout
 	for attempt := 1; ; attempt++ {
-		pctx, cancel := context.WithTimeout(stop, PublishTimeout)
+		pctx, cancel := context.WithTimeout(stop, timeout)
 		err := publish(pctx, s.js, f.ev, s.pod, id)
 		cancel()
 		switch {
@@ -246,7 +250,7 @@ func (s *Sink) publishUntilStored(stop context.Context, f outFact) {
 		case <-time.After(pause):
 		case <-stop.Done():
 		}
-		pause = min(2*pause, RetryMax)
+		pause, timeout = min(2*pause, RetryMax), min(2*timeout, PublishTimeoutMax)
 	}
 }
 
