@@ -71,6 +71,8 @@ func NewFollower(ctx context.Context, js jetstream.JetStream, p Applier, self st
 	// runs after this: Sync need not wait for it.
 	if info, err := c.Info(ctx); err == nil {
 		f.seen = info.Delivered.Stream
+	} else if last, err := stream.GetLastMsgForSubject(ctx, jobs.PacerEventPrefix+">"); err == nil {
+		f.seen = last.Sequence
 	}
 	return f, nil
 }

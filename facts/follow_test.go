@@ -117,10 +117,15 @@ func (s *slowApplier) Apply(now time.Time, ev pacer.Event) {
 
 // TestFollowerSyncWaitsForStoredFacts: Sync returns only once every fact
 // stored before it was called has been applied, however slowly the
-// follower applies them; with nothing new stored it returns at once.
+// follower applies them; with nothing new stored since the follower
+// started (what was stored before is the cold-start restore's) it returns
+// at once.
 func TestFollowerSyncWaitsForStoredFacts(t *testing.T) {
 	js, _ := startJetStream(t)
 	ctx := testContext(t)
+	if err := facts.PublishOperator(ctx, js, pacer.Event{Type: pacer.EventPaused, Authority: "before.example:443", At: time.Now(), Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
 	var r slowApplier
 	fctx, stop := context.WithCancel(ctx)
 	f, err := facts.NewFollower(fctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
@@ -130,8 +135,10 @@ func TestFollowerSyncWaitsForStoredFacts(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- f.Run() }()
 	defer func() { stop(); <-done }()
-	if err := f.Sync(ctx); err != nil {
-		t.Fatalf("Sync with nothing stored: %v", err)
+	sctx0, cancel0 := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel0()
+	if err := f.Sync(sctx0); err != nil {
+		t.Fatalf("Sync with nothing stored since the start: %v", err)
 	}
 	other := facts.NewSink(js, zerolog.Nop(), nil)
 	other.SetPod("pod-b")
