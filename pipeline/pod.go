@@ -251,7 +251,7 @@ func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
 func (h *podHooks) Release(ctx context.Context, p int) {
 	h.pod.Worker.RemovePartition(ctx, p)
 	if err := h.pod.parts.Sink.Flush(ctx); err != nil {
-		h.pod.log.Warn().Err(err).Int("partition", p).Msg("partition given back with pacer facts not yet stored")
+		h.pod.log.Warn().Err(err).Int("partition", p).Msg("partition released with pacer facts not yet stored (they are published once the link allows)")
 	}
 }
 
