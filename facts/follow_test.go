@@ -2,12 +2,18 @@ package facts_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/rs/zerolog"
 )
@@ -158,5 +164,63 @@ func TestFollowerSyncWaitsForStoredFacts(t *testing.T) {
 	}
 	if got := r.len(); got != n {
 		t.Fatalf("Sync returned with %d of the %d stored facts applied", got, n)
+	}
+}
+
+// TestFollowerFollowsAcrossAServerRestart: the server is shut down and
+// started again on its store (the follower's consumer, kept in memory, is
+// gone); a fact published after the restart is applied, and Sync returns.
+func TestFollowerFollowsAcrossAServerRestart(t *testing.T) {
+	dir := t.TempDir()
+	e, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: dir, Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(e.ClientURL(), "nats://")
+	nc, err := nats.Connect(e.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := testContext(t)
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		t.Fatal(err)
+	}
+	var r stamped
+	fctx, stop := context.WithCancel(ctx)
+	f, err := facts.NewFollower(fctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Run() }()
+	defer func() { stop(); <-done }()
+
+	e.Shutdown()
+	e, err = broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: dir, Listen: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown()
+	other, err := e.Connect("pod-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ojs, _ := jetstream.New(other)
+	if err := facts.PublishOperator(ctx, ojs, pacer.Event{Type: pacer.EventPaused, Authority: "after.example:443", At: time.Now(), Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := f.Sync(sctx); err != nil {
+		t.Fatalf("Sync after the restart: %v", err)
+	}
+	if r.len() != 1 {
+		t.Fatalf("%d facts applied after the restart, want 1", r.len())
 	}
 }
