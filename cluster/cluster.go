@@ -32,8 +32,12 @@ import (
 // acquired or must be given up. The Manager calls them from its own
 // goroutine (Release from a goroutine of its own per partition).
 type Hooks interface {
-	// Acquired starts serving partition p. since is the instant the lease
-	// was taken: every request the previous owner started began before it.
+	// Acquired starts serving partition p. since is the instant from which
+	// the first request to each of p's authorities is spaced: the instant
+	// the lease was taken (every request the previous owner started began
+	// before it), or Options.ExpiredHold later when the previous owner's
+	// lease expired instead of being given back, so that what it learned
+	// and could not yet publish can still arrive first (docs/adr/0007).
 	Acquired(ctx context.Context, p int, since time.Time) error
 	// Release stops serving p: no request to its authorities may start
 	// once it is called (the Manager's Owns already reports false), its
@@ -48,8 +52,10 @@ type Hooks interface {
 // Store is the part of a KV bucket the Manager uses; KV adapts a
 // jetstream.KeyValue. Entries expire when not written for the bucket's TTL.
 type Store interface {
-	// Create writes key only if it has no live entry; it returns the revision.
-	Create(ctx context.Context, key string, value []byte) (uint64, error)
+	// Create writes key only if it has no live entry; it returns the
+	// revision, and whether the key's last entry was a deletion (a lease
+	// given back) rather than none at all (expired, or never written).
+	Create(ctx context.Context, key string, value []byte) (rev uint64, deleted bool, err error)
 	// Update writes key only if its live entry is at revision rev; an error
 	// that IsLost reports means the entry expired or another writer won.
 	Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
@@ -67,8 +73,20 @@ var ErrLost = errors.New("cluster: lease lost")
 // KV adapts a jetstream.KeyValue to Store.
 type KV struct{ jetstream.KeyValue }
 
-func (k KV) Create(ctx context.Context, key string, value []byte) (uint64, error) {
-	return k.KeyValue.Create(ctx, key, value)
+// Create first writes key on the condition that the bucket holds no entry
+// for it at all (an expired lease or one never taken: MaxAge has removed
+// every entry); when that fails, it creates it over a deletion marker (a
+// lease given back), which fails if the key is live.
+func (k KV) Create(ctx context.Context, key string, value []byte) (uint64, bool, error) {
+	rev, err := k.KeyValue.Update(ctx, key, value, 0)
+	if err == nil {
+		return rev, false, nil
+	}
+	if !isWrongSequence(err) && !errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, false, err
+	}
+	rev, err = k.KeyValue.Create(ctx, key, value)
+	return rev, err == nil, err
 }
 
 func (k KV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
@@ -116,6 +134,13 @@ type Options struct {
 	// its own. Zero means TTL/2, the longest round trip at which renewals
 	// sent every TTL/4 still keep a lease valid without a gap.
 	OpTimeout time.Duration
+	// ExpiredHold is how long a pod that takes over a partition whose
+	// lease it saw held, and which expired rather than being given back,
+	// holds the first request to each of its authorities (Hooks.Acquired's
+	// since): the previous owner may have learned a wait in its last
+	// validity that it could not publish, and publishes it once its link
+	// works again. Zero means DefaultExpiredHold(TTL); negative, no hold.
+	ExpiredHold time.Duration
 	// Link reports whether this pod's connection to the store is up
 	// (nats.Conn.IsConnected); nil means always. While it reports false,
 	// Owns is false for every partition: a pod whose NATS connection is
@@ -126,6 +151,14 @@ type Options struct {
 	// reading, as time.Now's does); nil is the real clock.
 	Clock clock.Clock
 }
+
+// DefaultExpiredHold is Options.ExpiredHold's default: two TTLs. A take-over
+// of an expired lease comes about a TTL after the previous owner's link
+// failed, so a wait that owner learned and publishes once its link works
+// again binds the new owner if the link is back within about three TTLs
+// (18 s with the default TTL); the price is that a killed pod's
+// partitions wait two TTLs more for their first request (docs/adr/0007).
+func DefaultExpiredHold(ttl time.Duration) time.Duration { return 2 * ttl }
 
 // Lease is the value of a partition's key in MIRROR_LEASES.
 type Lease struct {
@@ -173,6 +206,11 @@ type Manager struct {
 	// podRev is the revision of this pod's MIRROR_PODS entry, 0 when it
 	// has none it knows of; the balance loop's only.
 	podRev uint64
+	// held is the lease keys the last successful listing found held (by
+	// any pod), heldHere those of them this pod held; the balance loop's
+	// only. A partition taken that another pod held then, and whose key has
+	// no deletion marker, expired.
+	held, heldHere map[string]bool
 
 	// The last renewal round's and balance round's failure (nil: every
 	// operation reached the store in time). While either is set the pod
@@ -204,6 +242,10 @@ func New(leases, pods Store, h Hooks, o Options) (*Manager, error) {
 	if o.OpTimeout <= 0 {
 		o.OpTimeout = o.TTL / 2
 	}
+	if o.ExpiredHold == 0 {
+		o.ExpiredHold = DefaultExpiredHold(o.TTL)
+	}
+	o.ExpiredHold = max(o.ExpiredHold, 0)
 	if o.Clock == nil {
 		o.Clock = clock.Real{}
 	}
@@ -447,6 +489,15 @@ func (m *Manager) balanceRound(ctx context.Context) {
 	for _, k := range leaseKeys {
 		taken[k] = true
 	}
+	seen, seenHere := m.held, m.heldHere
+	m.held, m.heldHere = taken, map[string]bool{}
+	m.mu.Lock()
+	for p, l := range m.owned {
+		if !l.lost {
+			m.heldHere[jobs.LeaseKey(p)] = true
+		}
+	}
+	m.mu.Unlock()
 	free := 0
 	for p := range m.o.Partitions {
 		if !taken[jobs.LeaseKey(p)] {
@@ -466,7 +517,7 @@ func (m *Manager) balanceRound(ctx context.Context) {
 	case held > target:
 		m.giveBack(ctx, held-target)
 	case held < target && !m.stopping.Load() && free > 0:
-		free -= m.take(ctx, target-held, taken)
+		free -= m.take(ctx, target-held, taken, seen, seenHere)
 	}
 	m.last.Store(&round{pods: n, free: free, share: Share(m.o.Partitions, n)})
 	m.log.Debug().Int("pods", n).Int("free", free).Ints("owned", m.Owned()).Msg("lease round")
@@ -650,8 +701,9 @@ func (m *Manager) giveBack(ctx context.Context, n int) {
 
 // take acquires up to n of the partitions the listing found free, starting
 // at a place that depends on the pod id so that pods starting together do
-// not race for the same. It returns how many it took.
-func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
+// not race for the same. seen is what the listing before found held, and
+// seenHere what of it was this pod's. It returns how many it took.
+func (m *Manager) take(ctx context.Context, n int, taken, seen, seenHere map[string]bool) int {
 	h := fnv.New32a()
 	h.Write([]byte(m.o.PodID))
 	start := int(h.Sum32() % uint32(m.o.Partitions))
@@ -671,14 +723,24 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 	// two process-test runs): the fence from a since older than the first
 	// dispatch did not hold them apart (docs/adr/0007). The renewals, on
 	// their own loop, keep the leases taken so far meanwhile.
-	var got []int
+	var got, expired []int
 	for _, p := range cands {
 		octx, cancel := m.opCtx(ctx)
 		sent := m.o.Clock.Now()
-		rev, err := m.leases.Create(octx, jobs.LeaseKey(p), m.leaseValue(sent))
+		rev, given, err := m.leases.Create(octx, jobs.LeaseKey(p), m.leaseValue(sent))
 		cancel()
 		if err != nil {
 			continue // another pod was quicker, or the store did not answer
+		}
+		// The first requests are spaced from since. A lease another pod
+		// was seen holding, now gone without a deletion marker, expired:
+		// its owner was killed, stopped or cut off, and may yet publish a
+		// wait it learned. (This pod's own expired lease needs no hold: its
+		// pacer knows what it learned.)
+		since := sent
+		if key := jobs.LeaseKey(p); seen[key] && !seenHere[key] && !given && m.o.ExpiredHold > 0 {
+			since = sent.Add(m.o.ExpiredHold)
+			expired = append(expired, p)
 		}
 		// Held (and so renewed) and valid before the worker starts
 		// pulling, so that the first jobs it receives are served rather
@@ -689,7 +751,7 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 		m.setValid(p, sent)
 		m.mu.Unlock()
 		actx, acancel := context.WithTimeout(context.WithoutCancel(ctx), m.o.TTL)
-		err = m.h.Acquired(actx, p, sent)
+		err = m.h.Acquired(actx, p, since)
 		acancel()
 		if err != nil {
 			m.log.Warn().Int("partition", p).Err(err).Msg("serve partition")
@@ -707,6 +769,10 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 	if len(got) > 0 {
 		sort.Ints(got)
 		m.log.Info().Ints("partitions", got).Msg("partitions taken")
+	}
+	if len(expired) > 0 {
+		m.log.Info().Ints("partitions", expired).Dur("hold", m.o.ExpiredHold).
+			Msg("partitions taken over from expired leases: their first requests wait for the hold, for facts their previous owner may still publish")
 	}
 	return len(got)
 }

@@ -21,17 +21,28 @@ import (
 type hooks struct {
 	mu       sync.Mutex
 	acquired []int
+	since    map[int]time.Time // the since of each partition's last Acquired
 	released []int
 	hold     chan struct{} // nil: Release returns at once
 }
 
 var _ cluster.Hooks = (*hooks)(nil)
 
-func (h *hooks) Acquired(_ context.Context, p int, _ time.Time) error {
+func (h *hooks) Acquired(_ context.Context, p int, since time.Time) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.acquired = append(h.acquired, p)
+	if h.since == nil {
+		h.since = map[int]time.Time{}
+	}
+	h.since[p] = since
 	return nil
+}
+
+func (h *hooks) sinceOf(p int) time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.since[p]
 }
 
 func (h *hooks) Release(ctx context.Context, p int) {
@@ -88,13 +99,13 @@ func (s *hookStore) timeout(err error) error {
 	return err
 }
 
-func (s *hookStore) Create(ctx context.Context, key string, v []byte) (uint64, error) {
+func (s *hookStore) Create(ctx context.Context, key string, v []byte) (uint64, bool, error) {
 	s.note(ctx)
 	if s.noCreate.Load() {
-		return 0, fmt.Errorf("key %s exists", key)
+		return 0, false, fmt.Errorf("key %s exists", key)
 	}
-	r, err := s.Store.Create(ctx, key, v)
-	return r, s.timeout(err)
+	r, deleted, err := s.Store.Create(ctx, key, v)
+	return r, deleted, s.timeout(err)
 }
 
 func (s *hookStore) Update(ctx context.Context, key string, v []byte, rev uint64) (uint64, error) {
@@ -533,5 +544,68 @@ func TestLateAnnounceBringsNoPodBack(t *testing.T) {
 	}
 	if err := tp.m.Serving(); err == nil {
 		t.Error("Serving after a failed round: nil")
+	}
+}
+
+// TestExpiredTakeOverIsHeld: a partition taken over from a lease another
+// pod held and that expired (it was killed) is served from ExpiredHold
+// after the take; one taken at a cold start, one given back and one of
+// this pod's own that expired are served at once.
+func TestExpiredTakeOverIsHeld(t *testing.T) {
+	const parts, ttl = 2, 2 * time.Second
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	leases, pods := newMemStore(clk, ttl), newMemStore(clk, ttl)
+	ctx := context.Background()
+	a := newTestPod(t, "pod-a", clk, leases, pods, parts, cluster.Options{})
+	a.m.Step(ctx)
+	if !allOwned(a.m, parts) {
+		t.Fatalf("pod-a owns %v after a cold start", a.m.Owned())
+	}
+	for p := range parts {
+		if got := a.h.sinceOf(p); !got.Equal(clk.Now()) {
+			t.Errorf("cold start: partition %d served from %s, want the take %s", p, got, clk.Now())
+		}
+	}
+	// pod-b joins; pod-a gives one partition back, pod-b takes it.
+	b := newTestPod(t, "pod-b", clk, leases, pods, parts, cluster.Options{})
+	for i := 0; i < 20 && len(b.m.Owned()) == 0; i++ {
+		b.m.Step(ctx)
+		a.m.Step(ctx)
+		clk.Advance(ttl / 4)
+		b.m.Step(ctx)
+	}
+	if len(b.m.Owned()) != 1 {
+		t.Fatalf("pod-b owns %v, want the partition pod-a gave back", b.m.Owned())
+	}
+	gp := b.m.Owned()[0]
+	if got, ttlAgo := b.h.sinceOf(gp), clk.Now().Add(-ttl); got.After(clk.Now()) || got.Before(ttlAgo) {
+		t.Errorf("given back: partition %d served from %s, want its take (by %s)", gp, got, clk.Now())
+	}
+	// pod-a is killed: it renews no more, its lease expires, pod-b takes
+	// it over held.
+	kp := a.m.Owned()[0]
+	clk.Advance(ttl * 3 / 4) // a TTL since pod-a's last renewal, less since pod-b's
+	b.m.Step(ctx)
+	if !b.m.Owns(kp) {
+		t.Fatalf("pod-b owns %v a TTL after pod-a's last renewal, want partition %d too", b.m.Owned(), kp)
+	}
+	if got, want := b.h.sinceOf(kp), clk.Now().Add(cluster.DefaultExpiredHold(ttl)); !got.Equal(want) {
+		t.Errorf("expired: partition %d served from %s, want the take plus %s (%s)", kp, got, cluster.DefaultExpiredHold(ttl), want)
+	}
+	// pod-b's own leases expire (it was stopped for a TTL); it takes them
+	// again at once.
+	clk.Advance(ttl + ttl/4)
+	b.m.Step(ctx) // renewals lost: released in the background
+	for i := 0; i < 20 && !allOwned(b.m, parts); i++ {
+		time.Sleep(time.Millisecond) // the background release, in real time
+		b.m.Step(ctx)
+	}
+	if !allOwned(b.m, parts) {
+		t.Fatalf("pod-b owns %v after its own leases expired", b.m.Owned())
+	}
+	for p := range parts {
+		if got := b.h.sinceOf(p); !got.Equal(clk.Now()) {
+			t.Errorf("own expired lease: partition %d served from %s, want the take %s", p, got, clk.Now())
+		}
 	}
 }

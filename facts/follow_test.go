@@ -2,13 +2,19 @@ package facts_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/rs/zerolog"
 )
@@ -105,5 +111,117 @@ func TestPublishOperatorRefusesOtherFacts(t *testing.T) {
 		if err := facts.PublishOperator(context.Background(), nil, ev); err == nil {
 			t.Errorf("PublishOperator(%+v) = nil, want an error", ev)
 		}
+	}
+}
+
+// slowApplier applies each fact slowly, as a busy pod might.
+type slowApplier struct{ stamped }
+
+func (s *slowApplier) Apply(now time.Time, ev pacer.Event) {
+	time.Sleep(150 * time.Millisecond)
+	s.stamped.Apply(now, ev)
+}
+
+// TestFollowerSyncWaitsForStoredFacts: Sync returns only once every fact
+// stored before it was called has been applied, however slowly the
+// follower applies them; with nothing new stored since the follower
+// started (what was stored before is the cold-start restore's) it returns
+// at once.
+func TestFollowerSyncWaitsForStoredFacts(t *testing.T) {
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
+	if err := facts.PublishOperator(ctx, js, pacer.Event{Type: pacer.EventPaused, Authority: "before.example:443", At: time.Now(), Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	var r slowApplier
+	fctx, stop := context.WithCancel(ctx)
+	f, err := facts.NewFollower(fctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Run() }()
+	defer func() { stop(); <-done }()
+	sctx0, cancel0 := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel0()
+	if err := f.Sync(sctx0); err != nil {
+		t.Fatalf("Sync with nothing stored since the start: %v", err)
+	}
+	other := facts.NewSink(js, zerolog.Nop(), nil)
+	other.SetPod("pod-b")
+	sctx, stopSink := context.WithCancel(ctx)
+	sinkDone := make(chan error, 1)
+	go func() { sinkDone <- other.Run(sctx) }()
+	defer func() { stopSink(); <-sinkDone }()
+	const n = 4
+	for i := range n {
+		other.Handle(pacer.Event{Type: pacer.EventInterval, Authority: "origin.example:443", At: time.Now(), Interval: time.Duration(i+1) * time.Second})
+	}
+	if err := other.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.len(); got != n {
+		t.Fatalf("Sync returned with %d of the %d stored facts applied", got, n)
+	}
+}
+
+// TestFollowerFollowsAcrossAServerRestart: the server is shut down and
+// started again on its store (the follower's consumer, kept in memory, is
+// gone); a fact published after the restart is applied, and Sync returns.
+func TestFollowerFollowsAcrossAServerRestart(t *testing.T) {
+	dir := t.TempDir()
+	e, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: dir, Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := strings.TrimPrefix(e.ClientURL(), "nats://")
+	nc, err := nats.Connect(e.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := brokertest.Context(t)
+	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		t.Fatal(err)
+	}
+	var r stamped
+	fctx, stop := context.WithCancel(ctx)
+	f, err := facts.NewFollower(fctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Run() }()
+	defer func() { stop(); <-done }()
+
+	e.Shutdown()
+	e, err = broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: dir, Listen: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Shutdown()
+	other, err := e.Connect("pod-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ojs, _ := jetstream.New(other)
+	if err := facts.PublishOperator(ctx, ojs, pacer.Event{Type: pacer.EventPaused, Authority: "after.example:443", At: time.Now(), Until: time.Now().Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := f.Sync(sctx); err != nil {
+		t.Fatalf("Sync after the restart: %v", err)
+	}
+	if r.len() != 1 {
+		t.Fatalf("%d facts applied after the restart, want 1", r.len())
 	}
 }

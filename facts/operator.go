@@ -21,7 +21,7 @@ func PublishOperator(ctx context.Context, js Publisher, ev pacer.Event) error {
 	if ev.Type == pacer.EventPaused && !ev.Until.After(ev.At) {
 		return fmt.Errorf("publish operator fact: a pause of %s must end after it is given", ev.Authority)
 	}
-	if err := publish(ctx, js, ev, OperatorPod); err != nil {
+	if err := publish(ctx, js, ev, OperatorPod, ""); err != nil {
 		return fmt.Errorf("publish %s of %s: %w (is stream %s there? start 'mirrorworker run' once)", ev.Type, ev.Authority, err, jobs.EventsStream)
 	}
 	return nil

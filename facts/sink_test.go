@@ -2,13 +2,23 @@ package facts_test
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/mirrorworker/mirrorworker/facts"
-	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
+	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/faultproxy"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
 // TestSinkLogLines: the pacer logs nothing; the sink writes the lines
@@ -41,5 +51,94 @@ func TestSinkLogLines(t *testing.T) {
 	}
 	if n := strings.Count(out, `"upstream_host":"files.example.org","upstream_port":"443"`); n != 3 {
 		t.Errorf("%d lines with upstream_host/port, want 3:\n%s", n, out)
+	}
+}
+
+// TestSinkRetriesUntilStored: a fact handled while the sink's link to NATS
+// is cut, and one handled while it is a black hole (whose attempts time
+// out here and all land there when it lifts), are published once the link
+// works again, each stored exactly once; meanwhile Pending counts them and
+// Flush does not return.
+func TestSinkRetriesUntilStored(t *testing.T) {
+	for _, fault := range []string{"cut", "black hole"} {
+		t.Run(fault, func(t *testing.T) {
+			e := brokertest.Start(t, broker.EmbeddedOptions{Listen: "127.0.0.1:0"})
+			js, _ := brokertest.JetStream(t, e)
+			if err := jobs.EnsureStreams(brokertest.Context(t), js, nil); err != nil {
+				t.Fatal(err)
+			}
+			u, err := url.Parse(e.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			px, err := faultproxy.New(u.Host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { px.Close() })
+			nc, err := nats.Connect("nats://"+px.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(nc.Close)
+			pjs, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sink := facts.NewSink(pjs, zerolog.New(zerolog.NewTestWriter(t)), nil)
+			sink.SetPod("pod-a")
+			ctx, stop := context.WithCancel(brokertest.Context(t))
+			done := make(chan error, 1)
+			go func() { done <- sink.Run(ctx) }()
+			defer func() { stop(); <-done }()
+
+			if fault == "cut" {
+				px.Cut()
+			} else {
+				px.BlackHole()
+			}
+			const auth = "origin.example:443"
+			until := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
+			sink.Handle(pacer.Event{Type: pacer.EventCooldown, Authority: auth, At: time.Now(), Until: until, Status: 429})
+			sink.Handle(pacer.Event{Type: pacer.EventInterval, Authority: auth, At: time.Now(), Interval: 2 * time.Second})
+			if n := sink.Pending(); n != 2 {
+				t.Fatalf("Pending %d with the link down, want 2", n)
+			}
+			// Longer than an attempt's timeout: the first attempt has failed.
+			fctx, cancel := context.WithTimeout(ctx, facts.PublishTimeout+500*time.Millisecond)
+			err = sink.Flush(fctx)
+			cancel()
+			if err == nil {
+				t.Fatal("Flush returned nil with the link down")
+			}
+			px.Restore()
+			fctx, cancel = context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			if err := sink.Flush(fctx); err != nil {
+				t.Fatalf("after the link came back: %v", err)
+			}
+			if n := sink.Pending(); n != 0 {
+				t.Errorf("Pending %d after Flush, want 0", n)
+			}
+			s, err := js.Stream(ctx, jobs.EventsStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := s.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State.Msgs != 2 {
+				t.Errorf("MIRROR_EVENTS holds %d facts, want the 2 handled, once each", info.State.Msgs)
+			}
+			first, err := s.GetMsg(ctx, info.State.FirstSeq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ev pacer.Event
+			if err := json.Unmarshal(first.Data, &ev); err != nil || ev.Type != pacer.EventCooldown || !ev.Until.Equal(until) {
+				t.Errorf("first fact stored %s (%v), want the cooldown until %s first", first.Data, err, until)
+			}
+		})
 	}
 }

@@ -854,14 +854,17 @@ func pausedLocked(e *entry, auth string, n int64) *RefusedError {
 // auth as late as at (a cluster hand-over: the authority's previous owner
 // stopped serving it before at). The next start is spaced from at by the
 // interval in force, as if that request had started here; a later start
-// already known is kept. Fence publishes nothing.
+// already known is kept. at may be later than now: a take-over that must
+// hold its first request (a lease that expired rather than being given
+// back, docs/adr/0007) fences from the end of that hold, so no request to
+// auth starts before at plus the interval. Fence publishes nothing.
 func (p *Pacer) Fence(now time.Time, auth string, at time.Time) {
 	n := now.UnixNano()
 	s := p.shardFor(auth)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := p.entryLocked(s, auth, n)
-	a := min(at.UnixNano(), n)
+	a := at.UnixNano()
 	e.lastStart = max(e.lastStart, a)
 	e.started = max(e.started, a)
 	e.startedOther = max(e.startedOther, a)

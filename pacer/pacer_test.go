@@ -860,3 +860,32 @@ func TestConfirmAfterTheDeadlineMakesTheReservationTheProbe(t *testing.T) {
 		t.Fatalf("Confirm of a stale reservation while a probe runs = %v, want probing", err)
 	}
 }
+
+// TestFenceFromAFutureInstant: a take-over that holds its first request
+// (an expired lease, docs/adr/0007) fences from the end of the hold: no
+// start before it plus the interval, and a fence in the past spaces from
+// there as before.
+func TestFenceFromAFutureInstant(t *testing.T) {
+	tests := []struct {
+		name  string
+		fence time.Duration // from t0, the instant passed to Fence at t0
+		first time.Duration // the first instant a request is granted
+	}{
+		{name: "past", fence: -400 * time.Millisecond, first: 600 * time.Millisecond},
+		{name: "now", fence: 0, first: time.Second},
+		{name: "future", fence: 2 * time.Second, first: 3 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPacer(t, time.Second, nil)
+			p.Fence(t0, host, at(tt.fence))
+			re := mustRefuse(t, p, t0, 0)
+			if re.Wait != tt.first {
+				t.Fatalf("refused at t0 with wait %s, want %s", re.Wait, tt.first)
+			}
+			mustRefuse(t, p, at(tt.first-time.Millisecond), 0)
+			pm := mustGrant(t, p, at(tt.first), 0)
+			p.Done(at(tt.first), pm, resp(200))
+		})
+	}
+}

@@ -91,8 +91,9 @@ type Parts struct {
 	// Config.Credentials).
 	Credentials *credentials.Store
 
-	js  jetstream.JetStream
-	cfg Config
+	js       jetstream.JetStream
+	cfg      Config
+	follower *facts.Follower // set by Follow
 
 	mu      sync.Mutex
 	workers []*worker.Worker // told of credential changes
@@ -201,12 +202,23 @@ type Actor struct {
 func (p *Parts) Follow(js jetstream.JetStream, self string, log zerolog.Logger) (Actor, error) {
 	p.Sink.SetPod(self)
 	ctx, stop := context.WithCancel(context.Background())
-	follow, err := facts.Follow(ctx, js, p.Pacer, self, clock.Real{}, log)
+	f, err := facts.NewFollower(ctx, js, p.Pacer, self, clock.Real{}, log)
 	if err != nil {
 		stop()
 		return Actor{}, err
 	}
-	return Actor{Execute: follow, Interrupt: func(error) { stop() }}, nil
+	p.follower = f
+	return Actor{Execute: f.Run, Interrupt: func(error) { stop() }}, nil
+}
+
+// SyncFacts returns once the follower has applied every fact MIRROR_EVENTS
+// had stored when it was called (facts.Follower.Sync); at once without
+// Follow.
+func (p *Parts) SyncFacts(ctx context.Context) error {
+	if p.follower == nil {
+		return nil
+	}
+	return p.follower.Sync(ctx)
 }
 
 // RunOptions add parts to Run's group. The zero value adds none.

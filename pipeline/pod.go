@@ -166,6 +166,11 @@ func (pod *Pod) Run(ctx context.Context) error {
 			err := mgr.Run(mctx)
 			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
+			// Every fact learned is stored before the leases go (the sink
+			// keeps publishing for facts.StopWindow after the stop).
+			if ferr := pod.parts.Sink.Flush(cctx); ferr != nil {
+				pod.log.Warn().Err(ferr).Msg("leases given up with pacer facts not yet stored")
+			}
 			if cerr := mgr.Close(cctx); cerr != nil {
 				pod.log.Warn().Err(cerr).Msg("give up leases at exit (they expire by themselves)")
 			}
@@ -227,17 +232,36 @@ type podHooks struct {
 
 var _ cluster.Hooks = (*podHooks)(nil)
 
+// Acquired binds p's consumer and, meanwhile, waits until every pacer fact
+// stored before the take has been applied (docs/adr/0007): a wait another
+// pod published binds this pod's first request to the authority. Then the
+// worker serves p, fenced from since.
 func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
+	synced := make(chan error, 1)
+	go func() { synced <- h.pod.parts.SyncFacts(ctx) }()
 	// EnsureWork created every partition's consumer; bind to it (and
 	// apply changed settings).
 	c, err := jobs.EnsurePartitionConsumer(ctx, h.pod.parts.js, p, h.consOpts, 0)
+	if serr := <-synced; err == nil && serr != nil {
+		err = serr
+	}
 	if err != nil {
 		return err
 	}
 	return h.pod.Worker.AddPartition(p, c, since)
 }
 
-func (h *podHooks) Release(ctx context.Context, p int) { h.pod.Worker.RemovePartition(ctx, p) }
+// Release ends p's requests, then waits until every pacer fact learned
+// from them is stored on MIRROR_EVENTS, so that the pod that takes p next
+// finds them (its Acquired syncs): only then is the lease given up. If
+// that does not happen within ctx the lease is still given up; the facts
+// are published as soon as the link allows.
+func (h *podHooks) Release(ctx context.Context, p int) {
+	h.pod.Worker.RemovePartition(ctx, p)
+	if err := h.pod.parts.Sink.Flush(ctx); err != nil {
+		h.pod.log.Warn().Err(err).Int("partition", p).Msg("partition released with pacer facts not yet stored (they are published once the link allows)")
+	}
+}
 
 func (h *podHooks) Status() []byte {
 	return withReplayTargets(h.pod.Worker.StatusJSON(h.id, h.version, h.pod.Owned(), h.pod.parts.Pacer.Snapshot(time.Now())), h.pod.replay)

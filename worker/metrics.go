@@ -148,7 +148,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	}, []string{"host", "port", "reason"})).(*prometheus.CounterVec)
 	m.EventsDropped = reg1(prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Name: "events_dropped_total",
-		Help: "Facts of the pacer not published because the buffer was full or the publish failed.",
+		Help: "Facts of the pacer not published because the buffer was full, or not stored before a stopping pod gave up.",
 	})).(prometheus.Counter)
 	m.DeadLetters = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Name: "dead_letters_total",

@@ -49,9 +49,11 @@ type netFaultCase struct {
 // stored byte-exact and no two requests to an authority come closer than
 // the floor, through 200 ms and 2 s of latency on one pod's link (for the
 // rest of the run), a cut and a black hole of it (for 2.5 TTLs). Each run
-// reports its drain time against the run with no fault, and the requests
-// that arrived while the origin had said wait: that bound depends on how
-// pacer facts are published, which this test measures but does not own.
+// reports its drain time against the run with no fault. The cut and the
+// black hole strike right after the RateLimit authority told its pod to
+// wait, and no request may arrive while the origin had said wait: the
+// pod's fact is stored once its link returns, within the hold of the pod
+// that took the expired lease over (docs/adr/0007, bound 5).
 func TestProcessClusterNetworkFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -201,6 +203,9 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) time.Duration
 	}
 	checkClusterMirror(t, root, targets)
 	early := netFaultCheck(t, origin, floor, readDepartures(t, departures))
+	if tc.afterWait && early > 0 {
+		t.Errorf("%s: %d requests while the origin had said wait", tc.name, early)
+	}
 	failed := 0
 	for _, p := range pods {
 		failed += strings.Count(p.log.String(), "lease round failed")

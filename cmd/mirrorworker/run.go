@@ -471,6 +471,10 @@ func (p *natsStage) run(ctx context.Context) error {
 	return pod.Run(ctx)
 }
 
+// podReconnectWait is how long a pod waits between attempts to reconnect
+// to a NATS deployment.
+const podReconnectWait = 250 * time.Millisecond
+
 // connect joins the embedded server or the deployment of --nats-url.
 func (p *natsStage) connect(ctx context.Context) (nc *nats.Conn, natsURL string, err error) {
 	name := "mirrorworker " + p.c.workerID
@@ -480,7 +484,12 @@ func (p *natsStage) connect(ctx context.Context) (nc *nats.Conn, natsURL string,
 	} else {
 		natsURL = broker.RedactURL(p.c.nats.url)
 		p.log.Info().Str("nats_url", natsURL).Msg("connecting to NATS")
-		nc, err = p.c.nats.connect(ctx, name, natsLogHandlers(p.log)...)
+		// A link that comes back is rejoined within a quarter second (not
+		// nats.go's 2 s), so that the pacer facts the pod could not publish
+		// meanwhile reach the pod that took its partitions over while that
+		// pod still holds their first requests (docs/adr/0007).
+		opts := append(natsLogHandlers(p.log), nats.ReconnectWait(podReconnectWait))
+		nc, err = p.c.nats.connect(ctx, name, opts...)
 	}
 	if err != nil {
 		return nil, "", err
