@@ -5,13 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -25,7 +23,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/mirror/bucket/buckettest"
@@ -115,112 +112,25 @@ func rawS3Client(srv *buckettest.Server, g int) *s3.Client {
 // runRawS3Pipeline drains bl with g goroutines and no project code: pull,
 // GET, PutObject, ack.
 func runRawS3Pipeline(b *testing.B, bl benchBacklog, g int, srv *buckettest.Server, bkt string) pipelineResult {
-	b.Helper()
-	dir := b.TempDir()
-	ctx := context.Background()
-	// The backlog, stored before the server restarts (as the worker's is).
-	ns, nc := rawServer(b, filepath.Join(dir, "nats"))
-	js, err := jetstream.New(nc)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "RAW", Subjects: []string{"raw.>"}, Storage: jetstream.FileStorage}); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "RAW", jetstream.ConsumerConfig{
-		Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxAckPending: 20000,
-	}); err != nil {
-		b.Fatal(err)
-	}
-	type rawJob struct {
-		URL    string `json:"url"`
-		Target string `json:"target"`
-	}
-	for i := range bl.total() {
-		u, t := bl.job(i)
-		data, _ := json.Marshal(rawJob{URL: u, Target: t})
-		if _, err := js.PublishAsync("raw.jobs."+strconv.Itoa(i%bl.authorities), data); err != nil {
-			b.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-time.After(5 * time.Minute):
-		b.Fatal("raw publish acks did not arrive")
-	}
-	nc.Close()
-	ns.Shutdown()
-	ns.WaitForShutdown()
-
-	ns, nc = rawServer(b, filepath.Join(dir, "nats"))
-	defer func() { nc.Close(); ns.Shutdown(); ns.WaitForShutdown() }()
-	bl.origin.reset(b, bl.warm)
-	watch := newAckWatch(bl.warm, bl.measured, nil)
-	watch.subscribe(b, nc, "RAW")
-	if js, err = jetstream.New(nc); err != nil {
-		b.Fatal(err)
-	}
-	cons, err := js.Consumer(ctx, "RAW", "raw")
-	if err != nil {
-		b.Fatal(err)
-	}
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: g, IdleConnTimeout: 90 * time.Second, DisableCompression: true}}
-	defer hc.CloseIdleConnections()
-	sc := rawS3Client(srv, g)
-	store := func(j rawJob) error {
-		resp, err := hc.Get(j.URL)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", j.URL, resp.Status)
-		}
-		body, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return err
-		}
-		_, err = sc.PutObject(ctx, &s3.PutObjectInput{Bucket: &bkt, Key: &j.Target, Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body)))})
-		return err
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(2 * g))
-	if err != nil {
-		b.Fatal(err)
-	}
-	var failed atomic.Int64
-	var wg sync.WaitGroup
-	for range g {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				m, err := it.Next()
-				if err != nil {
-					return // stopped
-				}
-				var j rawJob
-				if err := json.Unmarshal(m.Data(), &j); err != nil {
-					failed.Add(1)
-					m.Term()
-					continue
-				}
-				if err := store(j); err != nil {
-					failed.Add(1)
-					b.Log(err)
-					m.Nak()
-					continue
-				}
-				m.Ack()
+	return runRaw(b, bl, g, "raw S3 pipeline", func(_ string, hc *http.Client) func(rawJob) error {
+		sc := rawS3Client(srv, g)
+		return func(j rawJob) error {
+			resp, err := hc.Get(j.URL)
+			if err != nil {
+				return err
 			}
-		}()
-	}
-	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
-	it.Stop()
-	wg.Wait()
-	if failed.Load() > 0 || naks > 0 {
-		b.Fatalf("raw S3 pipeline: %d jobs failed", failed.Load())
-	}
-	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu()}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", j.URL, resp.Status)
+			}
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return err
+			}
+			_, err = sc.PutObject(context.Background(), &s3.PutObjectInput{Bucket: &bkt, Key: &j.Target, Body: bytes.NewReader(body), ContentLength: aws.Int64(int64(len(body)))})
+			return err
+		}
+	})
 }
 
 // largeBody writes size deterministic bytes to w, 1 MiB at a time, never

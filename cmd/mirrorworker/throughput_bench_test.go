@@ -350,8 +350,74 @@ func rawServer(b testing.TB, dir string) (*server.Server, *nats.Conn) {
 	return srv, nc
 }
 
-// runRawPipeline drains bl with g goroutines and no project code.
+// rawJob is a job of the raw pipelines.
+type rawJob struct {
+	URL    string `json:"url"`
+	Target string `json:"target"`
+}
+
+// runRawPipeline drains bl with g goroutines and no project code: pull,
+// GET, temp file, fsync, rename, fsync of the directory, ack.
 func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
+	return runRaw(b, bl, g, "raw pipeline", func(dir string, hc *http.Client) func(rawJob) error {
+		root := filepath.Join(dir, "mirror")
+		tmp := filepath.Join(root, ".tmp")
+		if err := os.MkdirAll(tmp, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		var dirs sync.Map // directories known to exist
+		return func(j rawJob) error {
+			resp, err := hc.Get(j.URL)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", j.URL, resp.Status)
+			}
+			f, err := os.CreateTemp(tmp, "obj-*")
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, resp.Body)
+			if err == nil {
+				err = f.Sync()
+			}
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				os.Remove(f.Name())
+				return err
+			}
+			dst := filepath.Join(root, filepath.FromSlash(j.Target))
+			parent := filepath.Dir(dst)
+			if _, ok := dirs.Load(parent); !ok {
+				if err := os.MkdirAll(parent, 0o755); err != nil {
+					return err
+				}
+				dirs.Store(parent, true)
+			}
+			if err := os.Rename(f.Name(), dst); err != nil {
+				return err
+			}
+			d, err := os.Open(parent)
+			if err != nil {
+				return err
+			}
+			err = d.Sync()
+			d.Close()
+			return err
+		}
+	})
+}
+
+// runRaw drains bl with g goroutines of no project code, each storing a
+// job with the store that newStore makes (given a scratch directory and
+// the HTTP client to fetch with), and acking it. The backlog is stored
+// first and the server restarted, as the worker's is; the clock is the ack
+// watch's, on a connection of its own.
+func runRaw(b *testing.B, bl benchBacklog, g int, name string, newStore func(dir string, hc *http.Client) func(rawJob) error) pipelineResult {
 	b.Helper()
 	dir := b.TempDir()
 	ctx := context.Background()
@@ -369,10 +435,6 @@ func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 		Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxAckPending: 20000,
 	}); err != nil {
 		b.Fatal(err)
-	}
-	type rawJob struct {
-		URL    string `json:"url"`
-		Target string `json:"target"`
 	}
 	for i := range bl.total() {
 		u, t := bl.job(i)
@@ -407,59 +469,11 @@ func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 	if err != nil {
 		b.Fatal(err)
 	}
-	root := filepath.Join(dir, "mirror")
-	tmp := filepath.Join(root, ".tmp")
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		b.Fatal(err)
-	}
 	hc := &http.Client{Transport: &http.Transport{
 		MaxIdleConns: 0, MaxIdleConnsPerHost: g, IdleConnTimeout: 90 * time.Second, DisableCompression: true,
 	}}
 	defer hc.CloseIdleConnections()
-	var dirs sync.Map // directories known to exist
-	store := func(j rawJob) error {
-		resp, err := hc.Get(j.URL)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("%s: %s", j.URL, resp.Status)
-		}
-		f, err := os.CreateTemp(tmp, "obj-*")
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(f, resp.Body)
-		if err == nil {
-			err = f.Sync()
-		}
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			os.Remove(f.Name())
-			return err
-		}
-		dst := filepath.Join(root, filepath.FromSlash(j.Target))
-		parent := filepath.Dir(dst)
-		if _, ok := dirs.Load(parent); !ok {
-			if err := os.MkdirAll(parent, 0o755); err != nil {
-				return err
-			}
-			dirs.Store(parent, true)
-		}
-		if err := os.Rename(f.Name(), dst); err != nil {
-			return err
-		}
-		d, err := os.Open(parent)
-		if err != nil {
-			return err
-		}
-		err = d.Sync()
-		d.Close()
-		return err
-	}
+	store := newStore(dir, hc)
 
 	it, err := cons.Messages(jetstream.PullMaxMessages(2 * g))
 	if err != nil {
@@ -496,7 +510,7 @@ func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 	it.Stop()
 	wg.Wait()
 	if failed.Load() > 0 || naks > 0 {
-		b.Fatalf("raw pipeline: %d jobs failed", failed.Load())
+		b.Fatalf("%s: %d jobs failed", name, failed.Load())
 	}
 	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu()}
 }
