@@ -254,17 +254,9 @@ func leaseHolders(ctx context.Context, kv jetstream.KeyValue) map[string]int {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	held := map[string]int{}
-	keys, err := kv.ListKeys(ctx)
-	if err != nil {
-		return held
-	}
-	for k := range keys.Keys() {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue
-		}
-		var l cluster.Lease
-		if json.Unmarshal(e.Value(), &l) == nil && l.Pod != "" {
+	leases, _ := jobs.Entries[cluster.Lease](ctx, kv) // none on an error: no holder seen
+	for _, l := range leases {
+		if l.Pod != "" {
 			held[l.Pod]++
 		}
 	}

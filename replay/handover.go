@@ -60,21 +60,18 @@ func LivePods(ctx context.Context, js jetstream.JetStream) (map[string][]string,
 	} else if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", jobs.PodsBucket, err)
 	}
-	lister, err := kv.ListKeys(ctx)
+	// The part of a worker.PodStatus a replay reads.
+	type podStatus struct {
+		Pod           string   `json:"pod"`
+		ReplayTargets []string `json:"replay_targets"`
+	}
+	pods, err := jobs.Entries[podStatus](ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}
 	out := map[string][]string{}
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue // expired meanwhile
-		}
-		var st struct {
-			Pod           string   `json:"pod"`
-			ReplayTargets []string `json:"replay_targets"`
-		}
-		if json.Unmarshal(e.Value(), &st) == nil && st.Pod != "" {
+	for _, st := range pods {
+		if st.Pod != "" {
 			out[st.Pod] = st.ReplayTargets
 		}
 	}

@@ -284,20 +284,9 @@ func readPods(ctx context.Context, js jetstream.JetStream) ([]worker.PodStatus, 
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w (no worker has run in partitioned mode on this NATS)", jobs.PodsBucket, err)
 	}
-	lister, err := kv.ListKeys(ctx)
+	out, err := jobs.Entries[worker.PodStatus](ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	var out []worker.PodStatus
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue // expired meanwhile
-		}
-		var ps worker.PodStatus
-		if json.Unmarshal(e.Value(), &ps) == nil {
-			out = append(out, ps)
-		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Pod < out[j].Pod })
 	return out, nil

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -30,20 +29,9 @@ func readReplays(ctx context.Context, js jetstream.JetStream) ([]jobs.ReplayRun,
 }
 
 func readReplayRuns(ctx context.Context, kv jetstream.KeyValue) ([]jobs.ReplayRun, error) {
-	lister, err := kv.ListKeys(ctx)
+	out, err := jobs.Entries[jobs.ReplayRun](ctx, kv)
 	if err != nil {
 		return nil, fmt.Errorf("list replays: %w", err)
-	}
-	var out []jobs.ReplayRun
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
-		if err != nil {
-			continue // ended meanwhile
-		}
-		var r jobs.ReplayRun
-		if json.Unmarshal(e.Value(), &r) == nil {
-			out = append(out, r)
-		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Started.Before(out[j].Started) })
 	return out, nil
