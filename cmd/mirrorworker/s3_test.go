@@ -155,6 +155,35 @@ func bucketObjects(t *testing.T, c *s3.Client, b, prefix string) map[string]type
 	return objs
 }
 
+// checkBucketDrained waits (what) until bucket "mirror" holds one object
+// under list per job and the queue is empty, then checks that no job was
+// dead-lettered (during says when) and that every job's object, under
+// prefix, is its body.
+func checkBucketDrained(t *testing.T, c *s3.Client, natsURL, list, prefix string, js []s3Job, what, during string) {
+	t.Helper()
+	jsc, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	waitFor(t, 2*time.Minute, what, func() bool {
+		if len(bucketObjects(t, c, "mirror", list)) != len(js) {
+			return false
+		}
+		q, err := readQueue(context.Background(), jsc)
+		return err == nil && q.pending == 0 && q.ackPending == 0
+	})
+	q, err := readQueue(context.Background(), jsc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.dlq != 0 {
+		t.Errorf("%d jobs dead-lettered %s, want 0", q.dlq, during)
+	}
+	for _, j := range js {
+		if got := getObject(t, c, "mirror", prefix+j.name); string(got) != string(j.body) {
+			t.Errorf("%s: %d bytes, want %d", j.name, len(got), len(j.body))
+		}
+	}
+}
+
 func getObject(t *testing.T, c *s3.Client, b, key string) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -401,27 +430,7 @@ func TestS3StoreDownPausesAndResumes(t *testing.T) {
 		samples++
 	}
 	srv.Restart()
-	jsc, closeConn := connectJS(t, natsURL)
-	defer closeConn()
-	waitFor(t, 2*time.Minute, "every job stored after the store came back", func() bool {
-		if len(bucketObjects(t, c, "mirror", "")) != n {
-			return false
-		}
-		q, err := readQueue(context.Background(), jsc)
-		return err == nil && q.pending == 0 && q.ackPending == 0
-	})
-	q, err := readQueue(context.Background(), jsc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if q.dlq != 0 {
-		t.Errorf("%d jobs dead-lettered while the store was down, want 0", q.dlq)
-	}
-	for _, j := range js {
-		if got := getObject(t, c, "mirror", "objects/"+j.name); string(got) != string(j.body) {
-			t.Errorf("%s: %d bytes, want %d", j.name, len(got), len(j.body))
-		}
-	}
+	checkBucketDrained(t, c, natsURL, "", "objects/", js, "every job stored after the store came back", "while the store was down")
 	waitFor(t, 10*time.Second, "/readyz 200 again", func() bool {
 		code, _ := httpGet(t, si.AdminURL+"/readyz")
 		return code == http.StatusOK
@@ -519,27 +528,7 @@ func TestProcessThreePodsOneBucket(t *testing.T) {
 	}
 	enqueueLines(t, natsURL, lines)
 	c := srv.Client()
-	jsc, closeConn := connectJS(t, natsURL)
-	defer closeConn()
-	waitFor(t, 2*time.Minute, "every job stored by the three pods", func() bool {
-		if len(bucketObjects(t, c, "mirror", "shared/")) != len(js) {
-			return false
-		}
-		q, err := readQueue(context.Background(), jsc)
-		return err == nil && q.pending == 0 && q.ackPending == 0
-	})
-	q, err := readQueue(context.Background(), jsc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if q.dlq != 0 {
-		t.Errorf("%d dead-lettered, want 0", q.dlq)
-	}
-	for _, j := range js {
-		if got := getObject(t, c, "mirror", "shared/objects/"+j.name); string(got) != string(j.body) {
-			t.Errorf("%s: %d bytes, want %d", j.name, len(got), len(j.body))
-		}
-	}
+	checkBucketDrained(t, c, natsURL, "shared/", "shared/objects/", js, "every job stored by the three pods", "by the three pods")
 	if p := pendingUploadKeys(t, c, "mirror"); len(p) != 0 {
 		t.Errorf("uploads left: %v", p)
 	}
