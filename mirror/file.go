@@ -587,7 +587,10 @@ func stripe(key string) int {
 // isNotDir reports a path through an object ("a/b" when "a" is a file).
 func isNotDir(err error) bool { return errors.Is(err, syscall.ENOTDIR) }
 
-// ctxReader stops a copy when ctx is done.
+// ContextReader returns r, failing every read with ctx's error once ctx is
+// done: a copy into a target stops when its job's context ends.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return ctxReader{ctx, r} }
+
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader

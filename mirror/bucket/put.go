@@ -204,7 +204,7 @@ func (t *Target) Put(ctx context.Context, key string, body io.Reader, want mirro
 	}
 	m.Key = key
 	m.URL = authority.StripUserinfo(m.URL)
-	r := ctxReader{ctx, body}
+	r := mirror.ContextReader(ctx, body)
 	headp := smallBufs.Get().(*[]byte)
 	defer smallBufs.Put(headp)
 	n, err := io.ReadFull(r, *headp)
@@ -508,17 +508,4 @@ func (u *uploader) fail(err error) {
 		u.err = err
 		u.cancel()
 	}
-}
-
-// ctxReader stops a copy when ctx is done.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
