@@ -35,7 +35,7 @@ type natsNode struct {
 	name   string
 	url    string
 	cmd    *exec.Cmd
-	out    *bytes.Buffer
+	out    *syncBuffer
 	exited chan struct{}
 }
 
@@ -66,9 +66,9 @@ cluster {
 		if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		n := &natsNode{name: name, url: fmt.Sprintf("nats://127.0.0.1:%d", ports[i]), out: &bytes.Buffer{}, exited: make(chan struct{})}
+		n := &natsNode{name: name, url: fmt.Sprintf("nats://127.0.0.1:%d", ports[i]), out: &syncBuffer{}, exited: make(chan struct{})}
 		n.cmd = exec.Command(bin, "-c", cf)
-		n.cmd.Stdout, n.cmd.Stderr = &syncWriter{w: n.out}, &syncWriter{w: n.out}
+		n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
 		if err := n.cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -113,21 +113,24 @@ func clusterURL(nodes []*natsNode) string {
 	return strings.Join(urls, ",")
 }
 
-type syncWriter struct {
+// syncBuffer is a buffer safe for concurrent writes (a child's output, a
+// logger's); its zero value is ready. One value serves as both Stdout and
+// Stderr, so that exec copies both through one goroutine.
+type syncBuffer struct {
 	mu sync.Mutex
-	w  *bytes.Buffer
+	b  bytes.Buffer
 }
 
-func (s *syncWriter) Write(p []byte) (int, error) {
+func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.w.Write(p)
+	return s.b.Write(p)
 }
 
-func (s *syncWriter) String() string {
+func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.w.String()
+	return s.b.String()
 }
 
 // streamReplicas returns the replicas (leader and followers) of a stream.

@@ -6,7 +6,6 @@ package main
 // logs and the checks of netfault_process_test.go.
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -110,14 +109,14 @@ func (r *faultRig) finish(t *testing.T, what string) {
 type natsProcess struct {
 	bin, conf, url string
 	cmd            *exec.Cmd
-	out            *syncWriter
+	out            *syncBuffer
 	exited         chan struct{}
 }
 
 func startNATSProcess(t *testing.T) *natsProcess {
 	t.Helper()
 	dir := t.TempDir()
-	n := &natsProcess{bin: testbin.Binary(t, natsServer), conf: filepath.Join(dir, "nats.conf"), out: &syncWriter{w: &bytes.Buffer{}}}
+	n := &natsProcess{bin: testbin.Binary(t, natsServer), conf: filepath.Join(dir, "nats.conf"), out: &syncBuffer{}}
 	port := testbin.FreePorts(t, 1)[0]
 	n.url = fmt.Sprintf("nats://127.0.0.1:%d", port)
 	conf := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream { store_dir: %q, max_file_store: 1GB, max_memory_store: 64MB }\n", port, filepath.Join(dir, "js"))

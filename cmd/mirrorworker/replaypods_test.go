@@ -363,7 +363,7 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 
 // startReplayProcess starts `mirrorworker replay` as a child process; its
 // stdout and stderr go to the writer returned.
-func startReplayProcess(t *testing.T, args ...string) (*exec.Cmd, *syncWriter) {
+func startReplayProcess(t *testing.T, args ...string) (*exec.Cmd, *syncBuffer) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"replay"}, args...)...)
 	env := []string{asMainEnv + "=1"}
@@ -373,7 +373,7 @@ func startReplayProcess(t *testing.T, args ...string) (*exec.Cmd, *syncWriter) {
 		}
 	}
 	cmd.Env = env
-	out := &syncWriter{w: &bytes.Buffer{}}
+	out := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
