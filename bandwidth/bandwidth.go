@@ -82,7 +82,7 @@ type Caps struct {
 	policy atomic.Pointer[pacer.Policy]
 
 	mu      sync.Mutex
-	keys    map[string]*key // by authority: those with bodies in flight, or a bucket not full
+	keys    map[string]*key // by pace key (an authority or a group): those with bodies in flight, or a bucket not full
 	sweepAt int             // sweep idle keys when there are more than this
 }
 
@@ -189,7 +189,7 @@ func (c *Caps) SetPolicy(p *pacer.Policy) {
 	}
 }
 
-// bandwidthOf is the cap of auth under the policy in force.
+// bandwidthOf is the cap of a pace key under the policy in force.
 func (c *Caps) bandwidthOf(auth string) int64 {
 	p := c.policy.Load()
 	if p == nil {
@@ -199,16 +199,20 @@ func (c *Caps) bandwidthOf(auth string) int64 {
 }
 
 // Body returns the throttle of one body of a (fetch.Throttle).
+// A member of a politeness group shares its group's bucket (the bucket is
+// keyed by the pace key, pacer.Policy.PaceKey); a body keeps the bucket it
+// began with when a policy change moves its authority.
 func (c *Caps) Body(a authority.Authority) fetch.BodyThrottle {
 	name := a.String()
+	pk := c.policy.Load().PaceKey(name)
 	now := c.clk.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	k := c.keys[name]
+	k := c.keys[pk]
 	if k == nil {
 		k = &key{}
-		k.set(c.bandwidthOf(name), now)
-		c.keys[name] = k
+		k.set(c.bandwidthOf(pk), now)
+		c.keys[pk] = k
 		c.sweepLocked(now)
 	}
 	k.refs++

@@ -39,8 +39,9 @@ const DefaultKey = "default"
 // Key prefixes: a host of letters, digits, dots and dashes is kept legible
 // ("auth.files.example.org.443"); any other (an IPv6 address) is base64url.
 const (
-	authPrefix = "auth."
-	b64Prefix  = "authx."
+	authPrefix  = "auth."
+	b64Prefix   = "authx."
+	groupPrefix = "group." // a politeness group: group.NAME (pacer.GroupPrefix + NAME in Merge's map)
 )
 
 // ErrInvalid is wrapped by every error about a malformed key or value.
@@ -48,9 +49,18 @@ var ErrInvalid = errors.New("invalid policy")
 
 // Key returns the bucket key of auth ("host:port" or a URL's authority, as
 // the policy file accepts it), or DefaultKey for "default".
+//
+// A group is named "group:NAME" (pacer.GroupPrefix); its key is
+// "group.NAME".
 func Key(auth string) (string, error) {
 	if auth == DefaultKey {
 		return DefaultKey, nil
+	}
+	if name, ok := strings.CutPrefix(auth, pacer.GroupPrefix); ok {
+		if err := pacer.CheckGroupName(name); err != nil {
+			return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+		return groupPrefix + name, nil
 	}
 	norm, err := pacer.NormalizeAuthority(auth)
 	if err != nil {
@@ -63,8 +73,8 @@ func Key(auth string) (string, error) {
 	return b64Prefix + base64.RawURLEncoding.EncodeToString([]byte(norm)), nil
 }
 
-// ParseKey returns the authority ("host:port") a bucket key names, or
-// DefaultKey.
+// ParseKey returns the authority ("host:port") or group ("group:NAME") a
+// bucket key names, or DefaultKey.
 func ParseKey(key string) (string, error) {
 	switch {
 	case key == DefaultKey:
@@ -76,6 +86,12 @@ func ParseKey(key string) (string, error) {
 			return "", fmt.Errorf("%w: key %q: want auth.HOST.PORT", ErrInvalid, key)
 		}
 		return canonical(key, rest[:i]+":"+rest[i+1:])
+	case strings.HasPrefix(key, groupPrefix):
+		name := key[len(groupPrefix):]
+		if err := pacer.CheckGroupName(name); err != nil {
+			return "", fmt.Errorf("%w: key %q: %w", ErrInvalid, key, err)
+		}
+		return pacer.GroupPrefix + name, nil
 	case strings.HasPrefix(key, b64Prefix):
 		b, err := base64.RawURLEncoding.DecodeString(key[len(b64Prefix):])
 		if err != nil {
@@ -83,7 +99,7 @@ func ParseKey(key string) (string, error) {
 		}
 		return canonical(key, string(b))
 	}
-	return "", fmt.Errorf("%w: key %q: want %q, auth.HOST.PORT or authx.BASE64", ErrInvalid, key, DefaultKey)
+	return "", fmt.Errorf("%w: key %q: want %q, auth.HOST.PORT, authx.BASE64 or group.NAME", ErrInvalid, key, DefaultKey)
 }
 
 // canonical checks that auth is normalised and that key is its Key, so that
@@ -118,16 +134,21 @@ func legible(host string) bool {
 type Value struct {
 	Floor       *time.Duration
 	MaxInFlight *int
-	Bandwidth   *int64    // bytes per second over all the authority's bodies in flight; 0: no cap
-	Until       time.Time // zero: no end
-	Reason      string    // why, for the logs and status
-	SetAt       time.Time // when it was written (by `mirrorworker policy set`)
+	Bandwidth   *int64 // bytes per second over all the authority's bodies in flight; 0: no cap
+	// Members are a group's authorities and domain patterns (a group's key
+	// only; pacer.NewGroup normalises them). A group's value without
+	// members keeps those of the group in the policy file.
+	Members []string
+	Until   time.Time // zero: no end
+	Reason  string    // why, for the logs and status
+	SetAt   time.Time // when it was written (by `mirrorworker policy set`)
 }
 
 type rawValue struct {
 	Floor       *string    `json:"floor,omitempty"`
 	MaxInFlight *int       `json:"max_in_flight,omitempty"`
 	Bandwidth   *string    `json:"bandwidth,omitempty"`
+	Members     []string   `json:"members,omitempty"`
 	Until       *time.Time `json:"until,omitempty"`
 	Reason      string     `json:"reason,omitempty"`
 	SetAt       *time.Time `json:"set_at,omitempty"`
@@ -142,7 +163,7 @@ func (v Value) MarshalJSON() ([]byte, error) {
 		s := v.Floor.String()
 		r.Floor = &s
 	}
-	r.MaxInFlight, r.Reason = v.MaxInFlight, v.Reason
+	r.MaxInFlight, r.Reason, r.Members = v.MaxInFlight, v.Reason, v.Members
 	if v.Bandwidth != nil {
 		s := bytesize.FormatRate(*v.Bandwidth)
 		r.Bandwidth = &s
@@ -173,7 +194,7 @@ func ParseValue(data []byte) (Value, error) {
 	if dec.More() {
 		return Value{}, fmt.Errorf("%w: trailing data after the JSON object", ErrInvalid)
 	}
-	v := Value{MaxInFlight: r.MaxInFlight, Reason: r.Reason}
+	v := Value{MaxInFlight: r.MaxInFlight, Reason: r.Reason, Members: r.Members}
 	if r.Floor != nil {
 		d, err := time.ParseDuration(*r.Floor)
 		if err != nil {
@@ -199,8 +220,13 @@ func ParseValue(data []byte) (Value, error) {
 
 // Validate checks the limits' ranges (see ParseValue).
 func (v Value) Validate() error {
-	if v.Floor == nil && v.MaxInFlight == nil && v.Bandwidth == nil {
-		return fmt.Errorf("%w: none of floor, max_in_flight and bandwidth is set", ErrInvalid)
+	if v.Floor == nil && v.MaxInFlight == nil && v.Bandwidth == nil && len(v.Members) == 0 {
+		return fmt.Errorf("%w: none of floor, max_in_flight, bandwidth and members is set", ErrInvalid)
+	}
+	if len(v.Members) > 0 {
+		if _, err := pacer.NewGroup(v.Members); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
 	}
 	if v.Floor != nil && (*v.Floor < 0 || *v.Floor > pacer.MaxPolicyFloor) {
 		return fmt.Errorf("%w: floor: %s is outside 0 to %s", ErrInvalid, *v.Floor, pacer.MaxPolicyFloor)
@@ -212,6 +238,15 @@ func (v Value) Validate() error {
 		if err := pacer.CheckBandwidth(*v.Bandwidth); err != nil {
 			return fmt.Errorf("%w: bandwidth: %w", ErrInvalid, err)
 		}
+	}
+	return nil
+}
+
+// CheckKeyValue reports a value that does not fit its key (as ParseKey
+// returns it): members belong to a group's key only.
+func CheckKeyValue(key string, v Value) error {
+	if len(v.Members) > 0 && !strings.HasPrefix(key, pacer.GroupPrefix) {
+		return fmt.Errorf("%w: members: only a group (group:NAME) has members, not %s", ErrInvalid, key)
 	}
 	return nil
 }
@@ -277,8 +312,9 @@ func Merge(base *pacer.Policy, vals map[string]Value, now time.Time) (p *pacer.P
 		l.Source = SourceFile
 		p.Authorities[a] = l
 	}
+	p.Groups = mergeGroups(base.Groups, vals, def, now, later)
 	for a, v := range vals {
-		if a == DefaultKey || !v.Active(now) {
+		if a == DefaultKey || strings.HasPrefix(a, pacer.GroupPrefix) || !v.Active(now) {
 			continue
 		}
 		under, ok := p.Authorities[a]
@@ -291,4 +327,45 @@ func Merge(base *pacer.Policy, vals map[string]Value, now time.Time) (p *pacer.P
 		later(v)
 	}
 	return p, next
+}
+
+// mergeGroups is Merge's part for politeness groups: the file's groups,
+// each overridden (limits, and members when the value gives them) by its
+// group.NAME key in the bucket; a group key for a group the file does not
+// have makes a new one, under the default def. A group left without
+// members is not a group. A value's members that do not validate leave
+// the group as it was (the command validates before writing).
+func mergeGroups(file map[string]pacer.Group, vals map[string]Value, def pacer.Limits, now time.Time, later func(Value)) map[string]pacer.Group {
+	out := make(map[string]pacer.Group, len(file))
+	for name, g := range file {
+		g.Limits.Source = SourceFile
+		out[name] = g
+	}
+	for key, v := range vals {
+		name, ok := strings.CutPrefix(key, pacer.GroupPrefix)
+		if !ok || !v.Active(now) {
+			continue
+		}
+		g, had := out[name]
+		under := def
+		if had {
+			under = g.Limits
+		}
+		if len(v.Members) > 0 {
+			if ng, err := pacer.NewGroup(v.Members); err == nil {
+				g.Members = ng.Members
+			}
+		}
+		if len(g.Members) == 0 {
+			continue
+		}
+		g.Limits = v.over(under)
+		g.Limits.Source = SourceKV
+		out[name] = g
+		later(v)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }

@@ -68,7 +68,7 @@ func TestParseValue(t *testing.T) {
 		t.Fatalf("round trip %s: %+v, %v", data, w, err)
 	}
 	for _, tt := range []struct{ in, want string }{
-		{`{}`, "none of floor, max_in_flight and bandwidth"},
+		{`{}`, "none of floor, max_in_flight, bandwidth and members"},
 		{`{"bandwidth":"fast"}`, `bandwidth: "fast" is not a rate`},
 		{`{"bandwidth":"10/s"}`, "bandwidth: 10/s is below the lowest cap"},
 		{`{"floor":"1 second"}`, `"1 second" is not a duration`},
@@ -139,5 +139,64 @@ func TestMergePrecedence(t *testing.T) {
 	p, _ = policy.Merge(base, nil, now)
 	if got := p.Limits("x.example:80"); got != (pacer.Limits{Floor: time.Second, MaxInFlight: 2, Source: policy.SourceStatic}) {
 		t.Errorf("static default: %+v", got)
+	}
+}
+
+func TestGroupKeysAndMerge(t *testing.T) {
+	key, err := policy.Key("group:web")
+	if err != nil || key != "group.web" {
+		t.Fatalf("Key(group:web) = %q, %v", key, err)
+	}
+	if back, err := policy.ParseKey(key); err != nil || back != "group:web" {
+		t.Fatalf("ParseKey(%q) = %q, %v", key, back, err)
+	}
+	for _, bad := range []string{"group:Web", "group:", "group:9"} {
+		if _, err := policy.Key(bad); !errors.Is(err, policy.ErrInvalid) {
+			t.Errorf("Key(%q): %v, want ErrInvalid", bad, err)
+		}
+	}
+	if _, err := policy.ParseKey("group.a_b"); !errors.Is(err, policy.ErrInvalid) {
+		t.Errorf("ParseKey(group.a_b): %v, want ErrInvalid", err)
+	}
+	if _, err := policy.ParseValue([]byte(`{"members": ["*example.org"]}`)); !errors.Is(err, policy.ErrInvalid) {
+		t.Errorf("a pattern without *.: %v, want ErrInvalid", err)
+	}
+	if err := policy.CheckKeyValue("a.example:80", policy.Value{Members: []string{"b.example:80"}}); err == nil {
+		t.Error("an authority's key with members passed CheckKeyValue")
+	}
+
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	fileGroup, _ := pacer.NewGroup([]string{"a.example:80", "b.example:80"})
+	fileGroup.Limits = pacer.Limits{Floor: 3 * time.Second, MaxInFlight: 1}
+	base := &pacer.Policy{Default: pacer.Limits{Floor: time.Second, MaxInFlight: 2},
+		Groups: map[string]pacer.Group{"file": fileGroup}}
+	vals := map[string]policy.Value{
+		// Only a floor: the file's members stay.
+		"group:file": {Floor: dur(500 * time.Millisecond)},
+		// A group of the bucket alone, under the default.
+		"group:kv": {Members: []string{"*.kv.example"}, Bandwidth: rate(1 << 20)},
+		// No members anywhere: not a group.
+		"group:empty": {Floor: dur(time.Second)},
+		// Ended: not a group.
+		"group:ended": {Members: []string{"e.example:80"}, Until: now},
+	}
+	p, _ := policy.Merge(base, vals, now)
+	if got := p.GroupNames(); strings.Join(got, ",") != "file,kv" {
+		t.Fatalf("groups %v, want file,kv", got)
+	}
+	if g := p.Groups["file"]; strings.Join(g.Members, ",") != "a.example:80,b.example:80" ||
+		g.Limits != (pacer.Limits{Floor: 500 * time.Millisecond, MaxInFlight: 1, Source: policy.SourceKV}) {
+		t.Errorf("file group %+v", g)
+	}
+	if got := p.Limits(p.PaceKey("x.kv.example:443")); got != (pacer.Limits{Floor: time.Second, MaxInFlight: 2, Bandwidth: 1 << 20, Source: policy.SourceKV}) {
+		t.Errorf("kv group's limits %+v", got)
+	}
+	if k := p.PaceKey("e.example:80"); k != "e.example:80" {
+		t.Errorf("an ended group still paces its member: %s", k)
+	}
+	// Without the bucket's values, the file's group as it was.
+	p, _ = policy.Merge(base, nil, now)
+	if got := p.Limits("group:file"); got != (pacer.Limits{Floor: 3 * time.Second, MaxInFlight: 1, Source: policy.SourceFile}) {
+		t.Errorf("file group alone %+v", got)
 	}
 }

@@ -290,7 +290,9 @@ func (w *Watcher) parse(e jetstream.KeyValueEntry) (string, Value, error) {
 	if err == nil {
 		var v Value
 		if v, err = ParseValue(e.Value()); err == nil {
-			return auth, v, nil
+			if err = CheckKeyValue(auth, v); err == nil {
+				return auth, v, nil
+			}
 		}
 	}
 	w.m.invalid.Inc()

@@ -53,6 +53,10 @@ type Pacer interface {
 	// Apply takes a fact about auth: the worker holds an authority whose
 	// credential is refused (authfail.go) with a pause, and resumes it.
 	Apply(now time.Time, ev pacer.Event)
+	// PaceKey is the key auth is paced under: its politeness group's
+	// ("group:NAME") or auth itself. An authority's jobs are served in the
+	// partition of its pace key, so that one pod paces a whole group.
+	PaceKey(auth string) string
 }
 
 var _ Pacer = (*pacer.Pacer)(nil)

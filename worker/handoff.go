@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -59,7 +61,7 @@ func (h *handoffs) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError,
 		return
 	}
 	akey := nj.Authority.Key()
-	m.Subject = jobs.PartitionedSubject(jobs.Partition(akey, h.partitions), nj.Tenant, akey)
+	m.Subject = jobs.PartitionedSubject(h.sched.partitionOf(nj.Authority.String()), nj.Tenant, akey)
 	// One id per delivered job and hop: a redelivery hands over again, and
 	// the stream drops that copy within its duplicate window.
 	m.Header.Set(jetstream.MsgIDHeader, nj.ID+"~"+strconv.FormatUint(j.seq, 10)+"~"+strconv.Itoa(ge.Hop))
@@ -82,4 +84,41 @@ func (h *handoffs) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError,
 	}
 	h.log.Debug().Str("job", j.job.ID).Str("authority", ge.Authority.String()).Int("hop", ge.Hop).Str("reason", why).Msg("redirect continued in its authority's queue")
 	h.settler.final(j, OutcomeHandedOff, "")
+}
+
+// move publishes a copy of j, delivered in partition from, into the
+// partition of its pace (j.part: its politeness group's, or its own
+// authority's), and acks j once the copy is stored. The copy keeps every
+// header (a parked job, a continuation, a replay job stay what they are)
+// and is marked moved, which replay skips; its message id makes a
+// redelivery's second copy a duplicate the stream drops. A failed publish
+// defers j, which is moved when it comes back.
+func (h *handoffs) move(ctx context.Context, j *heldJob, m Msg, from int) {
+	cp := nats.NewMsg(jobs.PartitionedSubject(j.part, j.job.Tenant, j.job.Authority.Key()))
+	cp.Data = m.Data()
+	if hm, ok := m.(interface{ Headers() nats.Header }); ok {
+		for k, v := range hm.Headers() {
+			cp.Header[k] = slices.Clone(v)
+		}
+	}
+	if cp.Header.Get(jobs.HeaderUnparked) == "" {
+		cp.Header.Set(jobs.HeaderUnparked, "moved")
+	}
+	cp.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(j.prior+j.delivered, 10))
+	cp.Header.Set(jetstream.MsgIDHeader, "move:"+strconv.FormatUint(j.seq, 10)+":"+strconv.Itoa(j.part))
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	_, err := h.js.PublishMsg(pctx, cp)
+	cancel()
+	if err != nil {
+		h.log.Warn().Err(err).Str("job", j.job.ID).Str("authority", j.auth).Int("partition", j.part).
+			Msg("move a job into its pace's partition; it comes back")
+		h.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: reasonHandoff})
+		return
+	}
+	if err := h.settler.settle(j, h.settler.confirmedAck); err != nil {
+		h.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack a moved job (its copy is a duplicate the stream drops)")
+	}
+	h.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Int("from", from).Int("to", j.part).
+		Msg("job moved into its pace's partition")
+	h.settler.final(j, OutcomeMoved, "")
 }

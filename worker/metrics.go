@@ -23,6 +23,9 @@ const (
 	// OutcomeHandedOff: a redirect to another pod's authority, whose
 	// continuation that pod fetches (handoff.go).
 	OutcomeHandedOff = "handed_off"
+	// OutcomeMoved: a job moved into the partition of its authority's
+	// politeness group (or back out of it), where it is served (handoff.go).
+	OutcomeMoved = "moved"
 )
 
 // DefaultHostLabelLimit is how many distinct (host, port) pairs get their

@@ -30,9 +30,19 @@ const (
 	// reasonAuthHold: the authority refuses its credential and is held
 	// (authfail.go); the job waits for the hold to end.
 	reasonAuthHold reason = "auth_hold"
+	// reasonRegrouped: a policy change moved the job's authority into or
+	// out of a politeness group, whose partition is another: queued jobs
+	// are handed back at once (the intake moves them into the new pace's
+	// partition), and a moved job that finds its authority's queue still
+	// busy with the old pace's requests comes back after regroupDelay.
+	reasonRegrouped reason = "regrouped"
 	// redirectPrefix + a pacer reason: a redirect hop's authority refused.
 	redirectPrefix = "redirect_"
 )
+
+// regroupDelay is how long a moved job waits for its authority's queue to
+// finish the old pace's requests (reasonRegrouped).
+const regroupDelay = pacer.MoveSettle
 
 // pacerReasons are the refusals a pacer gives, as reasons.
 var pacerReasons = []reason{reasonCooling, reasonProbing, reasonInFlight, reasonSpacing, reasonPaused, reasonBackoff}
@@ -76,10 +86,11 @@ func (h hold) String() string { return holdNames[h] }
 // delivered) from the authority's last refusal, remembered as a hint; at
 // dispatch from the pacer's refusal of the queue's head.
 type holdFacts struct {
-	gone    bool          // the job's partition is no longer this pod's (its lease is gone or being given back)
-	wait    time.Duration // until the authority can take a request (0: now)
-	release bool          // the wait ends when one of its requests ends (the in-flight cap), not at a time
-	reason  reason        // why it waits (the pacer's refusal)
+	gone      bool          // the job's partition is no longer this pod's (its lease is gone or being given back)
+	regrouped bool          // the authority's pace is now another partition's (a politeness group changed)
+	wait      time.Duration // until the authority can take a request (0: now)
+	release   bool          // the wait ends when one of its requests ends (the in-flight cap), not at a time
+	reason    reason        // why it waits (the pacer's refusal)
 	// full: the job would queue past the authority's share of memory
 	// (admission only); drainIn is how long the queue ahead takes to be
 	// served, and drains that the authority makes progress and has not
@@ -103,6 +114,8 @@ func decideHold(f holdFacts) (hold, reason) {
 	switch {
 	case f.gone:
 		return holdDefer, reasonHandover
+	case f.regrouped:
+		return holdDefer, reasonRegrouped
 	case !f.release && f.wait > f.holdMax:
 		return holdDefer, f.reason
 	case f.full && f.drainIn <= f.overHorizon && f.drains:
@@ -164,7 +177,7 @@ type routeFacts struct {
 // so that it cannot take all of the consumer's ack-pending slots.
 func decideRoute(f routeFacts) route {
 	switch {
-	case f.reason == reasonHandover:
+	case f.reason == reasonHandover, f.reason == reasonRegrouped && f.delay == 0:
 		return routeHandBack
 	case f.fromLane, !f.parkOn:
 		return routeNak

@@ -28,6 +28,9 @@ func TestDecideRoute(t *testing.T) {
 		{"a handover is handed back even without parking", routeFacts{reason: reasonHandover}, routeHandBack},
 		{"a handover from a lane is handed back", with(func(r *routeFacts) { r.reason, r.fromLane = reasonHandover, true }), routeHandBack},
 		{"a failed hand-off waits its 2 s by NAK", with(func(r *routeFacts) { r.reason, r.delay = reasonHandoff, 2*time.Second }), routeNak},
+		{"a regrouped queue is handed back for the intake to move", with(func(r *routeFacts) { r.reason = reasonRegrouped }), routeHandBack},
+		{"a regrouped queue from a lane is handed back", with(func(r *routeFacts) { r.reason, r.fromLane = reasonRegrouped, true }), routeHandBack},
+		{"a moved job behind the old pace's requests waits by NAK", with(func(r *routeFacts) { r.reason, r.delay = reasonRegrouped, regroupDelay }), routeNak},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got := decideRoute(c.f); got != c.want {
@@ -51,6 +54,8 @@ func TestDecideHold(t *testing.T) {
 		{"an authority ready now queues the job", base, holdQueue, ""},
 		{"a job of a partition served elsewhere now is handed over", with(func(h *holdFacts) { h.gone = true }), holdDefer, reasonHandover},
 		{"a handover comes before any wait", with(func(h *holdFacts) { h.gone, h.release, h.wait = true, true, time.Hour }), holdDefer, reasonHandover},
+		{"a queue whose authority changed pace partition is regrouped", with(func(h *holdFacts) { h.regrouped, h.release = true, true }), holdDefer, reasonRegrouped},
+		{"a handover comes before a regroup", with(func(h *holdFacts) { h.gone, h.regrouped = true, true }), holdDefer, reasonHandover},
 		{"a wait within HoldMax waits for its timer", with(func(h *holdFacts) { h.wait, h.reason = holdMax, reasonSpacing }), holdTimer, reasonSpacing},
 		{"a wait past HoldMax defers with the pacer's reason", with(func(h *holdFacts) { h.wait, h.reason = holdMax+1, reasonCooling }), holdDefer, reasonCooling},
 		{"the in-flight cap waits for a completion however long", with(func(h *holdFacts) { h.wait, h.release, h.reason = time.Hour, true, reasonInFlight }), holdRelease, reasonInFlight},

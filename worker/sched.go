@@ -214,12 +214,14 @@ func (s *scheduler) authLocked(name string) *authQ {
 	return a
 }
 
-// partitionOf returns the partition an authority's jobs are in.
+// partitionOf returns the partition an authority's jobs are served in: its
+// pace key's (its politeness group's, or its own), under the policy in
+// force.
 func (s *scheduler) partitionOf(auth string) int {
 	if s.o.partitions <= 0 {
 		return 0
 	}
-	return jobs.Partition(authority.KeyOf(auth), s.o.partitions)
+	return jobs.Partition(authority.KeyOf(s.pacer.PaceKey(auth)), s.o.partitions)
 }
 
 // ownsLocked reports whether this worker may start requests of partition p.
@@ -393,6 +395,16 @@ func (s *scheduler) tryDefer(now time.Time, j *heldJob) (deferral, bool) {
 }
 
 func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (deferral, bool) {
+	if a.part != j.part && s.o.partitions > 0 {
+		// The job was moved into its authority's new pace's partition
+		// (a politeness group changed); the queue still counts requests of
+		// the old pace. It takes the new partition once those have ended;
+		// meanwhile the job comes back a little later.
+		if a.n > 0 || a.inflight > 0 {
+			return deferral{job: j, delay: regroupDelay, reason: reasonRegrouped}, true
+		}
+		a.part, a.fenced = j.part, time.Time{}
+	}
 	f := holdFacts{release: a.waitRelease, reason: a.reason, holdMax: s.o.holdMax, overHorizon: s.o.overHorizon}
 	if !a.waitRelease {
 		f.wait = max(a.notBefore.Sub(now), 0)
@@ -633,13 +645,20 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 		if head == nil {
 			continue
 		}
-		if h, why := decideHold(holdFacts{gone: !s.ownsLocked(a.part)}); h == holdDefer {
+		cur := s.partitionOf(a.name)
+		if h, why := decideHold(holdFacts{gone: !s.ownsLocked(a.part), regrouped: cur != a.part}); h == holdDefer {
 			// The partition's lease is gone or being given back: another
-			// pod serves these jobs now, and gets them at once.
+			// pod serves these jobs now, and gets them at once. Or a
+			// policy change moved the authority into or out of a politeness
+			// group: its jobs are handed back, and the intake moves each
+			// into the partition of its new pace.
 			for a.n > 0 {
 				j := s.popLocked(a)
 				s.dropLocked(j)
 				defers = append(defers, deferral{job: j, reason: why})
+			}
+			if cur != a.part && a.inflight == 0 {
+				a.part, a.fenced = cur, time.Time{}
 			}
 			s.forgetLocked(a, now)
 			continue

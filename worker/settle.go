@@ -326,10 +326,10 @@ func logURL(rawURL string) string {
 }
 
 // replayDone reports a replay job's end to its replay, on the run's core
-// NATS subject. A continuation's end is reported by the pod that finishes
-// it.
+// NATS subject. A continuation's end, and a moved job's, is reported by
+// the pod that finishes it.
 func (s *settler) replayDone(j *heldJob, outcome, reason string) {
-	if j.replay == nil || outcome == OutcomeHandedOff || s.js == nil {
+	if j.replay == nil || outcome == OutcomeHandedOff || outcome == OutcomeMoved || s.js == nil {
 		return
 	}
 	nc := s.js.Conn()

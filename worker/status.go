@@ -33,10 +33,11 @@ type AuthorityStatus struct {
 const MaxStatusAuthorities = 500
 
 // Status returns this worker's PodStatus: every authority that is not idle
-// or has jobs waiting, in memory or parked.
+// or has jobs waiting, in memory or parked. A politeness group is one row
+// ("group:NAME", the pacer's state), counting its members' jobs.
 func (w *Worker) Status(pod, version string, partitions []int, states []pacer.State) PodStatus {
-	queued := w.sched.queuedByAuth()
-	parked := w.Parked()
+	queued := byPaceKey(w.sched.queuedByAuth(), w.d.Pacer.PaceKey)
+	parked := byPaceKey(w.Parked(), w.d.Pacer.PaceKey)
 	st := PodStatus{Pod: pod, Version: version, Updated: w.clk.Now().UTC(), Partitions: partitions, Held: w.sched.held()}
 	seen := map[string]bool{}
 	for _, s := range states {
@@ -69,4 +70,13 @@ func (w *Worker) Status(pod, version string, partitions []int, states []pacer.St
 func (w *Worker) StatusJSON(pod, version string, partitions []int, states []pacer.State) []byte {
 	b, _ := json.Marshal(w.Status(pod, version, partitions, states))
 	return b
+}
+
+// byPaceKey adds up counts by authority into counts by pace key.
+func byPaceKey[N int | int64](m map[string]N, key func(string) string) map[string]N {
+	out := make(map[string]N, len(m))
+	for a, n := range m {
+		out[key(a)] += n
+	}
+	return out
 }

@@ -454,12 +454,14 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	}
 	j.job, j.auth = job, job.Authority.String()
 	if w.o.Partitions > 0 {
-		j.part = jobs.Partition(job.Authority.Key(), w.o.Partitions)
-		// A job published straight onto a stored subject could name
-		// another partition than its authority's, and be served by a pod
-		// that does not own the authority.
+		j.part = w.sched.partitionOf(j.auth)
+		// A job in another partition than its pace's (a member of a
+		// politeness group arrives in its own authority's partition; a
+		// policy change moved it; a job published straight onto a stored
+		// subject) is moved into its pace's partition: served here, it
+		// would be paced by a pod that does not own its pace.
 		if p, _, _, err := jobs.ParsePartitionSubject(m.Subject()); err == nil && p != j.part {
-			w.settler.deadLetter(ctx, j, jobs.ReasonInvalidJob, fmt.Sprintf("subject %s names partition %d; the authority's is %d", m.Subject(), p, j.part), 0, nil)
+			w.handoffs.move(ctx, j, m, p)
 			return
 		}
 	}

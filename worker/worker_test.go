@@ -438,6 +438,9 @@ func (p *phasedPacer) Acquire(now time.Time, auth string, _ time.Duration) (pace
 // Confirm lets every granted permit go as granted.
 func (p *phasedPacer) Confirm(_ time.Time, pm pacer.Permit) (pacer.Permit, error) { return pm, nil }
 
+// PaceKey knows no groups.
+func (p *phasedPacer) PaceKey(auth string) string { return auth }
+
 // ReadyIn says what Acquire would: the wait until hold, then until open.
 func (p *phasedPacer) ReadyIn(now time.Time, _ string) (time.Duration, time.Duration, pacer.Reason) {
 	switch {

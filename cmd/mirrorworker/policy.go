@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -24,16 +25,19 @@ import (
 const policyCASTries = 5
 
 func policyUsage(w io.Writer) {
-	fmt.Fprintln(w, "usage: mirrorworker policy set    (--authority HOST:PORT | --default) [--floor D] [--max-in-flight N]")
-	fmt.Fprintln(w, "                                 [--bandwidth RATE] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]")
-	fmt.Fprintln(w, "       mirrorworker policy show   (--authority HOST:PORT | --default) [--json]")
+	fmt.Fprintln(w, "usage: mirrorworker policy set    (--authority HOST:PORT | --group NAME | --default) [--floor D] [--max-in-flight N]")
+	fmt.Fprintln(w, "                                 [--bandwidth RATE] [--members LIST | --add-members LIST | --remove-members LIST]")
+	fmt.Fprintln(w, "                                 [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]")
+	fmt.Fprintln(w, "       mirrorworker policy show   (--authority HOST:PORT | --group NAME | --default) [--json]")
 	fmt.Fprintln(w, "       mirrorworker policy list   [--json]")
-	fmt.Fprintln(w, "       mirrorworker policy delete (--authority HOST:PORT | --default) [--revision N]")
+	fmt.Fprintln(w, "       mirrorworker policy delete (--authority HOST:PORT | --group NAME | --default) [--revision N]")
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Changes the politeness of a running cluster: every pod watches bucket "+policy.Bucket+" and applies")
 	fmt.Fprintln(w, "a change from its next request, within a second. An authority's key wins over its entry in the")
 	fmt.Fprintln(w, "pods' --policy file, which wins over the default key, which wins over the file's default and")
-	fmt.Fprintln(w, "--floor/--max-in-flight. Edits are compare-and-set: none is lost to a concurrent one.")
+	fmt.Fprintln(w, "--floor/--max-in-flight. A group (--group NAME --members a.example:443,*.example.org) paces")
+	fmt.Fprintln(w, "its members as one origin, by its own limits, on one pod. Edits are compare-and-set: none is")
+	fmt.Fprintln(w, "lost to a concurrent one.")
 	fmt.Fprintln(w, "Run 'mirrorworker policy <command> -h' for its flags.")
 }
 
@@ -67,18 +71,29 @@ func cmdPolicy(ctx context.Context, args []string, getenv func(string) string, _
 // policyKey parses a policy command's flags and returns the key it edits
 // (the authority, or policy.DefaultKey with --default; for list, the
 // authority it is narrowed to, or "").
-func policyKey(o *opFlags, fs *flag.FlagSet, sub string, def *bool, args []string, getenv func(string) string, stderr io.Writer, usage ...string) (string, error) {
+func policyKey(o *opFlags, fs *flag.FlagSet, sub string, def *bool, group *string, args []string, getenv func(string) string, stderr io.Writer, usage ...string) (string, error) {
 	auth, err := o.parse(fs, args, getenv, stderr, true, usage...)
 	if err != nil || sub == "list" {
 		return auth, err
 	}
+	n := 0
+	for _, given := range []bool{*def, auth != "", *group != ""} {
+		if given {
+			n++
+		}
+	}
 	switch {
-	case *def && auth != "":
-		return "", usageError{"policy " + sub + ": give --authority or --default, not both"}
+	case n > 1:
+		return "", usageError{"policy " + sub + ": give one of --authority, --group and --default"}
 	case *def:
 		return policy.DefaultKey, nil
+	case *group != "":
+		if err := pacer.CheckGroupName(*group); err != nil {
+			return "", usageError{"policy " + sub + ": --group: " + err.Error()}
+		}
+		return pacer.GroupPrefix + *group, nil
 	case auth == "":
-		return "", usageError{"policy " + sub + ": --authority HOST:PORT or --default is required"}
+		return "", usageError{"policy " + sub + ": --authority HOST:PORT, --group NAME or --default is required"}
 	}
 	return auth, nil
 }
@@ -88,36 +103,40 @@ func policyKey(o *opFlags, fs *flag.FlagSet, sub string, def *bool, args []strin
 func policyCommand(ctx context.Context, sub string, args []string, getenv func(string) string, stdout, stderr io.Writer) (*opFlags, func(jetstream.KeyValue) error, error) {
 	o := &opFlags{}
 	fs := newFlagSet("policy "+sub, stderr)
-	def := false
+	def, group := false, ""
 	if sub != "list" {
 		o.register(fs, "the authority: host:port, or a URL (https://h/x means h:443)")
 		fs.BoolVar(&def, "default", false, "the default key: every authority without a key of its own or an entry in the --policy file")
+		fs.StringVar(&group, "group", "", "a politeness group: its members are paced as one origin, by the group's limits")
 	} else {
 		o.register(fs, "list only this authority's key (host:port, or a URL)")
 	}
 	var auth string
 	parse := func(usage ...string) (err error) {
-		auth, err = policyKey(o, fs, sub, &def, args, getenv, stderr, usage...)
+		auth, err = policyKey(o, fs, sub, &def, &group, args, getenv, stderr, usage...)
 		return err
 	}
 	switch sub {
 	case "set":
 		var f policySetFlags
 		f.register(fs)
-		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --default) [--floor D] [--max-in-flight N] [--bandwidth RATE] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
-			"Sets the floor, the in-flight cap and/or the bandwidth cap of one authority (or the default) on every pod.",
-			"Fields not given keep the key's current value (--replace: the layers below). --for/--until",
+		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --group NAME | --default) [--floor D] [--max-in-flight N] [--bandwidth RATE] [--members LIST | --add-members LIST | --remove-members LIST] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
+			"Sets the floor, the in-flight cap and/or the bandwidth cap of one authority, group or the default on every pod,",
+			"and a group's members. Fields not given keep the key's current value (--replace: the layers below). --for/--until",
 			"make it temporary: at that instant the pods drop it by themselves."); err != nil {
 			return nil, nil, err
 		}
 		given := explicitFlags(fs, getenv)
+		if err := f.checkMembers(given, strings.HasPrefix(auth, pacer.GroupPrefix)); err != nil {
+			return nil, nil, err
+		}
 		if err := f.check(given, time.Now()); err != nil {
 			return nil, nil, err
 		}
 		return o, func(kv jetstream.KeyValue) error { return policySet(ctx, kv, auth, &f, given, o.timeout(), stdout) }, nil
 	case "show":
 		asJSON := fs.Bool("json", false, "print the value as JSON")
-		if err := parse("usage: mirrorworker policy show (--authority HOST:PORT | --default) [--json]",
+		if err := parse("usage: mirrorworker policy show (--authority HOST:PORT | --group NAME | --default) [--json]",
 			"Shows one key of "+policy.Bucket+": its limits, until, reason and revision."); err != nil {
 			return nil, nil, err
 		}
@@ -131,8 +150,9 @@ func policyCommand(ctx context.Context, sub string, args []string, getenv func(s
 		return o, func(kv jetstream.KeyValue) error { return policyList(ctx, kv, auth, *asJSON, o.timeout(), stdout) }, nil
 	case "delete":
 		rev := fs.Uint64("revision", 0, "delete only if the key is still at this revision (from 'policy show')")
-		if err := parse("usage: mirrorworker policy delete (--authority HOST:PORT | --default) [--revision N]",
-			"Deletes one key: the authority gets the policy below it again (its --policy file entry or the default)."); err != nil {
+		if err := parse("usage: mirrorworker policy delete (--authority HOST:PORT | --group NAME | --default) [--revision N]",
+			"Deletes one key: the authority gets the policy below it again (its --policy file entry or the default);",
+			"a group's members leave it (unless the --policy file has the group)."); err != nil {
 			return nil, nil, err
 		}
 		return o, func(kv jetstream.KeyValue) error { return policyDelete(ctx, kv, auth, *rev, o.timeout(), stdout) }, nil
@@ -151,6 +171,8 @@ type policySetFlags struct {
 	replace     bool
 	revision    uint64
 	untilAt     time.Time
+	// A group's members: the whole list, or members added or removed.
+	members, addMembers, removeMembers string
 }
 
 func (f *policySetFlags) register(fs *flag.FlagSet) {
@@ -161,6 +183,9 @@ func (f *policySetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.until, "until", "", "temporary: the pods drop the key at this instant (RFC 3339, e.g. 2026-12-01T18:00:00Z)")
 	fs.StringVar(&f.reason, "reason", "", "why, for the logs and 'policy list'")
 	fs.BoolVar(&f.replace, "replace", false, "write only the fields given (the others come from the layers below), instead of keeping the key's current ones")
+	fs.StringVar(&f.members, "members", "", "a group's members, comma-separated: host:port authorities and *.DOMAIN or *.DOMAIN:PORT patterns (replaces the list)")
+	fs.StringVar(&f.addMembers, "add-members", "", "members to add to the group's list (comma-separated)")
+	fs.StringVar(&f.removeMembers, "remove-members", "", "members to remove from the group's list (comma-separated)")
 	fs.Uint64Var(&f.revision, "revision", 0, "write only if the key is still at this revision (from 'policy show'); without it a concurrent edit is re-read and this one re-applied on top")
 }
 
@@ -182,10 +207,67 @@ func (f *policySetFlags) check(given map[string]bool, now time.Time) error {
 		}
 		f.untilAt = t
 	}
-	if !given["floor"] && !given["max-in-flight"] && !given["bandwidth"] && (f.replace || !given["for"] && !given["until"] && !given["reason"]) {
-		return usageError{"policy set: give --floor, --max-in-flight and/or --bandwidth"}
+	limits := given["floor"] || given["max-in-flight"] || given["bandwidth"] || given["members"] || given["add-members"] || given["remove-members"]
+	if !limits && (f.replace || !given["for"] && !given["until"] && !given["reason"]) {
+		return usageError{"policy set: give --floor, --max-in-flight, --bandwidth and/or a group's members"}
 	}
 	return nil
+}
+
+// checkMembers refuses members for a key that is not a group's, and two
+// ways of giving them at once.
+func (f *policySetFlags) checkMembers(given map[string]bool, group bool) error {
+	some := given["members"] || given["add-members"] || given["remove-members"]
+	switch {
+	case some && !group:
+		return usageError{"policy set: --members, --add-members and --remove-members are a group's (--group NAME)"}
+	case given["members"] && (given["add-members"] || given["remove-members"]):
+		return usageError{"policy set: give --members (the whole list) or --add-members/--remove-members, not both"}
+	}
+	return nil
+}
+
+// membersOf is the group's member list after the flags: --members replaces
+// cur, --add-members and --remove-members edit it.
+func (f *policySetFlags) membersOf(cur []string, given map[string]bool) ([]string, error) {
+	split := func(s string) []string {
+		var out []string
+		for _, m := range strings.Split(s, ",") {
+			if m = strings.TrimSpace(m); m != "" {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	if given["members"] {
+		cur = split(f.members)
+	}
+	cur = append(slices.Clone(cur), split(f.addMembers)...)
+	if given["remove-members"] {
+		drop := map[string]bool{}
+		for _, m := range split(f.removeMembers) {
+			nm, err := pacer.NormalizeMember(m)
+			if err != nil {
+				return nil, usageError{"policy set: --remove-members: " + err.Error()}
+			}
+			drop[nm] = true
+		}
+		keep := cur[:0:0]
+		for _, m := range cur {
+			if nm, err := pacer.NormalizeMember(m); err != nil || !drop[nm] {
+				keep = append(keep, m)
+			}
+		}
+		cur = keep
+	}
+	if len(cur) == 0 {
+		return nil, usageError{"policy set: a group needs at least one member (delete the group with 'policy delete --group')"}
+	}
+	g, err := pacer.NewGroup(cur)
+	if err != nil {
+		return nil, usageError{"policy set: " + err.Error()}
+	}
+	return g.Members, nil
 }
 
 // value is the key's new value: the current one (unless --replace) with
@@ -212,6 +294,13 @@ func (f *policySetFlags) value(cur *policy.Value, given map[string]bool, now tim
 	}
 	if given["reason"] {
 		v.Reason = f.reason
+	}
+	if given["members"] || given["add-members"] || given["remove-members"] {
+		m, err := f.membersOf(v.Members, given)
+		if err != nil {
+			return v, err
+		}
+		v.Members = m
 	}
 	v.SetAt = now
 	if err := v.Validate(); err != nil {
@@ -310,12 +399,15 @@ func describeValue(v policy.Value) string {
 	if v.Reason != "" {
 		parts = append(parts, fmt.Sprintf("reason %q", v.Reason))
 	}
+	if len(v.Members) > 0 {
+		parts = append(parts, "members "+strings.Join(v.Members, ","))
+	}
 	return strings.Join(parts, ", ")
 }
 
 // policyRow is one key in `policy show` and `policy list`.
 type policyRow struct {
-	Authority string       `json:"authority"` // "host:port" or "default"
+	Authority string       `json:"authority"` // "host:port", "group:NAME" or "default"
 	Key       string       `json:"key"`
 	Revision  uint64       `json:"revision"`
 	Value     policy.Value `json:"value"`
@@ -388,7 +480,7 @@ func printPolicyRows(stdout io.Writer, rows []policyRow, asJSON bool) error {
 		return enc.Encode(rows)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "AUTHORITY\tFLOOR\tMAX IN FLIGHT\tBANDWIDTH\tUNTIL\tREASON\tREVISION")
+	fmt.Fprintln(tw, "AUTHORITY\tFLOOR\tMAX IN FLIGHT\tBANDWIDTH\tUNTIL\tREASON\tREVISION\tMEMBERS")
 	for _, r := range rows {
 		if r.Invalid != "" {
 			fmt.Fprintf(tw, "%s\t(invalid: %s)\t\t\t\t\t%d\n", r.Authority, r.Invalid, r.Revision)
@@ -410,7 +502,7 @@ func printPolicyRows(stdout io.Writer, rows []policyRow, asJSON bool) error {
 				until += " (ended)"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.Authority, floor, capN, bw, until, r.Value.Reason, r.Revision)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Authority, floor, capN, bw, until, r.Value.Reason, r.Revision, strings.Join(r.Value.Members, ","))
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(tw, "(no keys: every pod runs its --policy file and flags)\t\t\t\t\t\t")

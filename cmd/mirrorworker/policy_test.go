@@ -299,3 +299,50 @@ func TestPolicyCommandCompareAndSet(t *testing.T) {
 		t.Fatalf("keys %q and %q for one authority", k1, k2)
 	}
 }
+
+// TestPolicyGroupCommands: a group is set, edited member by member, shown,
+// listed and deleted against a real JetStream; members on an authority's
+// key, a bad name or pattern, and an empty group are usage errors.
+func TestPolicyGroupCommands(t *testing.T) {
+	natsURL := externalNATS(t)
+	must := func(args ...string) string {
+		t.Helper()
+		out, err := runPolicy(t, natsURL, args...)
+		if err != nil {
+			t.Fatalf("policy %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	out := must("set", "--group", "web", "--members", "B.example:443, *.Cdn.Example.org", "--floor", "2s")
+	if !strings.Contains(out, "set group:web: floor 2s, members *.cdn.example.org,b.example:443") {
+		t.Fatalf("set --group printed %q", out)
+	}
+	out = must("set", "--group", "web", "--add-members", "a.example:443", "--remove-members", "*.cdn.example.org")
+	if !strings.Contains(out, "floor 2s, members a.example:443,b.example:443") {
+		t.Fatalf("add/remove members printed %q", out)
+	}
+	if list := must("list"); !strings.Contains(list, "group:web") || !strings.Contains(list, "a.example:443,b.example:443") {
+		t.Fatalf("list = %q", list)
+	}
+	if js := must("show", "--group", "web", "--json"); !strings.Contains(js, `"members": [`) || !strings.Contains(js, `"authority": "group:web"`) {
+		t.Fatalf("show --json = %q", js)
+	}
+	must("delete", "--group", "web")
+	if _, err := runPolicy(t, natsURL, "show", "--group", "web"); err == nil {
+		t.Fatal("show after delete found the group")
+	}
+	for _, bad := range [][]string{
+		{"set", "--authority", "a.example:443", "--members", "b.example:443"},
+		{"set", "--group", "Web", "--floor", "1s"},
+		{"set", "--group", "web", "--members", "*example.org"},
+		{"set", "--group", "web", "--members", "a.example"},
+		{"set", "--group", "web", "--members", "a.example:443", "--add-members", "b.example:443"},
+		{"set", "--group", "web", "--remove-members", "a.example:443"},
+		{"set", "--group", "web", "--authority", "a.example:443", "--floor", "1s"},
+	} {
+		out, err := runPolicy(t, natsURL, bad...)
+		if _, ok := err.(usageError); !ok {
+			t.Errorf("policy %v = %v (%T)\n%s; want a usage error", bad, err, err, out)
+		}
+	}
+}

@@ -56,6 +56,8 @@ var readmeRuns = map[string]readmeRun{
 	`mirrorworker policy set --authority files.example.org:443 --floor 5s --max-in-flight 1 --for 2h --reason "origin maintenance, ticket 1234"`: {want: "set files.example.org:443"},
 	"mirrorworker policy set --default --floor 500ms":                                                                                            {want: "set default"},
 	"mirrorworker policy set --authority files.example.org:443 --bandwidth 1MiB/s":                                                               {want: "bandwidth 1MiB/s"},
+	"mirrorworker policy set --group example --members 'www.example.org:443,*.cdn.example.org' --floor 1s --max-in-flight 2":                     {want: "members *.cdn.example.org,www.example.org:443"},
+	"mirrorworker policy set --group example --add-members downloads.example.org:443":                                                            {want: "downloads.example.org:443"},
 	"mirrorworker policy list":                                                                                                                   {want: "files.example.org:443"},
 	"mirrorworker policy show --authority files.example.org:443":                                                                                 {want: "files.example.org:443"},
 	"mirrorworker policy delete --authority files.example.org:443":                                                                               {want: "deleted files.example.org:443"},

@@ -1,0 +1,159 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// TestProcessGroupIsOnePaceAcrossPods is issue 28's group test: three
+// authorities on one host (three loopback ports), three `mirrorworker run`
+// processes. Two authorities start in the group "trio" (floor 400 ms, one
+// request in flight, set with `policy set --group`), the third is paced on
+// its own at the pods' 300 ms floor; mid-run the third joins the group
+// (`--add-members`), then the pod serving the group is SIGKILLed. As the
+// origin times arrivals (kernel receive time): the group's members
+// together never see a gap below the group's floor, and from the move on
+// that holds for all three, the last request of the third's own pace
+// included; every job is stored, byte-exact, none dead-lettered.
+func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	t.Parallel()
+	const (
+		perAuth    = 14
+		podFloor   = 300 * time.Millisecond
+		groupFloor = 400 * time.Millisecond
+		slack      = groupFloor / 10 // as the other process tests: a loaded machine's timing
+	)
+	natsURL := externalNATS(t)
+	origins := []*arrivalOrigin{newArrivalOrigin(t), newArrivalOrigin(t), newArrivalOrigin(t)}
+	targets := map[string]string{}
+	var urls []string
+	for i := range perAuth {
+		for k, o := range origins {
+			u := fmt.Sprintf("%s/obj/%d/%03d", o.srv.URL, k, i)
+			targets[u] = fmt.Sprintf("obj/%d/%03d", k, i)
+			urls = append(urls, u)
+		}
+	}
+	a, b, c := origins[0].auth(), origins[1].auth(), origins[2].auth()
+	if out, err := runPolicy(t, natsURL, "set", "--group", "trio", "--members", a+","+b,
+		"--floor", groupFloor.String(), "--max-in-flight", "1", "--reason", "test: one server"); err != nil {
+		t.Fatalf("policy set --group: %v\n%s", err, out)
+	}
+	publishURLs(t, natsURL, targets, urls)
+	root := t.TempDir()
+	args := func() []string {
+		return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", podFloor.String(),
+			"--max-in-flight", "2", "--lease-ttl", "2s", "--ack-wait", "5s", "--log-level", "info")
+	}
+	deps := &departureLogs{dir: t.TempDir()}
+	pods := []*workerProcess{deps.start(t, args()...), deps.start(t, args()...), deps.start(t, args()...)}
+	union := func(os ...*arrivalOrigin) []time.Time {
+		var all []time.Time
+		for _, o := range os {
+			all = append(all, o.sorted()...)
+		}
+		sort.Slice(all, func(i, j int) bool { return all[i].Before(all[j]) })
+		return all
+	}
+	waitFor(t, 90*time.Second, "6 requests to the group and 3 to the third authority", func() bool {
+		return len(union(origins[0], origins[1])) >= 6 && len(origins[2].sorted()) >= 3
+	})
+	moved := time.Now()
+	if out, err := runPolicy(t, natsURL, "set", "--group", "trio", "--add-members", c); err != nil {
+		t.Fatalf("policy set --add-members: %v\n%s", err, out)
+	}
+	waitFor(t, 60*time.Second, "4 requests to the third authority after it joined", func() bool {
+		return origins[2].countAfter(moved) >= 4
+	})
+	// status shows the group as one row, with its floor and its source.
+	waitFor(t, 30*time.Second, "status showing the group", func() bool {
+		var o bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := run(ctx, []string{"status", "--nats-url", natsURL}, noEnv, nil, &o, &o); err != nil {
+			t.Logf("status: %v", err)
+		}
+		return strings.Contains(o.String(), "group:trio") && strings.Contains(o.String(), groupFloor.String()+" (kv)")
+	})
+	partitions := jobs.DefaultPartitions
+	victim := podServing(t, natsURL, pacer.GroupPrefix+"trio", partitions, pods)
+	if stored := len(mirrorFiles(t, root)); stored >= len(urls) {
+		t.Fatalf("all %d jobs stored before the kill; the test proves nothing", stored)
+	}
+	killed := time.Now()
+	if _, err := pods[victim].signalAndWait(t, syscall.SIGKILL, 10*time.Second); err == nil {
+		t.Fatal("killed worker reported success")
+	}
+	pods = append(pods[:victim:victim], pods[victim+1:]...)
+	waitQueueEmpty(t, natsURL, root, len(urls), 150*time.Second, multiLog(pods))
+	for _, p := range pods {
+		if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+			t.Errorf("pod exit after SIGTERM: %v", err)
+		}
+	}
+	files := mirrorFiles(t, root)
+	for u, key := range targets {
+		path := u[strings.Index(u[len("http://"):], "/")+len("http://"):]
+		if got := string(files[key]); got != "object "+path+"\n" {
+			t.Errorf("%s: stored %q, want the origin's body of %s", key, got, path)
+		}
+	}
+	if len(files) != len(targets) {
+		t.Errorf("mirror has %d files, want %d", len(files), len(targets))
+	}
+
+	// The group as the origin sees it: a and b from the start, c too from
+	// the move on (its last request before the move included).
+	check := func(name string, arr []time.Time, from time.Time) (closest time.Duration, n int) {
+		closest = time.Duration(1 << 62)
+		for i := 1; i < len(arr); i++ {
+			if arr[i].Before(from) {
+				continue
+			}
+			n++
+			g := arr[i].Sub(arr[i-1])
+			closest = min(closest, g)
+			if g < groupFloor-slack {
+				t.Errorf("%s: gap %s at +%.3fs after the move, below the group's floor %s",
+					name, g.Round(time.Millisecond), arr[i].Sub(moved).Seconds(), groupFloor)
+			}
+		}
+		return closest, n
+	}
+	ab, nab := check("a+b", union(origins[0], origins[1]), time.Time{})
+	abc, nabc := check("a+b+c after the move", union(origins...), moved)
+	after := 0
+	for _, u := range union(origins...) {
+		if u.After(killed) {
+			after++
+		}
+	}
+	t.Logf("a+b: %d gaps, closest %s; a+b+c from the move: %d gaps, closest %s; %d requests after the SIGKILL; departures logged: %d pods",
+		nab, ab.Round(time.Millisecond), nabc, abc.Round(time.Millisecond), after, len(readDepartures(t, deps.files)))
+	if after == 0 {
+		t.Error("no request after the SIGKILL: the group's partition did not move")
+	}
+	// c's own pace (300 ms) ran before the move: it must have been
+	// faster than the group's, or the move proves nothing.
+	cBefore := 0
+	for _, u := range origins[2].sorted() {
+		if u.Before(moved) {
+			cBefore++
+		}
+	}
+	if cBefore < 3 {
+		t.Errorf("only %d requests to c before it joined the group", cBefore)
+	}
+}
