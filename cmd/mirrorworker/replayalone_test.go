@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"regexp"
@@ -110,8 +111,15 @@ func TestProcessReplayHandsOverToAPodStartedMidway(t *testing.T) {
 	if !strings.Contains(out, fmt.Sprintf("replayed %d jobs", len(urls))) || !strings.Contains(out, fmt.Sprintf("%d stored", len(urls))) {
 		t.Errorf("replay output:\n%s", out)
 	}
-	if !strings.Contains(pod.log.String(), "waiting for replays that pace their own requests") {
+	waitedFrom, _ := time.Parse(time.RFC3339Nano, pod.log.field("waiting for replays that pace their own requests to stop and hand their jobs to the pods, before taking work", "time"))
+	waitedTo, _ := time.Parse(time.RFC3339Nano, pod.log.field("replays pacing alone have stopped: this pod's first requests are spaced from their last starts", "time"))
+	if waitedFrom.IsZero() || waitedTo.IsZero() {
 		t.Errorf("the pod did not wait for the replay:\n%s", pod.log)
+	} else {
+		t.Logf("the pod waited %s for the replay to stop its own requests", waitedTo.Sub(waitedFrom))
+	}
+	if !strings.Contains(out, "replay: --floor, --max-in-flight do not apply to the jobs the pods do: the pods' policy does") {
+		t.Errorf("the replay did not say that its --floor and --max-in-flight do not apply to the pod's work:\n%s", out)
 	}
 	all := map[string]string{}
 	for u, k := range targets {
@@ -165,6 +173,18 @@ func TestProcessReplayBesideASharedConsumerPod(t *testing.T) {
 	pods := livePods()
 	if len(pods) != 1 || replay.CheckPods(pods, pipeline.TargetSpec(newRoot)) != nil {
 		t.Fatalf("pods announced: %v; want the shared consumer's pod, taking %s", pods, newRoot)
+	}
+
+	var id string
+	for p := range pods {
+		id = p
+	}
+	var st, stErr bytes.Buffer
+	if err := run(context.Background(), []string{"status", "--nats-url", natsURL}, func(string) string { return "" }, strings.NewReader(""), &st, &stErr); err != nil {
+		t.Fatalf("status: %v\n%s", err, stErr.String())
+	}
+	if !strings.Contains(st.String(), id+" ") || strings.Contains(st.String(), "(unowned)") {
+		t.Errorf("status beside a pod of the shared consumer:\n%s", st.String())
 	}
 
 	// The replay's own floor (1 s) would take 12 s; the pod's is 100 ms.
