@@ -53,8 +53,11 @@ func (pod *Pod) status() []byte {
 	return withReplayTargets(pod.Worker.StatusJSON(pod.id, pod.version, pod.Owned(), pod.parts.Pacer.Snapshot(time.Now())), pod.replay)
 }
 
-// putStatus writes the pod's entry.
+// putStatus writes the pod's entry (none without the bucket).
 func (pod *Pod) putStatus(ctx context.Context, kv jetstream.KeyValue) error {
+	if kv == nil {
+		return nil
+	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err := kv.Put(pctx, pod.id, pod.status())
@@ -115,7 +118,10 @@ func (pod *Pod) awaitLoneReplays(ctx context.Context, pods jetstream.KeyValue) {
 		pod.log.Warn().Err(err).Msg("read the replays (" + jobs.ReplaysBucket + "): a replay pacing alone, if any, is not waited for")
 		return
 	}
-	every := refreshEvery(ctx, pods)
+	every := time.Second
+	if pods != nil {
+		every = refreshEvery(ctx, pods)
+	}
 	began, lastPut := time.Now(), time.Now()
 	waited := false
 	for {

@@ -189,9 +189,13 @@ func (pod *Pod) Run(ctx context.Context) error {
 	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.policy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
 	pods, err := pod.podsBucket(ctx)
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return nil // a stop asked for during start-up
+		}
+		// Not fatal: the pod works, but a replay beside it may not see it.
+		pod.log.Warn().Err(err).Msg("the pod cannot announce itself: a replay beside it may not see it, and pace its own requests")
 	}
-	if pod.mgr == nil {
+	if pod.mgr == nil && pods != nil {
 		// With the shared consumer the pod announces itself, until its
 		// worker has stopped (lonereplay.go).
 		ro.Trailing = append(ro.Trailing, func(tctx context.Context) error {
