@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pipeline"
@@ -55,34 +58,11 @@ func TestProcessReplayHandsOverToAPodStartedMidway(t *testing.T) {
 		live    = 10 // per authority
 		floor   = 300 * time.Millisecond
 	)
-	natsURL := externalNATS(t)
-	origin := newClusterOrigin(t, jobs.DefaultPartitions, "plain", "cdn")
-	targets, urls := origin.urls(perAuth)
-	publishURLs(t, natsURL, targets, urls)
-	root, newRoot := t.TempDir(), t.TempDir()
-	// The jobs, stored by a first pod at floor 0, quickly; it stops, and
-	// what the origin saw of it is not what this test measures.
-	first := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root)...)
-	waitQueueEmpty(t, natsURL, root, len(urls), 60*time.Second, first.log)
-	if _, err := first.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
-		t.Fatalf("first pod: %v", err)
-	}
+	natsURL, origin, targets, urls, root := storedJobs(t, perAuth)
+	newRoot := t.TempDir()
 	js, closeConn := connectJS(t, natsURL)
 	defer closeConn()
-	waitFor(t, 30*time.Second, "the first pod withdrawn", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		pods, err := replay.LivePods(ctx, js)
-		return err == nil && len(pods) == 0
-	})
-	origin.forget()
-
-	rp, rout := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--floor", floor.String(), "--max-in-flight", "2",
-		"--allow-private-networks", "--progress", "lines", "--log-level", "info")
-	waitFor(t, 30*time.Second, "the replay pacing alone", func() bool {
-		runs := replayRuns(t, js)
-		return len(runs) == 1 && runs[0].Alone && origin.arrivalsSoFar() >= 8
-	})
+	rp, rout := startLoneReplay(t, js, natsURL, origin, newRoot, floor)
 	liveTargets := map[string]string{}
 	for _, n := range []string{origin.named("plain"), origin.named("cdn")} {
 		b := origin.auths[n].behave
@@ -134,6 +114,92 @@ func TestProcessReplayHandsOverToAPodStartedMidway(t *testing.T) {
 	}
 	checkClusterMirror(t, root, all)
 	checkClusterMirror(t, newRoot, targets)
+	origin.check(t, floor, 2, nil)
+}
+
+// storedJobs is an origin of two authorities (plain, cdn) with perAuth jobs
+// each, stored into root by a first pod that has stopped since (and is no
+// longer announced); what the origin saw of it is forgotten.
+func storedJobs(t *testing.T, perAuth int) (natsURL string, origin *clusterOrigin, targets map[string]string, urls []string, root string) {
+	t.Helper()
+	natsURL = externalNATS(t)
+	origin = newClusterOrigin(t, jobs.DefaultPartitions, "plain", "cdn")
+	targets, urls = origin.urls(perAuth)
+	publishURLs(t, natsURL, targets, urls)
+	root = t.TempDir()
+	first := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root)...)
+	waitQueueEmpty(t, natsURL, root, len(urls), 60*time.Second, first.log)
+	if _, err := first.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("first pod: %v", err)
+	}
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	waitFor(t, 30*time.Second, "the first pod withdrawn", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		pods, err := replay.LivePods(ctx, js)
+		return err == nil && len(pods) == 0
+	})
+	origin.forget()
+	return natsURL, origin, targets, urls, root
+}
+
+// startLoneReplay starts a replay process into newRoot with no pod running
+// and returns once it paces alone and the origin has seen 8 requests.
+func startLoneReplay(t *testing.T, js jetstream.JetStream, natsURL string, origin *clusterOrigin, newRoot string, floor time.Duration) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
+	rp, rout := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--floor", floor.String(), "--max-in-flight", "2",
+		"--allow-private-networks", "--progress", "lines", "--log-level", "info")
+	waitFor(t, 30*time.Second, "the replay pacing alone", func() bool {
+		runs := replayRuns(t, js)
+		return len(runs) == 1 && runs[0].Alone && origin.arrivalsSoFar() >= 8
+	})
+	return rp, rout
+}
+
+// TestProcessReplayStopsForAPodThatDoesNotTakeItsTarget: a pod started
+// mid-replay that does not take the replay's target cannot do its jobs;
+// the replay stops its own requests all the same (one pace first) and
+// exits with an error naming the pod and the flag to restart it with. The
+// origin sees no gap below the floor, and the pod stores its live jobs.
+func TestProcessReplayStopsForAPodThatDoesNotTakeItsTarget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	t.Parallel()
+	const floor = 300 * time.Millisecond
+	natsURL, origin, targets, urls, root := storedJobs(t, 20)
+	newRoot := t.TempDir()
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	rp, rout := startLoneReplay(t, js, natsURL, origin, newRoot, floor)
+	all := map[string]string{}
+	for u, k := range targets {
+		all[u] = k
+	}
+	for _, n := range []string{origin.named("plain"), origin.named("cdn")} {
+		b := origin.auths[n].behave
+		for i := range 5 {
+			u := fmt.Sprintf("http://%s/%s/live-%d", n, b, i)
+			all[u] = fmt.Sprintf("%s/live-%d", b, i)
+			publishJob(t, js, u, all[u])
+		}
+	}
+	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(), "--max-in-flight", "2", "--log-level", "info")...)
+	err := rp.Wait()
+	out := rout.String()
+	if err == nil || !strings.Contains(out, "replay stopped its own requests after") ||
+		!strings.Contains(out, "do not (restart them with --replay-target "+pipeline.TargetSpec(newRoot)) {
+		t.Errorf("replay beside a pod that does not take its target: %v\n%s", err, out)
+	}
+	if got := len(mirrorFiles(t, newRoot)); got >= len(urls) {
+		t.Errorf("the replay stored all %d jobs before the pod came; the test proves nothing", got)
+	}
+	waitQueueEmpty(t, natsURL, root, len(all), 60*time.Second, pod.log)
+	if _, err := pod.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Errorf("pod exit after SIGTERM: %v", err)
+	}
+	checkClusterMirror(t, root, all)
 	origin.check(t, floor, 2, nil)
 }
 
