@@ -97,6 +97,23 @@ type ReplayRun struct {
 	ETA time.Duration `json:"eta,omitempty"`
 	// Authorities are the per-authority counts, busiest first.
 	Authorities []ReplayAuthority `json:"authorities,omitempty"`
+
+	// A replay that found no live pod paces its own requests (docs/adr/0025):
+	// Alone says it does now. A pod that starts meanwhile announces itself
+	// and then waits (at most a bound) until no entry says Alone before it
+	// takes work; the replay, seeing the pod, stops starting requests,
+	// lets those in flight end, and hands the rest over. AloneUntil is when
+	// its last own request had ended, and LastStarts are its last request
+	// starts per authority (the recent ones): a pod spaces its first
+	// requests to those authorities from them (pacer.Fence).
+	Alone      bool                 `json:"alone,omitempty"`
+	AloneUntil time.Time            `json:"alone_until,omitzero"`
+	LastStarts map[string]time.Time `json:"last_starts,omitempty"`
+	// Ended is when a replay that paced alone ended without handing over:
+	// its entry is left to expire (ReplaysTTL) rather than deleted, so
+	// that a pod starting just after it still finds its LastStarts.
+	// `mirrorworker status` does not list such an entry.
+	Ended time.Time `json:"ended,omitzero"`
 }
 
 // ReplayAuthority is one authority of a ReplayRun.

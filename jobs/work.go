@@ -333,7 +333,7 @@ func EnsureWork(ctx context.Context, js jetstream.JetStream, o *WorkOptions) (in
 	}
 	for _, kv := range []jetstream.KeyValueConfig{
 		{Bucket: LeasesBucket, Description: "mirrorworker partition leases", History: 1, TTL: r.LeaseTTL, Storage: jetstream.FileStorage},
-		{Bucket: PodsBucket, Description: "mirrorworker live pods and their status", History: 1, TTL: r.LeaseTTL, Storage: jetstream.FileStorage},
+		PodsBucketConfig(r.LeaseTTL, 0),
 	} {
 		kv.Replicas = replicas("KV_" + kv.Bucket)
 		if _, err := js.CreateOrUpdateKeyValue(ctx, kv); err != nil {
@@ -360,6 +360,17 @@ func EnsureWork(ctx context.Context, js jetstream.JetStream, o *WorkOptions) (in
 		}
 	}
 	return n, nil
+}
+
+// PodsBucketConfig is the configuration of PodsBucket: entries live ttl
+// without renewal (the lease TTL). A pod of the shared consumer (no
+// partitions) creates it too, to announce itself (docs/adr/0025).
+func PodsBucketConfig(ttl time.Duration, replicas int) jetstream.KeyValueConfig {
+	if ttl <= 0 {
+		ttl = DefaultLeaseTTL
+	}
+	return jetstream.KeyValueConfig{Bucket: PodsBucket, Description: "mirrorworker live pods and their status", History: 1, TTL: ttl,
+		Storage: jetstream.FileStorage, Replicas: replicas}
 }
 
 // PartitionConsumerConfig returns the configuration of partition p's

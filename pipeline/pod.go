@@ -58,6 +58,12 @@ type Pod struct {
 	policy *policy.Watcher // the live policy (MIRROR_POLICY)
 	replay []string        // the replay targets, in the status
 	log    zerolog.Logger
+	// What the pod's entry in MIRROR_PODS is made of and lives by
+	// (lonereplay.go): written by the lease manager, or by announce with
+	// the shared consumer.
+	id, version string
+	leaseTTL    time.Duration
+	replicas    int
 }
 
 // StartPod binds a worker to MIRROR_JOBS, in the order a pod must start:
@@ -70,7 +76,7 @@ type Pod struct {
 // the worker's partitions. The streams must exist (jobs.EnsureStreams).
 func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 	js := p.js
-	pod := &Pod{parts: p, log: o.Logger}
+	pod := &Pod{parts: p, log: o.Logger, id: o.PodID, version: o.Version, leaseTTL: o.LeaseTTL, replicas: o.Replicas}
 	var cons jetstream.Consumer
 	var err error
 	// The live policy (MIRROR_POLICY, docs/adr/0023) over Config.Policy,
@@ -181,7 +187,28 @@ func (pod *Pod) Run(ctx context.Context) error {
 	policyCtx, stopPolicy := context.WithCancel(context.Background())
 	defer stopPolicy()
 	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.policy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
+	pods, err := pod.podsBucket(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // a stop asked for during start-up
+		}
+		// Not fatal: the pod works, but a replay beside it may not see it.
+		pod.log.Warn().Err(err).Msg("the pod cannot announce itself: a replay beside it may not see it, and pace its own requests")
+	}
+	if pod.mgr == nil && pods != nil {
+		// With the shared consumer the pod announces itself, until its
+		// worker has stopped (lonereplay.go).
+		ro.Trailing = append(ro.Trailing, func(tctx context.Context) error {
+			pod.announce(tctx, pods)
+			return nil
+		})
+	}
 	return pod.parts.Run(ctx, func(wctx context.Context) error {
+		// A replay pacing alone stops before this pod takes work.
+		pod.awaitLoneReplays(wctx, pods)
+		if wctx.Err() != nil {
+			return nil
+		}
 		err := pod.Worker.Run(wctx)
 		switch {
 		case err != nil:

@@ -42,7 +42,10 @@ type HandoverOptions struct {
 	// OnDone is told every pod's report (the replay's summary counts them).
 	OnDone func(jobs.ReplayDone)
 	// Batch is how many messages a pull asks for; 256.
-	Batch  int
+	Batch int
+	// Base, if set, is the entry of a replay that paced alone until now
+	// (Alone): its start, counts, AloneUntil and LastStarts are kept.
+	Base   *jobs.ReplayRun
 	Logger zerolog.Logger
 }
 
@@ -161,7 +164,11 @@ func Handover(js jetstream.JetStream, kv jetstream.KeyValue, o HandoverOptions) 
 	return func(ctx context.Context, c jetstream.Consumer) error {
 		h := &handover{js: js, kv: kv, o: o, log: o.Logger, auths: map[string]*handAuth{}, pending: map[uint64]*handed{}, dirty: map[*handAuth]bool{}, held: map[uint64]bool{},
 			entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: time.Now().UTC()}}
-		if ci := c.CachedInfo(); ci != nil {
+		if o.Base != nil {
+			h.entry = *o.Base
+			h.entry.Run, h.entry.Target, h.entry.Alone, h.entry.Ended = o.Run, o.Target, false, time.Time{}
+		}
+		if ci := c.CachedInfo(); ci != nil && h.entry.Jobs == 0 {
 			h.entry.Jobs = int64(ci.NumPending)
 		}
 		return h.run(ctx, c)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -282,7 +283,7 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 func readPods(ctx context.Context, js jetstream.JetStream) ([]worker.PodStatus, error) {
 	kv, err := js.KeyValue(ctx, jobs.PodsBucket)
 	if err != nil {
-		return nil, fmt.Errorf("bucket %s: %w (no worker has run in partitioned mode on this NATS)", jobs.PodsBucket, err)
+		return nil, fmt.Errorf("bucket %s: %w (no worker has run on this NATS)", jobs.PodsBucket, err)
 	}
 	out, err := jobs.Entries[worker.PodStatus](ctx, kv)
 	if err != nil {
@@ -302,7 +303,9 @@ func readLeases(ctx context.Context, js jetstream.JetStream) (map[int]string, in
 		}
 	}
 	kv, err := js.KeyValue(ctx, jobs.LeasesBucket)
-	if err != nil {
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return map[int]string{}, 0, nil // pods of the shared consumer (--partitions 0) only: no partitions
+	} else if err != nil {
 		return nil, n, fmt.Errorf("bucket %s: %w", jobs.LeasesBucket, err)
 	}
 	out := map[int]string{}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/broker"
@@ -302,10 +303,14 @@ func probeDefaultNATS(ctx context.Context, natsURL string) error {
 	return conn.Close()
 }
 
+// replayJobs is a replay that found no live pod: it does the work itself,
+// with a worker and a pacer of its own, until a pod starts; then it stops
+// its own requests and hands the rest to the pods (replay.Alone).
 func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan,
 	target storeTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
 	// Metrics stay private (a nil registerer); the summary is counted by
-	// the worker's OnOutcome hook.
+	// the worker's OnOutcome hook, and by the pods' reports once they work
+	// for it.
 	var tally replay.Tally
 	// The replay's pacer learns from the same origins as the live worker:
 	// its facts are published like the worker's, and it starts from theirs.
@@ -324,27 +329,19 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	if _, err := facts.Restore(ctx, js, parts.Pacer, facts.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
-
-	work := func(ctx context.Context, cons jetstream.Consumer) error {
-		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
-		// parking, or moved into a partition) are not submitted jobs.
-		w, err := parts.NewWorker(cons, target, 0, func(o *worker.Options, d *worker.Deps) {
-			o.SkipCopies, o.OnOutcome = true, tally.Add
-			// Its failures are not the live pipeline's.
-			d.JS = replay.SeparateDeadLetters(d.JS)
-		})
-		if err != nil {
-			return fmt.Errorf("worker: %w", err)
-		}
-		return w.Run(ctx)
+	kv, err := replay.EnsureReplaysBucket(ctx, js, c.streamReplicas)
+	if err != nil {
+		return replicasHint(err, c.streamReplicas)
 	}
+	lone := &loneReplay{js: js, kv: kv, c: c, parts: parts, spec: pipeline.TargetSpec(target.Root()), target: target,
+		run: strings.ToLower(nuid.Next()), tally: &tally, log: log, stderr: stderr}
 	// The event sink runs until the replay has returned, so that its last
 	// facts are published (pipeline.Run's stop order).
 	began := time.Now()
 	var res replay.Result
 	err = parts.Run(ctx, func(ctx context.Context) error {
 		var err error
-		res, err = replay.Run(ctx, js, work, &replay.Options{
+		res, err = replay.Run(ctx, js, lone.work(), &replay.Options{
 			Start:    plan.start,
 			Subjects: plan.subjects,
 			Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
@@ -353,7 +350,84 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 		})
 		return err
 	}, &pipeline.RunOptions{Actors: []pipeline.Actor{follow}})
-	return replayEnd(ctx, js, c, plan, target, res, tally.Summary(), err, began, "", stdout)
+	run := ""
+	if lone.handedOver {
+		run = lone.run
+	}
+	return replayEnd(ctx, js, c, plan, target, res, tally.Summary(), err, began, run, stdout)
+}
+
+// loneReplay is what a replay without pods needs to hand over to pods that
+// start while it runs.
+type loneReplay struct {
+	js         jetstream.JetStream
+	kv         jetstream.KeyValue
+	c          *replayConfig
+	parts      *pipeline.Parts
+	spec, run  string
+	target     storeTarget
+	tally      *replay.Tally
+	log        zerolog.Logger
+	stderr     io.Writer
+	handedOver bool // set before the hand-over's work runs; read after replay.Run returns
+}
+
+// work is the replay's Work: its own worker, then the pods'.
+func (l *loneReplay) work() replay.Work {
+	starts := &replay.Starts{}
+	local := func(ctx context.Context, cons jetstream.Consumer) error {
+		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
+		// parking, or moved into a partition) are not submitted jobs.
+		w, err := l.parts.NewWorker(cons, l.target, 0, func(o *worker.Options, d *worker.Deps) {
+			o.SkipCopies, o.OnOutcome = true, l.tally.Add
+			// Its failures are not the live pipeline's.
+			d.JS = replay.SeparateDeadLetters(d.JS)
+			starts.Wrap(d)
+		})
+		if err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		return w.Run(ctx)
+	}
+	return replay.Alone(l.kv, replay.AloneOptions{
+		Run: l.run, Target: l.spec, Local: local, Starts: starts, Flush: l.parts.Sink.Flush, Logger: l.log,
+		Pods: func(ctx context.Context) (map[string][]string, error) { return replay.LivePods(ctx, l.js) },
+		Done: func() int64 { s := l.tally.Summary(); return s.Stored + s.Unchanged + s.DeadLettered },
+		Handover: func(pods map[string][]string, base jobs.ReplayRun) (replay.Work, error) {
+			if err := replay.CheckPods(pods, l.spec); err != nil {
+				return nil, fmt.Errorf("replay stopped its own requests after %d jobs, as %d %s started: %w; then run it again to finish (objects already stored cost a conditional request each)",
+					base.Done, len(pods), plural(len(pods), "pod", "pods"), err)
+			}
+			fmt.Fprintf(l.stderr, "replay %s: %d %s started: the replay stopped its own requests after %d jobs; the pods do the rest, after their live jobs\n",
+				l.run, len(pods), plural(len(pods), "pod", "pods"), base.Done)
+			notePacingFlags(l.c, l.stderr)
+			l.handedOver = true
+			return replay.Handover(l.js, l.kv, replay.HandoverOptions{
+				Run: l.run, Target: l.spec, AckWait: l.c.ackWait, Logger: l.log, Base: &base,
+				OnDone: func(d jobs.ReplayDone) { l.tally.Add(d.Outcome) },
+			}), nil
+		},
+	})
+}
+
+// pacingFlags are the replay's flags that set its pace: beside pods they
+// do not apply, the pods' policy does.
+var pacingFlags = []string{"floor", "max-in-flight", "policy", "max-bandwidth"}
+
+// notePacingFlags says, in one line on stderr, that the pacing flags given
+// do not apply to the jobs the pods do, and what does.
+func notePacingFlags(c *replayConfig, stderr io.Writer) {
+	var given []string
+	for _, f := range pacingFlags {
+		if c.explicit[f] {
+			given = append(given, "--"+f)
+		}
+	}
+	if len(given) == 0 {
+		return
+	}
+	fmt.Fprintf(stderr, "replay: %s %s not apply to the jobs the pods do: the pods' policy does (their --policy and the live policy: 'mirrorworker policy list' shows it, 'mirrorworker policy set' changes it)\n",
+		strings.Join(given, ", "), map[bool]string{true: "does", false: "do"}[len(given) == 1])
 }
 
 // replayEnd prints a replay's summary, or says how to finish an

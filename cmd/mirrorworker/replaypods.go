@@ -32,6 +32,7 @@ func replayThroughPods(ctx context.Context, js jetstream.JetStream, c *replayCon
 	}
 	run := strings.ToLower(nuid.Next())
 	fmt.Fprintf(stderr, "replay %s: the live pods do its jobs (%d), after their live ones; 'mirrorworker status' shows it\n", run, len(pods))
+	notePacingFlags(c, stderr)
 	var tally replay.Tally
 	work := replay.Handover(js, kv, replay.HandoverOptions{
 		Run: run, Target: spec, AckWait: c.ackWait, Logger: log,

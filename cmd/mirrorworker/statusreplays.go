@@ -25,7 +25,16 @@ func readReplays(ctx context.Context, js jetstream.JetStream) ([]jobs.ReplayRun,
 	} else if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", jobs.ReplaysBucket, err)
 	}
-	return readReplayRuns(ctx, kv)
+	runs, err := readReplayRuns(ctx, kv)
+	// A replay that paced alone and is over leaves its entry to expire
+	// (jobs.ReplayRun.Ended): it is no replay running.
+	out := runs[:0]
+	for _, r := range runs {
+		if r.Ended.IsZero() {
+			out = append(out, r)
+		}
+	}
+	return out, err
 }
 
 func readReplayRuns(ctx context.Context, kv jetstream.KeyValue) ([]jobs.ReplayRun, error) {
@@ -37,7 +46,8 @@ func readReplayRuns(ctx context.Context, kv jetstream.KeyValue) ([]jobs.ReplayRu
 	return out, nil
 }
 
-// writeReplays prints each replay the pods work for: done, waiting in the
+// writeReplays prints each replay running (one pacing alone says so) and
+// each the pods work for: done, waiting in the
 // pods' queues, still held by the replay, the ETA, the busiest
 // authorities, and the share live jobs leave it.
 func writeReplays(w io.Writer, runs []jobs.ReplayRun, now time.Time) error {
@@ -52,7 +62,11 @@ func writeReplays(w io.Writer, runs []jobs.ReplayRun, now time.Time) error {
 		if r.ETA > 0 {
 			eta = r.ETA.String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%d\t%s\t%s ago\n", r.Run, r.Target, r.Done, r.Jobs, r.Waiting, eta, now.Sub(r.Updated).Round(100*time.Millisecond))
+		queued := fmt.Sprint(r.Waiting)
+		if r.Alone {
+			queued = "- (no pod: it paces its own requests until one starts)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s ago\n", r.Run, r.Target, r.Done, r.Jobs, queued, eta, now.Sub(r.Updated).Round(100*time.Millisecond))
 		var auths []string
 		for i, a := range r.Authorities {
 			if i == 5 {
