@@ -438,6 +438,8 @@ func (p *phasedPacer) Acquire(now time.Time, auth string, _ time.Duration) (pace
 // Confirm lets every granted permit go as granted.
 func (p *phasedPacer) Confirm(_ time.Time, pm pacer.Permit) (pacer.Permit, error) { return pm, nil }
 
+func (p *phasedPacer) Sent(time.Time, pacer.Permit) {}
+
 // ReadyIn says what Acquire would: the wait until hold, then until open.
 func (p *phasedPacer) ReadyIn(now time.Time, _ string) (time.Duration, time.Duration, pacer.Reason) {
 	switch {
