@@ -583,10 +583,18 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		return pm, nil
 	}
 	p.startedLocked(e, pm.seq, n)
-	if p.awaitSends && sp > 0 {
+	if p.awaitSends && sp > 0 && !p.unspaced(pm) {
 		e.unsent = pm.seq
 	}
 	return pm, nil
+}
+
+// unspaced says that pm was granted with no spacing at all (floor 0, no
+// start guard): its write is neither awaited nor reported, which spares
+// Sent the lock at floor 0. Should the floor be raised between its grant
+// and its start, that one request is spaced by its start alone.
+func (p *Pacer) unspaced(pm Permit) bool {
+	return pm.Interval == 0 && (p.guardAuto || p.guard == 0)
 }
 
 // Sent reports that the request of pm, started after Confirm, was written
@@ -601,7 +609,7 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 // moves its write later; calling it after Done still spaces the next starts
 // from it. Sent publishes nothing.
 func (p *Pacer) Sent(now time.Time, pm Permit) {
-	if pm.seq == 0 {
+	if pm.seq == 0 || p.unspaced(pm) {
 		return
 	}
 	n := now.UnixNano()
