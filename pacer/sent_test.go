@@ -2,6 +2,9 @@ package pacer_test
 
 import (
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -175,5 +178,111 @@ func TestReadyInWaitsForTheWrite(t *testing.T) {
 	}
 	if w, _, _ := p.ReadyIn(at(550*ms+sp), host); w != 0 {
 		t.Fatalf("ReadyIn one spacing after the write = %s, want 0", w)
+	}
+}
+
+// TestPropertyWritesKeepTheFloor drives one authority with seeded random
+// grants, starts, writes at random delays after the start, and ends (an
+// answer, a failure before the write, a request given back), with
+// AwaitSends, and checks what the origin would see: no two writes closer
+// than the floor plus the start guard, counting as a write every Sent and
+// every answer whose write was never reported (written by its Done). It
+// also checks that no start is let go while another request is started and
+// neither written nor done.
+func TestPropertyWritesKeepTheFloor(t *testing.T) {
+	type request struct {
+		pm               pacer.Permit
+		started, written bool
+	}
+	floors := []time.Duration{250 * time.Millisecond, time.Second, 90 * time.Second}
+	for seed := uint64(1); seed <= 12; seed++ {
+		floor := floors[seed%uint64(len(floors))]
+		sp := floor + min(floor/4, pacer.MaxStartGuard)
+		t.Run(fmt.Sprintf("seed%d_floor%s", seed, floor), func(t *testing.T) {
+			rnd := rand.New(rand.NewPCG(seed, 7))
+			p := pacer.New(&pacer.Options{
+				Policy:     &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: 1 + int(seed%3)}},
+				Rand:       rnd.Float64,
+				AwaitSends: true,
+			})
+			now := t0
+			var writes []time.Time
+			var out []*request
+			unwritten := func(except *request) bool {
+				return slices.ContainsFunc(out, func(r *request) bool { return r != except && r.started && !r.written })
+			}
+			for op := 0; op < 3000; op++ {
+				switch k := rnd.IntN(10); {
+				case k < 2: // time passes
+					step := []time.Duration{2 * sp, 10 * time.Second}[rnd.IntN(2)] // past backoffs and cooldowns too
+					now = now.Add(time.Duration(rnd.Int64N(int64(step))))
+				case k < 4: // a caller asks
+					pm, err := p.Acquire(now, host, []time.Duration{0, sp, time.Hour}[rnd.IntN(3)])
+					if err == nil {
+						out = append(out, &request{pm: pm})
+					}
+				case k < 6: // a granted request wakes at its Start and is confirmed
+					i := slices.IndexFunc(out, func(r *request) bool { return !r.started })
+					if i < 0 {
+						continue
+					}
+					r := out[i]
+					if r.pm.Start.After(now) {
+						now = r.pm.Start
+					}
+					pm, err := p.Confirm(now, r.pm)
+					if err != nil {
+						p.Done(now, pm, pacer.Response{Cancelled: true})
+						out = slices.Delete(out, i, i+1)
+						continue
+					}
+					r.pm = pm
+					if pm.Start.After(now) {
+						continue // it waits, and is confirmed again later
+					}
+					if unwritten(r) {
+						t.Fatalf("op %d: a start at %s while another request is unwritten", op, now.Sub(t0))
+					}
+					r.started = true
+				case k < 8: // a started request is written, maybe after a slow setup
+					i := slices.IndexFunc(out, func(r *request) bool { return r.started && !r.written })
+					if i < 0 {
+						continue
+					}
+					now = now.Add(time.Duration(rnd.Int64N(int64(3 * sp))))
+					p.Sent(now, out[i].pm)
+					out[i].written = true
+					writes = append(writes, now)
+				default: // a request ends
+					if len(out) == 0 {
+						continue
+					}
+					i := rnd.IntN(len(out))
+					r := out[i]
+					out = slices.Delete(out, i, i+1)
+					switch {
+					case !r.started:
+						p.Done(now, r.pm, pacer.Response{Cancelled: true})
+					case !r.written && rnd.IntN(2) == 0: // failed before its write
+						p.Done(now, r.pm, []pacer.Response{{Err: errors.New("dial")}, {Cancelled: true}}[rnd.IntN(2)])
+					default:
+						if !r.written {
+							writes = append(writes, now) // answered: written by now
+						}
+						p.Done(now, r.pm, []pacer.Response{resp(200), resp(200), resp(404), resp(503), resp(429, "Retry-After", "1")}[rnd.IntN(5)])
+					}
+				}
+			}
+			slices.SortFunc(writes, time.Time.Compare)
+			for i := 1; i < len(writes); i++ {
+				if d := writes[i].Sub(writes[i-1]); d < sp {
+					t.Fatalf("writes %d and %d only %s apart, floor %s + guard", i-1, i, d, floor)
+				}
+			}
+			if len(writes) < 50 {
+				t.Fatalf("only %d writes: the sequence tests little", len(writes))
+			}
+			t.Logf("%d writes", len(writes))
+		})
 	}
 }
