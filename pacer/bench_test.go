@@ -89,6 +89,31 @@ func BenchmarkAcquireDoneHotParallel(b *testing.B) {
 	})
 }
 
+// BenchmarkAcquireConfirmSentDoneParallel is the worker's full path at
+// floor 0 (Options.AwaitSends, as the pipeline's pacer): decide, confirm,
+// report the write, report the response, from many goroutines on one
+// authority. Beside BenchmarkAcquireDoneHotParallel it is the cost of
+// Confirm and Sent.
+func BenchmarkAcquireConfirmSentDoneParallel(b *testing.B) {
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1 << 16}}, AwaitSends: true})
+	ok := pacer.Response{Status: 200}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			pm, err := p.Acquire(t0, host, 0)
+			if err == nil {
+				pm, err = p.Confirm(t0, pm)
+			}
+			if err != nil || pm.Start.After(t0) {
+				b.Error(pm, err)
+				return
+			}
+			p.Sent(t0, pm)
+			p.Done(t0, pm, ok)
+		}
+	})
+}
+
 const million = 1_000_000
 
 var (

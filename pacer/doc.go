@@ -10,6 +10,10 @@
 //   - the check at the actual start (Pacer.Confirm): revocation by a cooldown
 //     learned since the grant, and spacing from the other requests' actual
 //     starts, so a late wake cannot bring two starts closer than the floor;
+//   - spacing from the actual writes (Pacer.Sent, Options.AwaitSends): a
+//     request slow to reach its connection (a dial, a TLS handshake, a
+//     proxy's CONNECT) holds the next start until it is written, so the
+//     floor holds between the requests as the origin receives them;
 //   - learning from the response (Pacer.Done): ×2 interval escalation on
 //     throttling, quiet-window decay back toward the floor, cooldowns from
 //     Retry-After, provider rate-limit headers or a jittered fallback, capped

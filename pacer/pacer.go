@@ -99,6 +99,19 @@ type Options struct {
 	// With another rule the Pacer publishes no events, spends no announced
 	// budget and ignores QuietWindow (decay is the rule's Relax).
 	Rules Rules
+	// AwaitSends says that the caller reports when each confirmed request
+	// is written to its connection (Sent), as the worker does: the floor is
+	// then kept between the requests as the origin receives them, not only
+	// between their starts. While a request to an authority has been
+	// confirmed but is neither written nor done, no other request to that
+	// authority starts (its connection may still be dialling, shaking
+	// hands or waiting on a proxy's CONNECT, and the next request, on a
+	// pooled connection, would overtake it); the next starts one spacing
+	// after the write. Without it, a Sent still spaces the next starts
+	// from the write, but nothing waits for a write not yet reported. A
+	// caller that sets it and never calls Sent gets one request written at
+	// a time: each waits for the previous one's Done.
+	AwaitSends bool
 }
 
 // Pacer is the HostPacer. Create it with New; the zero value is not usable.
@@ -121,8 +134,9 @@ type Pacer struct {
 	failMin, failMax                                                          int64 // FailureBackoffMin, MaxFailureBackoff
 	// guard is Options.StartGuard (0 for none) unless guardAuto, when it is
 	// derived from each authority's floor.
-	guard     int64
-	guardAuto bool
+	guard      int64
+	guardAuto  bool
+	awaitSends bool // Options.AwaitSends
 }
 
 // shard is one lock and the entries it guards; the padding keeps two shards'
@@ -159,6 +173,10 @@ type entry struct {
 	pausedAt     int64  // when the latest pause was given, for EventResumed
 	inFlight     int32
 	maxFlight    int32
+	// unsent is the permit confirmed to start and not yet written (Sent)
+	// nor done, 0 if none (Options.AwaitSends). There is at most one: no
+	// other start is confirmed while it is out.
+	unsent uint64
 	// The failure backoff (backoff.go): consecutive failures, the instant
 	// before which no request may start, and the latest failure or
 	// recovery (for ordering facts from other pods).
@@ -210,6 +228,7 @@ func New(o *Options) *Pacer {
 		rnd:             o.Rand,
 		onEvent:         o.OnEvent,
 		rules:           o.Rules,
+		awaitSends:      o.AwaitSends,
 	}
 	if o.Policy == nil {
 		p.policy.Store(DefaultPolicy())
@@ -432,6 +451,10 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth, key string, now time.Tim
 	if e.lastStart != 0 {
 		gap = e.lastStart + spacing + p.guardFor(e) - n
 	}
+	if e.unsent != 0 {
+		// A request not yet written: it is written at now at the earliest.
+		gap = max(gap, spacing+p.guardFor(e))
+	}
 	if e.inFlight >= e.maxFlight || over {
 		// Over the announced budget, as at the cap, the next response
 		// (a fresh reading) is what frees a place.
@@ -559,8 +582,15 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	if pm.seq == e.startedSeq {
 		other = e.startedOther
 	}
-	if sp := spacing + p.guardFor(e); other != 0 && sp > 0 {
+	sp := spacing + p.guardFor(e)
+	if other != 0 && sp > 0 {
 		start = max(start, other+sp)
+	}
+	if e.unsent != 0 && e.unsent != pm.seq && sp > 0 {
+		// Another request is started but not yet written: it will be
+		// written at now at the earliest, and this one waits one spacing
+		// from that write (Sent).
+		start = max(start, n+sp)
 	}
 	if start > n {
 		pm.Start = now.Add(time.Duration(start - n))
@@ -568,7 +598,61 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		return pm, nil
 	}
 	p.startedLocked(e, pm.seq, n)
+	if p.awaitSends && sp > 0 && !p.unspaced(pm) {
+		e.unsent = pm.seq
+	}
 	return pm, nil
+}
+
+// unspaced says that pm was granted with no spacing at all (floor 0, no
+// start guard): its write is neither awaited nor reported, which spares
+// Sent the lock at floor 0. Should the floor be raised between its grant
+// and its start, that one request is spaced by its start alone.
+func (p *Pacer) unspaced(pm Permit) bool {
+	return pm.Interval == 0 && (p.guardAuto || p.guard == 0)
+}
+
+// Sent reports that the request of pm, started after Confirm, was written
+// to its connection at now: the instant the origin receives it, give or
+// take the network. Call it when the request's headers are written (the
+// worker calls it from net/http/httptrace's WroteRequest); a request that
+// failed before it was written is never reported, only given to Done.
+// Later starts to the authority are spaced from the write by the interval
+// plus the start guard, as from an actual start (Confirm); with
+// Options.AwaitSends, a start waiting for this write is released. Calling
+// Sent again for the same permit (a request retried on a new connection)
+// moves its write later; calling it after Done still spaces the next starts
+// from it. Sent publishes nothing.
+func (p *Pacer) Sent(now time.Time, pm Permit) {
+	if pm.seq == 0 || p.unspaced(pm) {
+		return
+	}
+	n := now.UnixNano()
+	key := pm.paceKey()
+	s := p.shardFor(key)
+	s.mu.Lock()
+	if e := s.m[key]; e != nil {
+		if e.unsent == pm.seq {
+			e.unsent = 0
+		}
+		p.startedLocked(e, pm.seq, n)
+	}
+	s.mu.Unlock()
+}
+
+// unsentDoneLocked ends permit seq's wait for its write (Options.AwaitSends)
+// when it is done unreported: a request the origin answered (learn) was
+// written by now, so the next starts are spaced from now; one that failed or
+// was given back reached no origin and releases the wait alone. The entry's
+// lock must be held.
+func (p *Pacer) unsentDoneLocked(e *entry, seq uint64, n int64, learn bool) {
+	if seq == 0 || e.unsent != seq {
+		return
+	}
+	e.unsent = 0
+	if learn {
+		p.startedLocked(e, seq, n)
+	}
 }
 
 // startedLocked records an actual start of permit seq at n. The entry's lock
@@ -628,6 +712,7 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
 	}
+	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
 	var v Verdict
 	if e.until > n {
@@ -662,6 +747,7 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
 	}
+	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
 	probe := pm.seq != 0 && pm.seq == e.probeSeq
 	if probe {
@@ -930,10 +1016,15 @@ func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration
 	if e.failUntil > n {
 		return time.Duration(e.failUntil - n), time.Duration(sp), ReasonBackoff
 	}
+	var gap int64
 	if e.lastStart != 0 {
-		if gap := e.lastStart + sp - n; gap > 0 {
-			return time.Duration(gap), time.Duration(sp), ReasonSpacing
-		}
+		gap = e.lastStart + sp - n
+	}
+	if e.unsent != 0 {
+		gap = max(gap, sp) // a request not yet written (Options.AwaitSends)
+	}
+	if gap > 0 {
+		return time.Duration(gap), time.Duration(sp), ReasonSpacing
 	}
 	return 0, time.Duration(sp), ""
 }

@@ -29,7 +29,7 @@ const (
 
 // Limits is the issuer's politeness for one authority.
 type Limits struct {
-	Floor       time.Duration // minimum spacing between request starts; may be 0
+	Floor       time.Duration // minimum spacing between requests (starts, and writes: Pacer.Sent); may be 0
 	MaxInFlight int           // concurrent requests; at least 1
 	// Bandwidth caps the bytes per second of all the authority's bodies in
 	// flight on the pod that serves it (package bandwidth spends it on body

@@ -143,7 +143,9 @@ func (p *Pacer) doneRules(now time.Time, pm Permit, r Response) Verdict {
 	if probe {
 		e.probeSeq = 0
 	}
-	if r.Cancelled || r.Err != nil || r.Status == 0 {
+	learn := !r.Cancelled && r.Err == nil && r.Status != 0
+	p.unsentDoneLocked(e, pm.seq, n, learn)
+	if !learn {
 		return Verdict{}
 	}
 	p.relaxLocked(e, now)

@@ -142,7 +142,8 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 	}
 	p.Sink = facts.NewSink(pub, c.Logger, metrics)
 	if p.Pacer == nil {
-		p.Pacer = pacer.New(&pacer.Options{Policy: c.Policy, OnEvent: p.Sink.Handle, Scale: c.TimeScale})
+		// The worker reports every request's write (worker.Pacer.Sent).
+		p.Pacer = pacer.New(&pacer.Options{Policy: c.Policy, OnEvent: p.Sink.Handle, Scale: c.TimeScale, AwaitSends: true})
 	}
 	return p, nil
 }

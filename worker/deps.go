@@ -39,7 +39,11 @@ type Target interface {
 // Pacer decides when a request to an authority may start; *pacer.Pacer is
 // one. Its contract is pacer.Permit's: Acquire grants, Confirm re-checks
 // immediately before every request start (it may revoke the permit or move
-// its Start later), and Done is called exactly once per grant. ReadyIn says,
+// its Start later), Sent is told when the request was written to its
+// connection (the worker reports every write it sees, from the fetch's
+// net/http trace, so that the floor holds between the requests as the
+// origin receives them: pacer.Options.AwaitSends), and Done is called
+// exactly once per grant. ReadyIn says,
 // without side effects, how long until auth could take a request (parked
 // jobs come back by it, and a stale hint is checked against it); Fence
 // spaces the next start from at, when another pod may have started a
@@ -47,6 +51,7 @@ type Target interface {
 type Pacer interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
 	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
+	Sent(now time.Time, pm pacer.Permit)
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
 	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
 	Fence(now time.Time, auth string, at time.Time)

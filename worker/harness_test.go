@@ -420,6 +420,7 @@ func testPacer(floor time.Duration, cap int, per map[string]pacer.Limits, quiet 
 		Policy:      &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: cap}, Authorities: per},
 		QuietWindow: quiet,
 		OnEvent:     onEvent,
+		AwaitSends:  true, // as the pipeline's: the worker reports writes
 	})
 }
 

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"net/http/httptrace"
 	"sync"
 	"time"
 
@@ -85,6 +86,29 @@ func (h *hopSet) gate(ctx context.Context, _ int, a authority.Authority) (func(f
 	h.hops = append(h.hops, p)
 	h.mu.Unlock()
 	return func(r fetch.Result) { h.done(p, r) }, nil
+}
+
+// trace reports every request the fetch writes to the pacer (Pacer.Sent):
+// put in the context of the fetch, it is the net/http trace of each hop's
+// request. A fetch's hops run one after the other, each admitted by gate
+// before its request starts, so a write belongs to the latest hop
+// admitted. WroteRequest fires once the request is written (for a GET,
+// just before its buffer is flushed), also when the write failed: bytes may
+// have left. It does not fire for a proxy's CONNECT, which the origin never
+// sees. A request net/http retries on a new connection fires it again,
+// which moves the write later.
+func (h *hopSet) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
+		h.mu.Lock()
+		var pm pacer.Permit
+		if n := len(h.hops); n > 0 {
+			pm = h.hops[n-1].pm
+		}
+		h.mu.Unlock()
+		if pm.Authority != "" {
+			h.d.pacer.Sent(h.d.clk.Now(), pm)
+		}
+	}}
 }
 
 func (h *hopSet) done(p *hopPermit, r fetch.Result) {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -611,7 +612,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			req.Header.Set(k, v)
 		}
 	}
-	resp, err := w.d.Fetcher.Do(ctx, req, hops.gate)
+	resp, err := w.d.Fetcher.Do(httptrace.WithClientTrace(ctx, hops.trace()), req, hops.gate)
 	if err != nil {
 		var re *pacer.RefusedError
 		var ge *fetch.GateError

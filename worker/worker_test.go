@@ -441,6 +441,9 @@ func (p *phasedPacer) Confirm(_ time.Time, pm pacer.Permit) (pacer.Permit, error
 // PaceKey knows no groups.
 func (p *phasedPacer) PaceKey(auth string) string { return auth }
 
+// Sent has no spacing to keep.
+func (p *phasedPacer) Sent(time.Time, pacer.Permit) {}
+
 // ReadyIn says what Acquire would: the wait until hold, then until open.
 func (p *phasedPacer) ReadyIn(now time.Time, _ string) (time.Duration, time.Duration, pacer.Reason) {
 	switch {

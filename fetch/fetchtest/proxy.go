@@ -29,6 +29,7 @@ type Proxy struct {
 	conns atomic.Int64 // client connections accepted
 
 	mu      sync.Mutex
+	hold    func(ProxyRequest) time.Duration
 	routes  map[string]string // authority "host:port" -> loopback address
 	seen    []ProxyRequest
 	fwd     *http.Transport
@@ -71,6 +72,15 @@ func NewProxy(routes map[string]string, auth string) *Proxy {
 	p.srv.Start()
 	p.URL = p.srv.URL
 	return p
+}
+
+// SetHold makes the proxy wait f(request) before it answers each request it
+// routes (a CONNECT before it dials the origin): a slow egress proxy. nil
+// waits for nothing.
+func (p *Proxy) SetHold(f func(ProxyRequest) time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hold = f
 }
 
 // Route adds or changes a route.
@@ -139,6 +149,20 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.record(rec)
+	p.mu.Lock()
+	hold := p.hold
+	p.mu.Unlock()
+	if hold != nil {
+		if d := hold(rec); d > 0 {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-r.Context().Done():
+				t.Stop()
+				return
+			}
+		}
+	}
 	if r.Method == http.MethodConnect {
 		p.tunnel(w, to)
 		return

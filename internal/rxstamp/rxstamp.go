@@ -18,6 +18,7 @@ package rxstamp
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"io"
 	"net"
@@ -28,9 +29,14 @@ import (
 )
 
 // Serve makes srv time its requests (call it before srv starts): its
-// listener's connections are stamped, and Arrival finds their stamps.
+// listener's connections are stamped, and Arrival finds their stamps. The
+// listener may then be wrapped in TLS (httptest.Server.StartTLS): Arrival
+// finds the stamp under the TLS connection, of the last record read.
 func Serve(srv *http.Server, ln net.Listener) net.Listener {
 	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		if tc, ok := c.(*tls.Conn); ok {
+			c = tc.NetConn()
+		}
 		return context.WithValue(ctx, connKey{}, c)
 	}
 	// Set on the listening socket too, so that each accepted one has it

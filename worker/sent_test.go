@@ -1,0 +1,105 @@
+package worker_test
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/fetch/fetchtest"
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
+	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/worker"
+)
+
+// TestFloorHoldsAtTheOriginBehindASlowConnect: an HTTPS origin behind an
+// egress proxy whose first CONNECT takes 300 ms (a loaded proxy, a slow
+// TLS path); floor 150 ms, in-flight cap 2. The first request starts,
+// then waits on its tunnel; spaced from that start alone, the second
+// would leave one spacing later on a tunnel of its own, reach the origin
+// first, and the third, on the second's pooled connection, would follow
+// the first within tens of milliseconds. Spaced from each request's write
+// (pacer.Options.AwaitSends, the worker's Sent from the fetch's trace), no
+// two requests reach the origin closer than the floor, as its kernel
+// timed their arrival (rxstamp), with no slack.
+//
+// It asserts gaps as the origin timed them, so it stays serial (ADR 0024).
+func TestFloorHoldsAtTheOriginBehindASlowConnect(t *testing.T) {
+	const (
+		floor = 150 * time.Millisecond
+		hold  = 300 * time.Millisecond
+		n     = 8
+	)
+	e := newEnv(t, 30*time.Second)
+	ca, err := fetchtest.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stc, err := ca.ServerTLS(false, "slow.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &origin{perPath: map[string]int{}}
+	o.srv = httptest.NewUnstartedServer(http.HandlerFunc(o.serve))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.srv.Listener = rxstamp.Serve(o.srv.Config, ln)
+	o.srv.TLS = stc
+	o.srv.StartTLS()
+	t.Cleanup(o.srv.Close)
+	o.auth = ln.Addr().String()
+
+	px := fetchtest.NewProxy(map[string]string{"slow.test:443": o.auth}, "")
+	t.Cleanup(px.Close)
+	var connects atomic.Int32
+	px.SetHold(func(q fetchtest.ProxyRequest) time.Duration {
+		if q.Method == http.MethodConnect && connects.Add(1) == 1 {
+			return hold
+		}
+		return 0
+	})
+	fc := fetch.New(&fetch.Options{
+		Proxy:     fetch.Proxy{HTTPSProxy: px.URL},
+		Resolver:  nameResolver{},
+		TLSConfig: &tls.Config{RootCAs: ca.Pool},
+	})
+	t.Cleanup(fc.CloseIdleConnections)
+
+	var js []jobs.Job
+	for i := range n {
+		js = append(js, jobs.Job{ID: fmt.Sprint("s-", i), URL: fmt.Sprintf("https://slow.test/o/%d", i), Target: fmt.Sprint("s/", i)})
+	}
+	e.publish(js...)
+	r := e.startWith(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8}, fc, e.target)
+	e.waitReady(r.w)
+	r.f.waitFor(t, n, isOutcome(worker.OutcomeStored), 60*time.Second)
+
+	log := o.log()
+	if len(log) != n {
+		t.Fatalf("the origin saw %d requests, want %d", len(log), n)
+	}
+	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
+	minGap := time.Hour
+	for i := 1; i < len(log); i++ {
+		gap := log[i].at.Sub(log[i-1].at)
+		minGap = min(minGap, gap)
+		if gap < floor {
+			t.Errorf("requests %s and %s reached the origin %v apart, floor %v", log[i-1].path, log[i].path, gap, floor)
+		}
+	}
+	t.Logf("%d CONNECTs (the first held %v); smallest gap between arrivals %v, floor %v", connects.Load(), hold, minGap, floor)
+	if connects.Load() < 1 {
+		t.Error("no CONNECT: the requests did not go through the proxy")
+	}
+	for i := range n {
+		e.checkStored(fmt.Sprint("s/", i), body(fmt.Sprint("/o/", i)))
+	}
+}
