@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -123,8 +124,6 @@ func (s *memStore) Keys(context.Context) ([]string, error) {
 // simOrigin is the origin as it times requests: every start, what it told
 // each authority, and how many requests were in flight.
 type simOrigin struct {
-	floor    time.Duration
-	cap      int
 	auths    map[string]*simAuth
 	breaches []string
 	early    []string // starts while the origin had said wait
@@ -161,8 +160,11 @@ func (o *simOrigin) breach(format string, a ...any) {
 
 func (o *simOrigin) start(now time.Time, pod *simPod, auth string, pm pacer.Permit, rng *rand.Rand) *simReq {
 	a := o.auths[auth]
-	if k := len(a.starts); k > 0 && now.Sub(a.starts[k-1]) < o.floor {
-		o.breach("%s: start at %s by %s only %s after the last", auth, now.Format("15:04:05.000"), pod.id, now.Sub(a.starts[k-1]))
+	// The limits in force for this start: those of the policy its pod was
+	// given last (see simVersion).
+	lim := pod.sim.versions[pod.ver].p.Limits(auth)
+	if k := len(a.starts); k > 0 && now.Sub(a.starts[k-1]) < lim.Floor {
+		o.breach("%s: start at %s by %s only %s after the last (floor %s, policy v%d)", auth, now.Format("15:04:05.000"), pod.id, now.Sub(a.starts[k-1]), lim.Floor, pod.ver)
 	}
 	if now.Before(a.until) {
 		e := fmt.Sprintf("%s: start at %s by %s while told to wait until %s", auth, now.Format("15:04:05.000"), pod.id, a.until.Format("15:04:05.000"))
@@ -181,8 +183,8 @@ func (o *simOrigin) start(now time.Time, pod *simPod, auth string, pm pacer.Perm
 	a.starts = append(a.starts, now)
 	a.byPod[pod.id]++
 	a.inflight++
-	if a.inflight > o.cap {
-		o.breach("%s: %d requests in flight at %s", auth, a.inflight, now.Format("15:04:05.000"))
+	if a.inflight > lim.MaxInFlight {
+		o.breach("%s: %d requests in flight at %s, started by %s (cap %d, policy v%d)", auth, a.inflight, now.Format("15:04:05.000"), pod.id, lim.MaxInFlight, pod.ver)
 	}
 	if a.throttleEvery > 0 && a.n%a.throttleEvery == a.throttleEvery-1 && !r.probe {
 		r.status = http.StatusTooManyRequests
@@ -225,6 +227,24 @@ type simPod struct {
 	sim      *simulation
 	link     *simLink
 	joined   time.Time
+	// ver is the last policy version the pod applied (pacer.SetPolicy);
+	// policies are those on their way to it over its MIRROR_POLICY watch,
+	// in order.
+	ver      int
+	policies []simDelivery
+	// reserve is the pod's maxWait for Acquire: a slot this close is
+	// reserved, and reserved holds those permits until their start (as
+	// the worker's scheduler reserves a few ms, a redirect hop up to
+	// HoldMax; pacer.Wait).
+	reserve  time.Duration
+	reserved []pacer.Permit
+}
+
+// simDelivery is a policy version on its way to a pod: it applies it at
+// or after at, once it runs.
+type simDelivery struct {
+	at  time.Time
+	ver int
 }
 
 type simFact struct {
@@ -262,6 +282,15 @@ func (p *simPod) Release(_ context.Context, part int) {
 		keep = append(keep, r)
 	}
 	p.inflight = keep
+	held := p.reserved[:0]
+	for _, pm := range p.reserved {
+		if jobs.Partition(authority.KeyOf(pm.Authority), p.sim.parts) == part {
+			p.pc.Done(now, pm, pacer.Response{Cancelled: true})
+			continue
+		}
+		held = append(held, pm)
+	}
+	p.reserved = held
 }
 
 func (p *simPod) Status() []byte { return []byte(`{}`) }
@@ -283,13 +312,48 @@ type simulation struct {
 	linkFaults bool      // link faults are on (TestSimulatedClusterLinkFaults)
 	fault      *simFault // the link fault in progress, if any
 	faults     int
+
+	versions []simVersion // the operator's policies, version 0 the first
+	settled  int          // every version up to this one applied by every live pod
+	changes  int
+	// maxSettle is the longest from a change to every live pod having
+	// applied it (or a later one); maxSettleUp the same over the changes
+	// during which no pod was stopped, link-faulted or joining.
+	maxSettle, maxSettleUp time.Duration
+}
+
+// simVersion is one version of the operator's politeness policy, as every
+// pod's watch of MIRROR_POLICY delivers it, merged (policy.Watcher's
+// Apply: pacer.SetPolicy). A pod applies the versions in order, each a few
+// milliseconds after the operator's change (its link's delay when slow);
+// a pod stopped applies what reached it when it runs again, one whose link
+// is cut or black-holed when the link returns, one that joins the version
+// in force. Floor and cap in force: while a change propagates, the live
+// pods hold different versions; the floor in force for an authority is
+// then any of theirs (from the lowest to the highest, the latest issued
+// included), and it is the latest version's once every live pod has
+// applied it. The origin holds each start to the limits of the version
+// its sending pod has applied: the gap since the authority's previous
+// start, by whichever pod, at least that version's floor, and the requests
+// in flight at the origin, this one included, at most its cap. That is
+// never looser than the lowest floor (highest cap) in force, and is the
+// latest version's once the change has settled.
+type simVersion struct {
+	at      time.Time
+	p       *pacer.Policy
+	what    string
+	quiet   bool // no pod stopped, link-faulted or joining while it settled
+	settled time.Time
 }
 
 func (s *simulation) addPod(t *testing.T) *simPod {
 	id := fmt.Sprintf("pod-%d", len(s.all))
-	p := &simPod{id: id, sim: s, joined: s.clk.Now()}
+	// A pod that joins reads the policy in force before it serves
+	// (policy.Open).
+	p := &simPod{id: id, sim: s, joined: s.clk.Now(), ver: len(s.versions) - 1,
+		reserve: []time.Duration{0, 5 * time.Millisecond, 50 * time.Millisecond, 400 * time.Millisecond}[s.rng.IntN(4)]}
 	p.pc = pacer.New(&pacer.Options{
-		Policy: &pacer.Policy{Default: pacer.Limits{Floor: s.origin.floor, MaxInFlight: s.origin.cap}},
+		Policy: s.versions[p.ver].p,
 		Rand:   s.rng.Float64,
 		OnEvent: func(ev pacer.Event) {
 			// Facts travel over the pod's link: late when it is slow, held
@@ -527,6 +591,7 @@ func (s *simulation) step(t *testing.T, ctx context.Context) {
 			p.pc.Done(now, r.pm, pacer.Response{Status: r.status, Header: r.hdr})
 		}
 		p.held = p.held[:0]
+		s.applyPolicies(p, now)
 		k := 0
 		for _, f := range p.inbox {
 			if f.at.After(now) {
@@ -550,13 +615,36 @@ func (s *simulation) step(t *testing.T, ctx context.Context) {
 }
 
 func (s *simulation) dispatch(p *simPod, now time.Time) {
+	// Reserved slots first: confirmed when due (pacer.Wait's loop), started
+	// if the pod still owns their partition.
+	held := p.reserved[:0]
+	for _, pm := range p.reserved {
+		if pm.Start.After(now) {
+			held = append(held, pm)
+			continue
+		}
+		pm, err := p.pc.Confirm(now, pm)
+		switch {
+		case err == nil && pm.Start.After(now):
+			held = append(held, pm)
+		case err != nil || !p.m.Owns(jobs.Partition(authority.KeyOf(pm.Authority), s.parts)):
+			p.pc.Done(now, pm, pacer.Response{Cancelled: true})
+		default:
+			p.inflight = append(p.inflight, s.origin.start(now, p, pm.Authority, pm, s.rng))
+		}
+	}
+	p.reserved = held
 	for _, a := range s.order {
 		part := jobs.Partition(authority.KeyOf(a), s.parts)
 		if !p.m.Owns(part) {
 			continue
 		}
-		pm, err := p.pc.Acquire(now, a, 0)
+		pm, err := p.pc.Acquire(now, a, p.reserve)
 		if err != nil {
+			continue
+		}
+		if pm.Start.After(now) {
+			p.reserved = append(p.reserved, pm)
 			continue
 		}
 		if pm, err = p.pc.Confirm(now, pm); err != nil || pm.Start.After(now) || !p.m.Owns(part) {
@@ -564,6 +652,112 @@ func (s *simulation) dispatch(p *simPod, now time.Time) {
 			continue
 		}
 		p.inflight = append(p.inflight, s.origin.start(now, p, a, pm, s.rng))
+	}
+}
+
+// applyPolicies applies the policy versions that have reached p by now, in
+// order, as its watcher does. The caller holds s.mu.
+func (s *simulation) applyPolicies(p *simPod, now time.Time) {
+	k := 0
+	for _, d := range p.policies {
+		if d.at.After(now) {
+			p.policies[k] = d
+			k++
+			continue
+		}
+		if d.ver > p.ver {
+			p.ver = d.ver
+			p.pc.SetPolicy(s.versions[d.ver].p)
+		}
+	}
+	p.policies = p.policies[:k]
+}
+
+// offerPolicy sends version v to p over its watch: a few milliseconds, or
+// its slow link's delay; nothing while its link is cut or black-holed
+// (endFault sends the latest then). The caller holds s.mu.
+func (s *simulation) offerPolicy(p *simPod, now time.Time, v int) {
+	d, ok := p.link.factDelay()
+	if !ok {
+		return
+	}
+	at := now.Add(d + time.Duration(s.rng.IntN(6))*time.Millisecond)
+	if n := len(p.policies); n > 0 && p.policies[n-1].at.After(at) {
+		at = p.policies[n-1].at // one watch delivers in order
+	}
+	p.policies = append(p.policies, simDelivery{at: at, ver: v})
+}
+
+// policyFloors are the floors the operator sets: on both sides of the
+// lease loop's period (TTL/4) and of the first escalation step, 0 included.
+var policyFloors = []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond,
+	700 * time.Millisecond, 1500 * time.Millisecond, 2500 * time.Millisecond}
+
+// changePolicy is an operator's live edit of MIRROR_POLICY: one
+// authority's floor (sometimes its cap too), the default's, or an
+// authority's override deleted. Every live pod is sent the new version.
+// The caller holds s.mu.
+func (s *simulation) changePolicy(now time.Time) {
+	cur := s.versions[len(s.versions)-1].p
+	q := &pacer.Policy{Default: cur.Default, Authorities: maps.Clone(cur.Authorities)}
+	if q.Authorities == nil {
+		q.Authorities = map[string]pacer.Limits{}
+	}
+	floor := policyFloors[s.rng.IntN(len(policyFloors))]
+	var what string
+	switch r := s.rng.IntN(10); {
+	case r < 6 || len(q.Authorities) == 0 && r == 9:
+		a := s.order[s.rng.IntN(len(s.order))]
+		l := q.Limits(a)
+		l.Floor = floor
+		if s.rng.IntN(3) == 0 {
+			l.MaxInFlight = 1 + s.rng.IntN(4)
+		}
+		q.Authorities[a] = l
+		what = fmt.Sprintf("%s floor %s cap %d", a, l.Floor, l.MaxInFlight)
+	case r < 9:
+		q.Default.Floor = floor
+		if s.rng.IntN(3) == 0 {
+			q.Default.MaxInFlight = 1 + s.rng.IntN(4)
+		}
+		what = fmt.Sprintf("default floor %s cap %d", q.Default.Floor, q.Default.MaxInFlight)
+	default:
+		keys := slices.Sorted(maps.Keys(q.Authorities))
+		a := keys[s.rng.IntN(len(keys))]
+		delete(q.Authorities, a)
+		what = fmt.Sprintf("%s override deleted", a)
+	}
+	s.versions = append(s.versions, simVersion{at: now, p: q, what: what, quiet: true})
+	s.changes++
+	s.events = append(s.events, fmt.Sprintf("%s policy v%d: %s", now.Format("15:04:05.000"), len(s.versions)-1, what))
+	for _, p := range s.live() {
+		s.offerPolicy(p, now, len(s.versions)-1)
+	}
+}
+
+// trackSettle records when each change has been applied by every live pod.
+// The caller holds s.mu.
+func (s *simulation) trackSettle(now time.Time) {
+	if s.settled == len(s.versions)-1 {
+		return
+	}
+	lag, disturbed := len(s.versions)-1, s.fault != nil
+	for _, p := range s.live() {
+		lag = min(lag, p.ver)
+		disturbed = disturbed || now.Before(p.pausedTo)
+	}
+	for v := s.settled + 1; v < len(s.versions); v++ {
+		sv := &s.versions[v]
+		sv.quiet = sv.quiet && !disturbed
+		if v > lag {
+			continue
+		}
+		sv.settled = now
+		s.maxSettle = max(s.maxSettle, now.Sub(sv.at))
+		if sv.quiet {
+			s.maxSettleUp = max(s.maxSettleUp, now.Sub(sv.at))
+		}
+		s.settled = v
 	}
 }
 
@@ -579,14 +773,18 @@ func TestSimulatedClusterKeepsOnePace(t *testing.T) {
 	if raceEnabled {
 		seeds = 4
 	}
+	changes, settle, settleUp := 0, time.Duration(0), time.Duration(0)
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			r := runSimulation(t, seed, false)
+			r := runSimulation(t, seed, false, true)
 			if len(r.early) > 0 {
 				t.Errorf("%d starts while told to wait (first %v)", len(r.early), r.early[:min(5, len(r.early))])
 			}
+			changes += r.changes
+			settle, settleUp = max(settle, r.maxSettle), max(settleUp, r.maxSettleUp)
 		})
 	}
+	t.Logf("%d seeds, %d policy changes: the longest to reach every live pod %s (%s while none was stopped)", seeds, changes, settle, settleUp)
 }
 
 // TestSimulatedClusterLinkFaults adds faults of one pod's link to NATS to
@@ -612,7 +810,7 @@ func TestSimulatedClusterLinkFaults(t *testing.T) {
 	early, faults, takeover := 0, 0, time.Duration(0)
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			r := runSimulation(t, seed, true)
+			r := runSimulation(t, seed, true, true)
 			if len(r.unheld) > 0 {
 				t.Errorf("%d starts while told to wait with no fact of it held by a faulted link (first %v)", len(r.unheld), r.unheld[:min(5, len(r.unheld))])
 			}
@@ -629,6 +827,10 @@ type simResult struct {
 	unheld      []string // early starts no held fact explains
 	faults      int
 	maxTakeover time.Duration
+	changes     int
+	// the longest a policy change took to reach every live pod, and the
+	// same over the changes during which none was stopped or faulted
+	maxSettle, maxSettleUp time.Duration
 }
 
 // simFault is a link fault in progress.
@@ -641,7 +843,7 @@ type simFault struct {
 	covered map[int]time.Time // when another pod first owned each
 }
 
-func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
+func runSimulation(t *testing.T, seed int, linkFaults, policyChanges bool) simResult {
 	const (
 		ttl  = 2 * time.Second
 		run  = 90 * time.Second
@@ -652,11 +854,13 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 	s := &simulation{
 		clk: clk, rng: rng, ttl: ttl, parts: 8,
 		leases: newMemStore(clk, ttl), pods: newMemStore(clk, ttl),
-		// Floors on both sides of the lease loop's period (TTL/4), so
-		// that a hand-over sooner than the floor is possible.
-		origin:    &simOrigin{floor: []time.Duration{100 * time.Millisecond, 700 * time.Millisecond, 1500 * time.Millisecond}[seed%3], cap: 2, auths: map[string]*simAuth{}},
+		origin:    &simOrigin{auths: map[string]*simAuth{}},
 		cancelled: map[*simReq]bool{},
 	}
+	// The first policy: floors on both sides of the lease loop's period
+	// (TTL/4), so that a hand-over sooner than the floor is possible.
+	s.versions = []simVersion{{at: clk.Now(), p: &pacer.Policy{Default: pacer.Limits{
+		Floor: []time.Duration{100 * time.Millisecond, 700 * time.Millisecond, 1500 * time.Millisecond}[seed%3], MaxInFlight: 2}}}}
 	for i := range 12 {
 		a := fmt.Sprintf("origin%d.example:443", i)
 		sa := &simAuth{byPod: map[string]int{}}
@@ -690,6 +894,9 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 			s.endFault(t, f, &res)
 			s.fault = nil
 		}
+		if policyChanges && rng.IntN(int(3*time.Second/tick)) == 0 {
+			s.changePolicy(now)
+		}
 		if rng.IntN(int(3*time.Second/tick)) == 0 {
 			live := s.live()
 			kinds := 3
@@ -708,7 +915,7 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 						s.origin.closed(now, q) // the kernel closes its connections
 					}
 				}
-				p.inflight = nil
+				p.inflight, p.reserved = nil, nil
 				kills++
 				s.events = append(s.events, fmt.Sprintf("%s kill %s", now.Format("15:04:05.000"), p.id))
 			case r == 1 && len(live) > 0:
@@ -748,6 +955,7 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 				s.origin.breach("partition %d owned by %d pods at once at %s", part, n, now.Format("15:04:05.000"))
 			}
 		}
+		s.trackSettle(now)
 		s.mu.Unlock()
 	}
 	s.mu.Lock()
@@ -766,14 +974,21 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 	if len(s.origin.breaches) > 0 {
 		t.Errorf("%d breaches (first %v); events: %v", len(s.origin.breaches), s.origin.breaches[:min(5, len(s.origin.breaches))], s.events)
 	}
-	if total < int(run/s.origin.floor)*2 {
+	// The highest default floor in force: the cluster stalled if it sent
+	// fewer than two requests per such floor.
+	floor := time.Duration(0)
+	for _, v := range s.versions {
+		floor = max(floor, v.p.Default.Floor)
+	}
+	if total < int(run/max(floor, 100*time.Millisecond))*2 {
 		t.Errorf("only %d requests in %s: the cluster stalled; events %v", total, run, s.events)
 	}
 	if kills+stops+joins > 0 && served == 0 {
 		t.Errorf("no authority was ever served by two pods: nothing moved")
 	}
-	t.Logf("%d requests; %d kills, %d stops, %d joins, %d link faults; %d authorities served by more than one pod; %d starts while told to wait",
-		total, kills, stops, joins, s.faults, served, len(s.origin.early))
+	t.Logf("%d requests; %d kills, %d stops, %d joins, %d link faults, %d policy changes; %d authorities served by more than one pod; %d starts while told to wait",
+		total, kills, stops, joins, s.faults, s.changes, served, len(s.origin.early))
+	res.changes, res.maxSettle, res.maxSettleUp = s.changes, s.maxSettle, s.maxSettleUp
 	res.early, res.unheld = s.origin.early, s.origin.unheld
 	return res
 }
@@ -808,6 +1023,10 @@ func (s *simulation) endFault(t *testing.T, f *simFault, res *simResult) {
 	if !f.pod.killed {
 		for _, ev := range facts {
 			s.deliver(f.pod, simFact{at: now.Add(2 * time.Millisecond), ev: ev})
+		}
+		// The watch resumes: the changes made meanwhile arrive.
+		if latest := len(s.versions) - 1; f.pod.ver < latest && !slices.ContainsFunc(f.pod.policies, func(d simDelivery) bool { return d.ver == latest }) {
+			s.offerPolicy(f.pod, now, latest)
 		}
 	}
 	s.events = append(s.events, fmt.Sprintf("%s link %s restored (%d operations and %d facts landed late)", now.Format("15:04:05.000"), f.pod.id, len(ops), len(facts)))
