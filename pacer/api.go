@@ -31,6 +31,15 @@ type Permit struct {
 	Probe     bool          // this request is the probe after a cooldown
 	Interval  time.Duration // the spacing in force when granted
 	seq       uint64        // identifies the grant; zero for a Permit not made by Acquire
+	key       string        // the pace key it was granted under (group.go); "" is Authority
+}
+
+// paceKey is the key of the entry that granted pm.
+func (pm Permit) paceKey() string {
+	if pm.key != "" {
+		return pm.key
+	}
+	return pm.Authority
 }
 
 // RefusedError is Acquire's refusal. The job that asked is deferred, never

@@ -172,6 +172,10 @@ type entry struct {
 	// rule is the state of Options.Rules that has no field above; nil
 	// with the HostPacer's own rule.
 	rule *ruled
+	// members are the authorities served through a group's entry
+	// (group.go), so that one leaving the group takes its state along;
+	// nil for an authority's own entry.
+	members map[string]struct{}
 }
 
 // New returns a Pacer. A nil o means the defaults: default policy (floor 1 s,
@@ -357,14 +361,15 @@ func (p *Pacer) Acquire(now time.Time, auth string, maxWait time.Duration) (Perm
 		return p.acquireRules(now, auth, maxWait)
 	}
 	n := now.UnixNano()
-	s := p.shardFor(auth)
+	key := p.PaceKey(auth)
+	s := p.shardFor(key)
 	s.mu.Lock()
-	e := p.entryLocked(s, auth, n)
+	e := p.entryLocked(s, key, n)
 	if p.decayDue(e, n) {
 		s.mu.Unlock()
 		return p.acquireSlow(now, auth, maxWait)
 	}
-	pm, re := p.acquireLocked(s, e, auth, now, n, maxWait)
+	pm, re := p.acquireLocked(s, e, auth, key, now, n, maxWait)
 	s.mu.Unlock()
 	if re != nil {
 		return Permit{}, re
@@ -377,11 +382,12 @@ func (p *Pacer) Acquire(now time.Time, auth string, maxWait time.Duration) (Perm
 func (p *Pacer) acquireSlow(now time.Time, auth string, maxWait time.Duration) (Permit, error) {
 	n := now.UnixNano()
 	var fx facts
-	s := p.shardFor(auth)
+	key := p.PaceKey(auth)
+	s := p.shardFor(key)
 	s.mu.Lock()
-	e := p.entryLocked(s, auth, n)
-	p.decayLocked(e, auth, n, &fx)
-	pm, re := p.acquireLocked(s, e, auth, now, n, maxWait)
+	e := p.entryLocked(s, key, n)
+	p.decayLocked(e, key, n, &fx)
+	pm, re := p.acquireLocked(s, e, auth, key, now, n, maxWait)
 	s.mu.Unlock()
 	p.publish(&fx)
 	if re != nil {
@@ -394,7 +400,9 @@ func (p *Pacer) decayDue(e *entry, n int64) bool {
 	return e.interval > e.floor && p.quiet > 0 && n-e.decayRef >= p.quiet
 }
 
-func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n int64, maxWait time.Duration) (Permit, *RefusedError) {
+// acquireLocked is Acquire for auth, whose pace key is key and entry e.
+func (p *Pacer) acquireLocked(s *shard, e *entry, auth, key string, now time.Time, n int64, maxWait time.Duration) (Permit, *RefusedError) {
+	noteMemberLocked(e, key, auth)
 	if re := pausedLocked(e, auth, n); re != nil {
 		return Permit{}, re
 	}
@@ -451,7 +459,7 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 	if probe {
 		e.probeSeq = s.seq
 	}
-	return Permit{Authority: auth, Start: now.Add(time.Duration(start - n)), Probe: probe, Interval: time.Duration(spacing), seq: s.seq}, nil
+	return Permit{Authority: auth, Start: now.Add(time.Duration(start - n)), Probe: probe, Interval: time.Duration(spacing), seq: s.seq, key: key}, nil
 }
 
 // Confirm re-checks a granted Permit immediately before its request starts,
@@ -500,10 +508,17 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth string, now time.Time, n 
 // earlier Confirm.
 func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	n := now.UnixNano()
-	s := p.shardFor(pm.Authority)
+	key := pm.paceKey()
+	if pm.seq != 0 && p.PaceKey(pm.Authority) != key {
+		// A policy change moved the authority into or out of a group
+		// since the grant: the permit belongs to a pace that no longer
+		// serves it. Asked again, the authority's new pace decides.
+		return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonSpacing, Wait: MoveSettle, Interval: pm.Interval}
+	}
+	s := p.shardFor(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.m[pm.Authority]
+	e := s.m[key]
 	if e == nil || pm.seq == 0 {
 		return pm, nil
 	}
@@ -608,9 +623,10 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		qs = ParseQuotas(r.Header, now, buf[:0])
 	}
 	n := now.UnixNano()
-	s := p.shardFor(pm.Authority)
+	key := pm.paceKey()
+	s := p.shardFor(key)
 	s.mu.Lock()
-	e := s.m[pm.Authority]
+	e := s.m[key]
 	if e == nil {
 		s.mu.Unlock()
 		return Verdict{}
@@ -643,15 +659,16 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 		qs = ParseQuotas(hdr, now, buf[:0])
 	}
 	var fx facts
-	s := p.shardFor(pm.Authority)
+	key := pm.paceKey()
+	s := p.shardFor(key)
 	s.mu.Lock()
-	e := s.m[pm.Authority]
+	e := s.m[key]
 	if e == nil {
 		if !throttled && !exhausted && oc != outcomeFailed {
 			s.mu.Unlock()
 			return Verdict{}
 		}
-		e = p.entryLocked(s, pm.Authority, n)
+		e = p.entryLocked(s, key, n)
 	}
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
@@ -661,16 +678,21 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 	if probe {
 		e.probeSeq = 0
 	}
-	p.decayLocked(e, pm.Authority, n, &fx)
+	p.decayLocked(e, key, n, &fx)
 	if learn {
-		p.learnLocked(e, pm.Authority, n, probe, *fb, &fx)
+		p.learnLocked(e, key, n, probe, *fb, &fx)
 	}
-	p.healthLocked(e, pm.Authority, n, r, oc, &fx)
+	p.healthLocked(e, key, n, r, oc, &fx)
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
 	if e.until > n {
 		v.Until = time.Unix(0, e.until)
 	}
 	s.mu.Unlock()
+	if to := p.PaceKey(pm.Authority); to != key {
+		// Answered after a policy change moved the authority to another
+		// pace: what this answer taught binds that pace too.
+		p.carry(n, key, to)
+	}
 	p.publish(&fx)
 	return v
 }
@@ -806,10 +828,14 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 	if ev.At.IsZero() || at > n {
 		at = n
 	}
-	s := p.shardFor(ev.Authority)
+	// A fact about a member of a group binds the group's pace (it may
+	// come from a pod that applied the policy change later than this one).
+	key := p.PaceKey(ev.Authority)
+	s := p.shardFor(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := p.entryLocked(s, ev.Authority, n)
+	e := p.entryLocked(s, key, n)
+	noteMemberLocked(e, key, ev.Authority)
 	// A response arrived at ev.At: keep the spacing from there.
 	if ev.Type == EventThrottle || ev.Type == EventCooldown {
 		e.lastStart = max(e.lastStart, at)
@@ -871,14 +897,13 @@ func pausedLocked(e *entry, auth string, n int64) *RefusedError {
 // auth starts before at plus the interval. Fence publishes nothing.
 func (p *Pacer) Fence(now time.Time, auth string, at time.Time) {
 	n := now.UnixNano()
-	s := p.shardFor(auth)
+	key := p.PaceKey(auth)
+	s := p.shardFor(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := p.entryLocked(s, auth, n)
-	a := at.UnixNano()
-	e.lastStart = max(e.lastStart, a)
-	e.started = max(e.started, a)
-	e.startedOther = max(e.startedOther, a)
+	e := p.entryLocked(s, key, n)
+	noteMemberLocked(e, key, auth)
+	fenceLocked(e, at.UnixNano())
 }
 
 // ReadyIn returns how long from now until a request to auth could start, as
@@ -890,10 +915,11 @@ func (p *Pacer) Fence(now time.Time, auth string, at time.Time) {
 // parked jobs back, never to start a request.
 func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason Reason) {
 	n := now.UnixNano()
-	s := p.shardFor(auth)
+	key := p.PaceKey(auth)
+	s := p.shardFor(key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e := s.m[auth]
+	e := s.m[key]
 	if e == nil {
 		return 0, 0, ""
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
@@ -46,6 +48,9 @@ type Limits struct {
 type Policy struct {
 	Default     Limits
 	Authorities map[string]Limits
+	// Groups are the politeness groups by name (group.go): each member's
+	// requests are paced as one, by the group's limits.
+	Groups map[string]Group
 }
 
 // DefaultPolicy returns the policy with the defaults and no overrides.
@@ -53,12 +58,21 @@ func DefaultPolicy() *Policy {
 	return &Policy{Default: Limits{Floor: DefaultFloor, MaxInFlight: DefaultMaxInFlight}}
 }
 
-// Limits returns the limits for the authority "host:port".
-func (p *Policy) Limits(auth string) Limits {
+// Limits returns the limits for a pace key: the authority "host:port", or
+// a group's "group:NAME" (a group that does not exist has the default). An
+// authority's own limits are its pace's only when it is in no group: ask
+// with PaceKey(auth) for the limits a request to it is paced by.
+func (p *Policy) Limits(key string) Limits {
 	if p == nil {
 		return Limits{Floor: DefaultFloor, MaxInFlight: DefaultMaxInFlight}
 	}
-	if l, ok := p.Authorities[auth]; ok {
+	if name, ok := strings.CutPrefix(key, GroupPrefix); ok {
+		if g, ok := p.Groups[name]; ok {
+			return g.Limits
+		}
+		return p.Default
+	}
+	if l, ok := p.Authorities[key]; ok {
 		return l
 	}
 	return p.Default
@@ -70,7 +84,7 @@ func (p *Policy) WithDefaultFloor(d time.Duration) *Policy {
 	if p == nil {
 		p = DefaultPolicy()
 	}
-	q := &Policy{Default: p.Default, Authorities: p.Authorities}
+	q := &Policy{Default: p.Default, Authorities: p.Authorities, Groups: p.Groups}
 	q.Default.Floor = d
 	return q
 }
@@ -97,12 +111,19 @@ type rawLimits struct {
 type rawPolicy struct {
 	Default     *rawLimits            `json:"default"`
 	Authorities map[string]*rawLimits `json:"authorities"`
+	Groups      map[string]*rawGroup  `json:"groups"`
+}
+
+type rawGroup struct {
+	Members []string `json:"members"`
+	rawLimits
 }
 
 // ParsePolicy parses a JSON policy:
 //
 //	{"default": {"floor": "1s", "max_in_flight": 2},
-//	 "authorities": {"files.example.org:443": {"floor": "250ms", "max_in_flight": 4, "bandwidth": "1MiB/s"}}}
+//	 "authorities": {"files.example.org:443": {"floor": "250ms", "max_in_flight": 4, "bandwidth": "1MiB/s"}},
+//	 "groups": {"example": {"members": ["a.example.com:443", "*.example.org"], "floor": "500ms"}}}
 //
 // Floors are Go durations ("0", "250ms", "2s"), from 0 to 24h; max_in_flight is
 // at least 1; bandwidth is bytes per second ("1MiB/s", "500KB/s", a plain
@@ -143,7 +164,69 @@ func ParsePolicy(data []byte) (*Policy, error) {
 		}
 		p.Authorities[norm] = l
 	}
+	if p.Groups, err = parseGroups(raw.Groups, p); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// parseGroups reads a policy file's groups. A group's omitted limits take
+// the default's; it needs at least one member; an authority may be named
+// by one group only, and not also have limits of its own (they would never
+// apply: a member is paced by its group).
+func parseGroups(raw map[string]*rawGroup, p *Policy) (map[string]Group, error) {
+	if len(raw) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]Group, len(raw))
+	named := map[string]string{}
+	for name, rg := range raw {
+		field := fmt.Sprintf("groups[%q]", name)
+		if err := CheckGroupName(name); err != nil {
+			return nil, fmt.Errorf("policy: %s: %w", field, err)
+		}
+		if rg == nil || len(rg.Members) == 0 {
+			return nil, fmt.Errorf("policy: %s.members: a group needs at least one member", field)
+		}
+		g, err := NewGroup(rg.Members)
+		if err != nil {
+			return nil, fmt.Errorf("policy: %s.%w", field, err)
+		}
+		for _, m := range g.Members {
+			if other, dup := named[m]; dup {
+				return nil, fmt.Errorf("policy: %s.members: %s is also a member of group %q", field, m, other)
+			}
+			named[m] = name
+			if _, own := p.Authorities[m]; own {
+				return nil, fmt.Errorf("policy: %s.members: %s has limits of its own under authorities; a member is paced by its group's (remove one)", field, m)
+			}
+		}
+		if g.Limits, err = rg.limits(p.Default, field); err != nil {
+			return nil, err
+		}
+		out[name] = g
+	}
+	return out, nil
+}
+
+// NewGroup returns a group of members, normalised (NormalizeMember),
+// sorted and without duplicates; its Limits are left for the caller. The
+// error names the member that is not valid ("members: ...").
+func NewGroup(members []string) (Group, error) {
+	seen := map[string]bool{}
+	var g Group
+	for _, m := range members {
+		nm, err := NormalizeMember(m)
+		if err != nil {
+			return Group{}, fmt.Errorf("members: %w", err)
+		}
+		if !seen[nm] {
+			seen[nm] = true
+			g.Members = append(g.Members, nm)
+		}
+	}
+	sort.Strings(g.Members)
+	return g, nil
 }
 
 func (r *rawLimits) limits(def Limits, field string) (Limits, error) {
@@ -219,14 +302,24 @@ func (p *Pacer) Policy() *Policy { return p.policy.Load() }
 // falls below it, and Confirm revokes reserved slots while the permits held
 // outnumber it. A nil p is the default policy. SetPolicy publishes
 // nothing.
-func (p *Pacer) SetPolicy(q *Policy) {
+//
+// A change of groups (group.go) also moves state: an authority that joins
+// a group brings its cooldown, escalated interval, backoff and latest start
+// to the group's pace, one that leaves takes the group's along, and every
+// pace whose members changed starts its next request no sooner than
+// MoveSettle plus its interval after now. SetPolicy takes now from the
+// wall clock; SetPolicyAt takes it from the caller's clock.
+func (p *Pacer) SetPolicy(q *Policy) { p.SetPolicyAt(time.Now(), q) }
+
+// SetPolicyAt is SetPolicy at now.
+func (p *Pacer) SetPolicyAt(now time.Time, q *Policy) {
 	if q == nil {
 		q = DefaultPolicy()
 	}
 	// Stored before the walk: an entry created meanwhile reads q, and one
 	// created before the store is reached by the walk, which takes its
 	// shard's lock.
-	p.policy.Store(q)
+	old := p.policy.Swap(q)
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()
@@ -242,5 +335,8 @@ func (p *Pacer) SetPolicy(q *Policy) {
 			e.maxFlight = int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight)))
 		}
 		s.mu.Unlock()
+	}
+	if len(old.Groups) > 0 || len(q.Groups) > 0 {
+		p.regroup(now, old, q)
 	}
 }

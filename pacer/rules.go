@@ -119,7 +119,7 @@ func (p *Pacer) acquireRules(now time.Time, auth string, maxWait time.Duration) 
 	defer s.mu.Unlock()
 	e := p.entryLocked(s, auth, n)
 	p.relaxLocked(e, now)
-	pm, re := p.acquireLocked(s, e, auth, now, n, maxWait)
+	pm, re := p.acquireLocked(s, e, auth, auth, now, n, maxWait) // Rules know no groups
 	if re != nil {
 		return Permit{}, re
 	}

@@ -1,0 +1,305 @@
+package pacer
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+)
+
+// Politeness groups (docs/adr/0026). A group puts several authorities into
+// one pace: one floor, one in-flight cap, one cooldown, one probe, one
+// failure backoff, as one origin serving many virtual hosts sees it. The
+// pacer keys its state by an authority's pace key: the group's key
+// ("group:NAME") for a member, the authority itself otherwise. The
+// partition of a member's jobs follows the pace key too (worker), so that
+// one pod owns the group.
+
+// GroupPrefix starts a group's pace key: "group:NAME". No authority starts
+// with it (an authority's port is a number, a group's name starts with a
+// letter), so the two kinds of key never meet.
+const GroupPrefix = "group:"
+
+// MoveSettle is how long a pace whose members changed (an authority moved
+// into or out of a group by a policy change) holds its next start beyond
+// the interval: the pods apply a change at slightly different instants, and
+// the pod that served the moved authority until then may have started a
+// request to it just before it applied the change. A request of the pace
+// after the change starts no sooner than the change plus MoveSettle plus
+// the interval, so the origin sees no gap below the floor across the move
+// as long as every pod applies the change within MoveSettle of the others
+// (the policy watch delivers it within milliseconds on a healthy cluster).
+const MoveSettle = time.Second
+
+// Group is one politeness group: its members and its limits.
+type Group struct {
+	// Members are normalised "host:port" authorities and domain patterns:
+	// "*.example.org" (every host under example.org, any port) or
+	// "*.example.org:443" (those hosts on port 443 only). A pattern does
+	// not match the domain itself: list "example.org:443" for it.
+	Members []string
+	Limits  Limits
+}
+
+var groupNameRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+
+// CheckGroupName reports whether name may name a group: a lower-case
+// letter, then up to 62 letters, digits and dashes.
+func CheckGroupName(name string) error {
+	if !groupNameRE.MatchString(name) {
+		return fmt.Errorf("group name %q: want a lower-case letter, then letters, digits and dashes (at most 63)", name)
+	}
+	return nil
+}
+
+// NormalizeMember returns a group member in the form the pacer matches:
+// an authority as NormalizeAuthority gives it, or a pattern "*.DOMAIN" or
+// "*.DOMAIN:PORT" with the domain normalised like a host.
+func NormalizeMember(m string) (string, error) {
+	rest, ok := strings.CutPrefix(m, "*.")
+	if !ok {
+		if strings.Contains(m, "*") {
+			return "", fmt.Errorf("member %q: a pattern starts with \"*.\" (\"*.example.org\" or \"*.example.org:443\")", m)
+		}
+		a, err := NormalizeAuthority(m)
+		if err != nil {
+			return "", fmt.Errorf("member %q: %w", m, err)
+		}
+		return a, nil
+	}
+	host, port := rest, ""
+	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+		host, port = rest[:i], rest[i+1:]
+	}
+	probe := host + ":" + port
+	if port == "" {
+		probe = host + ":1"
+	}
+	if host == "" || strings.Contains(host, "*") {
+		return "", fmt.Errorf("member %q: want \"*.DOMAIN\" or \"*.DOMAIN:PORT\"", m)
+	}
+	a, err := NormalizeAuthority(probe)
+	if err != nil {
+		return "", fmt.Errorf("member %q: %w", m, err)
+	}
+	h, p := authority.Split(a)
+	if net.ParseIP(strings.Trim(h, "[]")) != nil {
+		return "", fmt.Errorf("member %q: a pattern names a domain, not an address", m)
+	}
+	if port == "" {
+		return "*." + h, nil
+	}
+	return "*." + h + ":" + p, nil
+}
+
+// GroupOf returns the group an authority ("host:port", normalised) belongs
+// to, or "" when it belongs to none. An authority listed by name beats a
+// pattern; among patterns the longest domain wins, then one with a port;
+// among equals, the group whose name sorts first.
+func (p *Policy) GroupOf(auth string) string {
+	if p == nil || len(p.Groups) == 0 || strings.HasPrefix(auth, GroupPrefix) {
+		return ""
+	}
+	host, port := authority.Split(auth)
+	best, bestLen, bestPort, exact := "", -1, false, false
+	for name, g := range p.Groups {
+		for _, m := range g.Members {
+			if m == auth {
+				if !exact || name < best {
+					best, exact = name, true
+				}
+				continue
+			}
+			if exact {
+				continue
+			}
+			d, ok := strings.CutPrefix(m, "*.")
+			if !ok {
+				continue
+			}
+			mp := ""
+			if i := strings.LastIndexByte(d, ':'); i >= 0 {
+				d, mp = d[:i], d[i+1:]
+			}
+			if mp != "" && mp != port || !strings.HasSuffix(host, "."+d) {
+				continue
+			}
+			switch l := len(d); {
+			case l > bestLen, l == bestLen && mp != "" && !bestPort, l == bestLen && (mp != "") == bestPort && name < best:
+				best, bestLen, bestPort = name, l, mp != ""
+			}
+		}
+	}
+	return best
+}
+
+// PaceKey returns the key the pacer keeps auth's state under: "group:NAME"
+// for a member of a group, auth itself otherwise (a group's key is its own
+// pace key). The worker partitions jobs by it.
+func (p *Policy) PaceKey(auth string) string {
+	if g := p.GroupOf(auth); g != "" {
+		return GroupPrefix + g
+	}
+	return auth
+}
+
+// GroupNames returns the groups' names, sorted.
+func (p *Policy) GroupNames() []string {
+	if p == nil {
+		return nil
+	}
+	out := make([]string, 0, len(p.Groups))
+	for n := range p.Groups {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// PaceKey is the pace key of auth under the policy in force (see
+// Policy.PaceKey).
+func (p *Pacer) PaceKey(auth string) string { return p.policy.Load().PaceKey(auth) }
+
+// sameMembers reports whether two groups have the same members, in order.
+func sameMembers(a, b Group) bool {
+	if len(a.Members) != len(b.Members) {
+		return false
+	}
+	for i := range a.Members {
+		if a.Members[i] != b.Members[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// regroup is SetPolicy's part for groups, run with no lock held after
+// the new policy is stored: every pace whose members changed is fenced
+// (MoveSettle), and the state of an authority or group that moves is
+// carried to its new pace, so that a cooldown, an escalated interval or a
+// backoff is not left behind by a policy change.
+func (p *Pacer) regroup(now time.Time, old, q *Policy) {
+	n := now.UnixNano()
+	at := n + int64(MoveSettle)
+	fence := map[string]bool{}
+	// Groups that are new or whose members changed, and the pace every
+	// member named in the old or new definition moves to.
+	for name, g := range q.Groups {
+		if og, ok := old.Groups[name]; !ok || !sameMembers(og, g) {
+			fence[GroupPrefix+name] = true
+		}
+	}
+	for name, og := range old.Groups {
+		if g, ok := q.Groups[name]; ok && sameMembers(og, g) {
+			continue
+		}
+		for _, m := range og.Members {
+			if !strings.HasPrefix(m, "*.") {
+				fence[q.PaceKey(m)] = true
+			}
+		}
+	}
+	// Tracked state that moves: an authority's own entry that is now a
+	// member, and the members a group entry served that are no longer in it.
+	type move struct{ from, to string }
+	var moves []move
+	for i := range p.shards {
+		s := &p.shards[i]
+		s.mu.Lock()
+		for k, e := range s.m {
+			if !strings.HasPrefix(k, GroupPrefix) {
+				switch was, to := old.PaceKey(k), q.PaceKey(k); {
+				case to == was:
+				case to != k:
+					moves = append(moves, move{k, to}) // it joined a group, or changed groups
+				default:
+					fence[k] = true // it left a group: its old pace may have just started it
+				}
+				continue
+			}
+			for m := range e.members {
+				if to := q.PaceKey(m); to != k {
+					moves = append(moves, move{k, to})
+					fence[to] = true
+					delete(e.members, m)
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+	for _, mv := range moves {
+		p.carry(n, mv.from, mv.to)
+		fence[mv.to] = true
+	}
+	for k := range fence {
+		s := p.shardFor(k)
+		s.mu.Lock()
+		e := p.entryLocked(s, k, n)
+		fenceLocked(e, at)
+		s.mu.Unlock()
+	}
+}
+
+// carry makes the pace to as polite as the pace from says: the latest
+// start, a cooldown, an escalated interval, a backoff and a pause are
+// carried over (each only ever made stricter). No lock may be held.
+func (p *Pacer) carry(n int64, from, to string) {
+	if from == to {
+		return
+	}
+	s := p.shardFor(from)
+	s.mu.Lock()
+	e := s.m[from]
+	if e == nil {
+		s.mu.Unlock()
+		return
+	}
+	src := *e
+	src.members, src.bud, src.rule = nil, nil, nil
+	s.mu.Unlock()
+	s = p.shardFor(to)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := p.entryLocked(s, to, n)
+	d.lastStart = max(d.lastStart, src.lastStart)
+	d.started = max(d.started, src.started)
+	d.startedOther = max(d.startedOther, src.started)
+	if src.until > d.until {
+		d.until, d.ceiling = src.until, max(d.ceiling, src.ceiling)
+	}
+	if src.interval > d.interval {
+		d.interval, d.decayRef = min(src.interval, max(p.maxInterval, d.floor)), max(d.decayRef, src.decayRef)
+	}
+	if src.failUntil > d.failUntil {
+		d.failUntil, d.fails, d.failAt = src.failUntil, max(d.fails, src.fails), max(d.failAt, src.failAt)
+	}
+	d.paused = max(d.paused, src.paused)
+	d.pausedAt = max(d.pausedAt, src.pausedAt)
+	d.lastThrot = max(d.lastThrot, src.lastThrot)
+}
+
+// fenceLocked spaces the entry's next start from at (see Fence).
+func fenceLocked(e *entry, at int64) {
+	e.lastStart = max(e.lastStart, at)
+	e.started = max(e.started, at)
+	e.startedOther = max(e.startedOther, at)
+}
+
+// noteMemberLocked records that auth was served through the group entry e,
+// so that a later policy change that takes auth out of the group carries
+// the group's state to auth's new pace.
+func noteMemberLocked(e *entry, key, auth string) {
+	if key == auth {
+		return
+	}
+	if e.members == nil {
+		e.members = map[string]struct{}{}
+	}
+	if _, ok := e.members[auth]; !ok {
+		e.members[strings.Clone(auth)] = struct{}{}
+	}
+}
