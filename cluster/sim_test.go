@@ -138,8 +138,10 @@ type simOrigin struct {
 	unheld []string
 	// acrossMove counts the gaps judged across a move (a start and a
 	// member's previous one made under policies that put them in different
-	// paces); excused, those below the floor that moveExcused let pass.
-	acrossMove, excused int
+	// paces); excused, those below the floor that moveExcused let pass;
+	// overAcross, the starts over the cap only with the requests an old
+	// pace still had in flight.
+	acrossMove, excused, overAcross int
 }
 
 type simAuth struct {
@@ -187,7 +189,7 @@ func (o *simOrigin) start(now time.Time, pod *simPod, auth string, part int, pm 
 	lim := s.versions[st.ver].p.Limits(key)
 	stamp := now.Format("15:04:05.000")
 	r := &simReq{simStart: st, auth: auth, part: part, pm: pm, done: now.Add(time.Duration(5+rng.IntN(60)) * time.Millisecond), status: 200}
-	inflight := 1
+	inflight, all := 1, 1
 	for _, m := range s.members(st.ver, key) {
 		b := o.auths[m]
 		if l := b.last; l.pod != nil && s.moved(m, l.ver, auth, st.ver) {
@@ -205,10 +207,14 @@ func (o *simOrigin) start(now time.Time, pod *simPod, auth string, part int, pm 
 				auth, stamp, pod.id, st.ver, q.auth, key, q.at.Format("15:04:05.000"), q.pod.id, q.ver)
 		}
 		for _, q := range b.live {
+			all++
 			if !s.moved(q.auth, q.ver, auth, st.ver) {
 				inflight++
 			}
 		}
+	}
+	if all > lim.MaxInFlight && inflight <= lim.MaxInFlight {
+		o.overAcross++
 	}
 	if inflight > lim.MaxInFlight {
 		o.breach("%s: %d requests in flight at %s in pace %s, started by %s (cap %d, policy v%d)", auth, inflight, stamp, key, pod.id, lim.MaxInFlight, st.ver)
@@ -879,10 +885,10 @@ var policyFloors = []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisec
 const simGroup = "pool"
 
 // changePolicy is an operator's live edit of MIRROR_POLICY: one
-// authority's floor (sometimes its cap too), the default's, or an
-// authority's override deleted; with groups, also the group's limits, or
-// an authority moved into or out of the group. Every live pod is sent the
-// new version. The caller holds s.mu.
+// authority's floor (sometimes its cap too), the default's, an
+// authority's override deleted, the group's limits, or an authority moved
+// into or out of the group. Every live pod is sent the new version. The
+// caller holds s.mu.
 func (s *simulation) changePolicy(now time.Time) {
 	cur := s.versions[len(s.versions)-1].p
 	q := &pacer.Policy{Default: cur.Default, Authorities: maps.Clone(cur.Authorities), Groups: maps.Clone(cur.Groups)}
@@ -890,12 +896,8 @@ func (s *simulation) changePolicy(now time.Time) {
 		q.Authorities = map[string]pacer.Limits{}
 	}
 	floor := policyFloors[s.rng.IntN(len(policyFloors))]
-	kinds := 10
-	if len(q.Groups) > 0 {
-		kinds = 16
-	}
 	var what string
-	switch r := s.rng.IntN(kinds); {
+	switch r := s.rng.IntN(16); {
 	case r < 6 || len(q.Authorities) == 0 && r == 9:
 		a := s.order[s.rng.IntN(len(s.order))]
 		l := q.Limits(a)
@@ -994,31 +996,34 @@ func (s *simulation) trackSettle(now time.Time) {
 
 // TestSimulatedClusterKeepsOnePace runs pods on a fake clock with random
 // kills, stops longer than the lease TTL (SIGSTOP) and joins, every pod
-// always eager to send, and checks the politeness contract as the origin
-// sees it in every seed: no two starts to an authority closer than the
-// floor, none while the origin said wait, one probe at a time, never more
-// than the in-flight cap, never two pods owning a partition at once; and
-// the work keeps moving between pods.
+// always eager to send (some reserving slots ahead), and live policy
+// changes (floors, caps, the default, a politeness group's limits, and
+// authorities moved into and out of the group: changePolicy), and checks
+// the politeness contract as the origin sees it in every seed, by the
+// policy in force (simVersion) and over a group as one pace: no two starts
+// to a pace closer than the floor, none while the origin said wait, one
+// probe at a time, never more than the in-flight cap, never two pods
+// owning a partition at once; and the work keeps moving between pods.
 func TestSimulatedClusterKeepsOnePace(t *testing.T) {
 	seeds := 24
 	if raceEnabled {
 		seeds = 4
 	}
 	changes, settle, settleUp := 0, time.Duration(0), time.Duration(0)
-	across, excused := 0, 0
+	across, excused, over := 0, 0, 0
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			r := runSimulation(t, seed, false, true, true)
+			r := runSimulation(t, seed, false)
 			if len(r.early) > 0 {
 				t.Errorf("%d starts while told to wait (first %v)", len(r.early), r.early[:min(5, len(r.early))])
 			}
 			changes += r.changes
 			settle, settleUp = max(settle, r.maxSettle), max(settleUp, r.maxSettleUp)
-			across, excused = across+r.acrossMove, excused+r.excused
+			across, excused, over = across+r.acrossMove, excused+r.excused, over+r.overAcross
 		})
 	}
-	t.Logf("%d seeds, %d policy changes: the longest to reach every live pod %s (%s while none was stopped); %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind)",
-		seeds, changes, settle, settleUp, across, excused)
+	t.Logf("%d seeds, %d policy changes: the longest to reach every live pod %s (%s while none was stopped); %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight",
+		seeds, changes, settle, settleUp, across, excused, over)
 }
 
 // TestSimulatedClusterLinkFaults adds faults of one pod's link to NATS to
@@ -1042,21 +1047,21 @@ func TestSimulatedClusterLinkFaults(t *testing.T) {
 		seeds = 4
 	}
 	early, faults, takeover := 0, 0, time.Duration(0)
-	across, excused := 0, 0
+	across, excused, over := 0, 0, 0
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			r := runSimulation(t, seed, true, true, true)
+			r := runSimulation(t, seed, true)
 			if len(r.unheld) > 0 {
 				t.Errorf("%d starts while told to wait with no fact of it held by a faulted link (first %v)", len(r.unheld), r.unheld[:min(5, len(r.unheld))])
 			}
 			early += len(r.early)
 			faults += r.faults
 			takeover = max(takeover, r.maxTakeover)
-			across, excused = across+r.acrossMove, excused+r.excused
+			across, excused, over = across+r.acrossMove, excused+r.excused, over+r.overAcross
 		})
 	}
-	t.Logf("%d seeds, %d link faults: longest wait for another pod to serve a faulted pod's partition %s (TTL 2s); %d starts while told to wait; %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind)",
-		seeds, faults, takeover, early, across, excused)
+	t.Logf("%d seeds, %d link faults: longest wait for another pod to serve a faulted pod's partition %s (TTL 2s); %d starts while told to wait; %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight",
+		seeds, faults, takeover, early, across, excused, over)
 }
 
 type simResult struct {
@@ -1069,6 +1074,7 @@ type simResult struct {
 	// same over the changes during which none was stopped or faulted
 	maxSettle, maxSettleUp time.Duration
 	acrossMove, excused    int
+	overAcross             int
 }
 
 // simFault is a link fault in progress.
@@ -1081,7 +1087,7 @@ type simFault struct {
 	covered map[int]time.Time // when another pod first owned each
 }
 
-func runSimulation(t *testing.T, seed int, linkFaults, policyChanges, groups bool) simResult {
+func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 	const (
 		ttl  = 2 * time.Second
 		run  = 90 * time.Second
@@ -1111,18 +1117,16 @@ func runSimulation(t *testing.T, seed int, linkFaults, policyChanges, groups boo
 		s.order = append(s.order, a)
 	}
 	// The first policy: floors on both sides of the lease loop's period
-	// (TTL/4), so that a hand-over sooner than the floor is possible; with
-	// groups, origin9 to origin11 one pace (origin9 throttles).
+	// (TTL/4), so that a hand-over sooner than the floor is possible;
+	// origin9 to origin11 one pace, the group (origin9 throttles).
 	first := &pacer.Policy{Default: pacer.Limits{
 		Floor: []time.Duration{100 * time.Millisecond, 700 * time.Millisecond, 1500 * time.Millisecond}[seed%3], MaxInFlight: 2}}
-	if groups {
-		g, err := pacer.NewGroup(s.order[9:])
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.Limits = first.Default
-		first.Groups = map[string]pacer.Group{simGroup: g}
+	g, err := pacer.NewGroup(s.order[9:])
+	if err != nil {
+		t.Fatal(err)
 	}
+	g.Limits = first.Default
+	first.Groups = map[string]pacer.Group{simGroup: g}
 	s.addVersion(clk.Now(), first, "first")
 	for range 3 {
 		s.addPod(t)
@@ -1143,7 +1147,7 @@ func runSimulation(t *testing.T, seed int, linkFaults, policyChanges, groups boo
 			s.endFault(t, f, &res)
 			s.fault = nil
 		}
-		if policyChanges && rng.IntN(int(3*time.Second/tick)) == 0 {
+		if rng.IntN(int(3*time.Second/tick)) == 0 {
 			s.changePolicy(now)
 		}
 		if rng.IntN(int(3*time.Second/tick)) == 0 {
@@ -1238,7 +1242,7 @@ func runSimulation(t *testing.T, seed int, linkFaults, policyChanges, groups boo
 	t.Logf("%d requests; %d kills, %d stops, %d joins, %d link faults, %d policy changes; %d authorities served by more than one pod; %d starts while told to wait",
 		total, kills, stops, joins, s.faults, s.changes, served, len(s.origin.early))
 	res.changes, res.maxSettle, res.maxSettleUp = s.changes, s.maxSettle, s.maxSettleUp
-	res.acrossMove, res.excused = s.origin.acrossMove, s.origin.excused
+	res.acrossMove, res.excused, res.overAcross = s.origin.acrossMove, s.origin.excused, s.origin.overAcross
 	res.early, res.unheld = s.origin.early, s.origin.unheld
 	return res
 }
