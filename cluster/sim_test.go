@@ -142,8 +142,8 @@ type simOrigin struct {
 	// overAcross, the starts over the cap only with the requests an old
 	// pace still had in flight.
 	acrossMove, excused, overAcross int
-	// earlyAcross counts the starts while told to wait that waitExcused
-	// let pass.
+	// earlyAcross counts the starts while told to wait, or owing a
+	// probe, that waitExcused let pass.
 	earlyAcross int
 }
 
@@ -236,7 +236,12 @@ func (o *simOrigin) start(now time.Time, pod *simPod, auth string, part int, pm 
 	// The first start to a pace after a wait, to whichever member, is its
 	// probe: no other start to the pace while it runs.
 	for _, m := range s.members(st.ver, key) {
-		if b := o.auths[m]; b.cooled && !now.Before(b.until) {
+		switch b := o.auths[m]; {
+		case !b.cooled || now.Before(b.until):
+		case s.waitExcused(b.told, auth, st):
+			b.cooled = false // the probe owed is outside the promise
+			o.earlyAcross++
+		default:
 			r.probe = true
 		}
 	}
@@ -329,20 +334,29 @@ func (s *simulation) moveExcused(a1 string, s1 simStart, a2 string, s2 simStart)
 	return false
 }
 
-// waitExcused reports whether a start s2 of a2 while told to wait is
-// outside the promise across a move: the wait was told in answer to
-// request r, sent under a pace that a move separates from s2's, by a pod
-// that applied that move more than MoveSettle after s2's pod did (stopped,
-// it had not yet read the answer either). The authority's new pace is
-// then served from another partition, by a pod that never waited for the
-// old owner's lease to end, and holds it only MoveSettle plus its floor.
+// waitExcused reports whether a start s2 of a2, while told to wait (or
+// owing the probe after it) by the answer to request r, is outside the
+// promise across a move: a change c that moves r's authority or a2 lies
+// between r's version and s2's, and the pod on the older side had not
+// applied c by c's issue plus MoveSettle (the promise: every pod applies
+// a change within MoveSettle of the others). When that pod sent r (it is
+// stopped, and has not read the answer either), the authority's new pace
+// is served from another partition by a pod that never waited for the old
+// owner's lease to end; when it is s2's pod, it serves the old pace
+// unaware of the new one's wait. A start sooner than c plus MoveSettle is
+// never excused.
 func (s *simulation) waitExcused(r *simReq, a2 string, s2 simStart) bool {
-	if r == nil || !s.moved(r.auth, r.ver, a2, s2.ver) || r.ver > s2.ver {
+	if r == nil || !s.moved(r.auth, r.ver, a2, s2.ver) {
 		return false
 	}
-	for c := r.ver + 1; c <= s2.ver; c++ {
-		if s.paceOf(c, r.auth) != s.paceOf(r.ver, r.auth) || s.paceOf(c, a2) != s.paceOf(r.ver, a2) {
-			return r.pod.appliedAt(c).After(s2.pod.appliedAt(c).Add(pacer.MoveSettle))
+	lo, hi, behind := r.ver, s2.ver, r.pod
+	if lo > hi {
+		lo, hi, behind = hi, lo, s2.pod
+	}
+	for c := lo + 1; c <= hi; c++ {
+		if s.paceOf(c, r.auth) != s.paceOf(lo, r.auth) || s.paceOf(c, a2) != s.paceOf(lo, a2) {
+			deadline := s.versions[c].at.Add(pacer.MoveSettle)
+			return !s2.at.Before(deadline) && behind.appliedAt(c).After(deadline)
 		}
 	}
 	return false
@@ -1052,7 +1066,7 @@ func TestSimulatedClusterKeepsOnePace(t *testing.T) {
 			earlyAcross += r.earlyAcross
 		})
 	}
-	t.Logf("%d seeds, %d policy changes: the longest to reach every live pod %s (%s while none was stopped); %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight; %d starts while told to wait by an answer its sender read more than MoveSettle after the move",
+	t.Logf("%d seeds, %d policy changes: the longest to reach every live pod %s (%s while none was stopped); %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight; %d starts while told to wait (or owing the probe) across a move with a pod more than MoveSettle behind",
 		seeds, changes, settle, settleUp, across, excused, over, earlyAcross)
 }
 
@@ -1091,7 +1105,7 @@ func TestSimulatedClusterLinkFaults(t *testing.T) {
 			earlyAcross += r.earlyAcross
 		})
 	}
-	t.Logf("%d seeds, %d link faults: longest wait for another pod to serve a faulted pod's partition %s (TTL 2s); %d starts while told to wait; %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight; %d starts while told to wait by an answer its sender read more than MoveSettle after the move",
+	t.Logf("%d seeds, %d link faults: longest wait for another pod to serve a faulted pod's partition %s (TTL 2s); %d starts while told to wait; %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight; %d starts while told to wait (or owing the probe) across a move with a pod more than MoveSettle behind",
 		seeds, faults, takeover, early, across, excused, over, earlyAcross)
 }
 
