@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -121,16 +122,29 @@ func (s *memStore) Keys(context.Context) ([]string, error) {
 }
 
 // simOrigin is the origin as it times requests: every start, what it told
-// each authority, and how many requests were in flight.
+// each authority, and which requests are in flight. It judges each start by
+// the pace the sending pod's policy puts its authority in (the pace key,
+// pacer.Policy.PaceKey: the members of a group are one pace, as one server
+// of many virtual hosts sees them) and by that policy's limits for the
+// pace (simVersion). Across a move of an authority into or out of a group,
+// the starts and requests of the old pace are judged as moveExcused says.
 type simOrigin struct {
-	floor    time.Duration
-	cap      int
+	sim      *simulation
 	auths    map[string]*simAuth
 	breaches []string
 	early    []string // starts while the origin had said wait
 	// unheld: the early starts made while no faulted link held a fact of
 	// that authority (the wait could have been known)
 	unheld []string
+	// acrossMove counts the gaps judged across a move (a start and a
+	// member's previous one made under policies that put them in different
+	// paces); excused, those below the floor that moveExcused let pass;
+	// overAcross, the starts over the cap only with the requests an old
+	// pace still had in flight.
+	acrossMove, excused, overAcross int
+	// earlyAcross counts the starts while told to wait, or owing a
+	// probe, that waitExcused let pass.
+	earlyAcross int
 }
 
 type simAuth struct {
@@ -138,16 +152,27 @@ type simAuth struct {
 	retryAfter    time.Duration
 	n             int
 	starts        []time.Time
+	last          simStart // the latest start; pod nil before the first
 	until         time.Time
-	cooled        bool // told to wait; the probe is owed
-	probing       bool
-	inflight      int
+	told          *simReq // the request whose answer set until
+	cooled        bool    // told to wait; the probe is owed
+	probe         *simReq // the probe of this authority's pace, in flight
+	live          []*simReq
 	byPod         map[string]int
 }
 
+// simStart is a request's start as the origin saw it: when, by which pod,
+// under which of the policy versions (the pod's at the start).
+type simStart struct {
+	at  time.Time
+	pod *simPod
+	ver int
+}
+
 type simReq struct {
-	pod    *simPod
+	simStart
 	auth   string
+	part   int // the partition its pod served it from
 	pm     pacer.Permit
 	done   time.Time
 	status int
@@ -159,31 +184,80 @@ func (o *simOrigin) breach(format string, a ...any) {
 	o.breaches = append(o.breaches, fmt.Sprintf(format, a...))
 }
 
-func (o *simOrigin) start(now time.Time, pod *simPod, auth string, pm pacer.Permit, rng *rand.Rand) *simReq {
-	a := o.auths[auth]
-	if k := len(a.starts); k > 0 && now.Sub(a.starts[k-1]) < o.floor {
-		o.breach("%s: start at %s by %s only %s after the last", auth, now.Format("15:04:05.000"), pod.id, now.Sub(a.starts[k-1]))
+func (o *simOrigin) start(now time.Time, pod *simPod, auth string, part int, pm pacer.Permit, rng *rand.Rand) *simReq {
+	s := o.sim
+	st := simStart{at: now, pod: pod, ver: pod.ver}
+	key := s.paceOf(st.ver, auth)
+	// The limits in force for this start: those its pod's policy gives
+	// the pace (see simVersion).
+	lim := s.versions[st.ver].p.Limits(key)
+	stamp := now.Format("15:04:05.000")
+	r := &simReq{simStart: st, auth: auth, part: part, pm: pm, done: now.Add(time.Duration(5+rng.IntN(60)) * time.Millisecond), status: 200}
+	inflight, all := 1, 1
+	for _, m := range s.members(st.ver, key) {
+		b := o.auths[m]
+		if l := b.last; l.pod != nil && s.moved(m, l.ver, auth, st.ver) {
+			o.acrossMove++
+			if now.Sub(l.at) < lim.Floor && s.moveExcused(m, l, auth, st) {
+				o.excused++
+			}
+		}
+		if l := b.last; l.pod != nil && now.Sub(l.at) < lim.Floor && !s.moveExcused(m, l, auth, st) {
+			o.breach("%s: start at %s by %s (pace %s, policy v%d) only %s after %s's by %s (policy v%d; floor %s)",
+				auth, stamp, pod.id, key, st.ver, now.Sub(l.at), m, l.pod.id, l.ver, lim.Floor)
+		}
+		if q := b.probe; q != nil && !s.moved(q.auth, q.ver, auth, st.ver) {
+			o.breach("%s: start at %s by %s (policy v%d) while the probe to %s runs (pace %s; started at %s by %s, policy v%d)",
+				auth, stamp, pod.id, st.ver, q.auth, key, q.at.Format("15:04:05.000"), q.pod.id, q.ver)
+		}
+		for _, q := range b.live {
+			all++
+			if !s.moved(q.auth, q.ver, auth, st.ver) {
+				inflight++
+			}
+		}
 	}
-	if now.Before(a.until) {
-		e := fmt.Sprintf("%s: start at %s by %s while told to wait until %s", auth, now.Format("15:04:05.000"), pod.id, a.until.Format("15:04:05.000"))
+	if all > lim.MaxInFlight && inflight <= lim.MaxInFlight {
+		o.overAcross++
+	}
+	if inflight > lim.MaxInFlight {
+		o.breach("%s: %d requests in flight at %s in pace %s, started by %s (cap %d, policy v%d)", auth, inflight, stamp, key, pod.id, lim.MaxInFlight, st.ver)
+	}
+	a := o.auths[auth]
+	if now.Before(a.until) && s.waitExcused(a.told, auth, st) {
+		o.earlyAcross++
+	} else if now.Before(a.until) {
+		e := fmt.Sprintf("%s: start at %s by %s while told to wait until %s", auth, stamp, pod.id, a.until.Format("15:04:05.000"))
 		o.early = append(o.early, e)
-		if !pod.sim.factHeld(pod, auth) {
+		if !s.factHeld(pod, auth) {
 			o.unheld = append(o.unheld, e)
 		}
 	}
-	if a.probing {
-		o.breach("%s: start at %s by %s while the probe runs", auth, now.Format("15:04:05.000"), pod.id)
+	// The first start to a pace after a wait, to whichever member, is its
+	// probe: no other start to the pace while it runs.
+	for _, m := range s.members(st.ver, key) {
+		switch b := o.auths[m]; {
+		case !b.cooled || now.Before(b.until):
+		case s.waitExcused(b.told, auth, st):
+			b.cooled = false // the probe owed is outside the promise
+			o.earlyAcross++
+		default:
+			r.probe = true
+		}
 	}
-	r := &simReq{pod: pod, auth: auth, pm: pm, done: now.Add(time.Duration(5+rng.IntN(60)) * time.Millisecond), status: 200}
-	if a.cooled && !now.Before(a.until) {
-		a.cooled, a.probing, r.probe = false, true, true
+	if r.probe {
+		for _, m := range s.members(st.ver, key) {
+			b := o.auths[m]
+			if b.cooled && !now.Before(b.until) {
+				b.cooled = false
+			}
+			b.probe = r
+		}
 	}
+	a.last = st
 	a.starts = append(a.starts, now)
 	a.byPod[pod.id]++
-	a.inflight++
-	if a.inflight > o.cap {
-		o.breach("%s: %d requests in flight at %s", auth, a.inflight, now.Format("15:04:05.000"))
-	}
+	a.live = append(a.live, r)
 	if a.throttleEvery > 0 && a.n%a.throttleEvery == a.throttleEvery-1 && !r.probe {
 		r.status = http.StatusTooManyRequests
 		r.hdr = http.Header{"Retry-After": {strconv.Itoa(int(a.retryAfter / time.Second))}}
@@ -196,19 +270,130 @@ func (o *simOrigin) start(now time.Time, pod *simPod, auth string, pm pacer.Perm
 func (o *simOrigin) answer(now time.Time, r *simReq) { o.end(now, r, true) }
 
 // closed is when r's connection closes before its response reaches anyone
-// (its pod was killed): the origin has told nobody to wait.
+// (its pod was killed, or gave the partition up): the origin has told
+// nobody to wait.
 func (o *simOrigin) closed(now time.Time, r *simReq) { o.end(now, r, false) }
 
 func (o *simOrigin) end(now time.Time, r *simReq, delivered bool) {
 	a := o.auths[r.auth]
-	a.inflight--
+	a.live = slices.DeleteFunc(a.live, func(q *simReq) bool { return q == r })
 	if r.probe {
-		a.probing = false
+		for _, b := range o.auths {
+			if b.probe == r {
+				b.probe = nil
+			}
+		}
 	}
 	if delivered && r.status == http.StatusTooManyRequests {
-		a.until = now.Add(a.retryAfter)
-		a.cooled = true
+		until := now.Add(a.retryAfter)
+		for _, m := range o.sim.waitBinds(r) {
+			b := o.auths[m]
+			if until.After(b.until) {
+				b.until, b.told = until, r
+			}
+			b.cooled = true
+		}
 	}
+}
+
+// paceOf is auth's pace key under policy version v.
+func (s *simulation) paceOf(v int, auth string) string { return s.versions[v].pace[auth] }
+
+// members are the authorities whose pace under version v is key.
+func (s *simulation) members(v int, key string) []string { return s.versions[v].members[key] }
+
+// moved reports whether a1 or a2 changed pace between versions v1 and v2:
+// the two are then not judged as one pace for the cap and the probe, the
+// in-flight requests of an old pace not counting against the new one's cap
+// (the promise across a move does not cover them: pacer.MoveSettle).
+func (s *simulation) moved(a1 string, v1 int, a2 string, v2 int) bool {
+	return s.paceOf(v1, a1) != s.paceOf(v2, a1) || s.paceOf(v1, a2) != s.paceOf(v2, a2)
+}
+
+// moveExcused reports whether the gap from s1 (a start of a1) to s2 (of
+// a2, one pace with it under s2's policy) is outside the promise across a
+// move (pacer.MoveSettle): no gap below the floor as long as every pod
+// applies the change within MoveSettle of the others. When a change c that
+// moves a1 or a2 lies between the two starts' versions, the start made
+// under the older version is covered only if it came before the other pod
+// had applied c (or joined with it) plus MoveSettle; one made later than
+// that was made by a pod more than MoveSettle behind.
+func (s *simulation) moveExcused(a1 string, s1 simStart, a2 string, s2 simStart) bool {
+	if !s.moved(a1, s1.ver, a2, s2.ver) {
+		return false
+	}
+	lo, hi := s1, s2
+	if s1.ver > s2.ver {
+		lo, hi = s2, s1
+	}
+	for c := lo.ver + 1; c <= hi.ver; c++ {
+		if s.paceOf(c, a1) != s.paceOf(lo.ver, a1) || s.paceOf(c, a2) != s.paceOf(lo.ver, a2) {
+			return !lo.at.Before(hi.pod.appliedAt(c).Add(pacer.MoveSettle))
+		}
+	}
+	return false
+}
+
+// waitExcused reports whether a start s2 of a2, while told to wait (or
+// owing the probe after it) by the answer to request r, is outside the
+// promise across a move: a change c that moves r's authority or a2 lies
+// between r's version and s2's, and the pod on the older side had not
+// applied c by c's issue plus MoveSettle (the promise: every pod applies
+// a change within MoveSettle of the others). When that pod sent r (it is
+// stopped, and has not read the answer either), the authority's new pace
+// is served from another partition by a pod that never waited for the old
+// owner's lease to end; when it is s2's pod, it serves the old pace
+// unaware of the new one's wait. A start sooner than c plus MoveSettle is
+// never excused.
+func (s *simulation) waitExcused(r *simReq, a2 string, s2 simStart) bool {
+	if r == nil || !s.moved(r.auth, r.ver, a2, s2.ver) {
+		return false
+	}
+	lo, hi, behind := r.ver, s2.ver, r.pod
+	if lo > hi {
+		lo, hi, behind = hi, lo, s2.pod
+	}
+	for c := lo + 1; c <= hi; c++ {
+		if s.paceOf(c, r.auth) != s.paceOf(lo, r.auth) || s.paceOf(c, a2) != s.paceOf(lo, a2) {
+			deadline := s.versions[c].at.Add(pacer.MoveSettle)
+			return !s2.at.Before(deadline) && behind.appliedAt(c).After(deadline)
+		}
+	}
+	return false
+}
+
+// waitBinds is whom a wait told in answer to r binds: r's authority, and
+// those that share its pace both by the policy r was sent under and by
+// every policy the live pods hold now (a wait told while a move propagates
+// binds the moved authority only on the side it was sent from). A bound
+// authority keeps the wait wherever it moves later (pacer.SetPolicyAt
+// carries a pace's state to a moved authority's new pace).
+func (s *simulation) waitBinds(r *simReq) []string {
+	lo, hi := s.inForce()
+	key := s.paceOf(r.ver, r.auth)
+	var out []string
+	for _, m := range s.members(r.ver, key) {
+		same := true
+		for v := lo; v <= hi && same; v++ {
+			same = s.paceOf(v, m) == s.paceOf(v, r.auth)
+		}
+		if same || m == r.auth {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// inForce is the range of policy versions the live pods hold, the latest
+// issued included.
+func (s *simulation) inForce() (lo, hi int) {
+	lo, hi = len(s.versions)-1, len(s.versions)-1
+	for _, p := range s.all {
+		if !p.killed {
+			lo = min(lo, p.ver)
+		}
+	}
+	return lo, hi
 }
 
 // simPod is one mirrorworker process: a lease manager and a pacer.
@@ -225,6 +410,32 @@ type simPod struct {
 	sim      *simulation
 	link     *simLink
 	joined   time.Time
+	// ver is the last policy version the pod applied (pacer.SetPolicyAt);
+	// policies are those on their way to it over its MIRROR_POLICY watch,
+	// in order.
+	ver      int
+	policies []simDelivery
+	// reserve is the pod's maxWait for Acquire: a slot this close is
+	// reserved, and reserved holds those permits until their start (as
+	// the worker's scheduler reserves a few ms, a redirect hop up to
+	// HoldMax; pacer.Wait).
+	reserve  time.Duration
+	reserved []simReserved
+	joinVer  int               // the version it started with
+	applied  map[int]time.Time // when it applied each later version
+}
+
+// simReserved is a slot reserved ahead and the partition it serves.
+type simReserved struct {
+	pm   pacer.Permit
+	part int
+}
+
+// simDelivery is a policy version on its way to a pod: it applies it at
+// or after at, once it runs.
+type simDelivery struct {
+	at  time.Time
+	ver int
 }
 
 type simFact struct {
@@ -235,7 +446,7 @@ type simFact struct {
 func (p *simPod) Acquired(_ context.Context, part int, since time.Time) error {
 	now := p.sim.clk.Now()
 	for _, a := range p.sim.order {
-		if jobs.Partition(authority.KeyOf(a), p.sim.parts) == part {
+		if p.partOf(a) == part {
 			p.pc.Fence(now, a, since)
 		}
 	}
@@ -253,8 +464,8 @@ func (p *simPod) Release(_ context.Context, part int) {
 	now := p.sim.clk.Now()
 	keep := p.inflight[:0]
 	for _, r := range p.inflight {
-		if jobs.Partition(authority.KeyOf(r.auth), p.sim.parts) == part {
-			p.sim.origin.answer(now, &simReq{auth: r.auth, probe: r.probe})
+		if r.part == part {
+			p.sim.origin.closed(now, r)
 			p.pc.Done(now, r.pm, pacer.Response{Cancelled: true})
 			p.sim.cancelled[r] = true
 			continue
@@ -262,6 +473,34 @@ func (p *simPod) Release(_ context.Context, part int) {
 		keep = append(keep, r)
 	}
 	p.inflight = keep
+	held := p.reserved[:0]
+	for _, r := range p.reserved {
+		if r.part == part {
+			p.pc.Done(now, r.pm, pacer.Response{Cancelled: true})
+			continue
+		}
+		held = append(held, r)
+	}
+	p.reserved = held
+}
+
+// partOf is the partition of auth's jobs by the pod's policy: its pace
+// key's (a group's members are one partition).
+func (p *simPod) partOf(auth string) int {
+	return jobs.Partition(authority.KeyOf(p.pc.PaceKey(auth)), p.sim.parts)
+}
+
+// appliedAt is when the pod applied policy version v or a later one
+// (joined with it, for a version it started with); the far future if not
+// yet.
+func (p *simPod) appliedAt(v int) time.Time {
+	if v <= p.joinVer {
+		return p.joined
+	}
+	if at, ok := p.applied[v]; ok {
+		return at
+	}
+	return time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 }
 
 func (p *simPod) Status() []byte { return []byte(`{}`) }
@@ -283,13 +522,54 @@ type simulation struct {
 	linkFaults bool      // link faults are on (TestSimulatedClusterLinkFaults)
 	fault      *simFault // the link fault in progress, if any
 	faults     int
+
+	versions []simVersion // the operator's policies, version 0 the first
+	settled  int          // every version up to this one applied by every live pod
+	changes  int
+	// maxSettle is the longest from a change to every live pod having
+	// applied it (or a later one); maxSettleUp the same over the changes
+	// during which no pod was stopped or link-faulted.
+	maxSettle, maxSettleUp time.Duration
+}
+
+// simVersion is one version of the operator's politeness policy, as every
+// pod's watch of MIRROR_POLICY delivers it, merged (policy.Watcher's
+// Apply; here pacer.SetPolicyAt on the fake clock). A pod applies the
+// versions in order, each a few milliseconds after the operator's change
+// (its link's delay when slow); a pod stopped applies what reached it when
+// it runs again, one whose link is cut or black-holed when the link
+// returns, one that joins the version in force.
+//
+// Floor and cap in force: while a change propagates, the live pods hold
+// different versions; the floor in force for a pace is then any of theirs
+// (from the lowest to the highest, the latest issued included), and it is
+// the latest version's once every live pod has applied it. The origin
+// holds each start to the limits its sending pod's version gives the
+// start's pace (the authority, or its group): the gap since the previous
+// start to the pace, by whichever pod, at least that floor, and the
+// requests of the pace in flight at the origin, this one included, at
+// most that cap. That is never looser than the lowest floor (highest cap)
+// in force, and is the latest version's once the change has settled.
+// Starts and requests that a move into or out of the group separates are
+// judged as moveExcused and moved say.
+type simVersion struct {
+	at      time.Time
+	p       *pacer.Policy
+	pace    map[string]string   // each authority's pace key
+	members map[string][]string // each pace key's authorities
+	what    string
+	quiet   bool // no pod stopped or link-faulted while it settled
+	settled time.Time
 }
 
 func (s *simulation) addPod(t *testing.T) *simPod {
 	id := fmt.Sprintf("pod-%d", len(s.all))
-	p := &simPod{id: id, sim: s, joined: s.clk.Now()}
+	// A pod that joins reads the policy in force before it serves
+	// (policy.Open).
+	p := &simPod{id: id, sim: s, joined: s.clk.Now(), ver: len(s.versions) - 1, joinVer: len(s.versions) - 1, applied: map[int]time.Time{},
+		reserve: []time.Duration{0, 5 * time.Millisecond, 50 * time.Millisecond, 400 * time.Millisecond}[s.rng.IntN(4)]}
 	p.pc = pacer.New(&pacer.Options{
-		Policy: &pacer.Policy{Default: pacer.Limits{Floor: s.origin.floor, MaxInFlight: s.origin.cap}},
+		Policy: s.versions[p.ver].p,
 		Rand:   s.rng.Float64,
 		OnEvent: func(ev pacer.Event) {
 			// Facts travel over the pod's link: late when it is slow, held
@@ -330,8 +610,19 @@ func (s *simulation) addPod(t *testing.T) *simPod {
 // factHeld reports whether a fact of auth has not reached pod: held by
 // another pod's faulted link, or published and still on its way.
 func (s *simulation) factHeld(pod *simPod, auth string) bool {
+	// A fact of auth's pace under any policy in force (a group's facts
+	// carry its pace key).
+	lo, hi := s.inForce()
+	of := func(ev pacer.Event) bool {
+		for v := lo; v <= hi; v++ {
+			if ev.Authority == auth || ev.Authority == s.paceOf(v, auth) {
+				return true
+			}
+		}
+		return false
+	}
 	for _, f := range pod.inbox {
-		if f.ev.Authority == auth {
+		if of(f.ev) {
 			return true
 		}
 	}
@@ -340,7 +631,7 @@ func (s *simulation) factHeld(pod *simPod, auth string) bool {
 			continue
 		}
 		q.link.mu.Lock()
-		held := slices.ContainsFunc(q.link.facts, func(ev pacer.Event) bool { return ev.Authority == auth })
+		held := slices.ContainsFunc(q.link.facts, of)
 		q.link.mu.Unlock()
 		if held {
 			return true
@@ -527,6 +818,7 @@ func (s *simulation) step(t *testing.T, ctx context.Context) {
 			p.pc.Done(now, r.pm, pacer.Response{Status: r.status, Header: r.hdr})
 		}
 		p.held = p.held[:0]
+		s.applyPolicies(p, now)
 		k := 0
 		for _, f := range p.inbox {
 			if f.at.After(now) {
@@ -550,43 +842,232 @@ func (s *simulation) step(t *testing.T, ctx context.Context) {
 }
 
 func (s *simulation) dispatch(p *simPod, now time.Time) {
+	// Reserved slots first: confirmed when due (pacer.Wait's loop), started
+	// if the pod still owns their partition.
+	held := p.reserved[:0]
+	for _, r := range p.reserved {
+		if r.pm.Start.After(now) {
+			held = append(held, r)
+			continue
+		}
+		pm, err := p.pc.Confirm(now, r.pm)
+		switch {
+		case err == nil && pm.Start.After(now):
+			held = append(held, simReserved{pm: pm, part: r.part})
+		case err != nil || !p.m.Owns(r.part) || p.partOf(pm.Authority) != r.part:
+			p.pc.Done(now, pm, pacer.Response{Cancelled: true})
+		default:
+			p.inflight = append(p.inflight, s.origin.start(now, p, pm.Authority, r.part, pm, s.rng))
+		}
+	}
+	p.reserved = held
 	for _, a := range s.order {
-		part := jobs.Partition(authority.KeyOf(a), s.parts)
+		part := p.partOf(a)
 		if !p.m.Owns(part) {
 			continue
 		}
-		pm, err := p.pc.Acquire(now, a, 0)
+		pm, err := p.pc.Acquire(now, a, p.reserve)
 		if err != nil {
+			continue
+		}
+		if pm.Start.After(now) {
+			p.reserved = append(p.reserved, simReserved{pm: pm, part: part})
 			continue
 		}
 		if pm, err = p.pc.Confirm(now, pm); err != nil || pm.Start.After(now) || !p.m.Owns(part) {
 			p.pc.Done(now, pm, pacer.Response{Cancelled: true})
 			continue
 		}
-		p.inflight = append(p.inflight, s.origin.start(now, p, a, pm, s.rng))
+		p.inflight = append(p.inflight, s.origin.start(now, p, a, part, pm, s.rng))
+	}
+}
+
+// applyPolicies applies the policy versions that have reached p by now, in
+// order, as its watcher does. The caller holds s.mu.
+func (s *simulation) applyPolicies(p *simPod, now time.Time) {
+	k := 0
+	for _, d := range p.policies {
+		if d.at.After(now) {
+			p.policies[k] = d
+			k++
+			continue
+		}
+		if d.ver > p.ver {
+			for v := p.ver + 1; v <= d.ver; v++ {
+				p.applied[v] = now
+			}
+			p.ver = d.ver
+			p.pc.SetPolicyAt(now, s.versions[d.ver].p)
+		}
+	}
+	p.policies = p.policies[:k]
+}
+
+// offerPolicy sends version v to p over its watch: a few milliseconds, or
+// its slow link's delay; nothing while its link is cut or black-holed
+// (endFault sends the latest then). The caller holds s.mu.
+func (s *simulation) offerPolicy(p *simPod, now time.Time, v int) {
+	d, ok := p.link.factDelay()
+	if !ok {
+		return
+	}
+	at := now.Add(d + time.Duration(s.rng.IntN(6))*time.Millisecond)
+	if n := len(p.policies); n > 0 && p.policies[n-1].at.After(at) {
+		at = p.policies[n-1].at // one watch delivers in order
+	}
+	p.policies = append(p.policies, simDelivery{at: at, ver: v})
+}
+
+// policyFloors are the floors the operator sets: on both sides of the
+// lease loop's period (TTL/4) and of the first escalation step, 0 included.
+var policyFloors = []time.Duration{0, 50 * time.Millisecond, 100 * time.Millisecond, 300 * time.Millisecond,
+	700 * time.Millisecond, 1500 * time.Millisecond, 2500 * time.Millisecond}
+
+// simGroup is the simulation's politeness group; origin6 to origin11 move
+// into and out of it.
+const simGroup = "pool"
+
+// changePolicy is an operator's live edit of MIRROR_POLICY: one
+// authority's floor (sometimes its cap too), the default's, an
+// authority's override deleted, the group's limits, or an authority moved
+// into or out of the group. Every live pod is sent the new version. The
+// caller holds s.mu.
+func (s *simulation) changePolicy(now time.Time) {
+	cur := s.versions[len(s.versions)-1].p
+	q := &pacer.Policy{Default: cur.Default, Authorities: maps.Clone(cur.Authorities), Groups: maps.Clone(cur.Groups)}
+	if q.Authorities == nil {
+		q.Authorities = map[string]pacer.Limits{}
+	}
+	floor := policyFloors[s.rng.IntN(len(policyFloors))]
+	var what string
+	switch r := s.rng.IntN(16); {
+	case r < 6 || len(q.Authorities) == 0 && r == 9:
+		a := s.order[s.rng.IntN(len(s.order))]
+		l := q.Limits(a)
+		l.Floor = floor
+		if s.rng.IntN(3) == 0 {
+			l.MaxInFlight = 1 + s.rng.IntN(4)
+		}
+		q.Authorities[a] = l
+		what = fmt.Sprintf("%s floor %s cap %d", a, l.Floor, l.MaxInFlight)
+	case r < 9:
+		q.Default.Floor = floor
+		if s.rng.IntN(3) == 0 {
+			q.Default.MaxInFlight = 1 + s.rng.IntN(4)
+		}
+		what = fmt.Sprintf("default floor %s cap %d", q.Default.Floor, q.Default.MaxInFlight)
+	case r == 9:
+		keys := slices.Sorted(maps.Keys(q.Authorities))
+		a := keys[s.rng.IntN(len(keys))]
+		delete(q.Authorities, a)
+		what = fmt.Sprintf("%s override deleted", a)
+	case r < 12:
+		g := q.Groups[simGroup]
+		g.Limits.Floor = floor
+		if s.rng.IntN(3) == 0 {
+			g.Limits.MaxInFlight = 1 + s.rng.IntN(4)
+		}
+		q.Groups[simGroup] = g
+		what = fmt.Sprintf("group %s floor %s cap %d", simGroup, g.Limits.Floor, g.Limits.MaxInFlight)
+	default:
+		// Move one of origin6 to origin11 into the group, or out of it
+		// (one member at least stays).
+		g := q.Groups[simGroup]
+		a := s.order[6+s.rng.IntN(len(s.order)-6)]
+		members := slices.Clone(g.Members)
+		if i := slices.Index(members, a); i >= 0 {
+			if len(members) == 1 {
+				return
+			}
+			members = slices.Delete(members, i, i+1)
+			what = fmt.Sprintf("%s leaves group %s", a, simGroup)
+		} else {
+			members = append(members, a)
+			what = fmt.Sprintf("%s joins group %s", a, simGroup)
+		}
+		ng, err := pacer.NewGroup(members)
+		if err != nil {
+			panic(err)
+		}
+		ng.Limits = g.Limits
+		q.Groups[simGroup] = ng
+	}
+	s.addVersion(now, q, what)
+	s.changes++
+	s.events = append(s.events, fmt.Sprintf("%s policy v%d: %s", now.Format("15:04:05.000"), len(s.versions)-1, what))
+	for _, p := range s.live() {
+		s.offerPolicy(p, now, len(s.versions)-1)
+	}
+}
+
+// addVersion issues policy q as the next version.
+func (s *simulation) addVersion(now time.Time, q *pacer.Policy, what string) {
+	v := simVersion{at: now, p: q, what: what, quiet: true, pace: map[string]string{}, members: map[string][]string{}}
+	for _, a := range s.order {
+		k := q.PaceKey(a)
+		v.pace[a] = k
+		v.members[k] = append(v.members[k], a)
+	}
+	s.versions = append(s.versions, v)
+}
+
+// trackSettle records when each change has been applied by every live pod.
+// The caller holds s.mu.
+func (s *simulation) trackSettle(now time.Time) {
+	if s.settled == len(s.versions)-1 {
+		return
+	}
+	lag, disturbed := len(s.versions)-1, s.fault != nil
+	for _, p := range s.live() {
+		lag = min(lag, p.ver)
+		disturbed = disturbed || now.Before(p.pausedTo)
+	}
+	for v := s.settled + 1; v < len(s.versions); v++ {
+		sv := &s.versions[v]
+		sv.quiet = sv.quiet && !disturbed
+		if v > lag {
+			continue
+		}
+		sv.settled = now
+		s.maxSettle = max(s.maxSettle, now.Sub(sv.at))
+		if sv.quiet {
+			s.maxSettleUp = max(s.maxSettleUp, now.Sub(sv.at))
+		}
+		s.settled = v
 	}
 }
 
 // TestSimulatedClusterKeepsOnePace runs pods on a fake clock with random
 // kills, stops longer than the lease TTL (SIGSTOP) and joins, every pod
-// always eager to send, and checks the politeness contract as the origin
-// sees it in every seed: no two starts to an authority closer than the
-// floor, none while the origin said wait, one probe at a time, never more
-// than the in-flight cap, never two pods owning a partition at once; and
-// the work keeps moving between pods.
+// always eager to send (some reserving slots ahead), and live policy
+// changes (floors, caps, the default, a politeness group's limits, and
+// authorities moved into and out of the group: changePolicy), and checks
+// the politeness contract as the origin sees it in every seed, by the
+// policy in force (simVersion) and over a group as one pace: no two starts
+// to a pace closer than the floor, none while the origin said wait, one
+// probe at a time, never more than the in-flight cap, never two pods
+// owning a partition at once; and the work keeps moving between pods.
 func TestSimulatedClusterKeepsOnePace(t *testing.T) {
 	seeds := 24
 	if raceEnabled {
 		seeds = 4
 	}
+	changes, settle, settleUp := 0, time.Duration(0), time.Duration(0)
+	across, excused, over, earlyAcross := 0, 0, 0, 0
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			r := runSimulation(t, seed, false)
 			if len(r.early) > 0 {
-				t.Errorf("%d starts while told to wait (first %v)", len(r.early), r.early[:min(5, len(r.early))])
+				t.Errorf("%d starts while told to wait (first %v); events: %v", len(r.early), r.early[:min(5, len(r.early))], r.events)
 			}
+			changes += r.changes
+			settle, settleUp = max(settle, r.maxSettle), max(settleUp, r.maxSettleUp)
+			across, excused, over = across+r.acrossMove, excused+r.excused, over+r.overAcross
+			earlyAcross += r.earlyAcross
 		})
 	}
+	t.Logf("%d seeds, %d policy changes: the longest to reach every live pod %s (%s while none was stopped); %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight; %d starts while told to wait (or owing the probe) across a move with a pod more than MoveSettle behind",
+		seeds, changes, settle, settleUp, across, excused, over, earlyAcross)
 }
 
 // TestSimulatedClusterLinkFaults adds faults of one pod's link to NATS to
@@ -610,25 +1091,37 @@ func TestSimulatedClusterLinkFaults(t *testing.T) {
 		seeds = 4
 	}
 	early, faults, takeover := 0, 0, time.Duration(0)
+	across, excused, over, earlyAcross := 0, 0, 0, 0
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			r := runSimulation(t, seed, true)
 			if len(r.unheld) > 0 {
-				t.Errorf("%d starts while told to wait with no fact of it held by a faulted link (first %v)", len(r.unheld), r.unheld[:min(5, len(r.unheld))])
+				t.Errorf("%d starts while told to wait with no fact of it held by a faulted link (first %v); events: %v", len(r.unheld), r.unheld[:min(5, len(r.unheld))], r.events)
 			}
 			early += len(r.early)
 			faults += r.faults
 			takeover = max(takeover, r.maxTakeover)
+			across, excused, over = across+r.acrossMove, excused+r.excused, over+r.overAcross
+			earlyAcross += r.earlyAcross
 		})
 	}
-	t.Logf("%d seeds, %d link faults: longest wait for another pod to serve a faulted pod's partition %s (TTL 2s); %d starts while told to wait", seeds, faults, takeover, early)
+	t.Logf("%d seeds, %d link faults: longest wait for another pod to serve a faulted pod's partition %s (TTL 2s); %d starts while told to wait; %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight; %d starts while told to wait (or owing the probe) across a move with a pod more than MoveSettle behind",
+		seeds, faults, takeover, early, across, excused, over, earlyAcross)
 }
 
 type simResult struct {
+	events      []string
 	early       []string
 	unheld      []string // early starts no held fact explains
 	faults      int
 	maxTakeover time.Duration
+	changes     int
+	// the longest a policy change took to reach every live pod, and the
+	// same over the changes during which none was stopped or faulted
+	maxSettle, maxSettleUp time.Duration
+	acrossMove, excused    int
+	overAcross             int
+	earlyAcross            int
 }
 
 // simFault is a link fault in progress.
@@ -652,11 +1145,10 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 	s := &simulation{
 		clk: clk, rng: rng, ttl: ttl, parts: 8,
 		leases: newMemStore(clk, ttl), pods: newMemStore(clk, ttl),
-		// Floors on both sides of the lease loop's period (TTL/4), so
-		// that a hand-over sooner than the floor is possible.
-		origin:    &simOrigin{floor: []time.Duration{100 * time.Millisecond, 700 * time.Millisecond, 1500 * time.Millisecond}[seed%3], cap: 2, auths: map[string]*simAuth{}},
+		origin:    &simOrigin{auths: map[string]*simAuth{}},
 		cancelled: map[*simReq]bool{},
 	}
+	s.origin.sim = s
 	for i := range 12 {
 		a := fmt.Sprintf("origin%d.example:443", i)
 		sa := &simAuth{byPod: map[string]int{}}
@@ -671,6 +1163,18 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 		s.origin.auths[a] = sa
 		s.order = append(s.order, a)
 	}
+	// The first policy: floors on both sides of the lease loop's period
+	// (TTL/4), so that a hand-over sooner than the floor is possible;
+	// origin9 to origin11 one pace, the group (origin9 throttles).
+	first := &pacer.Policy{Default: pacer.Limits{
+		Floor: []time.Duration{100 * time.Millisecond, 700 * time.Millisecond, 1500 * time.Millisecond}[seed%3], MaxInFlight: 2}}
+	g, err := pacer.NewGroup(s.order[9:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Limits = first.Default
+	first.Groups = map[string]pacer.Group{simGroup: g}
+	s.addVersion(clk.Now(), first, "first")
 	for range 3 {
 		s.addPod(t)
 	}
@@ -691,6 +1195,9 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 			s.fault = nil
 		}
 		if rng.IntN(int(3*time.Second/tick)) == 0 {
+			s.changePolicy(now)
+		}
+		if rng.IntN(int(3*time.Second/tick)) == 0 {
 			live := s.live()
 			kinds := 3
 			if linkFaults {
@@ -708,7 +1215,7 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 						s.origin.closed(now, q) // the kernel closes its connections
 					}
 				}
-				p.inflight = nil
+				p.inflight, p.reserved = nil, nil
 				kills++
 				s.events = append(s.events, fmt.Sprintf("%s kill %s", now.Format("15:04:05.000"), p.id))
 			case r == 1 && len(live) > 0:
@@ -748,6 +1255,7 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 				s.origin.breach("partition %d owned by %d pods at once at %s", part, n, now.Format("15:04:05.000"))
 			}
 		}
+		s.trackSettle(now)
 		s.mu.Unlock()
 	}
 	s.mu.Lock()
@@ -766,15 +1274,24 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 	if len(s.origin.breaches) > 0 {
 		t.Errorf("%d breaches (first %v); events: %v", len(s.origin.breaches), s.origin.breaches[:min(5, len(s.origin.breaches))], s.events)
 	}
-	if total < int(run/s.origin.floor)*2 {
+	// The highest default floor in force: the cluster stalled if it sent
+	// fewer than two requests per such floor.
+	floor := time.Duration(0)
+	for _, v := range s.versions {
+		floor = max(floor, v.p.Default.Floor)
+	}
+	if total < int(run/max(floor, 100*time.Millisecond))*2 {
 		t.Errorf("only %d requests in %s: the cluster stalled; events %v", total, run, s.events)
 	}
 	if kills+stops+joins > 0 && served == 0 {
 		t.Errorf("no authority was ever served by two pods: nothing moved")
 	}
-	t.Logf("%d requests; %d kills, %d stops, %d joins, %d link faults; %d authorities served by more than one pod; %d starts while told to wait",
-		total, kills, stops, joins, s.faults, served, len(s.origin.early))
-	res.early, res.unheld = s.origin.early, s.origin.unheld
+	t.Logf("%d requests; %d kills, %d stops, %d joins, %d link faults, %d policy changes; %d authorities served by more than one pod; %d starts while told to wait",
+		total, kills, stops, joins, s.faults, s.changes, served, len(s.origin.early))
+	res.changes, res.maxSettle, res.maxSettleUp = s.changes, s.maxSettle, s.maxSettleUp
+	res.acrossMove, res.excused, res.overAcross = s.origin.acrossMove, s.origin.excused, s.origin.overAcross
+	res.earlyAcross = s.origin.earlyAcross
+	res.early, res.unheld, res.events = s.origin.early, s.origin.unheld, s.events
 	return res
 }
 
@@ -808,6 +1325,10 @@ func (s *simulation) endFault(t *testing.T, f *simFault, res *simResult) {
 	if !f.pod.killed {
 		for _, ev := range facts {
 			s.deliver(f.pod, simFact{at: now.Add(2 * time.Millisecond), ev: ev})
+		}
+		// The watch resumes: the changes made meanwhile arrive.
+		if latest := len(s.versions) - 1; f.pod.ver < latest && !slices.ContainsFunc(f.pod.policies, func(d simDelivery) bool { return d.ver == latest }) {
+			s.offerPolicy(f.pod, now, latest)
 		}
 	}
 	s.events = append(s.events, fmt.Sprintf("%s link %s restored (%d operations and %d facts landed late)", now.Format("15:04:05.000"), f.pod.id, len(ops), len(facts)))

@@ -193,20 +193,28 @@ func (p *Pacer) regroup(now time.Time, old, q *Policy) {
 			fence[GroupPrefix+name] = true
 		}
 	}
+	// A member named in the old definition that leaves takes the group's
+	// state along even if this pod never served it through the group (it
+	// may know the group's cooldown from another pod's fact); one matched
+	// by a pattern is known only if it was served (e.members below).
+	type move struct{ from, to string }
+	var moves []move
 	for name, og := range old.Groups {
 		if g, ok := q.Groups[name]; ok && sameMembers(og, g) {
 			continue
 		}
 		for _, m := range og.Members {
 			if !strings.HasPrefix(m, "*.") {
-				fence[q.PaceKey(m)] = true
+				to := q.PaceKey(m)
+				fence[to] = true
+				if to != GroupPrefix+name {
+					moves = append(moves, move{GroupPrefix + name, to})
+				}
 			}
 		}
 	}
 	// Tracked state that moves: an authority's own entry that is now a
 	// member, and the members a group entry served that are no longer in it.
-	type move struct{ from, to string }
-	var moves []move
 	for i := range p.shards {
 		s := &p.shards[i]
 		s.mu.Lock()

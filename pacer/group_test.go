@@ -221,3 +221,28 @@ func TestSetPolicyWithoutGroupChangesFencesNothing(t *testing.T) {
 		t.Fatalf("the group's floor (500 ms) after an unrelated change: %v", err)
 	}
 }
+
+// TestLeavingAGroupTakesALearnedCooldownAlong: a pod that knows a group's
+// cooldown only from another pod's fact (it never served a member itself)
+// still hands it to a member that leaves: the member's new pace waits the
+// cooldown out and starts with the probe the group owed.
+func TestLeavingAGroupTakesALearnedCooldownAlong(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const a, b = "a.example:80", "b.example:80"
+	p := pacer.New(&pacer.Options{Policy: groupPolicy(a, b), StartGuard: -1})
+	p.Apply(t0, pacer.Event{Type: pacer.EventCooldown, Authority: "group:web", At: t0,
+		Until: t0.Add(5 * time.Second), Interval: 2 * time.Second})
+	t1 := t0.Add(time.Second)
+	p.SetPolicyAt(t1, groupPolicy(b))
+	var re *pacer.RefusedError
+	if _, err := p.Acquire(t0.Add(4*time.Second), a, 0); !errors.As(err, &re) || re.Reason != pacer.ReasonCooling {
+		t.Fatalf("a, out of the cooling group, before the cooldown's end: %v, want cooling", err)
+	}
+	pm, err := p.Acquire(t0.Add(6*time.Second), a, 0)
+	if err != nil || !pm.Probe {
+		t.Fatalf("a after the cooldown: %+v %v, want the probe", pm, err)
+	}
+	if _, err := p.Acquire(t0.Add(6*time.Second), a, 0); !errors.As(err, &re) || re.Reason != pacer.ReasonProbing {
+		t.Fatalf("a while its probe runs: %v, want probing", err)
+	}
+}

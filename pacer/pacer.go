@@ -505,6 +505,10 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth, key string, now time.Tim
 // per grant, however many times it was confirmed.
 //
 // Revocation: a Permit reserved for a future Start can be overtaken by a
+// lowered in-flight cap (SetPolicy): while the Permits held, started or
+// reserved, outnumber the cap in force, Confirm refuses with ReasonInFlight,
+// so the reservations given back bring the count down to the cap and no
+// start exceeds it. It can be overtaken by a
 // cooldown learned from another response in the meantime. While that
 // cooldown is in force, Confirm refuses with a *RefusedError
 // (ReasonCooling); once the deadline has passed and another request is the
@@ -544,6 +548,13 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	p.spentLocked(e, n)
 	if re := pausedLocked(e, pm.Authority, n); re != nil {
 		return pm, re
+	}
+	if e.inFlight > e.maxFlight {
+		// The cap was lowered (SetPolicy) since the grant: the permits
+		// held, this one included, outnumber it. Revoked until they do
+		// not, so no start puts more requests in flight than the cap.
+		return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonInFlight,
+			Wait: time.Duration(max(p.decayedInterval(e, n), p.inFlightMinWait)), Interval: time.Duration(e.interval)}
 	}
 	if e.until != 0 && (pm.seq != e.probeSeq || n < e.until) {
 		if n < e.until {

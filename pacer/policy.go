@@ -298,8 +298,9 @@ func (p *Pacer) Policy() *Policy { return p.policy.Load() }
 // An interval at the old floor moves to the new floor; an escalated
 // interval is kept if it is above the new floor (learning from the origin
 // is not undone by a policy change), else raised to it. Requests already in
-// flight are not recalled: a lowered cap only stops new grants until the
-// count falls below it. A nil p is the default policy. SetPolicy publishes
+// flight are not recalled: a lowered cap stops new grants until the count
+// falls below it, and Confirm revokes reserved slots while the permits held
+// outnumber it. A nil p is the default policy. SetPolicy publishes
 // nothing.
 //
 // A change of groups (group.go) also moves state: an authority that joins

@@ -1,6 +1,7 @@
 package pacer_test
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -177,5 +178,62 @@ func TestSetPolicyKeepsAnEscalatedInterval(t *testing.T) {
 	p.SetPolicy(&pacer.Policy{Default: pacer.Limits{Floor: 5 * time.Minute, MaxInFlight: 2}})
 	if got := p.Snapshot(t0)[0]; got.Interval != 5*time.Minute {
 		t.Fatalf("after raising the floor above the interval: interval %v, want 5m", got.Interval)
+	}
+}
+
+// TestConfirmRevokesReservationsOverALoweredCap: slots reserved under a
+// cap that is then lowered must not all start. Each reservation that
+// Confirm lets start would make one more request in flight at the origin,
+// so Confirm revokes while the permits held (started or reserved) outnumber
+// the cap in force, and lets the rest start: at no start are more requests
+// in flight than the new cap.
+func TestConfirmRevokesReservationsOverALoweredCap(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const a = "origin.example:443"
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: time.Second, MaxInFlight: 4}}, StartGuard: -1})
+	started, err := p.Acquire(t0, a, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if started, err = p.Confirm(t0, started); err != nil || started.Start.After(t0) {
+		t.Fatalf("first start: %v %v", started.Start, err)
+	}
+	var reserved []pacer.Permit
+	for range 3 {
+		pm, err := p.Acquire(t0, a, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reserved = append(reserved, pm)
+	}
+	// Cap 4 to 2 (and floor 1 s to 0) while the first request is still in
+	// flight: one more may start; two reservations are revoked.
+	p.SetPolicy(&pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}})
+	inFlight, revoked := 1, 0
+	var at time.Time
+	for _, pm := range reserved {
+		at = pm.Start
+		pm, err := p.Confirm(at, pm)
+		var re *pacer.RefusedError
+		switch {
+		case errors.As(err, &re) && re.Reason == pacer.ReasonInFlight:
+			revoked++
+			p.Done(at, pm, pacer.Response{Cancelled: true})
+		case err != nil:
+			t.Fatalf("confirm: %v", err)
+		case pm.Start.After(at):
+			t.Fatalf("confirm moved the start to %v at floor 0", pm.Start)
+		default:
+			inFlight++
+			if inFlight > 2 {
+				t.Fatalf("%d requests in flight at a start, cap 2", inFlight)
+			}
+		}
+	}
+	if inFlight != 2 || revoked != 2 {
+		t.Fatalf("%d in flight, %d revoked; want 2 and 2", inFlight, revoked)
+	}
+	if st := p.Snapshot(at)[0]; st.InFlight != 2 || st.MaxInFlight != 2 {
+		t.Fatalf("snapshot in flight %d cap %d, want 2 and 2", st.InFlight, st.MaxInFlight)
 	}
 }
