@@ -243,6 +243,26 @@ func (p *Pacer) regroup(now time.Time, old, q *Policy) {
 		p.carry(n, mv.from, mv.to)
 		fence[mv.to] = true
 	}
+	// What the changed groups leave to members matched by a pattern that
+	// this pod has no entry for (departedLocked).
+	left := &departed{old: old, at: at, groups: map[string]entry{}}
+	for name, og := range old.Groups {
+		if g, ok := q.Groups[name]; ok && sameMembers(og, g) {
+			continue
+		}
+		k := GroupPrefix + name
+		s := p.shardFor(k)
+		s.mu.Lock()
+		if e := s.m[k]; e != nil {
+			left.groups[k] = timingOf(e)
+		} else {
+			left.groups[k] = entry{} // its members' new paces are fenced all the same
+		}
+		s.mu.Unlock()
+	}
+	if len(left.groups) > 0 {
+		p.left.Store(left)
+	}
 	for k := range fence {
 		s := p.shardFor(k)
 		s.mu.Lock()
@@ -266,13 +286,23 @@ func (p *Pacer) carry(n int64, from, to string) {
 		s.mu.Unlock()
 		return
 	}
-	src := *e
-	src.members, src.bud, src.rule = nil, nil, nil
+	src := timingOf(e)
 	s.mu.Unlock()
 	s = p.shardFor(to)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	d := p.entryLocked(s, to, n)
+	p.mergeLocked(p.entryLocked(s, to, n), &src)
+}
+
+// timingOf is a copy of e's timing, without what belongs to e alone.
+func timingOf(e *entry) entry {
+	src := *e
+	src.members, src.bud, src.rule = nil, nil, nil
+	return src
+}
+
+// mergeLocked makes d as polite as src (carry). d's lock must be held.
+func (p *Pacer) mergeLocked(d, src *entry) {
 	d.lastStart = max(d.lastStart, src.lastStart)
 	d.started = max(d.started, src.started)
 	d.startedOther = max(d.startedOther, src.started)
@@ -288,6 +318,40 @@ func (p *Pacer) carry(n int64, from, to string) {
 	d.paused = max(d.paused, src.paused)
 	d.pausedAt = max(d.pausedAt, src.pausedAt)
 	d.lastThrot = max(d.lastThrot, src.lastThrot)
+}
+
+// departed is what a policy change that changed groups left for members
+// matched by a pattern, which no pod can list: the previous policy, the
+// instant of the change, and the timing each changed group had then. An
+// authority whose entry is created after the change (its first request
+// under its new pace) and whose pace under the previous policy was one of
+// those groups starts from that group's timing, fenced like the other
+// moved paces (regroup).
+type departed struct {
+	old    *Policy
+	at     int64 // the change plus MoveSettle
+	groups map[string]entry
+}
+
+// departedLocked gives a new entry of key what its previous group left
+// (departed), if key left a group that changed, while any of it can still
+// matter at n (the fence, a cooldown, a backoff or a pause not yet over).
+// s.mu is held, and no other lock is taken.
+func (p *Pacer) departedLocked(e *entry, key string, n int64) {
+	d := p.left.Load()
+	if d == nil || strings.HasPrefix(key, GroupPrefix) {
+		return
+	}
+	g := d.old.PaceKey(key)
+	if g == key || p.policy.Load().PaceKey(key) == g {
+		return
+	}
+	src, ok := d.groups[g]
+	if !ok || n >= max(d.at, src.until, src.failUntil, src.paused)+max(src.interval, e.floor) {
+		return
+	}
+	p.mergeLocked(e, &src)
+	fenceLocked(e, d.at)
 }
 
 // fenceLocked spaces the entry's next start from at (see Fence).

@@ -246,3 +246,33 @@ func TestLeavingAGroupTakesALearnedCooldownAlong(t *testing.T) {
 		t.Fatalf("a while its probe runs: %v, want probing", err)
 	}
 }
+
+// TestAPatternMemberLeavingTakesTheGroupsStateAlong: a member matched by a
+// pattern, which a pod cannot list, that leaves its group on a pod that
+// never served it: its first request under its own pace waits out the
+// group's cooldown, then starts as the probe, no sooner than the change
+// plus MoveSettle plus its floor.
+func TestAPatternMemberLeavingTakesTheGroupsStateAlong(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const a = "a.example.org:80"
+	p := pacer.New(&pacer.Options{Policy: groupPolicy("*.example.org"), StartGuard: -1})
+	p.Apply(t0, pacer.Event{Type: pacer.EventCooldown, Authority: "group:web", At: t0, Until: t0.Add(3 * time.Second)})
+	t1 := t0.Add(time.Second)
+	p.SetPolicyAt(t1, groupPolicy("b.example.org:80"))
+	var re *pacer.RefusedError
+	if _, err := p.Acquire(t0.Add(2*time.Second), a, 0); !errors.As(err, &re) || re.Reason != pacer.ReasonCooling {
+		t.Fatalf("a, out of the cooling group, before the cooldown's end: %v, want cooling", err)
+	}
+	pm, err := p.Acquire(t0.Add(3100*time.Millisecond), a, time.Minute)
+	if err != nil || !pm.Probe {
+		t.Fatalf("a after the cooldown: %+v %v, want the probe", pm, err)
+	}
+	if want := t1.Add(pacer.MoveSettle + time.Second); pm.Start.Before(want) {
+		t.Fatalf("a's first start %v, want no sooner than the change plus MoveSettle plus its floor (%v)", pm.Start, want)
+	}
+	// Long after, a new authority the old pattern matched owes nothing.
+	late := t0.Add(time.Hour)
+	if pm, err := p.Acquire(late, "c.example.org:80", 0); err != nil || pm.Probe || !pm.Start.Equal(late) {
+		t.Fatalf("a new member of the old pattern an hour later: %+v %v, want a plain start now", pm, err)
+	}
+}

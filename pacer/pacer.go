@@ -120,7 +120,8 @@ type Pacer struct {
 	shards    []shard
 	mask      uint64
 	seed      maphash.Seed
-	policy    atomic.Pointer[Policy] // replaced whole by SetPolicy
+	policy    atomic.Pointer[Policy]   // replaced whole by SetPolicy
+	left      atomic.Pointer[departed] // what the last change of groups left (group.go)
 	quiet     int64
 	rnd       func() float64
 	onEvent   func(Event)
@@ -298,6 +299,7 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 	if p.rules != nil {
 		e.rule = &ruled{}
 	}
+	p.departedLocked(e, auth, now)
 	s.m[strings.Clone(auth)] = e
 	return e
 }
