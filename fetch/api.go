@@ -50,6 +50,18 @@ type Result struct {
 // refusal, which the caller turns into a deferral).
 type Gate func(ctx context.Context, hop int, a authority.Authority) (done func(Result), err error)
 
+// Admitted returns g, calling admitted with the authority of every hop g
+// admits, after it does (a caller recording when requests were let go).
+func (g Gate) Admitted(admitted func(authority.Authority)) Gate {
+	return func(ctx context.Context, hop int, a authority.Authority) (func(Result), error) {
+		done, err := g(ctx, hop, a)
+		if err == nil {
+			admitted(a)
+		}
+		return done, err
+	}
+}
+
 // Throttle spends the bytes of bodies against bandwidth caps (package
 // bandwidth implements it). The client asks it for a BodyThrottle for each
 // 2xx body it returns, by the authority of the hop that answered.

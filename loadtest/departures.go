@@ -99,13 +99,7 @@ type recordingFetcher struct {
 }
 
 func (f recordingFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gate) (*fetch.Response, error) {
-	return f.f.Do(ctx, req, func(ctx context.Context, hop int, a authority.Authority) (func(fetch.Result), error) {
-		done, err := g(ctx, hop, a)
-		if err == nil {
-			f.r.sent(a.String())
-		}
-		return done, err
-	})
+	return f.f.Do(ctx, req, g.Admitted(func(a authority.Authority) { f.r.sent(a.String()) }))
 }
 
 // recordingPacer notes every start its pacer confirms.

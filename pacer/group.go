@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -164,19 +165,6 @@ func (p *Policy) GroupNames() []string {
 // Policy.PaceKey).
 func (p *Pacer) PaceKey(auth string) string { return p.policy.Load().PaceKey(auth) }
 
-// sameMembers reports whether two groups have the same members, in order.
-func sameMembers(a, b Group) bool {
-	if len(a.Members) != len(b.Members) {
-		return false
-	}
-	for i := range a.Members {
-		if a.Members[i] != b.Members[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // regroup is SetPolicy's part for groups, run with no lock held after
 // the new policy is stored: every pace whose members changed is fenced
 // (MoveSettle), and the state of an authority or group that moves is
@@ -186,30 +174,33 @@ func (p *Pacer) regroup(now time.Time, old, q *Policy) {
 	n := now.UnixNano()
 	at := n + int64(MoveSettle)
 	fence := map[string]bool{}
-	// Groups that are new or whose members changed, and the pace every
-	// member named in the old or new definition moves to.
+	// Groups that are new or whose members changed.
 	for name, g := range q.Groups {
-		if og, ok := old.Groups[name]; !ok || !sameMembers(og, g) {
+		if og, ok := old.Groups[name]; !ok || !slices.Equal(og.Members, g.Members) {
 			fence[GroupPrefix+name] = true
 		}
 	}
-	// A member named in the old definition that leaves takes the group's
-	// state along even if this pod never served it through the group (it
-	// may know the group's cooldown from another pod's fact); one matched
-	// by a pattern is known only if it was served (e.members below).
+	// Groups that changed or went: a member named in the old definition
+	// that leaves takes the group's state along even if this pod never
+	// served it through the group (it may know the group's cooldown from
+	// another pod's fact); one matched by a pattern takes it along if it
+	// was served (e.members below), or else when its first request is
+	// paced on its own (departedLocked).
 	type move struct{ from, to string }
 	var moves []move
+	var changed []string
 	for name, og := range old.Groups {
-		if g, ok := q.Groups[name]; ok && sameMembers(og, g) {
+		if g, ok := q.Groups[name]; ok && slices.Equal(og.Members, g.Members) {
 			continue
 		}
+		k := GroupPrefix + name
+		changed = append(changed, k)
 		for _, m := range og.Members {
-			if !strings.HasPrefix(m, "*.") {
-				to := q.PaceKey(m)
-				fence[to] = true
-				if to != GroupPrefix+name {
-					moves = append(moves, move{GroupPrefix + name, to})
-				}
+			if strings.HasPrefix(m, "*.") {
+				continue
+			}
+			if to := q.PaceKey(m); to != k {
+				moves = append(moves, move{k, to})
 			}
 		}
 	}
@@ -232,7 +223,6 @@ func (p *Pacer) regroup(now time.Time, old, q *Policy) {
 			for m := range e.members {
 				if to := q.PaceKey(m); to != k {
 					moves = append(moves, move{k, to})
-					fence[to] = true
 					delete(e.members, m)
 				}
 			}
@@ -246,11 +236,7 @@ func (p *Pacer) regroup(now time.Time, old, q *Policy) {
 	// What the changed groups leave to members matched by a pattern that
 	// this pod has no entry for (departedLocked).
 	left := &departed{old: old, at: at, groups: map[string]entry{}}
-	for name, og := range old.Groups {
-		if g, ok := q.Groups[name]; ok && sameMembers(og, g) {
-			continue
-		}
-		k := GroupPrefix + name
+	for _, k := range changed {
 		s := p.shardFor(k)
 		s.mu.Lock()
 		if e := s.m[k]; e != nil {

@@ -47,8 +47,8 @@ func (pod *Pod) podsBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// status is the pod's entry in jobs.PodsBucket, as the lease manager
-// writes it (podHooks.Status).
+// status is the pod's entry in jobs.PodsBucket: written by the lease
+// manager (podHooks.Status), or by announce with the shared consumer.
 func (pod *Pod) status() []byte {
 	return withReplayTargets(pod.Worker.StatusJSON(pod.id, pod.version, pod.Owned(), pod.parts.Pacer.Snapshot(time.Now())), pod.replay)
 }

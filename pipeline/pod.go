@@ -233,7 +233,7 @@ func (pod *Pod) newManager(ctx context.Context, o *PodOptions) (*cluster.Manager
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", jobs.PodsBucket, err)
 	}
-	hooks := &podHooks{pod: pod, consOpts: o.Consumer, id: o.PodID, version: o.Version}
+	hooks := &podHooks{pod: pod, consOpts: o.Consumer}
 	return cluster.New(cluster.KV{KeyValue: leases}, cluster.KV{KeyValue: pods}, hooks, cluster.Options{
 		PodID: o.PodID, Partitions: pod.Partitions, TTL: o.LeaseTTL, Logger: o.Logger,
 		Link: js.Conn().IsConnected, // Owns is false while the connection is down
@@ -252,9 +252,8 @@ func (pod *Pod) Serving() error {
 
 // podHooks connect the lease manager to the worker.
 type podHooks struct {
-	pod         *Pod
-	consOpts    *jobs.ConsumerOptions
-	id, version string
+	pod      *Pod
+	consOpts *jobs.ConsumerOptions
 }
 
 var _ cluster.Hooks = (*podHooks)(nil)
@@ -290,6 +289,4 @@ func (h *podHooks) Release(ctx context.Context, p int) {
 	}
 }
 
-func (h *podHooks) Status() []byte {
-	return withReplayTargets(h.pod.Worker.StatusJSON(h.id, h.version, h.pod.Owned(), h.pod.parts.Pacer.Snapshot(time.Now())), h.pod.replay)
-}
+func (h *podHooks) Status() []byte { return h.pod.status() }

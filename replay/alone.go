@@ -275,11 +275,5 @@ type startsFetcher struct {
 }
 
 func (f startsFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gate) (*fetch.Response, error) {
-	return f.f.Do(ctx, req, func(ctx context.Context, hop int, a authority.Authority) (func(fetch.Result), error) {
-		done, err := g(ctx, hop, a)
-		if err == nil {
-			f.s.add(a.String(), time.Now())
-		}
-		return done, err
-	})
+	return f.f.Do(ctx, req, g.Admitted(func(a authority.Authority) { f.s.add(a.String(), time.Now()) }))
 }

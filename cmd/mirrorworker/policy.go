@@ -176,7 +176,7 @@ type policySetFlags struct {
 }
 
 func (f *policySetFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&f.floor, "floor", 0, "minimum spacing between request starts to the authority, 0 to "+pacer.MaxPolicyFloor.String())
+	fs.DurationVar(&f.floor, "floor", 0, "minimum spacing between requests to the authority or group as it receives them, 0 to "+pacer.MaxPolicyFloor.String())
 	fs.IntVar(&f.maxInFlight, "max-in-flight", 0, fmt.Sprintf("cap of requests in flight to the authority, 1 to %d", pacer.MaxPolicyInFlight))
 	fs.Var(&f.bandwidth, "bandwidth", "cap of the authority's body transfers together, a `rate` in bytes per second (1MiB/s, 500KB/s, or a plain number; at least "+bytesize.FormatRate(pacer.MinPolicyBandwidth)+"), enforced by the pod that serves it; 0: no cap")
 	fs.DurationVar(&f.forD, "for", 0, "temporary: the pods drop the key this long from now")

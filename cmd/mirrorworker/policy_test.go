@@ -71,6 +71,18 @@ func runPolicy(t *testing.T, natsURL string, args ...string) (string, error) {
 	return out.String() + errb.String(), err
 }
 
+// policyMust returns runPolicy for natsURL that fails t on an error.
+func policyMust(t *testing.T, natsURL string) func(args ...string) string {
+	return func(args ...string) string {
+		t.Helper()
+		out, err := runPolicy(t, natsURL, args...)
+		if err != nil {
+			t.Fatalf("policy %v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+}
+
 // TestProcessPolicyChangesReachEveryPod is issue 28's first test: three
 // `mirrorworker run` processes on one NATS, one origin at floor 1 s (the
 // --floor flag); mid-run `mirrorworker policy set` lowers the floor to
@@ -217,14 +229,7 @@ func TestProcessPolicyChangesReachEveryPod(t *testing.T) {
 func TestPolicyCommandCompareAndSet(t *testing.T) {
 	natsURL := externalNATS(t)
 	const a = "files.example.org:443"
-	must := func(args ...string) string {
-		t.Helper()
-		out, err := runPolicy(t, natsURL, args...)
-		if err != nil {
-			t.Fatalf("policy %v: %v\n%s", args, err, out)
-		}
-		return out
-	}
+	must := policyMust(t, natsURL)
 	out := must("set", "--authority", "https://files.example.org/x", "--floor", "300ms", "--reason", "migration")
 	if !strings.Contains(out, "set "+a+": floor 300ms") || !strings.Contains(out, "(revision 1)") {
 		t.Fatalf("set printed %q", out)
@@ -305,14 +310,7 @@ func TestPolicyCommandCompareAndSet(t *testing.T) {
 // key, a bad name or pattern, and an empty group are usage errors.
 func TestPolicyGroupCommands(t *testing.T) {
 	natsURL := externalNATS(t)
-	must := func(args ...string) string {
-		t.Helper()
-		out, err := runPolicy(t, natsURL, args...)
-		if err != nil {
-			t.Fatalf("policy %v: %v\n%s", args, err, out)
-		}
-		return out
-	}
+	must := policyMust(t, natsURL)
 	out := must("set", "--group", "web", "--members", "B.example:443, *.Cdn.Example.org", "--floor", "2s")
 	if !strings.Contains(out, "set group:web: floor 2s, members *.cdn.example.org,b.example:443") {
 		t.Fatalf("set --group printed %q", out)

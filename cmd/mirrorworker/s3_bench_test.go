@@ -115,14 +115,11 @@ func runRawS3Pipeline(b *testing.B, bl benchBacklog, g int, srv *buckettest.Serv
 	return runRaw(b, bl, g, "raw S3 pipeline", func(_ string, hc *http.Client) func(rawJob) error {
 		sc := rawS3Client(srv, g)
 		return func(j rawJob) error {
-			resp, err := hc.Get(j.URL)
+			resp, err := rawGet(hc, j.URL)
 			if err != nil {
 				return err
 			}
 			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%s: %s", j.URL, resp.Status)
-			}
 			body, err := io.ReadAll(resp.Body)
 			if err != nil {
 				return err

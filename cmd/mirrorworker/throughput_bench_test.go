@@ -356,6 +356,19 @@ type rawJob struct {
 	Target string `json:"target"`
 }
 
+// rawGet is the raw pipelines' GET: the response of a 200, or an error.
+func rawGet(hc *http.Client, url string) (*http.Response, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return resp, nil
+}
+
 // runRawPipeline drains bl with g goroutines and no project code: pull,
 // GET, temp file, fsync, rename, fsync of the directory, ack.
 func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
@@ -367,14 +380,11 @@ func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 		}
 		var dirs sync.Map // directories known to exist
 		return func(j rawJob) error {
-			resp, err := hc.Get(j.URL)
+			resp, err := rawGet(hc, j.URL)
 			if err != nil {
 				return err
 			}
 			defer resp.Body.Close()
-			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("%s: %s", j.URL, resp.Status)
-			}
 			f, err := os.CreateTemp(tmp, "obj-*")
 			if err != nil {
 				return err

@@ -88,7 +88,7 @@ type workerDefaults struct {
 
 func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.IntVar(&w.concurrency, "concurrency", worker.DefaultConcurrency(), "fetch slots: requests in flight across all authorities; the default is 16 per CPU (GOMAXPROCS), within 16..128 (README: Sizing)")
-	fs.DurationVar(&w.floor, "floor", pacer.DefaultFloor, "minimum spacing between request starts to one authority, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
+	fs.DurationVar(&w.floor, "floor", pacer.DefaultFloor, "minimum spacing between requests to one authority as it receives them, for authorities the policy file does not name; 0 allowed (given explicitly, it overrides the policy file's default)")
 	fs.IntVar(&w.maxInFlight, "max-in-flight", pacer.DefaultMaxInFlight, "cap of requests in flight to one authority, for authorities the policy file does not name (given explicitly, it overrides the policy file's default)")
 	fs.StringVar(&w.policy, "policy", "", d.policyHelp)
 	fs.BoolVar(&w.allowPrivate, "allow-private-networks", false, "allow fetching from loopback and private addresses (link-local and cloud metadata stay refused)")
