@@ -663,11 +663,15 @@ func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts 
 // queueSnap is the queue's state summed over the consumers.
 type queueSnap struct {
 	pending, ackPending uint64
-	deliveries          uint64
-	dead                int
-	rateLimited         int64 // from the origin, for the progress line
-	unavailable         int64
-	bans                int64
+	// unsignalled counts the consumers that read empty (0 pending, 0 ack
+	// pending) with jobs still stored for them: the server had not yet
+	// counted a burst just published (jobs.Drained).
+	unsignalled int
+	deliveries  uint64
+	dead        int
+	rateLimited int64 // from the origin, for the progress line
+	unavailable int64
+	bans        int64
 }
 
 func (s queueSnap) finished(total int) int {
@@ -675,13 +679,40 @@ func (s queueSnap) finished(total int) int {
 	return max(f, 0)
 }
 
+// empty reports whether every job has left the queue.
+func (s queueSnap) empty() bool {
+	return s.pending == 0 && s.ackPending == 0 && s.unsignalled == 0
+}
+
+// add sums consumer ci of stream into s.
+func (s *queueSnap) add(ctx context.Context, stream jetstream.Stream, ci *jetstream.ConsumerInfo) error {
+	s.pending += ci.NumPending
+	s.ackPending += uint64(ci.NumAckPending)
+	s.deliveries += ci.Delivered.Consumer
+	if ci.NumPending > 0 || ci.NumAckPending > 0 {
+		return nil
+	}
+	drained, err := jobs.Drained(ctx, stream, ci)
+	if err != nil {
+		return err
+	}
+	if !drained {
+		s.unsignalled++
+	}
+	return nil
+}
+
 // queueState reads the in-process workers' consumers on MIRROR_JOBS.
 func queueState(ctx context.Context, js jetstream.JetStream, durables map[string]bool) (queueSnap, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var s queueSnap
+	st, err := js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		return s, fmt.Errorf("stream %s: %w", jobs.JobsStream, err)
+	}
 	for d := range durables {
-		c, err := js.Consumer(ctx, jobs.JobsStream, d)
+		c, err := st.Consumer(ctx, d)
 		if err != nil {
 			return s, fmt.Errorf("consumer %s: %w", d, err)
 		}
@@ -689,9 +720,9 @@ func queueState(ctx context.Context, js jetstream.JetStream, durables map[string
 		if err != nil {
 			return s, fmt.Errorf("consumer %s info: %w", d, err)
 		}
-		s.pending += ci.NumPending
-		s.ackPending += uint64(ci.NumAckPending)
-		s.deliveries += ci.Delivered.Consumer
+		if err := s.add(ctx, st, ci); err != nil {
+			return s, err
+		}
 	}
 	return s, readDead(ctx, js, &s)
 }
@@ -725,7 +756,7 @@ func watch(ctx context.Context, read func(context.Context) (queueSnap, error), e
 		if s, err := read(ctx); err == nil {
 			last, seen = s, true
 		}
-		if seen && last.pending == 0 && last.ackPending == 0 {
+		if seen && last.empty() {
 			return true, last, nil
 		}
 		if exited != nil {

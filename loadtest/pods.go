@@ -282,9 +282,9 @@ func partitionedQueue(js jetstream.JetStream) func(context.Context) (queueSnap, 
 			if !jobs.HoldsJobs(ci.Name) {
 				continue
 			}
-			s.pending += ci.NumPending
-			s.ackPending += uint64(ci.NumAckPending)
-			s.deliveries += ci.Delivered.Consumer
+			if err := s.add(ctx, js0, ci); err != nil {
+				return s, err
+			}
 		}
 		if err := cl.Err(); err != nil {
 			return s, fmt.Errorf("consumers of %s: %w", jobs.JobsStream, err)

@@ -91,10 +91,15 @@ func (e *env) publishRaw(subject string, data []byte) {
 	}
 }
 
-// waitDrained waits until the consumer has nothing pending or unacked.
+// waitDrained waits until the consumer has nothing pending or unacked, as
+// the stream's store says (jobs.Drained: its counters lag a publish).
 func (e *env) waitDrained(timeout time.Duration) {
 	e.t.Helper()
 	deadline := time.Now().Add(timeout)
+	st, err := e.js.Stream(context.Background(), jobs.JobsStream)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	var info *jetstream.ConsumerInfo
 	for time.Now().Before(deadline) {
 		var err error
@@ -102,7 +107,11 @@ func (e *env) waitDrained(timeout time.Duration) {
 		if err != nil {
 			e.t.Fatal(err)
 		}
-		if info.NumPending == 0 && info.NumAckPending == 0 {
+		drained, err := jobs.Drained(context.Background(), st, info)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if drained {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -462,8 +462,9 @@ func (l *laneSet) startCatchup(part int, c jetstream.Consumer, until uint64) boo
 			info, err := c.Info(ictx)
 			cancel()
 			// Done when nothing up to until is left: all of it delivered
-			// (or none left to deliver) and acked.
-			if err != nil || info.NumAckPending > 0 || (info.NumPending > 0 && info.Delivered.Stream < until) {
+			// (or none left to deliver, as the store says: jobs.Drained)
+			// and acked.
+			if err != nil || info.NumAckPending > 0 || !l.caughtUp(ctx, info, until) {
 				continue
 			}
 			stop()
@@ -610,12 +611,19 @@ func (l *laneSet) serveReady(ctx context.Context) {
 // closeIfEmpty deletes a lane that holds nothing: first the partition
 // consumer serves the authority again, then the lane goes. A job that
 // arrives in between may be served by both (a duplicate, never a loss).
+// Empty is read from the stream's store (jobs.Drained), not from the
+// lane's pending count alone: a job just stored that the partition
+// consumer has already skipped may not be counted in the lane yet.
 func (l *laneSet) closeIfEmpty(ctx context.Context, ln *authLane) {
 	empty := func() bool {
 		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		info, err := ln.cons.Info(ictx)
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		if err != nil {
+			return false
+		}
+		drained, err := jobs.Drained(ictx, l.stream, info)
+		return err == nil && drained
 	}
 	if !empty() {
 		return
@@ -647,6 +655,18 @@ func (l *laneSet) closeIfEmpty(ctx context.Context, ln *authLane) {
 		return
 	}
 	l.d.log.Info().Int("partition", ln.part).Str("authority", ln.auth).Msg("lane drained; the partition consumer serves the authority again")
+}
+
+// caughtUp reports whether a catch-up consumer whose info is ci has
+// delivered everything up to stream sequence until.
+func (l *laneSet) caughtUp(ctx context.Context, ci *jetstream.ConsumerInfo, until uint64) bool {
+	if ci.Delivered.Stream >= until {
+		return true
+	}
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	drained, err := jobs.Drained(ictx, l.stream, ci)
+	return err == nil && drained
 }
 
 // has reports whether auth has a lane in partition part.
