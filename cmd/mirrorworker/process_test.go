@@ -345,6 +345,22 @@ type queueState struct {
 	pending, ackPending, dlq uint64
 }
 
+// add counts consumer ci of stream into q. One that reads empty while a job
+// is stored for it (the server counts a publish into its consumers after
+// the ack: jobs.Drained) counts as one pending.
+func (q *queueState) add(ctx context.Context, stream jetstream.Stream, ci *jetstream.ConsumerInfo) error {
+	q.pending += ci.NumPending
+	q.ackPending += uint64(ci.NumAckPending)
+	drained, err := jobs.Drained(ctx, stream, ci)
+	if err != nil {
+		return err
+	}
+	if !drained && ci.NumPending == 0 && ci.NumAckPending == 0 {
+		q.pending++
+	}
+	return nil
+}
+
 func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) {
 	var q queueState
 	if _, err := js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(0)); err == nil {
@@ -369,8 +385,9 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 			if strings.HasPrefix(ci.Name, jobs.PartitionConsumerPrefix) {
 				parts++
 			}
-			q.pending += ci.NumPending
-			q.ackPending += uint64(ci.NumAckPending)
+			if err := q.add(ctx, s, ci); err != nil {
+				return q, err
+			}
 		}
 		if err := cl.Err(); err != nil {
 			return q, err
@@ -388,7 +405,11 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 		}
 		q.pending += pi.State.Msgs
 	} else {
-		c, err := js.Consumer(ctx, jobs.JobsStream, jobs.ConsumerName)
+		s, err := js.Stream(ctx, jobs.JobsStream)
+		if err != nil {
+			return queueState{}, err
+		}
+		c, err := s.Consumer(ctx, jobs.ConsumerName)
 		if err != nil {
 			return queueState{}, err
 		}
@@ -396,7 +417,9 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 		if err != nil {
 			return queueState{}, err
 		}
-		q.pending, q.ackPending = ci.NumPending, uint64(ci.NumAckPending)
+		if err := q.add(ctx, s, ci); err != nil {
+			return queueState{}, err
+		}
 	}
 	s, err := js.Stream(ctx, jobs.DLQStream)
 	if err != nil {
