@@ -351,6 +351,9 @@ type queueState struct {
 func (q *queueState) add(ctx context.Context, stream jetstream.Stream, ci *jetstream.ConsumerInfo) error {
 	q.pending += ci.NumPending
 	q.ackPending += uint64(ci.NumAckPending)
+	if strings.HasPrefix(ci.Name, jobs.CatchupConsumerPrefix) {
+		return nil // exact for what it holds (ADR 0028)
+	}
 	drained, err := jobs.Drained(ctx, stream, ci)
 	if err != nil {
 		return err
