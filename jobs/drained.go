@@ -24,17 +24,17 @@ func Drained(ctx context.Context, stream jetstream.Stream, ci *jetstream.Consume
 	if ci.NumAckPending > 0 || ci.NumPending > 0 {
 		return false, nil
 	}
-	last, err := LastSelected(ctx, stream, ci.Config)
+	last, err := lastSelected(ctx, stream, ci.Config)
 	if err != nil {
 		return false, fmt.Errorf("consumer %s: %w", ci.Name, err)
 	}
 	return last <= ci.Delivered.Stream, nil
 }
 
-// LastSelected returns the sequence of the newest message of stream that
+// lastSelected returns the sequence of the newest message of stream that
 // cfg's filters select (the whole stream without one); 0 when none is
 // stored.
-func LastSelected(ctx context.Context, stream jetstream.Stream, cfg jetstream.ConsumerConfig) (uint64, error) {
+func lastSelected(ctx context.Context, stream jetstream.Stream, cfg jetstream.ConsumerConfig) (uint64, error) {
 	filters := cfg.FilterSubjects
 	if cfg.FilterSubject != "" {
 		filters = append([]string{cfg.FilterSubject}, filters...)
