@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -54,4 +55,28 @@ func lastSelected(ctx context.Context, stream jetstream.Stream, cfg jetstream.Co
 		last = max(last, m.Sequence)
 	}
 	return last, nil
+}
+
+// Unsignalled returns how many of the consumers in infos read empty (0
+// pending, 0 ack pending) while a job is stored for them: the server has
+// not counted it yet (Drained). A queue's readers call it only once its
+// counts sum to nothing, so a busy queue costs no lookups. Catch-up
+// consumers are not looked up: every job they hold was stored before
+// they were created, which counts from the store (docs/adr/0028), and
+// their filters may list 2,000 subjects.
+func Unsignalled(ctx context.Context, stream jetstream.Stream, infos []*jetstream.ConsumerInfo) (int, error) {
+	n := 0
+	for _, ci := range infos {
+		if ci.NumPending > 0 || ci.NumAckPending > 0 || strings.HasPrefix(ci.Name, CatchupConsumerPrefix) {
+			continue
+		}
+		drained, err := Drained(ctx, stream, ci)
+		if err != nil {
+			return n, err
+		}
+		if !drained {
+			n++
+		}
+	}
+	return n, nil
 }

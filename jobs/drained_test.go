@@ -97,4 +97,18 @@ func TestDrained(t *testing.T) {
 	if drained(before) {
 		t.Error("drained by its counters while a job is stored for it")
 	}
+	now := info()
+	for ; now.NumPending == 0; now = info() {
+		time.Sleep(5 * time.Millisecond) // the server counts it
+	}
+	if n, err := jobs.Unsignalled(ctx, st, []*jetstream.ConsumerInfo{before, now}); err != nil || n != 1 {
+		t.Errorf("Unsignalled of the stale info and a current one: %d, %v; want 1 (the stale one; the current one counts its job)", n, err)
+	}
+	// A catch-up consumer is not looked up (its counts are exact for the
+	// jobs it holds).
+	catchup := *before
+	catchup.Name = jobs.CatchupPrefix(0) + "1"
+	if n, err := jobs.Unsignalled(ctx, st, []*jetstream.ConsumerInfo{&catchup}); err != nil || n != 0 {
+		t.Errorf("Unsignalled of a catch-up consumer: %d, %v; want 0", n, err)
+	}
 }

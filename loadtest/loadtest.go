@@ -12,7 +12,6 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -685,24 +684,26 @@ func (s queueSnap) empty() bool {
 	return s.pending == 0 && s.ackPending == 0 && s.unsignalled == 0
 }
 
-// add sums consumer ci of stream into s.
-func (s *queueSnap) add(ctx context.Context, stream jetstream.Stream, ci *jetstream.ConsumerInfo) error {
+// add sums consumer ci into s.
+func (s *queueSnap) add(ci *jetstream.ConsumerInfo) {
 	s.pending += ci.NumPending
 	s.ackPending += uint64(ci.NumAckPending)
 	s.deliveries += ci.Delivered.Consumer
-	// A catch-up consumer's count is exact for what it holds (ADR 0028),
-	// and its filter may list 2,000 subjects.
-	if ci.NumPending > 0 || ci.NumAckPending > 0 || strings.HasPrefix(ci.Name, jobs.CatchupConsumerPrefix) {
+}
+
+// sumConsumers sums the consumers in infos of stream into s, and when
+// their counts sum to nothing, counts those that hold jobs the server has
+// not counted yet (jobs.Unsignalled).
+func (s *queueSnap) sumConsumers(ctx context.Context, stream jetstream.Stream, infos []*jetstream.ConsumerInfo) error {
+	for _, ci := range infos {
+		s.add(ci)
+	}
+	if s.pending > 0 || s.ackPending > 0 {
 		return nil
 	}
-	drained, err := jobs.Drained(ctx, stream, ci)
-	if err != nil {
-		return err
-	}
-	if !drained {
-		s.unsignalled++
-	}
-	return nil
+	var err error
+	s.unsignalled, err = jobs.Unsignalled(ctx, stream, infos)
+	return err
 }
 
 // queueState reads the in-process workers' consumers on MIRROR_JOBS.
@@ -714,6 +715,7 @@ func queueState(ctx context.Context, js jetstream.JetStream, durables map[string
 	if err != nil {
 		return s, fmt.Errorf("stream %s: %w", jobs.JobsStream, err)
 	}
+	var infos []*jetstream.ConsumerInfo
 	for d := range durables {
 		c, err := st.Consumer(ctx, d)
 		if err != nil {
@@ -723,9 +725,10 @@ func queueState(ctx context.Context, js jetstream.JetStream, durables map[string
 		if err != nil {
 			return s, fmt.Errorf("consumer %s info: %w", d, err)
 		}
-		if err := s.add(ctx, st, ci); err != nil {
-			return s, err
-		}
+		infos = append(infos, ci)
+	}
+	if err := s.sumConsumers(ctx, st, infos); err != nil {
+		return s, err
 	}
 	return s, readDead(ctx, js, &s)
 }

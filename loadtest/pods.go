@@ -277,17 +277,18 @@ func partitionedQueue(js jetstream.JetStream) func(context.Context) (queueSnap, 
 		if err != nil {
 			return s, fmt.Errorf("stream %s: %w", jobs.JobsStream, err)
 		}
+		var infos []*jetstream.ConsumerInfo
 		cl := js0.ListConsumers(ctx)
 		for ci := range cl.Info() {
-			if !jobs.HoldsJobs(ci.Name) {
-				continue
-			}
-			if err := s.add(ctx, js0, ci); err != nil {
-				return s, err
+			if jobs.HoldsJobs(ci.Name) {
+				infos = append(infos, ci)
 			}
 		}
 		if err := cl.Err(); err != nil {
 			return s, fmt.Errorf("consumers of %s: %w", jobs.JobsStream, err)
+		}
+		if err := s.sumConsumers(ctx, js0, infos); err != nil {
+			return s, err
 		}
 		ps, err := js.Stream(ctx, jobs.ParkStream)
 		if err != nil {

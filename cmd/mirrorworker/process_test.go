@@ -345,23 +345,20 @@ type queueState struct {
 	pending, ackPending, dlq uint64
 }
 
-// add counts consumer ci of stream into q. One that reads empty while a job
-// is stored for it (the server counts a publish into its consumers after
-// the ack: jobs.Drained) counts as one pending.
-func (q *queueState) add(ctx context.Context, stream jetstream.Stream, ci *jetstream.ConsumerInfo) error {
-	q.pending += ci.NumPending
-	q.ackPending += uint64(ci.NumAckPending)
-	if strings.HasPrefix(ci.Name, jobs.CatchupConsumerPrefix) {
-		return nil // exact for what it holds (ADR 0028)
+// addConsumers counts the consumers in infos of stream into q. When their
+// counts sum to nothing, one that holds a job the server has not counted
+// yet (jobs.Unsignalled) counts as one pending.
+func (q *queueState) addConsumers(ctx context.Context, stream jetstream.Stream, infos []*jetstream.ConsumerInfo) error {
+	for _, ci := range infos {
+		q.pending += ci.NumPending
+		q.ackPending += uint64(ci.NumAckPending)
 	}
-	drained, err := jobs.Drained(ctx, stream, ci)
-	if err != nil {
-		return err
+	if q.pending > 0 || q.ackPending > 0 {
+		return nil
 	}
-	if !drained && ci.NumPending == 0 && ci.NumAckPending == 0 {
-		q.pending++
-	}
-	return nil
+	n, err := jobs.Unsignalled(ctx, stream, infos)
+	q.pending += uint64(n)
+	return err
 }
 
 func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) {
@@ -380,6 +377,7 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 		// Jobs wait in the partition consumers, lanes and catch-up
 		// consumers (jobs.HoldsJobs), and parked in MIRROR_PARKED.
 		parts := 0
+		var infos []*jetstream.ConsumerInfo
 		cl := s.ListConsumers(ctx)
 		for ci := range cl.Info() {
 			if !jobs.HoldsJobs(ci.Name) {
@@ -388,11 +386,12 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 			if strings.HasPrefix(ci.Name, jobs.PartitionConsumerPrefix) {
 				parts++
 			}
-			if err := q.add(ctx, s, ci); err != nil {
-				return q, err
-			}
+			infos = append(infos, ci)
 		}
 		if err := cl.Err(); err != nil {
+			return q, err
+		}
+		if err := q.addConsumers(ctx, s, infos); err != nil {
 			return q, err
 		}
 		if parts != n {
@@ -420,7 +419,7 @@ func readQueue(ctx context.Context, js jetstream.JetStream) (queueState, error) 
 		if err != nil {
 			return queueState{}, err
 		}
-		if err := q.add(ctx, s, ci); err != nil {
+		if err := q.addConsumers(ctx, s, []*jetstream.ConsumerInfo{ci}); err != nil {
 			return queueState{}, err
 		}
 	}
