@@ -43,14 +43,86 @@ func Serve(srv *http.Server, ln net.Listener) net.Listener {
 	// from the start: the first request of a connection often arrives
 	// before Accept returns, and bytes received before the option was set
 	// carry no stamp.
-	if sc, ok := ln.(syscall.Conn); ok {
-		if rc, err := sc.SyscallConn(); err == nil {
-			rc.Control(func(fd uintptr) {
-				syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1)
-			})
-		}
+	if stampListener(ln) {
+		awaitStamps(5 * time.Second)
 	}
 	return listener{ln}
+}
+
+// stampListener sets SO_TIMESTAMPNS on ln's socket, if it has one.
+func stampListener(ln net.Listener) bool {
+	sc, ok := ln.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TIMESTAMPNS, 1)
+	}); err != nil || serr != nil {
+		return false
+	}
+	return true
+}
+
+// awaitStamps returns once the kernel stamps the TCP segments it receives
+// on loopback, or after timeout. Linux stamps a segment on receipt only
+// while some socket of the host asks for stamps, and it turns that on for
+// the first such socket from a work queue, not in the setsockopt: for a
+// while after it, segments arrive unstamped, and a request in them would
+// be timed by the handler's clock (a CI run saw the first request of a
+// fresh test process 200 ms late; 11 runs in 30 did, alone). The socket
+// Serve has just set keeps it on, so one probe connection that sees a
+// stamp is enough.
+func awaitStamps(timeout time.Duration) {
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil || !stampListener(probe) {
+		return
+	}
+	defer probe.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := listener{probe}.Accept()
+		if err != nil {
+			c = nil
+		}
+		accepted <- c
+	}()
+	out, err := net.Dial("tcp", probe.Addr().String())
+	if err != nil {
+		return
+	}
+	defer out.Close()
+	in := <-accepted
+	if in == nil {
+		return
+	}
+	defer in.Close()
+	c, ok := in.(*conn)
+	if !ok {
+		return
+	}
+	deadline := time.Now().Add(timeout)
+	in.SetReadDeadline(deadline)
+	var b [1]byte
+	for time.Now().Before(deadline) {
+		if _, err := out.Write(b[:]); err != nil {
+			return
+		}
+		if _, err := in.Read(b[:]); err != nil {
+			return
+		}
+		c.mu.Lock()
+		stamped := !c.last.IsZero()
+		c.mu.Unlock()
+		if stamped {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 type connKey struct{}
