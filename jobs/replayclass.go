@@ -114,6 +114,13 @@ type ReplayRun struct {
 	// that a pod starting just after it still finds its LastStarts.
 	// `mirrorworker status` does not list such an entry.
 	Ended time.Time `json:"ended,omitzero"`
+	// Replays that find no pod pace one at a time: Order is the revision
+	// of the entry's first version in ReplaysBucket (0 in that version,
+	// which is read by its own revision). A replay waits, its entry still
+	// Alone, until no entry of lower order paces alone; WaitingFor names
+	// the one it waits for, empty once it paces.
+	Order      uint64 `json:"order,omitempty"`
+	WaitingFor string `json:"waiting_for,omitempty"`
 }
 
 // ReplayAuthority is one authority of a ReplayRun.

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"sync"
@@ -24,6 +25,11 @@ import (
 // one appears, lets its requests in flight end, and hands the rest of its
 // jobs to the pods (Handover) after writing when it stopped and its last
 // request starts, from which the pods space their first requests.
+//
+// Replays that find no pod pace one at a time: one whose entry came later
+// (jobs.ReplayRun.Order) waits, its entry saying Alone, while an earlier
+// one paces alone, then spaces its first requests from that one's last
+// starts; a pod that appears meanwhile gets the work of both.
 
 // DefaultPodPoll is the default of AloneOptions.Poll.
 const DefaultPodPoll = 500 * time.Millisecond
@@ -59,25 +65,56 @@ type AloneOptions struct {
 	// entry it must keep (Alone false, AloneUntil and LastStarts set);
 	// an error (the pods do not take Target) ends the replay with it.
 	Handover func(pods map[string][]string, base jobs.ReplayRun) (Work, error)
-	Logger   zerolog.Logger
+	// Fence, if set, spaces the local worker's first request to auth from
+	// at (pacer.Fence), for the last starts of the replays it waited for;
+	// Sync, if set, returns once the pacer facts they published are
+	// applied (pipeline.Parts.SyncFacts).
+	Fence func(auth string, at time.Time)
+	Sync  func(ctx context.Context) error
+	// Waiting, if set, is told once of each replay this one waits for.
+	Waiting func(earlier jobs.ReplayRun)
+	Logger  zerolog.Logger
 }
 
-// Alone returns the Work of a replay that paces its own requests until a
-// pod appears (see above); kv is jobs.ReplaysBucket.
-func Alone(kv jetstream.KeyValue, o AloneOptions) Work {
+// Lone is a replay that paces its own requests until a pod appears (see
+// above): Await, then Work.
+type Lone struct{ a *alone }
+
+// Alone returns the replay run o.Run that found no live pod; kv is
+// jobs.ReplaysBucket.
+func Alone(kv jetstream.KeyValue, o AloneOptions) *Lone {
 	if o.Poll <= 0 {
 		o.Poll = DefaultPodPoll
 	}
 	if o.Starts == nil {
 		o.Starts = &Starts{}
 	}
-	return func(ctx context.Context, c jetstream.Consumer) error {
-		a := &alone{kv: kv, o: o, entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: time.Now().UTC(), Alone: true}}
-		if ci := c.CachedInfo(); ci != nil {
-			a.entry.Jobs = int64(ci.NumPending)
-		}
-		return a.run(ctx, c)
+	return &Lone{&alone{kv: kv, o: o, entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: time.Now().UTC(), Alone: true}}}
+}
+
+// Await writes the run's entry and returns once no replay whose entry
+// came first paces alone (or a pod has appeared): Options.Await, so that a
+// replay that waits holds no consumer meanwhile. It fails only when ctx
+// ends.
+func (l *Lone) Await(ctx context.Context) error {
+	a := l.a
+	if err := a.announce(ctx); err != nil {
+		return err
 	}
+	if _, err := a.awaitEarlier(ctx); err != nil {
+		a.end(ctx)
+		return err
+	}
+	return nil
+}
+
+// Work is the replay's Work on its consumer c: its own worker until a pod
+// appears, then the hand-over.
+func (l *Lone) Work(ctx context.Context, c jetstream.Consumer) error {
+	if ci := c.CachedInfo(); ci != nil {
+		l.a.entry.Jobs = int64(ci.NumPending)
+	}
+	return l.a.run(ctx, c)
 }
 
 type alone struct {
@@ -86,15 +123,30 @@ type alone struct {
 	entry jobs.ReplayRun
 }
 
-func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
-	// The entry first, then the pods: a pod announces itself first, then
-	// reads the entries, so that one of the two sees the other.
+// announce writes the entry: the entry first, then the pods, since a pod
+// announces itself first, then reads the entries, so that one of the two
+// sees the other. Its first version gives the replay its order.
+func (a *alone) announce(ctx context.Context) error {
 	if err := a.put(ctx); err != nil {
 		return fmt.Errorf("replay: write the run's entry in %s: %w", jobs.ReplaysBucket, err)
+	}
+	return nil
+}
+
+func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
+	if err := a.announce(ctx); err != nil {
+		return err
 	}
 	pods, err := a.o.Pods(ctx)
 	if err != nil {
 		a.o.Logger.Warn().Err(err).Msg("replay: list the live pods")
+	}
+	if len(pods) == 0 {
+		// Again, for a Work run without Await (no wait, then).
+		if pods, err = a.awaitEarlier(ctx); err != nil {
+			a.end(ctx)
+			return err
+		}
 	}
 	lctx, stopLocal := context.WithCancel(ctx)
 	defer stopLocal()
@@ -134,6 +186,129 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 		return err
 	}
 	return work(ctx, c)
+}
+
+// others are the other replays' entries, each with its order
+// (jobs.ReplayRun.Order).
+func (a *alone) others(ctx context.Context) ([]jobs.ReplayRun, error) {
+	lister, err := a.kv.ListKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []jobs.ReplayRun
+	for k := range lister.Keys() {
+		if k == a.o.Run {
+			continue
+		}
+		e, err := a.kv.Get(ctx, k)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		var r jobs.ReplayRun
+		if json.Unmarshal(e.Value(), &r) != nil {
+			continue
+		}
+		if r.Order == 0 {
+			r.Order = e.Revision()
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// earliest is the replay of runs that paces alone (or waits to) with the
+// lowest order below the replay's own, if any.
+func (a *alone) earliest(runs []jobs.ReplayRun) (jobs.ReplayRun, bool) {
+	var first jobs.ReplayRun
+	for _, r := range runs {
+		if r.Alone && r.Ended.IsZero() && r.Order < a.entry.Order && (first.Run == "" || r.Order < first.Order) {
+			first = r
+		}
+	}
+	return first, first.Run != ""
+}
+
+// awaitEarlier waits while a replay whose entry came first paces alone,
+// refreshing the entry and asking for pods meanwhile. It returns the pods
+// once one appears, or nil once no earlier replay paces alone, having
+// applied their facts (Sync) and spaced the first requests from their
+// last starts (Fence). It fails only when ctx ends.
+func (a *alone) awaitEarlier(ctx context.Context) (map[string][]string, error) {
+	poll := time.NewTicker(a.o.Poll)
+	defer poll.Stop()
+	lastPut, waited, warned := time.Now(), false, time.Time{}
+	for {
+		runs, err := a.others(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if time.Since(warned) > 10*time.Second {
+				warned = time.Now()
+				a.o.Logger.Warn().Err(err).Msg("replay: read the other replays (" + jobs.ReplaysBucket + "); asking again before the first request")
+			}
+		} else if first, ok := a.earliest(runs); !ok {
+			return nil, a.follow(ctx, runs, waited)
+		} else if a.entry.WaitingFor != first.Run {
+			a.entry.WaitingFor = first.Run
+			a.o.Logger.Info().Str("replay", first.Run).Str("into", first.Target).
+				Msg("replay: waiting for another replay that paces its own requests to end (replays with no pod run one at a time; a pod that starts does the work of both)")
+			if a.o.Waiting != nil {
+				a.o.Waiting(first)
+			}
+			waited, lastPut = true, time.Time{}
+		}
+		if time.Since(lastPut) >= 2*time.Second {
+			lastPut = time.Now()
+			if err := a.put(ctx); err != nil && ctx.Err() == nil {
+				a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-poll.C:
+		}
+		pods, err := a.o.Pods(ctx)
+		if err != nil && ctx.Err() == nil {
+			a.o.Logger.Debug().Err(err).Msg("replay: list the live pods")
+		}
+		if len(pods) > 0 {
+			a.entry.WaitingFor = ""
+			return pods, nil
+		}
+	}
+}
+
+// follow takes up the pace the replays of runs left: their facts applied,
+// the first requests spaced from their last starts. waited says whether
+// the replay waited for one of them (and logs that it goes on).
+func (a *alone) follow(ctx context.Context, runs []jobs.ReplayRun, waited bool) error {
+	if a.o.Sync != nil && waited {
+		if err := a.o.Sync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			a.o.Logger.Warn().Err(err).Msg("replay: apply the pacer facts the replay it waited for published")
+		}
+	}
+	n := 0
+	if a.o.Fence != nil {
+		for _, r := range runs {
+			for auth, at := range r.LastStarts {
+				a.o.Fence(auth, at)
+				n++
+			}
+		}
+	}
+	if waited {
+		a.entry.WaitingFor = ""
+		if err := a.put(ctx); err != nil && ctx.Err() == nil {
+			a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
+		}
+		a.o.Logger.Info().Int("fenced", n).Msg("replay: the replay it waited for has ended; its first requests are spaced from that one's last starts")
+	}
+	return nil
 }
 
 // watch refreshes the entry and asks for pods until the local worker ends
@@ -195,6 +370,15 @@ func (a *alone) stopped() jobs.ReplayRun {
 // saying so: a pod that starts within jobs.ReplaysTTL spaces its first
 // requests from the replay's last starts.
 func (a *alone) end(ctx context.Context) {
+	if a.o.Flush != nil {
+		// Before the entry says it ended: a replay waiting for this one
+		// applies its facts once it has.
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := a.o.Flush(fctx); err != nil {
+			a.o.Logger.Warn().Err(err).Msg("replay: pacer facts not all published before the end")
+		}
+		cancel()
+	}
 	a.entry = a.stopped()
 	a.entry.Ended = a.entry.AloneUntil
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -215,7 +399,10 @@ func (a *alone) put(ctx context.Context) error {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_, err := a.kv.Put(pctx, a.o.Run, e.Encode())
+	rev, err := a.kv.Put(pctx, a.o.Run, e.Encode())
+	if err == nil && a.entry.Order == 0 {
+		a.entry.Order = rev
+	}
 	return err
 }
 

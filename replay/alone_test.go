@@ -133,7 +133,7 @@ func TestAloneHandsOverWhenAPodAppears(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}()
-	res, err := replay.Run(ctx, js, work, &replay.Options{Poll: 20 * time.Millisecond})
+	res, err := replay.Run(ctx, js, work.Work, &replay.Options{Poll: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,11 +186,229 @@ func TestAloneEndsWithItsEntryLeftToExpire(t *testing.T) {
 			return nil, fmt.Errorf("no")
 		},
 	})
-	if _, err := replay.Run(ctx, js, work, &replay.Options{Poll: 20 * time.Millisecond}); err != nil {
+	if _, err := replay.Run(ctx, js, work.Work, &replay.Options{Poll: 20 * time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	r, ok := readRun(t, kv, "r2")
 	if !ok || r.Alone || r.Ended.IsZero() || r.LastStarts["a.example:443"].IsZero() {
 		t.Errorf("entry after the end: %+v (found %v); want Ended, not Alone, with the last start of a.example:443", r, ok)
 	}
+}
+
+// lone is a lone replay over the consumer for the tests below: its local
+// work asks the gate for one hop to a.example per job, acks the job only
+// once release is closed, and records when it first ran.
+type lone struct {
+	run     string
+	release chan struct{}
+	starts  *replay.Starts
+	ran     atomic.Int64 // unix nanoseconds of the local work's first request
+	fenced  map[string]time.Time
+	waited  []string
+	mu      chan struct{} // guards fenced and waited (a one-slot semaphore)
+}
+
+func newLone(run string) *lone {
+	l := &lone{run: run, release: make(chan struct{}), starts: &replay.Starts{}, fenced: map[string]time.Time{}, mu: make(chan struct{}, 1)}
+	return l
+}
+
+func (l *lone) options(t *testing.T, pods func() map[string][]string, handover func(jobs.ReplayRun)) replay.AloneOptions {
+	d := &worker.Deps{Fetcher: gateFetcher{}}
+	l.starts.Wrap(d)
+	return replay.AloneOptions{
+		Run: l.run, Target: "file:///" + l.run, Starts: l.starts, Poll: 20 * time.Millisecond,
+		Local: func(ctx context.Context, c jetstream.Consumer) error {
+			for ctx.Err() == nil {
+				b, err := c.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond))
+				if err != nil {
+					continue
+				}
+				for m := range b.Messages() {
+					l.ran.CompareAndSwap(0, time.Now().UnixNano())
+					if _, err := d.Fetcher.Do(ctx, fetch.Request{}, func(context.Context, int, authority.Authority) (func(fetch.Result), error) {
+						return func(fetch.Result) {}, nil
+					}); err != nil {
+						t.Error(err)
+					}
+					select {
+					case <-l.release:
+						m.Ack()
+					case <-ctx.Done():
+						m.Nak()
+					}
+				}
+			}
+			return nil
+		},
+		Pods: func(context.Context) (map[string][]string, error) { return pods(), nil },
+		Handover: func(_ map[string][]string, base jobs.ReplayRun) (replay.Work, error) {
+			handover(base)
+			return func(ctx context.Context, c jetstream.Consumer) error {
+				for ctx.Err() == nil {
+					b, err := c.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond))
+					if err != nil {
+						continue
+					}
+					for m := range b.Messages() {
+						m.Ack()
+					}
+				}
+				return nil
+			}, nil
+		},
+		Fence: func(auth string, at time.Time) {
+			l.mu <- struct{}{}
+			l.fenced[auth] = at
+			<-l.mu
+		},
+		Waiting: func(e jobs.ReplayRun) {
+			l.mu <- struct{}{}
+			l.waited = append(l.waited, e.Run)
+			<-l.mu
+		},
+	}
+}
+
+// TestLoneReplaysPaceOneAtATime: of two replays that find no pod, the one
+// whose entry came second waits (its entry Alone, WaitingFor the first)
+// until the first has ended, holding no consumer meanwhile; its first
+// request comes after the first replay's end, and is fenced from the
+// first one's last start.
+func TestLoneReplaysPaceOneAtATime(t *testing.T) {
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
+	publishJobs(t, js, jobs.Job{URL: "https://a.example/0"})
+	kv, err := replay.EnsureReplaysBucket(ctx, js, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	none := func() map[string][]string { return nil }
+	noHandover := func(jobs.ReplayRun) { t.Error("handed over without pods") }
+	first, second := newLone("r1"), newLone("r2")
+	w1 := replay.Alone(kv, first.options(t, none, noHandover))
+	done1 := make(chan error, 1)
+	var ended1 atomic.Int64
+	go func() {
+		_, err := replay.Run(ctx, js, w1.Work, &replay.Options{Await: w1.Await, Poll: 20 * time.Millisecond})
+		ended1.Store(time.Now().UnixNano())
+		done1 <- err
+	}()
+	waitUntil(t, "the first replay's request", func() bool { return first.ran.Load() != 0 })
+
+	w2 := replay.Alone(kv, second.options(t, none, noHandover))
+	done2 := make(chan error, 1)
+	var res2 replay.Result
+	go func() {
+		var err error
+		res2, err = replay.Run(ctx, js, w2.Work, &replay.Options{Await: w2.Await, Poll: 20 * time.Millisecond})
+		done2 <- err
+	}()
+	waitUntil(t, "the second replay waiting for the first", func() bool {
+		r, ok := readRun(t, kv, "r2")
+		return ok && r.Alone && r.WaitingFor == "r1"
+	})
+	// Waiting, it holds no consumer and starts nothing.
+	time.Sleep(200 * time.Millisecond) // a window in which a start would be a failure
+	if second.ran.Load() != 0 {
+		t.Fatal("the second replay started a request while the first paced alone")
+	}
+	if n := consumers(t, js); n != 1 {
+		t.Errorf("%d consumers while the second replay waits: want the first's only", n)
+	}
+	close(first.release)
+	if err := <-done1; err != nil {
+		t.Fatal(err)
+	}
+	close(second.release)
+	if err := <-done2; err != nil {
+		t.Fatal(err)
+	}
+	if res2.Jobs != 1 {
+		t.Errorf("the second replay did %d jobs, want 1", res2.Jobs)
+	}
+	if got := second.ran.Load(); got < ended1.Load() {
+		t.Errorf("the second replay's first request %s before the first replay ended", time.Duration(ended1.Load()-got))
+	}
+	last := first.starts.Recent(time.Now())["a.example:443"]
+	if got := second.fenced["a.example:443"]; last.IsZero() || !got.Equal(last) {
+		t.Errorf("the second replay fenced a.example:443 from %s: want the first one's last start %s", got, last)
+	}
+	if len(second.waited) != 1 || second.waited[0] != "r1" {
+		t.Errorf("the second replay said it waited for %v: want [r1]", second.waited)
+	}
+	if r, _ := readRun(t, kv, "r2"); r.WaitingFor != "" || r.Ended.IsZero() {
+		t.Errorf("the second replay's last entry %+v: want ended, waiting for nothing", r)
+	}
+}
+
+// TestALoneReplayWaitingHandsOverToAPod: a replay that waits for another
+// hands all its jobs to a pod that appears meanwhile, starting none itself.
+func TestALoneReplayWaitingHandsOverToAPod(t *testing.T) {
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
+	publishJobs(t, js, jobs.Job{URL: "https://a.example/0"}, jobs.Job{URL: "https://a.example/1"})
+	kv, err := replay.EnsureReplaysBucket(ctx, js, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first replay's entry says it paces alone and is refreshed by
+	// nobody: as one that has not yet seen the pod.
+	if _, err := kv.Put(ctx, "r0", jobs.ReplayRun{Run: "r0", Target: "file:///r0", Alone: true, Updated: time.Now()}.Encode()); err != nil {
+		t.Fatal(err)
+	}
+	var appear atomic.Bool
+	pods := func() map[string][]string {
+		if appear.Load() {
+			return map[string][]string{"pod-1": {"file:///r2"}}
+		}
+		return nil
+	}
+	var base atomic.Pointer[jobs.ReplayRun]
+	second := newLone("r2")
+	close(second.release)
+	w := replay.Alone(kv, second.options(t, pods, func(b jobs.ReplayRun) { base.Store(&b) }))
+	done := make(chan error, 1)
+	go func() {
+		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})
+		done <- err
+	}()
+	waitUntil(t, "the replay waiting for r0", func() bool {
+		r, ok := readRun(t, kv, "r2")
+		return ok && r.Alone && r.WaitingFor == "r0"
+	})
+	appear.Store(true)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if second.ran.Load() != 0 {
+		t.Error("the waiting replay started a request of its own")
+	}
+	if b := base.Load(); b == nil || b.Alone || b.Done != 0 || len(b.LastStarts) != 0 {
+		t.Errorf("hand-over's entry %+v: want not Alone, nothing done, no last starts", b)
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func consumers(t *testing.T, js jetstream.JetStream) int {
+	t.Helper()
+	st, err := js.Stream(brokertest.Context(t), jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(brokertest.Context(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Consumers
 }

@@ -37,6 +37,10 @@ type Options struct {
 	Clock clock.Clock
 	// Logger gets the start and end lines; the zero Logger discards.
 	Logger zerolog.Logger
+	// Await, if set, is waited for before the consumer is created (Lone's
+	// wait for an earlier replay): the replay's jobs are those stored when
+	// it returns.
+	Await func(ctx context.Context) error
 }
 
 // Result says what Run did.
@@ -111,6 +115,11 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		poll = 250 * time.Millisecond
 	}
 	log := o.Logger
+	if o.Await != nil {
+		if err := o.Await(ctx); err != nil {
+			return Result{}, err
+		}
+	}
 
 	st, err := js.Stream(ctx, jobs.JobsStream)
 	if err != nil {

@@ -341,7 +341,9 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	var res replay.Result
 	err = parts.Run(ctx, func(ctx context.Context) error {
 		var err error
-		res, err = replay.Run(ctx, js, lone.work(), &replay.Options{
+		w := lone.alone()
+		res, err = replay.Run(ctx, js, w.Work, &replay.Options{
+			Await:    w.Await,
 			Start:    plan.start,
 			Subjects: plan.subjects,
 			Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
@@ -372,8 +374,8 @@ type loneReplay struct {
 	handedOver bool // set before the hand-over's work runs; read after replay.Run returns
 }
 
-// work is the replay's Work: its own worker, then the pods'.
-func (l *loneReplay) work() replay.Work {
+// alone is the replay's work: its own worker, then the pods'.
+func (l *loneReplay) alone() *replay.Lone {
 	starts := &replay.Starts{}
 	local := func(ctx context.Context, cons jetstream.Consumer) error {
 		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
@@ -391,7 +393,13 @@ func (l *loneReplay) work() replay.Work {
 	}
 	return replay.Alone(l.kv, replay.AloneOptions{
 		Run: l.run, Target: l.spec, Local: local, Starts: starts, Flush: l.parts.Sink.Flush, Logger: l.log,
-		Pods: func(ctx context.Context) (map[string][]string, error) { return replay.LivePods(ctx, l.js) },
+		Sync:  l.parts.SyncFacts,
+		Fence: func(auth string, at time.Time) { l.parts.Pacer.Fence(time.Now(), auth, at) },
+		Pods:  func(ctx context.Context) (map[string][]string, error) { return replay.LivePods(ctx, l.js) },
+		Waiting: func(e jobs.ReplayRun) {
+			fmt.Fprintf(l.stderr, "replay %s: waiting for replay %s (into %s) to end: it paces its own requests, and with no pod running replays run one at a time (a pod that starts does the work of both)\n",
+				l.run, e.Run, e.Target)
+		},
 		Done: func() int64 { s := l.tally.Summary(); return s.Stored + s.Unchanged + s.DeadLettered },
 		Handover: func(pods map[string][]string, base jobs.ReplayRun) (replay.Work, error) {
 			if err := replay.CheckPods(pods, l.spec); err != nil {

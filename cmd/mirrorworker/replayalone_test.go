@@ -283,3 +283,55 @@ func TestProcessReplayBesideASharedConsumerPod(t *testing.T) {
 		t.Errorf("pods announced after the pod stopped: %v", pods)
 	}
 }
+
+// TestProcessLoneReplaysRunOneAtATime is issue 27's "one or more
+// replays": two replays started with no pod running, into two new
+// directories, over the same origin. The second waits (it says so, and
+// `status` shows whom it waits for) until the first has ended, then paces
+// from the first one's last starts: as the origin times the arrivals, no
+// gap below the floor and at most the in-flight cap at once; both mirrors
+// complete and byte-exact.
+func TestProcessLoneReplaysRunOneAtATime(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	t.Parallel()
+	const (
+		perAuth = 10
+		floor   = 300 * time.Millisecond
+	)
+	natsURL, origin, targets, urls, _ := storedJobs(t, perAuth)
+	first, second := t.TempDir(), t.TempDir()
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	rp1, rout1 := startLoneReplay(t, js, natsURL, origin, first, floor)
+	rp2, rout2 := startReplayProcess(t, "--nats-url", natsURL, "--target", second, "--floor", floor.String(), "--max-in-flight", "2",
+		"--allow-private-networks", "--progress", "lines")
+	waitFor(t, 30*time.Second, "the second replay waiting for the first", func() bool {
+		return strings.Contains(rout2.String(), "to end: it paces its own requests, and with no pod running replays run one at a time")
+	})
+	var st bytes.Buffer
+	if err := run(context.Background(), []string{"status", "--nats-url", natsURL}, noEnv, strings.NewReader(""), &st, &st); err != nil {
+		t.Fatalf("status: %v\n%s", err, st.String())
+	}
+	if !regexp.MustCompile(`no pod: it waits for replay [a-z0-9]+, which paces alone; replays with no pod run one at a time`).MatchString(st.String()) {
+		t.Errorf("status does not show the second replay waiting:\n%s", st.String())
+	}
+	if err := rp1.Wait(); err != nil {
+		t.Fatalf("first replay: %v\n%s", err, rout1)
+	}
+	if err := rp2.Wait(); err != nil {
+		t.Fatalf("second replay: %v\n%s", err, rout2)
+	}
+	for i, out := range []string{rout1.String(), rout2.String()} {
+		if !strings.Contains(out, fmt.Sprintf("replayed %d jobs", len(urls))) || !strings.Contains(out, fmt.Sprintf("%d stored", len(urls))) {
+			t.Errorf("replay %d output:\n%s", i+1, out)
+		}
+	}
+	checkClusterMirror(t, first, targets)
+	checkClusterMirror(t, second, targets)
+	origin.check(t, floor, 2, nil)
+	if got := origin.arrivalsSoFar(); got != 2*len(urls) {
+		t.Errorf("the origin saw %d requests, want %d (each replay's jobs once)", got, 2*len(urls))
+	}
+}

@@ -63,7 +63,10 @@ func writeReplays(w io.Writer, runs []jobs.ReplayRun, now time.Time) error {
 			eta = r.ETA.String()
 		}
 		queued := fmt.Sprint(r.Waiting)
-		if r.Alone {
+		switch {
+		case r.Alone && r.WaitingFor != "":
+			queued = "- (no pod: it waits for replay " + r.WaitingFor + ", which paces alone; replays with no pod run one at a time)"
+		case r.Alone:
 			queued = "- (no pod: it paces its own requests until one starts)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s ago\n", r.Run, r.Target, r.Done, r.Jobs, queued, eta, now.Sub(r.Updated).Round(100*time.Millisecond))
