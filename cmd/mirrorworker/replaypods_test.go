@@ -273,28 +273,7 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 		}
 		return countPrefix(origin.since(began), "/old/") >= 6
 	})
-	worst := 0
-	for i := range live {
-		at, t0 := origin.count(), time.Now()
-		publishJob(t, js, fmt.Sprintf("%s/live/%d", origin.srv.URL, i), fmt.Sprintf("live/%d", i))
-		path := fmt.Sprintf("/live/%d", i)
-		var reqs []classReq
-		waitFor(t, 30*time.Second, "live job "+path, func() bool {
-			reqs = origin.since(at)
-			return countPrefix(reqs, path) > 0
-		})
-		before := 0
-		for _, r := range reqs {
-			if r.path == path {
-				t.Logf("%s requested %s after its enqueue, %d replay requests before it", path, r.at.Sub(t0).Round(time.Millisecond), before)
-				break
-			}
-			if strings.HasPrefix(r.path, "/old/") {
-				before++
-			}
-		}
-		worst = max(worst, before)
-	}
+	worst, _ := liveJobsFirst(t, js, origin, "live", live)
 	if worst > 2 {
 		t.Errorf("a live job waited behind %d replay requests; want at most 2 (live first)", worst)
 	}
@@ -358,6 +337,116 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 		if k > 1 {
 			t.Errorf("%s fetched %d times without a condition by the replays", p, k)
 		}
+	}
+}
+
+// liveJobsFirst enqueues live jobs /<name>/0 to /<name>/<live-1> on origin
+// one after the other while a replay of /old/ jobs runs, each once the one
+// before was requested; it returns the most replay requests the origin saw
+// between a live job's enqueue and its request, and the longest time from
+// an enqueue to its request.
+func liveJobsFirst(t *testing.T, js jetstream.JetStream, origin *classOrigin, name string, live int) (worst int, longest time.Duration) {
+	t.Helper()
+	for i := range live {
+		at, t0 := origin.count(), time.Now()
+		publishJob(t, js, fmt.Sprintf("%s/%s/%d", origin.srv.URL, name, i), fmt.Sprintf("%s/%d", name, i))
+		path := fmt.Sprintf("/%s/%d", name, i)
+		var reqs []classReq
+		waitFor(t, 30*time.Second, "live job "+path, func() bool {
+			reqs = origin.since(at)
+			return countPrefix(reqs, path) > 0
+		})
+		before := 0
+		for _, r := range reqs {
+			if r.path == path {
+				t.Logf("%s requested %s after its enqueue, %d replay requests before it", path, r.at.Sub(t0).Round(time.Millisecond), before)
+				longest = max(longest, r.at.Sub(t0))
+				break
+			}
+			if strings.HasPrefix(r.path, "/old/") {
+				before++
+			}
+		}
+		worst = max(worst, before)
+	}
+	return worst, longest
+}
+
+// TestProcessReplayOf2000JobsYieldsToLiveJobs is issue 27's priority test
+// at its size: a replay of 2,000 jobs for one authority at floor 100 ms
+// (in-flight cap 1), and 20 live jobs enqueued one after the other while
+// it runs. Each live job is requested after at most two replay requests
+// (live first: the replay's backlog in the stream is not ahead of it),
+// while nearly all of the replay is still to do; Ctrl-C then ends the
+// replay with nothing of it left queued, and every live job stored.
+func TestProcessReplayOf2000JobsYieldsToLiveJobs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts worker processes")
+	}
+	t.Parallel()
+	const (
+		n     = 2000
+		live  = 20
+		floor = 100 * time.Millisecond
+	)
+	natsURL := externalNATS(t)
+	origin := newClassOrigin(t)
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	root, newRoot := t.TempDir(), t.TempDir()
+	// The jobs, stored at floor 0 by a first pod, quickly.
+	u0 := origin.srv.URL + "/old/0"
+	publishURLs(t, natsURL, map[string]string{u0: "old/0"}, []string{u0}) // creates the streams
+	for i := 1; i < n; i++ {
+		publishJob(t, js, fmt.Sprintf("%s/old/%d", origin.srv.URL, i), fmt.Sprintf("old/%d", i))
+	}
+	first := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--max-in-flight", "8")...)
+	waitQueueEmpty(t, natsURL, root, n, 3*time.Minute, first.log)
+	if _, err := first.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("first pod: %v", err)
+	}
+	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--replay-target", newRoot,
+		"--floor", floor.String(), "--max-in-flight", "1", "--log-level", "info")...)
+	began := origin.count()
+	waitFor(t, 30*time.Second, "the pod announced", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		pods, err := replay.LivePods(ctx, js)
+		return err == nil && len(pods) == 1
+	})
+	rctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	done := runReplayIn(rctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "none")
+	waitFor(t, 60*time.Second, "the replay's first requests", func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("the replay ended before its first requests: %v\n%s\n%s", r.err, r.stdout, r.stderr)
+		default:
+		}
+		return countPrefix(origin.since(began), "/old/") >= 6
+	})
+	worst, longest := liveJobsFirst(t, js, origin, "live", live)
+	replayed := countPrefix(origin.since(began), "/old/")
+	t.Logf("%d live jobs: at most %d replay requests before one, at most %s from an enqueue to its request; the replay had done %d of %d",
+		live, worst, longest.Round(time.Millisecond), replayed, n)
+	if worst > 2 {
+		t.Errorf("a live job waited behind %d replay requests; want at most 2 (live first)", worst)
+	}
+	if replayed > n/10 {
+		t.Fatalf("the replay had done %d of %d jobs by the last live one; the test is meant to hold most of them back", replayed, n)
+	}
+	stop()
+	if r := <-done; r.err == nil || !strings.Contains(r.err.Error(), "replay interrupted") {
+		t.Fatalf("replay after Ctrl-C: %v\n%s", r.err, r.stdout)
+	}
+	stopped := origin.count()
+	waitFor(t, 30*time.Second, "the replay's entry gone", func() bool { return len(replayRuns(t, js)) == 0 })
+	waitQueueEmpty(t, natsURL, root, n+live, 60*time.Second, pod.log)
+	if after := countPrefix(origin.since(stopped), "/old/"); after > replay.DefaultWindow+1 {
+		t.Errorf("%d replay requests after Ctrl-C; want at most the window, %d", after, replay.DefaultWindow)
+	}
+	if _, err := pod.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Errorf("pod exit: %v", err)
 	}
 }
 
