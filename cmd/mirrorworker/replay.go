@@ -26,6 +26,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
+	"github.com/mirrorworker/mirrorworker/policy"
 	"github.com/mirrorworker/mirrorworker/replay"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
@@ -60,7 +61,7 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.dryRun, "dry-run", false, "count the jobs a replay would re-drive, per authority, and fetch nothing")
 
 	c.workerFlags.register(fs, workerDefaults{
-		policyHelp:        "policy file of per-authority floors and in-flight caps (use the live worker's)",
+		policyHelp:        "policy file of per-authority floors and in-flight caps (use the live worker's; the live policy in MIRROR_POLICY applies over it)",
 		ackWaitHelp:       "replay consumer AckWait: an unacknowledged job is redelivered after this",
 		maxAckPendingHelp: "replay consumer MaxAckPending: jobs delivered and not yet acknowledged",
 		workerIDHelp:      "name of this replay in logs and dead letters (default replay-<hostname>-<pid>)",
@@ -329,6 +330,10 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	if _, err := facts.Restore(ctx, js, parts.Pacer, facts.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
+	live, err := followLivePolicy(ctx, js, c, parts, policy, log)
+	if err != nil {
+		return err
+	}
 	kv, err := replay.EnsureReplaysBucket(ctx, js, c.streamReplicas)
 	if err != nil {
 		return replicasHint(err, c.streamReplicas)
@@ -351,12 +356,26 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 			Logger:   log,
 		})
 		return err
-	}, &pipeline.RunOptions{Actors: []pipeline.Actor{follow}})
+	}, &pipeline.RunOptions{Actors: []pipeline.Actor{follow, live}})
 	run := ""
 	if lone.handedOver {
 		run = lone.run
 	}
 	return replayEnd(ctx, js, c, plan, target, res, tally.Summary(), err, began, run, stdout)
+}
+
+// followLivePolicy loads the live policy (MIRROR_POLICY) over the replay's
+// own (static: --policy, --floor, --max-in-flight, --max-bandwidth) into
+// its pacer, with a pod's precedence (docs/adr/0023), and returns the
+// actor that follows its changes: a replay that paces its own requests
+// keeps the floors, caps and groups operators set on the cluster.
+func followLivePolicy(ctx context.Context, js jetstream.JetStream, c *replayConfig, parts *pipeline.Parts, static *pacer.Policy, log zerolog.Logger) (pipeline.Actor, error) {
+	w, err := policy.Open(ctx, js, policy.Options{Base: static, Apply: parts.SetPolicy, Replicas: c.streamReplicas, Logger: log})
+	if err != nil {
+		return pipeline.Actor{}, fmt.Errorf("live policy: %w", replicasHint(err, c.streamReplicas))
+	}
+	pctx, stop := context.WithCancel(context.Background())
+	return pipeline.Actor{Execute: func() error { return w.Run(pctx) }, Interrupt: func(error) { stop() }}, nil
 }
 
 // loneReplay is what a replay without pods needs to hand over to pods that

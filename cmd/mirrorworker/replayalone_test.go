@@ -335,3 +335,68 @@ func TestProcessLoneReplaysRunOneAtATime(t *testing.T) {
 		t.Errorf("the origin saw %d requests, want %d (each replay's jobs once)", got, 2*len(urls))
 	}
 }
+
+// TestReplayAloneFollowsTheLivePolicy: a replay with no pod paces by the
+// live policy as a pod would (MIRROR_POLICY over its own flags, docs/adr/
+// 0023): a key set for the authority beats its --floor from the first
+// request, and a change made while it runs applies within a second. As the
+// origin times the arrivals, no gap below the floor in force.
+func TestReplayAloneFollowsTheLivePolicy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a replay against NATS")
+	}
+	t.Parallel()
+	const (
+		n       = 8
+		set     = 600 * time.Millisecond
+		raised  = 1200 * time.Millisecond
+		ownFlag = 50 * time.Millisecond
+		reach   = time.Second
+	)
+	natsURL := externalNATS(t)
+	origin := newArrivalOrigin(t)
+	auth := origin.auth()
+	targets := map[string]string{}
+	var urls []string
+	for i := range n {
+		u := fmt.Sprintf("%s/obj/%d", origin.srv.URL, i)
+		targets[u], urls = fmt.Sprintf("obj/%d", i), append(urls, u)
+	}
+	publishURLs(t, natsURL, targets, urls)
+	if out, err := runPolicy(t, natsURL, "set", "--authority", auth, "--floor", set.String(), "--reason", "test"); err != nil {
+		t.Fatalf("policy set: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	done := runReplayIn(context.Background(), "--nats-url", natsURL, "--target", dir, "--floor", ownFlag.String(),
+		"--allow-private-networks", "--progress", "none")
+	waitFor(t, 30*time.Second, "3 requests of the replay", func() bool { return len(origin.sorted()) >= 3 })
+	t1 := time.Now()
+	if out, err := runPolicy(t, natsURL, "set", "--authority", auth, "--floor", raised.String(), "--reason", "test: raise"); err != nil {
+		t.Fatalf("policy set: %v\n%s", err, out)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("replay: %v\n%s\n%s", r.err, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stdout, fmt.Sprintf("replayed %d jobs", n)) {
+		t.Errorf("replay output:\n%s", r.stdout)
+	}
+	arr := origin.sorted()
+	if len(arr) != n {
+		t.Fatalf("the origin saw %d requests, want %d", len(arr), n)
+	}
+	slack := set / 10
+	for i := 1; i < len(arr); i++ {
+		g, floor := arr[i].Sub(arr[i-1]), set
+		if arr[i-1].After(t1.Add(reach)) {
+			floor = raised
+		}
+		t.Logf("gap %d: %s (floor in force %s)", i, g.Round(time.Millisecond), floor)
+		if g < floor-slack {
+			t.Errorf("gap %d of %s below the floor in force, %s (the replay's own --floor is %s)", i, g.Round(time.Millisecond), floor, ownFlag)
+		}
+	}
+	if arr[len(arr)-1].Before(t1.Add(reach)) {
+		t.Fatalf("every request came within %s of the raise; the test proves nothing of it", reach)
+	}
+}
