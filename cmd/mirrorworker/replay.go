@@ -330,7 +330,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	if _, err := facts.Restore(ctx, js, parts.Pacer, facts.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
-	live, err := followLivePolicy(ctx, js, c, parts, policy, log)
+	live, watch, err := followLivePolicy(ctx, js, c, parts, policy, log)
 	if err != nil {
 		return err
 	}
@@ -338,7 +338,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	if err != nil {
 		return replicasHint(err, c.streamReplicas)
 	}
-	lone := &loneReplay{js: js, kv: kv, c: c, parts: parts, spec: pipeline.TargetSpec(target.Root()), target: target,
+	lone := &loneReplay{js: js, kv: kv, c: c, parts: parts, policy: watch, spec: pipeline.TargetSpec(target.Root()), target: target,
 		run: strings.ToLower(nuid.Next()), tally: &tally, log: log, stderr: stderr}
 	// The event sink runs until the replay has returned, so that its last
 	// facts are published (pipeline.Run's stop order).
@@ -367,15 +367,16 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 // followLivePolicy loads the live policy (MIRROR_POLICY) over the replay's
 // own (static: --policy, --floor, --max-in-flight, --max-bandwidth) into
 // its pacer, with a pod's precedence (docs/adr/0023), and returns the
-// actor that follows its changes: a replay that paces its own requests
-// keeps the floors, caps and groups operators set on the cluster.
-func followLivePolicy(ctx context.Context, js jetstream.JetStream, c *replayConfig, parts *pipeline.Parts, static *pacer.Policy, log zerolog.Logger) (pipeline.Actor, error) {
+// actor that follows its changes, and the watcher: a replay that paces its
+// own requests keeps the floors, caps and groups operators set on the
+// cluster.
+func followLivePolicy(ctx context.Context, js jetstream.JetStream, c *replayConfig, parts *pipeline.Parts, static *pacer.Policy, log zerolog.Logger) (pipeline.Actor, *policy.Watcher, error) {
 	w, err := policy.Open(ctx, js, policy.Options{Base: static, Apply: parts.SetPolicy, Replicas: c.streamReplicas, Logger: log})
 	if err != nil {
-		return pipeline.Actor{}, fmt.Errorf("live policy: %w", replicasHint(err, c.streamReplicas))
+		return pipeline.Actor{}, nil, fmt.Errorf("live policy: %w", replicasHint(err, c.streamReplicas))
 	}
 	pctx, stop := context.WithCancel(context.Background())
-	return pipeline.Actor{Execute: func() error { return w.Run(pctx) }, Interrupt: func(error) { stop() }}, nil
+	return pipeline.Actor{Execute: func() error { return w.Run(pctx) }, Interrupt: func(error) { stop() }}, w, nil
 }
 
 // loneReplay is what a replay without pods needs to hand over to pods that
@@ -385,6 +386,7 @@ type loneReplay struct {
 	kv         jetstream.KeyValue
 	c          *replayConfig
 	parts      *pipeline.Parts
+	policy     *policy.Watcher // the live policy; its changes repace the worker
 	spec, run  string
 	target     storeTarget
 	tally      *replay.Tally
@@ -408,6 +410,8 @@ func (l *loneReplay) alone() *replay.Lone {
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
+		l.policy.OnChange(w.Repace) // jobs waiting on a floor just lowered ask again
+		defer l.policy.OnChange(nil)
 		return w.Run(ctx)
 	}
 	return replay.Alone(l.kv, replay.AloneOptions{
