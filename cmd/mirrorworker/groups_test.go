@@ -31,6 +31,7 @@ func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
 	t.Parallel()
 	const (
 		perAuth    = 14
+		extra      = 4 // per authority, enqueued just before the kill
 		podFloor   = 300 * time.Millisecond
 		groupFloor = 400 * time.Millisecond
 		slack      = groupFloor / 10 // as the other process tests: a loaded machine's timing
@@ -77,16 +78,18 @@ func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
 	waitFor(t, 60*time.Second, "4 requests to the third authority after it joined", func() bool {
 		return origins[2].countAfter(moved) >= 4
 	})
-	// status shows the group as one row, with its floor and its source.
-	waitFor(t, 30*time.Second, "status showing the group", func() bool {
-		var o bytes.Buffer
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := run(ctx, []string{"status", "--nats-url", natsURL}, noEnv, nil, &o, &o); err != nil {
-			t.Logf("status: %v", err)
+	// More jobs for the three, so that the kill comes while the group has
+	// work however fast the run went so far.
+	var more []string
+	for i := perAuth; i < perAuth+extra; i++ {
+		for k, o := range origins {
+			u := fmt.Sprintf("%s/obj/%d/%03d", o.srv.URL, k, i)
+			targets[u] = fmt.Sprintf("obj/%d/%03d", k, i)
+			more = append(more, u)
 		}
-		return strings.Contains(o.String(), "group:trio") && strings.Contains(o.String(), groupFloor.String()+" (kv)")
-	})
+	}
+	publishURLs(t, natsURL, targets, more)
+	urls = append(urls, more...)
 	partitions := jobs.DefaultPartitions
 	victim := podServing(t, natsURL, pacer.GroupPrefix+"trio", partitions, pods)
 	if stored := len(mirrorFiles(t, root)); stored >= len(urls) {
@@ -97,6 +100,18 @@ func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
 		t.Fatal("killed worker reported success")
 	}
 	pods = append(pods[:victim:victim], pods[victim+1:]...)
+	// status shows the group as one row, with its floor and its source
+	// (asked after the kill, so that the kill comes while jobs remain
+	// however slowly status answers on a loaded machine).
+	waitFor(t, 30*time.Second, "status showing the group", func() bool {
+		var o bytes.Buffer
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := run(ctx, []string{"status", "--nats-url", natsURL}, noEnv, nil, &o, &o); err != nil {
+			t.Logf("status: %v", err)
+		}
+		return strings.Contains(o.String(), "group:trio") && strings.Contains(o.String(), groupFloor.String()+" (kv)")
+	})
 	waitQueueEmpty(t, natsURL, root, len(urls), 150*time.Second, multiLog(pods))
 	for _, p := range pods {
 		if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
