@@ -148,6 +148,20 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) time.Duration
 				return len(mirrorFiles(t, root)) >= len(urls)/5
 			})
 		}
+		if tc.keeps {
+			// What the struck pod keeps is judged against its share: it
+			// must hold it before the fault (the pods balance the
+			// partitions in their first lease rounds).
+			share := cluster.Share(partitions, len(pods))
+			waitFor(t, 30*time.Second, "every pod holding its share of the partitions", func() bool {
+				for _, p := range pods {
+					if netFaultHeld(t, natsURL, p) < share {
+						return false
+					}
+				}
+				return true
+			})
+		}
 		auth := origin.named("429")
 		if tc.afterWait {
 			auth = rl
