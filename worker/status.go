@@ -19,6 +19,9 @@ type PodStatus struct {
 	Authorities []AuthorityStatus `json:"authorities"`
 	// Truncated is how many authorities were left out (see MaxStatusAuthorities).
 	Truncated int `json:"truncated,omitempty"`
+	// Requests are the requests this pod started in the last minute, by
+	// class (live, replay).
+	Requests ClassRequests `json:"requests_last_minute"`
 }
 
 // AuthorityStatus is one authority in a PodStatus.
@@ -38,7 +41,8 @@ const MaxStatusAuthorities = 500
 func (w *Worker) Status(pod, version string, partitions []int, states []pacer.State) PodStatus {
 	queued := byPaceKey(w.sched.queuedByAuth(), w.d.Pacer.PaceKey)
 	parked := byPaceKey(w.Parked(), w.d.Pacer.PaceKey)
-	st := PodStatus{Pod: pod, Version: version, Updated: w.clk.Now().UTC(), Partitions: partitions, Held: w.sched.held()}
+	now := w.clk.Now()
+	st := PodStatus{Pod: pod, Version: version, Updated: now.UTC(), Partitions: partitions, Held: w.sched.held(), Requests: w.classes.lastMinute(now)}
 	seen := map[string]bool{}
 	for _, s := range states {
 		seen[s.Authority] = true

@@ -56,6 +56,7 @@ type Worker struct {
 	handoffs *handoffs    // redirect continuations (handoff.go)
 	health   targetHealth // whether the mirror target takes writes (targethealth.go)
 	auth     authGuard    // 401/403 per authority (authfail.go)
+	classes  classCounts  // requests started in the last minute, by class (classcount.go)
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -584,6 +585,7 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 	}
 	start := w.clk.Now()
 	w.m.ClassRequests.WithLabelValues(jobClass(j)).Inc()
+	w.classes.add(start, j.replay != nil)
 	w.m.PacerWait.Observe(start.Sub(j.queuedAt).Seconds())
 	w.sched.fetching(j)
 	requeue := w.process(w.parts.fetchContext(fctx, j.part), j, pm)

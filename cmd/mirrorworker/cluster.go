@@ -197,7 +197,7 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 	if err := writeStatus(stdout, pods, leases, partitions, rows, time.Now()); err != nil {
 		return err
 	}
-	return writeReplays(stdout, replays, time.Now())
+	return writeReplays(stdout, replays, pods, time.Now())
 }
 
 // statusRows is one row per authority, sorted, of those only selects (""

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -111,11 +112,20 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 		liveTargets[u] = fmt.Sprintf("%s/live-%d", b, i)
 		publishJob(t, js, u, liveTargets[u])
 	}
-	// status shows the replay while the pods work for it.
+	// status shows the replay while the pods work for it, and the
+	// requests of both classes the pods started in the last minute.
 	var out, errOut bytes.Buffer
-	if err := run(ctx, []string{"status", "--nats-url", natsURL}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut); err != nil {
-		t.Fatalf("status: %v\n%s", err, errOut.String())
-	}
+	byClass := regexp.MustCompile(`Requests in the last minute, all pods: (\d+) live, (\d+) replay: (\d+)% replay\.`)
+	waitFor(t, 30*time.Second, "status showing live and replay requests", func() bool {
+		out.Reset()
+		errOut.Reset()
+		if err := run(ctx, []string{"status", "--nats-url", natsURL}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut); err != nil {
+			t.Fatalf("status: %v\n%s", err, errOut.String())
+		}
+		m := byClass.FindStringSubmatch(out.String())
+		return m != nil && m[1] != "0" && m[2] != "0"
+	})
+	t.Logf("status: %s", byClass.FindString(out.String()))
 	run0 := replayRuns(t, js)
 	if len(run0) != 1 || !strings.Contains(out.String(), "REPLAY") || !strings.Contains(out.String(), run0[0].Run) ||
 		!strings.Contains(out.String(), "at most 1 request in 4") {

@@ -49,8 +49,9 @@ func readReplayRuns(ctx context.Context, kv jetstream.KeyValue) ([]jobs.ReplayRu
 // writeReplays prints each replay running (one pacing alone says so) and
 // each the pods work for: done, waiting in the
 // pods' queues, still held by the replay, the ETA, the busiest
-// authorities, and the share live jobs leave it.
-func writeReplays(w io.Writer, runs []jobs.ReplayRun, now time.Time) error {
+// authorities; then the requests the pods started in the last minute by
+// class, the share replays had, and the rule that bounds it.
+func writeReplays(w io.Writer, runs []jobs.ReplayRun, pods []worker.PodStatus, now time.Time) error {
 	if len(runs) == 0 {
 		return nil
 	}
@@ -85,6 +86,16 @@ func writeReplays(w io.Writer, runs []jobs.ReplayRun, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "Replay jobs go after live ones: while live jobs of an authority wait, its replay jobs get at most 1 request in %d.\n", worker.LiveFirstRun+1)
+	var sum worker.ClassRequests
+	for _, p := range pods {
+		sum.Live += p.Requests.Live
+		sum.Replay += p.Requests.Replay
+	}
+	share := "none started"
+	if n := sum.Live + sum.Replay; n > 0 {
+		share = fmt.Sprintf("%d live, %d replay: %.0f%% replay", sum.Live, sum.Replay, 100*float64(sum.Replay)/float64(n))
+	}
+	_, err := fmt.Fprintf(w, "Requests in the last minute, all pods: %s. Replay jobs go after live ones: while live jobs of an authority wait, its replay jobs get at most 1 request in %d.\n",
+		share, worker.LiveFirstRun+1)
 	return err
 }
