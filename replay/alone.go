@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"sync"
@@ -101,10 +100,14 @@ func (l *Lone) Await(ctx context.Context) error {
 	if err := a.announce(ctx); err != nil {
 		return err
 	}
-	if _, err := a.awaitEarlier(ctx); err != nil {
+	pods, err := a.awaitEarlier(ctx)
+	if err != nil {
 		a.end(ctx)
 		return err
 	}
+	// Returned for a pod, it has not seen the earlier replays end: Work
+	// waits again if the pod is gone by then.
+	a.awaited = len(pods) == 0
 	return nil
 }
 
@@ -118,9 +121,10 @@ func (l *Lone) Work(ctx context.Context, c jetstream.Consumer) error {
 }
 
 type alone struct {
-	kv    jetstream.KeyValue
-	o     AloneOptions
-	entry jobs.ReplayRun
+	kv      jetstream.KeyValue
+	o       AloneOptions
+	entry   jobs.ReplayRun
+	awaited bool // Await found no earlier replay pacing alone
 }
 
 // announce writes the entry: the entry first, then the pods, since a pod
@@ -141,8 +145,8 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 	if err != nil {
 		a.o.Logger.Warn().Err(err).Msg("replay: list the live pods")
 	}
-	if len(pods) == 0 {
-		// Again, for a Work run without Await (no wait, then).
+	if len(pods) == 0 && !a.awaited {
+		// A Work run without Await still paces after earlier replays.
 		if pods, err = a.awaitEarlier(ctx); err != nil {
 			a.end(ctx)
 			return err
@@ -189,29 +193,21 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 }
 
 // others are the other replays' entries, each with its order
-// (jobs.ReplayRun.Order).
+// (jobs.ReplayRun.Order: an entry's first version is read by its revision).
 func (a *alone) others(ctx context.Context) ([]jobs.ReplayRun, error) {
-	lister, err := a.kv.ListKeys(ctx)
+	es, err := jobs.Revisions[jobs.ReplayRun](ctx, a.kv)
 	if err != nil {
 		return nil, err
 	}
 	var out []jobs.ReplayRun
-	for k := range lister.Keys() {
-		if k == a.o.Run {
+	for _, e := range es {
+		if e.Key == a.o.Run {
 			continue
 		}
-		e, err := a.kv.Get(ctx, k)
-		if err != nil {
-			continue // gone meanwhile
+		if e.Value.Order == 0 {
+			e.Value.Order = e.Revision
 		}
-		var r jobs.ReplayRun
-		if json.Unmarshal(e.Value(), &r) != nil {
-			continue
-		}
-		if r.Order == 0 {
-			r.Order = e.Revision()
-		}
-		out = append(out, r)
+		out = append(out, e.Value)
 	}
 	return out, nil
 }

@@ -39,14 +39,19 @@ func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
 	natsURL := externalNATS(t)
 	origins := []*arrivalOrigin{newArrivalOrigin(t), newArrivalOrigin(t), newArrivalOrigin(t)}
 	targets := map[string]string{}
-	var urls []string
-	for i := range perAuth {
-		for k, o := range origins {
-			u := fmt.Sprintf("%s/obj/%d/%03d", o.srv.URL, k, i)
-			targets[u] = fmt.Sprintf("obj/%d/%03d", k, i)
-			urls = append(urls, u)
+	// jobsFor adds the jobs from..to-1 of each authority to targets.
+	jobsFor := func(from, to int) []string {
+		var urls []string
+		for i := from; i < to; i++ {
+			for k, o := range origins {
+				u := fmt.Sprintf("%s/obj/%d/%03d", o.srv.URL, k, i)
+				targets[u] = fmt.Sprintf("obj/%d/%03d", k, i)
+				urls = append(urls, u)
+			}
 		}
+		return urls
 	}
+	urls := jobsFor(0, perAuth)
 	a, b, c := origins[0].auth(), origins[1].auth(), origins[2].auth()
 	if out, err := runPolicy(t, natsURL, "set", "--group", "trio", "--members", a+","+b,
 		"--floor", groupFloor.String(), "--max-in-flight", "1", "--reason", "test: one server"); err != nil {
@@ -80,14 +85,7 @@ func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
 	})
 	// More jobs for the three, so that the kill comes while the group has
 	// work however fast the run went so far.
-	var more []string
-	for i := perAuth; i < perAuth+extra; i++ {
-		for k, o := range origins {
-			u := fmt.Sprintf("%s/obj/%d/%03d", o.srv.URL, k, i)
-			targets[u] = fmt.Sprintf("obj/%d/%03d", k, i)
-			more = append(more, u)
-		}
-	}
+	more := jobsFor(perAuth, perAuth+extra)
 	publishURLs(t, natsURL, targets, more)
 	urls = append(urls, more...)
 	partitions := jobs.DefaultPartitions

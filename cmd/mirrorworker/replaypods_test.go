@@ -241,48 +241,8 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 		live  = 10
 		floor = 100 * time.Millisecond
 	)
-	natsURL := externalNATS(t)
-	origin := newClassOrigin(t)
-	js, closeConn := connectJS(t, natsURL)
-	defer closeConn()
-	root, newRoot := t.TempDir(), t.TempDir()
-	// The jobs, stored at floor 0 by a first pod, quickly.
-	first := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root)...)
-	want := map[string]string{}
-	for i := range n {
-		u := fmt.Sprintf("%s/old/%d", origin.srv.URL, i)
-		want[u] = fmt.Sprintf("old/%d", i)
-		if i == 0 {
-			publishURLs(t, natsURL, map[string]string{u: want[u]}, []string{u}) // creates the streams
-			continue
-		}
-		publishJob(t, js, u, want[u])
-	}
-	waitQueueEmpty(t, natsURL, root, n, 60*time.Second, first.log)
-	if _, err := first.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
-		t.Fatalf("first pod: %v", err)
-	}
-	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--replay-target", newRoot,
-		"--floor", floor.String(), "--max-in-flight", "1", "--log-level", "info")...)
-	began := origin.count()
-	waitFor(t, 30*time.Second, "the pod announced", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		pods, err := replay.LivePods(ctx, js)
-		return err == nil && len(pods) == 1
-	})
-
-	rctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	done := runReplayIn(rctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "none")
-	waitFor(t, 30*time.Second, "the replay's first requests", func() bool {
-		select {
-		case r := <-done:
-			t.Fatalf("the replay ended before its first requests: %v\n%s\n%s", r.err, r.stdout, r.stderr)
-		default:
-		}
-		return countPrefix(origin.since(began), "/old/") >= 6
-	})
+	rs := startReplayBesideAPod(t, n, floor)
+	natsURL, js, origin, root, newRoot, pod, began, done, stop, want := rs.natsURL, rs.js, rs.origin, rs.root, rs.newRoot, rs.pod, rs.began, rs.done, rs.stop, rs.want
 	worst, _ := liveJobsFirst(t, js, origin, "live", live)
 	if worst > 2 {
 		t.Errorf("a live job waited behind %d replay requests; want at most 2 (live first)", worst)
@@ -350,6 +310,68 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 	}
 }
 
+// replayBesideAPod is a replay (in-process, into newRoot) running beside
+// one pod at floor with an in-flight cap of 1, over n jobs /old/0 to
+// /old/<n-1> of origin that a first pod stored into root at floor 0 and
+// has stopped since; it is returned once the origin saw 6 of the replay's
+// requests. began is the origin's request count when the pod started.
+type replayBesideAPod struct {
+	natsURL       string
+	js            jetstream.JetStream
+	origin        *classOrigin
+	root, newRoot string
+	want          map[string]string // the jobs' URLs and keys
+	pod           *workerProcess
+	began         int
+	done          <-chan replayResult
+	stop          context.CancelFunc // Ctrl-C for the replay
+}
+
+func startReplayBesideAPod(t *testing.T, n int, floor time.Duration) *replayBesideAPod {
+	t.Helper()
+	rs := &replayBesideAPod{natsURL: externalNATS(t), origin: newClassOrigin(t), root: t.TempDir(), newRoot: t.TempDir(), want: map[string]string{}}
+	js, closeConn := connectJS(t, rs.natsURL)
+	t.Cleanup(closeConn)
+	rs.js = js
+	for i := range n {
+		u := fmt.Sprintf("%s/old/%d", rs.origin.srv.URL, i)
+		rs.want[u] = fmt.Sprintf("old/%d", i)
+		if i == 0 {
+			publishURLs(t, rs.natsURL, map[string]string{u: rs.want[u]}, []string{u}) // creates the streams
+			continue
+		}
+		publishJob(t, js, u, rs.want[u])
+	}
+	// Stored at floor 0 by a first pod, quickly.
+	first := startWorkerProcess(t, workerArgs(rs.natsURL, t.TempDir(), "--target", rs.root, "--max-in-flight", "8")...)
+	waitQueueEmpty(t, rs.natsURL, rs.root, n, 3*time.Minute, first.log)
+	if _, err := first.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatalf("first pod: %v", err)
+	}
+	rs.pod = startWorkerProcess(t, workerArgs(rs.natsURL, t.TempDir(), "--target", rs.root, "--replay-target", rs.newRoot,
+		"--floor", floor.String(), "--max-in-flight", "1", "--log-level", "info")...)
+	rs.began = rs.origin.count()
+	waitFor(t, 30*time.Second, "the pod announced", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		pods, err := replay.LivePods(ctx, js)
+		return err == nil && len(pods) == 1
+	})
+	rctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	rs.stop = stop
+	rs.done = runReplayIn(rctx, "--nats-url", rs.natsURL, "--target", rs.newRoot, "--progress", "none")
+	waitFor(t, 60*time.Second, "the replay's first requests", func() bool {
+		select {
+		case r := <-rs.done:
+			t.Fatalf("the replay ended before its first requests: %v\n%s\n%s", r.err, r.stdout, r.stderr)
+		default:
+		}
+		return countPrefix(rs.origin.since(rs.began), "/old/") >= 6
+	})
+	return rs
+}
+
 // liveJobsFirst enqueues live jobs /<name>/0 to /<name>/<live-1> on origin
 // one after the other while a replay of /old/ jobs runs, each once the one
 // before was requested; it returns the most replay requests the origin saw
@@ -399,42 +421,8 @@ func TestProcessReplayOf2000JobsYieldsToLiveJobs(t *testing.T) {
 		live  = 20
 		floor = 100 * time.Millisecond
 	)
-	natsURL := externalNATS(t)
-	origin := newClassOrigin(t)
-	js, closeConn := connectJS(t, natsURL)
-	defer closeConn()
-	root, newRoot := t.TempDir(), t.TempDir()
-	// The jobs, stored at floor 0 by a first pod, quickly.
-	u0 := origin.srv.URL + "/old/0"
-	publishURLs(t, natsURL, map[string]string{u0: "old/0"}, []string{u0}) // creates the streams
-	for i := 1; i < n; i++ {
-		publishJob(t, js, fmt.Sprintf("%s/old/%d", origin.srv.URL, i), fmt.Sprintf("old/%d", i))
-	}
-	first := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--max-in-flight", "8")...)
-	waitQueueEmpty(t, natsURL, root, n, 3*time.Minute, first.log)
-	if _, err := first.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
-		t.Fatalf("first pod: %v", err)
-	}
-	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--replay-target", newRoot,
-		"--floor", floor.String(), "--max-in-flight", "1", "--log-level", "info")...)
-	began := origin.count()
-	waitFor(t, 30*time.Second, "the pod announced", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		pods, err := replay.LivePods(ctx, js)
-		return err == nil && len(pods) == 1
-	})
-	rctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	done := runReplayIn(rctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "none")
-	waitFor(t, 60*time.Second, "the replay's first requests", func() bool {
-		select {
-		case r := <-done:
-			t.Fatalf("the replay ended before its first requests: %v\n%s\n%s", r.err, r.stdout, r.stderr)
-		default:
-		}
-		return countPrefix(origin.since(began), "/old/") >= 6
-	})
+	rs := startReplayBesideAPod(t, n, floor)
+	natsURL, js, origin, root, pod, began, done, stop := rs.natsURL, rs.js, rs.origin, rs.root, rs.pod, rs.began, rs.done, rs.stop
 	worst, longest := liveJobsFirst(t, js, origin, "live", live)
 	replayed := countPrefix(origin.since(began), "/old/")
 	t.Logf("%d live jobs: at most %d replay requests before one, at most %s from an enqueue to its request; the replay had done %d of %d",
