@@ -206,11 +206,12 @@ type Manager struct {
 	// podRev is the revision of this pod's MIRROR_PODS entry, 0 when it
 	// has none it knows of; the balance loop's only.
 	podRev uint64
-	// held is the lease keys the last successful listing found held (by
-	// any pod), heldHere those of them this pod held; the balance loop's
-	// only. A partition taken that another pod held then, and whose key has
-	// no deletion marker, expired.
-	held, heldHere map[string]bool
+	// heldElsewhere is when a successful listing last found each lease key
+	// held by another pod; the balance loop's only. A partition taken that
+	// another pod held lately (within heldRecently), and whose key has no
+	// deletion marker, expired. Not only the listing just before: a lease
+	// seen expired in one round may be taken in a later one.
+	heldElsewhere map[string]time.Time
 
 	// The last renewal round's and balance round's failure (nil: every
 	// operation reached the store in time). While either is set the pod
@@ -489,15 +490,7 @@ func (m *Manager) balanceRound(ctx context.Context) {
 	for _, k := range leaseKeys {
 		taken[k] = true
 	}
-	seen, seenHere := m.held, m.heldHere
-	m.held, m.heldHere = taken, map[string]bool{}
-	m.mu.Lock()
-	for p, l := range m.owned {
-		if !l.lost {
-			m.heldHere[jobs.LeaseKey(p)] = true
-		}
-	}
-	m.mu.Unlock()
+	m.noteHeldElsewhere(taken)
 	free := 0
 	for p := range m.o.Partitions {
 		if !taken[jobs.LeaseKey(p)] {
@@ -517,7 +510,7 @@ func (m *Manager) balanceRound(ctx context.Context) {
 	case held > target:
 		m.giveBack(ctx, held-target)
 	case held < target && !m.stopping.Load() && free > 0:
-		free -= m.take(ctx, target-held, taken, seen, seenHere)
+		free -= m.take(ctx, target-held, taken)
 	}
 	m.last.Store(&round{pods: n, free: free, share: Share(m.o.Partitions, n)})
 	m.log.Debug().Int("pods", n).Int("free", free).Ints("owned", m.Owned()).Msg("lease round")
@@ -699,11 +692,47 @@ func (m *Manager) giveBack(ctx context.Context, n int) {
 	}
 }
 
-// take acquires up to n of the partitions the listing found free, starting
-// at a place that depends on the pod id so that pods starting together do
-// not race for the same. seen is what the listing before found held, and
-// seenHere what of it was this pod's. It returns how many it took.
-func (m *Manager) take(ctx context.Context, n int, taken, seen, seenHere map[string]bool) int {
+// noteHeldElsewhere records when the listing found each key of taken held
+// by another pod, and forgets what is older than heldRecently.
+func (m *Manager) noteHeldElsewhere(taken map[string]bool) {
+	now := m.o.Clock.Now()
+	if m.heldElsewhere == nil {
+		m.heldElsewhere = map[string]time.Time{}
+	}
+	mine := map[string]bool{}
+	m.mu.Lock()
+	for p, l := range m.owned {
+		if !l.lost {
+			mine[jobs.LeaseKey(p)] = true
+		}
+	}
+	m.mu.Unlock()
+	for k := range taken {
+		if !mine[k] {
+			m.heldElsewhere[k] = now
+		}
+	}
+	for k := range mine {
+		delete(m.heldElsewhere, k) // held here since: this pod's pacer knows what it learned
+	}
+	for k, at := range m.heldElsewhere {
+		if now.Sub(at) > m.heldRecently() {
+			delete(m.heldElsewhere, k)
+		}
+	}
+}
+
+// heldRecently is how long after a listing found a lease held by another
+// pod a take of it holds its first requests: the lease expires at most a
+// TTL after that listing (two, counting a renewal just after it), and its
+// owner's last facts may come up to ExpiredHold later.
+func (m *Manager) heldRecently() time.Duration { return 2*m.o.TTL + m.o.ExpiredHold }
+
+// take acquires up to n of the partitions the listing found free (taken
+// are the others), starting at a place that depends on the pod id so that
+// pods starting together do not race for the same. It returns how many it
+// took.
+func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 	h := fnv.New32a()
 	h.Write([]byte(m.o.PodID))
 	start := int(h.Sum32() % uint32(m.o.Partitions))
@@ -733,15 +762,16 @@ func (m *Manager) take(ctx context.Context, n int, taken, seen, seenHere map[str
 			continue // another pod was quicker, or the store did not answer
 		}
 		// The first requests are spaced from since. A lease another pod
-		// was seen holding, now gone without a deletion marker, expired:
-		// its owner was killed, stopped or cut off, and may yet publish a
-		// wait it learned. (This pod's own expired lease needs no hold: its
-		// pacer knows what it learned.)
+		// was seen holding lately, now gone without a deletion marker,
+		// expired: its owner was killed, stopped or cut off, and may yet
+		// publish a wait it learned. (This pod's own expired lease needs
+		// no hold: its pacer knows what it learned.)
 		since := sent
-		if key := jobs.LeaseKey(p); seen[key] && !seenHere[key] && !given && m.o.ExpiredHold > 0 {
+		if at, ok := m.heldElsewhere[jobs.LeaseKey(p)]; ok && sent.Sub(at) <= m.heldRecently() && !given && m.o.ExpiredHold > 0 {
 			since = sent.Add(m.o.ExpiredHold)
 			expired = append(expired, p)
 		}
+		delete(m.heldElsewhere, jobs.LeaseKey(p))
 		// Held (and so renewed) and valid before the worker starts
 		// pulling, so that the first jobs it receives are served rather
 		// than handed back.

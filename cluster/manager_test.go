@@ -609,3 +609,56 @@ func TestExpiredTakeOverIsHeld(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiredTakeOverIsHeldRoundsLater: a lease another pod held that
+// expired is held when it is taken, also when the pod saw it free in a
+// round before and took it only later (its share grew when a third pod
+// left). CI saw a pod take such a partition two rounds after the lease had
+// expired, at once, and send while the origin had told the killed owner
+// to wait.
+func TestExpiredTakeOverIsHeldRoundsLater(t *testing.T) {
+	const parts, ttl = 2, 2 * time.Second
+	clk := clock.NewFake(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	leases, pods := newMemStore(clk, ttl), newMemStore(clk, ttl)
+	ctx := context.Background()
+	third := func() { // a pod that announces itself and takes nothing
+		if _, err := pods.Put(ctx, "pod-c", []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	third()
+	a := newTestPod(t, "pod-a", clk, leases, pods, parts, cluster.Options{})
+	b := newTestPod(t, "pod-b", clk, leases, pods, parts, cluster.Options{})
+	for i := 0; i < 20 && (len(a.m.Owned()) != 1 || len(b.m.Owned()) != 1); i++ {
+		a.m.Step(ctx)
+		b.m.Step(ctx)
+		clk.Advance(ttl / 4)
+		third()
+	}
+	if len(a.m.Owned()) != 1 || len(b.m.Owned()) != 1 {
+		t.Fatalf("pod-a owns %v, pod-b %v: want one each", a.m.Owned(), b.m.Owned())
+	}
+	kp := a.m.Owned()[0]
+	b.m.Step(ctx) // sees kp held by pod-a
+	// pod-a is killed: its lease and entry expire; pod-b, at its share
+	// while pod-c is announced, sees kp free and leaves it.
+	for range 6 {
+		clk.Advance(ttl / 4)
+		third()
+		b.m.Step(ctx)
+	}
+	if b.m.Owns(kp) {
+		t.Fatalf("pod-b took partition %d while at its share", kp)
+	}
+	// pod-c leaves: pod-b's share is both partitions; it takes kp.
+	for i := 0; i < 8 && !b.m.Owns(kp); i++ {
+		clk.Advance(ttl / 4)
+		b.m.Step(ctx)
+	}
+	if !b.m.Owns(kp) {
+		t.Fatalf("pod-b owns %v after pod-c left, want partition %d too", b.m.Owned(), kp)
+	}
+	if got, want := b.h.sinceOf(kp), clk.Now().Add(cluster.DefaultExpiredHold(ttl)); !got.Equal(want) {
+		t.Errorf("taken rounds after it expired: partition %d served from %s, want the take plus %s (%s)", kp, got, cluster.DefaultExpiredHold(ttl), want)
+	}
+}
