@@ -67,13 +67,18 @@ type Response struct {
 	Header    http.Header // response headers (may be nil)
 	Err       error       // network or protocol error; Status is then 0
 	Cancelled bool        // the request never started or was abandoned by the caller
+	// URL is what the request asked for, so that one URL's failures are
+	// told from the origin's (the worker gives the job's URL for every
+	// hop); "" means unknown: every failure is then the origin's.
+	URL string
 }
 
 // Verdict is the pacer's reading of a Response.
 type Verdict struct {
 	// Throttled: the response is the origin refusing for rate reasons (429,
-	// 503 with a valid positive Retry-After, 403 with an exhausted rate-limit
-	// family). The job is deferred, not failed.
+	// 503 with a valid positive Retry-After or read as a limiter's refusal,
+	// 403 with an exhausted rate-limit family). The job is deferred, not
+	// failed.
 	Throttled bool
 	// Reason is a stable code for metrics and logs, e.g. "429", "503",
 	// "ratelimit" (an exhausted family), "403"; empty when nothing was learned.

@@ -1,6 +1,9 @@
 package pacer
 
-import "time"
+import (
+	"hash/maphash"
+	"time"
+)
 
 // The failure backoff (docs/contract.md section 3, ADR 0023): an origin that
 // fails (connections refused or cut, timeouts, 5xx without a valid
@@ -17,6 +20,14 @@ const (
 	// failJitter: the backoff is drawn from [1-failJitter, 1] times the
 	// doubled step, so that pods' and authorities' retries do not align.
 	failJitter = 0.2
+	// LimiterAnswerWithin is how soon a 503 without a valid Retry-After
+	// must come back, from its request's start (Permit.Start as Confirm
+	// last returned it), to be read as a rate limiter's refusal (judgeLocked,
+	// docs/adr/0030): a limiter answers before any work is done (nginx's
+	// limit_req rejects at once), an origin that fails mostly after some.
+	// It is not scaled: it measures the network and the origin, not the
+	// contract's clock.
+	LimiterAnswerWithin = time.Second
 )
 
 // outcome is what a response says about the origin's health.
@@ -26,6 +37,9 @@ const (
 	outcomeNone   outcome = iota // teaches nothing (cancelled; 503 with a valid Retry-After is throttling)
 	outcomeFailed                // no answer (Err, status 0) or 5xx without a valid Retry-After
 	outcomeOK                    // the origin answered below 500
+	// outcomeURL: a 5xx that judgeLocked reads as one URL's failure, not
+	// the origin's: the job's failure, no step of the origin's backoff.
+	outcomeURL
 )
 
 func outcomeOf(r Response, fb *Feedback) outcome {
@@ -104,9 +118,132 @@ func (p *Pacer) applyHealthLocked(e *entry, ev Event, n, at int64) {
 		}
 		e.fails = max(e.fails, int32(min(ev.Failures, 64)))
 		e.failAt = max(e.failAt, at)
+		e.ans.originBad = max(e.ans.originBad, at) // the origin failed for another pod too
 	case EventBackoffEnded:
 		if at >= e.failAt {
 			e.fails, e.failUntil, e.failAt = 0, 0, at
 		}
 	}
+}
+
+// answers is what an authority answered lately, by URL, so that a failure
+// is read as the failure of what failed: the origin, one URL, or a rate
+// limiter saying no (judgeLocked, docs/adr/0030). Instants are Unix
+// nanoseconds, 0 meaning none; URLs are keys (urlKey), 0 meaning unknown.
+// It is the pod's own memory, not a published fact: a pod without it (a
+// restart, a hand-over) reads every failure as the origin's, as before, and
+// learns it back from the next successes.
+type answers struct {
+	ok      int64  // the latest success (an answer below 500, not throttling)
+	okURL   uint64 // ... and its URL
+	okOther int64  // the latest success of a URL other than okURL
+	bad     int64  // the latest 5xx answer read as a failure (the origin's or one URL's)
+	badURL  uint64 // ... and its URL
+	// badOther: the latest such 5xx of a URL other than badURL.
+	badOther int64
+	// originBad is the latest failure counted against the origin (here,
+	// or in another pod's backoff fact).
+	originBad int64
+	limiter   int64 // the latest 503 read as a limiter's refusal
+}
+
+// succeeded records a success of URL u at n.
+func (a *answers) succeeded(n int64, u uint64) {
+	if u != a.okURL {
+		a.okOther = a.ok
+	}
+	a.ok, a.okURL = n, u
+}
+
+// failedURL records a 5xx failure of URL u at n.
+func (a *answers) failedURL(n int64, u uint64) {
+	if u != a.badURL {
+		a.badOther = a.bad
+	}
+	a.bad, a.badURL = n, u
+}
+
+// okBesides is the latest success of a URL other than u.
+func (a *answers) okBesides(u uint64) int64 {
+	if a.okURL != u {
+		return a.ok
+	}
+	return a.okOther
+}
+
+// badBesides is the latest 5xx failure of a URL other than u.
+func (a *answers) badBesides(u uint64) int64 {
+	if a.badURL != u {
+		return a.bad
+	}
+	return a.badOther
+}
+
+// urlKey is the key answers knows a URL by (0 for none).
+func (p *Pacer) urlKey(u string) uint64 {
+	if u == "" {
+		return 0
+	}
+	return max(maphash.String(p.seed, u), 1)
+}
+
+// judgeLocked reads a response's outcome against what the authority
+// answered lately and records it (docs/contract.md section 3, ADR 0030):
+//
+//   - A 503 without a valid Retry-After is a rate limiter's refusal
+//     (fb.Limiter is set; the outcome is throttling, outcomeNone) when it
+//     came back within LimiterAnswerWithin of its start and the origin
+//     let others through: a success arrived after the latest failure
+//     counted against the origin, and after the latest refusal so read,
+//     unless this request started before that refusal came (it was sent
+//     under the same pace and says nothing new). So an origin that answers
+//     every request 503 is read as a limiter for at most the requests in
+//     flight when it turned, then as failing.
+//   - Any other 5xx of URL u is that URL's failure (outcomeURL: the job's
+//     failure, no backoff step) when another URL succeeded after the
+//     latest 5xx of another URL, the latest failure counted against the
+//     origin and the latest limiter's refusal. So one broken URL never
+//     backs its origin off once another URL has succeeded, while 5xx
+//     spanning two URLs with no success of another URL between them, a
+//     5xx before any success, and every failure without an answer
+//     (refused, reset, timed out) are the origin's.
+//
+// The entry's lock must be held; u is urlKey(r.URL).
+func (p *Pacer) judgeLocked(e *entry, pm Permit, n int64, r Response, u uint64, fb *Feedback, oc outcome) outcome {
+	a := &e.ans
+	switch {
+	case oc == outcomeOK:
+		if !fb.Throttled() {
+			a.succeeded(n, u)
+		}
+		return oc
+	case oc != outcomeFailed:
+		return oc
+	case r.Status == 0:
+		a.originBad = n
+		return oc
+	case p.limiterLocked(a, pm, n, *fb):
+		fb.Limiter = true
+		a.limiter = n
+		return outcomeNone
+	}
+	local := u != 0 && a.okBesides(u) > max(a.badBesides(u), a.originBad, a.limiter)
+	a.failedURL(n, u)
+	if local {
+		return outcomeURL
+	}
+	a.originBad = n
+	return oc
+}
+
+// limiterLocked says whether a 503 is a rate limiter's refusal (judgeLocked).
+func (p *Pacer) limiterLocked(a *answers, pm Permit, n int64, fb Feedback) bool {
+	if fb.Status != 503 || fb.Throttled() || fb.Exhausted() || pm.Start.IsZero() {
+		return false
+	}
+	start := pm.Start.UnixNano()
+	if n-start > int64(LimiterAnswerWithin) {
+		return false
+	}
+	return a.ok > a.originBad && (a.ok > a.limiter || start < a.limiter)
 }

@@ -92,12 +92,22 @@ func TestFailureBackoff(t *testing.T) {
 	if st.Failures != 0 || !st.BackoffUntil.IsZero() || st.State == pacer.StateBackoff {
 		t.Fatalf("after an answer: %+v", st)
 	}
-	// A 503 without Retry-After: backoff, no cooldown (the seed rule).
-	send(pacer.Response{Status: 503})
-	if st := p.Snapshot(now)[0]; st.State != pacer.StateBackoff || !st.CooldownUntil.IsZero() {
+	// A 503 without Retry-After that took its time (no limiter's quick
+	// no, TestLimiter503): backoff, no cooldown (the seed rule).
+	pm, err := p.Acquire(now, a, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm, err = p.Confirm(now, pm); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(pacer.LimiterAnswerWithin + time.Millisecond)
+	p.Done(now, pm, pacer.Response{Status: 503})
+	st = p.Snapshot(now)[0]
+	if st.State != pacer.StateBackoff || !st.CooldownUntil.IsZero() {
 		t.Fatalf("503 without Retry-After: %+v, want backoff and no cooldown", st)
 	}
-	now = now.Add(2 * time.Second)
+	now = st.BackoffUntil
 	// A 503 with a valid Retry-After: a cooldown; the failures stay
 	// counted (it is no answer of a healthy origin, nor a failure).
 	v := send(pacer.Response{Status: 503, Header: http.Header{"Retry-After": {"30"}}})

@@ -89,6 +89,12 @@ type Feedback struct {
 	// IETF RateLimit field, or a Remaining header of a pair family), which
 	// ParseQuotas reads.
 	Announces bool
+	// Limiter is set by the pacer, never by ParseFeedback: it read this
+	// 503 without a valid Retry-After as a rate limiter's refusal (it came
+	// back at once while other requests succeed, docs/adr/0030). It is
+	// throttling without a cooldown: the interval escalates as for a 429,
+	// no pause starts, no failure is counted.
+	Limiter bool
 }
 
 // MaxQuotas is how many announced quotas the pacer keeps per authority.
@@ -98,14 +104,14 @@ const MaxQuotas = 4
 func (f Feedback) Exhausted() bool { return f.Reset > 0 }
 
 // Throttled reports whether the response is the origin refusing for rate
-// reasons: a 429, a 503 with a valid positive Retry-After, or a 403 with an
-// exhausted rate-limit family.
+// reasons: a 429, a 503 with a valid positive Retry-After or read as a
+// limiter's refusal (Limiter), or a 403 with an exhausted rate-limit family.
 func (f Feedback) Throttled() bool {
 	switch f.Status {
 	case http.StatusTooManyRequests:
 		return true
 	case http.StatusServiceUnavailable:
-		return f.RetryAfterValid && f.RetryAfter > 0
+		return f.RetryAfterValid && f.RetryAfter > 0 || f.Limiter
 	case http.StatusForbidden:
 		return f.Exhausted()
 	}

@@ -184,6 +184,9 @@ type entry struct {
 	fails     int32
 	failUntil int64
 	failAt    int64
+	// ans is what the authority answered lately, by URL (backoff.go), so
+	// that one URL's failure and a limiter's 503 are not the origin's.
+	ans answers
 	// bud is the budget the origin announces (budget.go); nil until a
 	// response announces one, so an authority without rate-limit headers
 	// pays one pointer for it.
@@ -709,6 +712,7 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		qs = ParseQuotas(r.Header, now, buf[:0])
 	}
 	n := now.UnixNano()
+	u := p.urlKey(r.URL)
 	key := pm.paceKey()
 	s := p.shardFor(key)
 	s.mu.Lock()
@@ -727,6 +731,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	}
 	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
+	if oc == outcomeOK {
+		e.ans.succeeded(n, u) // backoff.go
+	}
 	var v Verdict
 	if e.until > n {
 		v.Until = time.Unix(0, e.until)
@@ -767,6 +774,11 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 		e.probeSeq = 0
 	}
 	p.decayLocked(e, key, n, &fx)
+	// Whose failure it is (backoff.go): a limiter's 503 becomes throttling
+	// without a cooldown, learned below as a 429 is; one URL's 5xx is no
+	// step of the origin's backoff.
+	oc = p.judgeLocked(e, pm, n, r, p.urlKey(r.URL), fb, oc)
+	throttled = fb.Throttled()
 	if learn {
 		p.learnLocked(e, key, n, probe, *fb, &fx)
 	}

@@ -25,6 +25,9 @@ type hopSet struct {
 	first pacer.Permit
 	kind  string
 	part  int // the job's partition
+	// url is the job's URL, given to the pacer with every hop's answer so
+	// that one URL failing is not read as its origin failing.
+	url string
 
 	mu        sync.Mutex
 	firstUsed bool
@@ -115,7 +118,7 @@ func (h *hopSet) done(p *hopPermit, r fetch.Result) {
 	p.once.Do(func() {
 		d := h.d
 		now := d.clk.Now()
-		v := d.pacer.Done(now, p.pm, pacer.Response{Status: r.Status, Header: r.Header, Err: r.Err, Cancelled: r.Cancelled})
+		v := d.pacer.Done(now, p.pm, pacer.Response{Status: r.Status, Header: r.Header, Err: r.Err, Cancelled: r.Cancelled, URL: h.url})
 		h.mu.Lock()
 		p.status, p.verdict = r.Status, v
 		h.mu.Unlock()

@@ -602,7 +602,7 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // throttled answer: the pacer now knows when the next request may go).
 func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
 	began := w.clk.Now()
-	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part}
+	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part, url: j.job.URL}
 	defer hops.close()
 	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
 	if j.job.Size != nil {

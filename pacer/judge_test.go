@@ -1,0 +1,246 @@
+package pacer_test
+
+import (
+	"errors"
+	"net/http"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// answer is one request in a judge test: its URL, what came back, and how
+// long after its start.
+type answer struct {
+	url    string
+	status int   // 0: err
+	err    error // no answer
+	took   time.Duration
+}
+
+// judgeRun sends the answers one after the other, each as soon as the pacer
+// allows (its wait taken on virtual time), and returns the verdicts, the
+// events and the pacer.
+func judgeRun(t *testing.T, floor time.Duration, as []answer) ([]pacer.Verdict, []pacer.Event, *pacer.Pacer, time.Time) {
+	t.Helper()
+	const a = "origin.example:443"
+	var evs []pacer.Event
+	p := pacer.New(&pacer.Options{
+		Policy:     &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: 2}},
+		StartGuard: -1,
+		Rand:       func() float64 { return 0 },
+		OnEvent:    func(ev pacer.Event) { evs = append(evs, ev) },
+	})
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var vs []pacer.Verdict
+	for i, an := range as {
+		wait, _, _ := p.ReadyIn(now, a)
+		now = now.Add(wait)
+		pm, err := p.Acquire(now, a, 0)
+		if err != nil {
+			t.Fatalf("answer %d: %v", i, err)
+		}
+		if pm, err = p.Confirm(now, pm); err != nil {
+			t.Fatalf("answer %d: confirm: %v", i, err)
+		}
+		now = now.Add(an.took)
+		vs = append(vs, p.Done(now, pm, pacer.Response{Status: an.status, Err: an.err, URL: an.url}))
+	}
+	return vs, evs, p, now
+}
+
+func countEvents(evs []pacer.Event, typ pacer.EventType) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == typ {
+			n++
+		}
+	}
+	return n
+}
+
+// TestOneURLFailingIsNotItsOrigin: a 5xx of one URL while other URLs of the
+// origin succeed is that URL's failure and no step of the origin's
+// backoff, however often it comes; failures spanning two URLs with no
+// success of another between them, failures without an answer, failures
+// before any success and failures of an unknown URL are the origin's.
+func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
+	const (
+		u = "https://origin.example/broken"
+		b = "https://origin.example/b"
+		c = "https://origin.example/c"
+	)
+	ms := 10 * time.Millisecond
+	ok := func(url string) answer { return answer{url: url, status: 200, took: ms} }
+	fail := func(url string) answer { return answer{url: url, status: 500, took: ms} }
+	reset := answer{url: u, err: syscall.ECONNRESET, took: ms}
+	var interleaved []answer
+	for range 20 {
+		interleaved = append(interleaved, fail(u), ok(b), ok(c))
+	}
+	for _, tc := range []struct {
+		name     string
+		as       []answer
+		backoffs int // EventBackoff facts
+	}{
+		{"one URL fails between others' successes", append([]answer{ok(b)}, interleaved...), 0},
+		{"one URL fails on its own after one success", []answer{ok(b), fail(u), fail(u), fail(u), fail(u)}, 0},
+		{"no success yet", []answer{fail(u)}, 1},
+		{"two URLs fail with no success between", []answer{ok(c), fail(u), fail(b)}, 1},
+		{"two URLs fail with a success between", []answer{ok(c), fail(u), ok(c), fail(b), ok(c), fail(u)}, 0},
+		{"a URL's own success does not vouch for it", []answer{ok(u), fail(u)}, 1},
+		{"no answer is the origin's", []answer{ok(b), reset}, 1},
+		{"a 5xx after the origin failed", []answer{ok(b), reset, fail(u)}, 2},
+		{"an unknown URL", []answer{ok(b), fail("")}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vs, evs, p, now := judgeRun(t, time.Second, tc.as)
+			if n := countEvents(evs, pacer.EventBackoff); n != tc.backoffs {
+				t.Errorf("%d backoff facts, want %d", n, tc.backoffs)
+			}
+			for i, v := range vs {
+				if v.Throttled {
+					t.Errorf("answer %d throttled: %+v", i, v)
+				}
+			}
+			if tc.backoffs == 0 {
+				st := p.Snapshot(now)[0]
+				if st.State == pacer.StateBackoff || st.Failures != 0 || st.Interval != time.Second {
+					t.Errorf("state %+v, want no backoff, the floor's interval", st)
+				}
+			}
+		})
+	}
+}
+
+// TestLimiter503: a 503 without a valid Retry-After that comes back within
+// LimiterAnswerWithin while other requests succeed is a limiter's refusal:
+// throttling (the interval escalates as for a 429) without a cooldown, no
+// failure, no backoff. A slow 503, a 503 before any success, and a second
+// 503 with no success since the first (an origin that went down) are
+// failures, as before.
+func TestLimiter503(t *testing.T) {
+	const u, b, c = "https://origin.example/a", "https://origin.example/b", "https://origin.example/c"
+	quick := 5 * time.Millisecond
+	slow := func(url string) answer {
+		return answer{url: url, status: 503, took: pacer.LimiterAnswerWithin + time.Millisecond}
+	}
+	ok := answer{url: b, status: 200, took: quick}
+	no := answer{url: u, status: 503, took: quick}
+	var alternating []answer
+	for range 40 {
+		alternating = append(alternating, no, ok)
+	}
+	for _, tc := range []struct {
+		name      string
+		as        []answer
+		throttled []int // which answers are read as a limiter's
+		backoffs  int
+		interval  time.Duration // after the last answer; 0: not checked
+	}{
+		{"a quick 503 while others succeed", []answer{ok, no}, []int{1}, 0, 2 * time.Second},
+		// The interval it settles at is the escalation's and decay's
+		// business (pacer.go), not this rule's.
+		{"a limiter saying no every other request", append([]answer{ok}, alternating...), evens(1, 81), 0, 0},
+		// A slow 503 is a failure: of its URL alone while others succeed
+		// (TestOneURLFailingIsNotItsOrigin), of the origin across URLs.
+		{"a slow 503", []answer{ok, slow(u)}, nil, 0, 100 * time.Millisecond},
+		{"slow 503s of two URLs", []answer{ok, slow(u), slow(c)}, nil, 1, 100 * time.Millisecond},
+		{"a 503 before any success", []answer{no}, nil, 1, 100 * time.Millisecond},
+		{"an origin that went down answering 503", []answer{ok, no, {url: c, status: 503, took: quick}, no}, []int{1}, 2, 2 * time.Second},
+		{"a 503 after the origin failed", []answer{ok, {url: u, err: syscall.ECONNREFUSED, took: quick}, no}, nil, 2, 100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vs, evs, p, now := judgeRun(t, 100*time.Millisecond, tc.as)
+			want := map[int]bool{}
+			for _, i := range tc.throttled {
+				want[i] = true
+			}
+			for i, v := range vs {
+				if v.Throttled != want[i] || (v.Throttled && (v.Reason != "503" || !v.Until.IsZero())) {
+					t.Errorf("answer %d (%d): verdict %+v, want throttled %v without a cooldown", i, tc.as[i].status, v, want[i])
+				}
+			}
+			if n := countEvents(evs, pacer.EventBackoff); n != tc.backoffs {
+				t.Errorf("%d backoff facts, want %d", n, tc.backoffs)
+			}
+			if n := countEvents(evs, pacer.EventCooldown); n != 0 {
+				t.Errorf("%d cooldown facts, want none (no 503 without Retry-After starts one)", n)
+			}
+			if n := countEvents(evs, pacer.EventThrottle); n != len(tc.throttled) {
+				t.Errorf("%d throttle facts, want %d", n, len(tc.throttled))
+			}
+			if st := p.Snapshot(now)[0]; (tc.interval != 0 && st.Interval != tc.interval) || !st.CooldownUntil.IsZero() || st.State == pacer.StateBackoff && tc.backoffs == 0 {
+				t.Errorf("state %+v, want interval %s and no cooldown", st, tc.interval)
+			}
+		})
+	}
+}
+
+// evens returns from, from+2, ... below to.
+func evens(from, to int) []int {
+	var out []int
+	for i := from; i < to; i += 2 {
+		out = append(out, i)
+	}
+	return out
+}
+
+// TestLimiter503InFlightTogether: two requests in flight together both
+// refused by a limiter are both its refusals (the second was sent before
+// the first refusal came back); the next request, sent after, that is
+// refused again with no success between is the origin failing.
+func TestLimiter503InFlightTogether(t *testing.T) {
+	const a = "origin.example:443"
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}},
+		StartGuard: -1, Rand: func() float64 { return 0 }})
+	start := func(at time.Time) pacer.Permit {
+		t.Helper()
+		pm, err := p.Acquire(at, a, 0)
+		if err == nil {
+			pm, err = p.Confirm(at, pm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pm
+	}
+	p.Done(t0, start(t0), pacer.Response{Status: 200, URL: "/ok"})
+	x, y := start(t0.Add(time.Millisecond)), start(t0.Add(2*time.Millisecond))
+	for i, pm := range []pacer.Permit{x, y} {
+		if v := p.Done(t0.Add(time.Duration(10+i)*time.Millisecond), pm, pacer.Response{Status: 503, URL: "/x"}); !v.Throttled {
+			t.Fatalf("in-flight request %d: %+v, want a limiter's refusal", i, v)
+		}
+	}
+	at := t0.Add(time.Second)
+	if wait, _, _ := p.ReadyIn(at, a); wait > 0 {
+		at = at.Add(wait)
+	}
+	if v := p.Done(at.Add(time.Millisecond), start(at), pacer.Response{Status: 503, URL: "/x"}); v.Throttled {
+		t.Fatalf("a 503 after the limiter's, none between: %+v, want a failure", v)
+	}
+	if st := p.Snapshot(at)[0]; st.State != pacer.StateBackoff {
+		t.Fatalf("state %+v, want backoff", st)
+	}
+}
+
+// TestLimiter503KeepsRetryAfterRule: a 503 with a valid Retry-After is the
+// throttling it always was (a cooldown), whatever came before.
+func TestLimiter503KeepsRetryAfterRule(t *testing.T) {
+	const a = "origin.example:443"
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}}, StartGuard: -1})
+	pm, _ := p.Acquire(t0, a, 0)
+	p.Done(t0, pm, pacer.Response{Status: 200, URL: "/ok"})
+	pm, _ = p.Acquire(t0, a, 0)
+	v := p.Done(t0, pm, pacer.Response{Status: 503, URL: "/x", Header: http.Header{"Retry-After": {"7"}}})
+	if !v.Throttled || !v.Until.Equal(t0.Add(7*time.Second)) {
+		t.Fatalf("503 with Retry-After: %+v, want a 7 s cooldown", v)
+	}
+	var re *pacer.RefusedError
+	if _, err := p.Acquire(t0.Add(time.Second), a, 0); !errors.As(err, &re) || re.Reason != pacer.ReasonCooling {
+		t.Fatalf("during the cooldown: %v", err)
+	}
+}
