@@ -200,13 +200,14 @@ func (p *Pacer) urlKey(u string) uint64 {
 //     every request 503 is read as a limiter for at most the requests in
 //     flight when it turned, then as failing.
 //   - Any other 5xx of URL u is that URL's failure (outcomeURL: the job's
-//     failure, no backoff step) when another URL succeeded after the
-//     latest 5xx of another URL, the latest failure counted against the
-//     origin and the latest limiter's refusal. So one broken URL never
-//     backs its origin off once another URL has succeeded, while 5xx
-//     spanning two URLs with no success of another URL between them, a
-//     5xx before any success, and every failure without an answer
-//     (refused, reset, timed out) are the origin's.
+//     failure, no backoff step) unless something else went wrong since
+//     another URL last succeeded: a 5xx of another URL, a failure counted
+//     against the origin, a limiter's refusal. So one broken URL never
+//     backs its origin off, however often it is retried, while 5xx
+//     spanning two URLs with no success of another URL between them, and
+//     every failure without an answer (refused, reset, timed out), are the
+//     origin's. An origin that fails every URL is backed off from its
+//     second failing URL on.
 //
 // The entry's lock must be held; u is urlKey(r.URL).
 func (p *Pacer) judgeLocked(e *entry, pm Permit, n int64, r Response, u uint64, fb *Feedback, oc outcome) outcome {
@@ -227,7 +228,8 @@ func (p *Pacer) judgeLocked(e *entry, pm Permit, n int64, r Response, u uint64, 
 		a.limiter = n
 		return outcomeNone
 	}
-	local := u != 0 && a.okBesides(u) > max(a.badBesides(u), a.originBad, a.limiter)
+	last := max(a.badBesides(u), a.originBad, a.limiter)
+	local := u != 0 && (last == 0 || a.okBesides(u) > last)
 	a.failedURL(n, u)
 	if local {
 		return outcomeURL

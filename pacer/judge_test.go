@@ -63,8 +63,8 @@ func countEvents(evs []pacer.Event, typ pacer.EventType) int {
 // TestOneURLFailingIsNotItsOrigin: a 5xx of one URL while other URLs of the
 // origin succeed is that URL's failure and no step of the origin's
 // backoff, however often it comes; failures spanning two URLs with no
-// success of another between them, failures without an answer, failures
-// before any success and failures of an unknown URL are the origin's.
+// success of another between them, failures without an answer and
+// failures of an unknown URL are the origin's.
 func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
 	const (
 		u = "https://origin.example/broken"
@@ -86,10 +86,10 @@ func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
 	}{
 		{"one URL fails between others' successes", append([]answer{ok(b)}, interleaved...), 0},
 		{"one URL fails on its own after one success", []answer{ok(b), fail(u), fail(u), fail(u), fail(u)}, 0},
-		{"no success yet", []answer{fail(u)}, 1},
+		{"one URL fails before any success", []answer{fail(u), fail(u)}, 0},
+		{"two URLs fail before any success", []answer{fail(u), fail(b)}, 1},
 		{"two URLs fail with no success between", []answer{ok(c), fail(u), fail(b)}, 1},
 		{"two URLs fail with a success between", []answer{ok(c), fail(u), ok(c), fail(b), ok(c), fail(u)}, 0},
-		{"a URL's own success does not vouch for it", []answer{ok(u), fail(u)}, 1},
 		{"no answer is the origin's", []answer{ok(b), reset}, 1},
 		{"a 5xx after the origin failed", []answer{ok(b), reset, fail(u)}, 2},
 		{"an unknown URL", []answer{ok(b), fail("")}, 1},
@@ -119,7 +119,7 @@ func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
 // throttling (the interval escalates as for a 429) without a cooldown, no
 // failure, no backoff. A slow 503, a 503 before any success, and a second
 // 503 with no success since the first (an origin that went down) are
-// failures, as before.
+// failures, as before: of the origin when they span two URLs.
 func TestLimiter503(t *testing.T) {
 	const u, b, c = "https://origin.example/a", "https://origin.example/b", "https://origin.example/c"
 	quick := 5 * time.Millisecond
@@ -147,7 +147,8 @@ func TestLimiter503(t *testing.T) {
 		// (TestOneURLFailingIsNotItsOrigin), of the origin across URLs.
 		{"a slow 503", []answer{ok, slow(u)}, nil, 0, 100 * time.Millisecond},
 		{"slow 503s of two URLs", []answer{ok, slow(u), slow(c)}, nil, 1, 100 * time.Millisecond},
-		{"a 503 before any success", []answer{no}, nil, 1, 100 * time.Millisecond},
+		{"a 503 before any success", []answer{no}, nil, 0, 100 * time.Millisecond},
+		{"503s of two URLs before any success", []answer{no, {url: c, status: 503, took: quick}}, nil, 1, 100 * time.Millisecond},
 		{"an origin that went down answering 503", []answer{ok, no, {url: c, status: 503, took: quick}, no}, []int{1}, 2, 2 * time.Second},
 		{"a 503 after the origin failed", []answer{ok, {url: u, err: syscall.ECONNREFUSED, took: quick}, no}, nil, 2, 100 * time.Millisecond},
 	} {
