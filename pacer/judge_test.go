@@ -2,6 +2,7 @@ package pacer_test
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"syscall"
 	"testing"
@@ -243,5 +244,79 @@ func TestLimiter503KeepsRetryAfterRule(t *testing.T) {
 	var re *pacer.RefusedError
 	if _, err := p.Acquire(t0.Add(time.Second), a, 0); !errors.As(err, &re) || re.Reason != pacer.ReasonCooling {
 		t.Fatalf("during the cooldown: %v", err)
+	}
+}
+
+// leakyBucket is nginx's limit_req with nodelay (the cmd test's
+// nginxLimiter): admitted while the excess, leaked at rate since the last
+// admission, stays within burst.
+type leakyBucket struct {
+	rate, burst, excess float64
+	last                time.Time
+}
+
+func (b *leakyBucket) admit(at time.Time) bool {
+	e := 0.0
+	if !b.last.IsZero() {
+		e = max(0, b.excess-b.rate*at.Sub(b.last).Seconds()) + 1
+	}
+	if e > b.burst {
+		return false
+	}
+	b.excess, b.last = e, at
+	return true
+}
+
+// TestLimiter503SettlesLikeA429: 300 files through nginx's limit_req (2 r/s,
+// burst 5, nodelay) on virtual time, floor 0, one request at a time, the
+// limiter refusing with 503 and no Retry-After, or with 429 and
+// Retry-After: 2 (issue 35's first row). The 503 run fails nothing, starts
+// no cooldown and backs nothing off, and drains no slower than the 429 run.
+func TestLimiter503SettlesLikeA429(t *testing.T) {
+	const (
+		a     = "origin.example:443"
+		files = 300
+	)
+	run := func(refuse pacer.Response) (drain time.Duration, refusals, backoffs, cooldowns int) {
+		var evs []pacer.Event
+		p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1}},
+			StartGuard: -1, Rand: func() float64 { return 0 }, OnEvent: func(ev pacer.Event) { evs = append(evs, ev) }})
+		b := &leakyBucket{rate: 2, burst: 5}
+		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		now := t0
+		for i := 0; i < files; {
+			if wait, _, _ := p.ReadyIn(now, a); wait > 0 {
+				now = now.Add(wait)
+			}
+			pm, err := p.Acquire(now, a, 0)
+			if err == nil {
+				pm, err = p.Confirm(now, pm)
+			}
+			if err != nil {
+				t.Fatalf("file %d at +%s: %v", i, now.Sub(t0), err)
+			}
+			r := pacer.Response{Status: 200, URL: fmt.Sprintf("/f/%d", i)}
+			if !b.admit(now) {
+				r = refuse
+				r.URL = fmt.Sprintf("/f/%d", i)
+				refusals++
+			} else {
+				i++
+			}
+			now = now.Add(5 * time.Millisecond)
+			if v := p.Done(now, pm, r); r.Status != 200 && !v.Throttled {
+				t.Fatalf("refusal %d (%d) not read as throttling: %+v", refusals, r.Status, v)
+			}
+		}
+		return now.Sub(t0), refusals, countEvents(evs, pacer.EventBackoff), countEvents(evs, pacer.EventCooldown)
+	}
+	d503, r503, b503, c503 := run(pacer.Response{Status: 503})
+	d429, r429, _, _ := run(pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"2"}}})
+	t.Logf("503 without Retry-After: drained in %s, %d refusals; 429 + Retry-After: 2: %s, %d refusals", d503, r503, d429, r429)
+	if b503 != 0 || c503 != 0 {
+		t.Errorf("503 run: %d backoff and %d cooldown facts, want none", b503, c503)
+	}
+	if d503 > d429+d429/10 {
+		t.Errorf("503 run drained in %s, the 429 run in %s: want within 1.1x", d503, d429)
 	}
 }
