@@ -81,7 +81,8 @@ type Verdict struct {
 	// failed.
 	Throttled bool
 	// Reason is a stable code for metrics and logs, e.g. "429", "503",
-	// "ratelimit" (an exhausted family), "403"; empty when nothing was learned.
+	// "limiter" (a 503 read as a limiter's refusal), "ratelimit" (an
+	// exhausted family), "403"; empty when nothing was learned.
 	Reason string
 	// Until is the cooldown deadline in force after this response; zero if none.
 	Until time.Time

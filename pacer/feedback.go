@@ -118,14 +118,18 @@ func (f Feedback) Throttled() bool {
 	return false
 }
 
-// Reason is the stable code of the signal: "429", "503", "403", "ratelimit"
-// (an exhausted family on another status), or "" when there is none.
+// Reason is the stable code of the signal: "429", "503", "limiter" (a 503
+// read as a limiter's refusal, Limiter), "403", "ratelimit" (an exhausted
+// family on another status), or "" when there is none.
 func (f Feedback) Reason() string {
 	if f.Throttled() {
 		switch f.Status {
 		case http.StatusTooManyRequests:
 			return "429"
 		case http.StatusServiceUnavailable:
+			if !(f.RetryAfterValid && f.RetryAfter > 0) {
+				return "limiter"
+			}
 			return "503"
 		default:
 			return "403"

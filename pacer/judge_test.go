@@ -160,7 +160,7 @@ func TestLimiter503(t *testing.T) {
 				want[i] = true
 			}
 			for i, v := range vs {
-				if v.Throttled != want[i] || (v.Throttled && (v.Reason != "503" || !v.Until.IsZero())) {
+				if v.Throttled != want[i] || (v.Throttled && (v.Reason != "limiter" || !v.Until.IsZero())) {
 					t.Errorf("answer %d (%d): verdict %+v, want throttled %v without a cooldown", i, tc.as[i].status, v, want[i])
 				}
 			}
