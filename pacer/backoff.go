@@ -131,8 +131,9 @@ func (p *Pacer) applyHealthLocked(e *entry, ev Event, n, at int64) {
 // limiter saying no (judgeLocked, docs/adr/0030). Instants are Unix
 // nanoseconds, 0 meaning none; URLs are keys (urlKey), 0 meaning unknown.
 // It is the pod's own memory, not a published fact: a pod without it (a
-// restart, a hand-over) reads every failure as the origin's, as before, and
-// learns it back from the next successes.
+// restart, a hand-over) reads a 5xx as one URL's only while no other URL
+// has failed since, and a 503 as a limiter's only after a success it saw
+// itself; a backoff fact from another pod counts as the origin failing.
 type answers struct {
 	ok      int64  // the latest success (an answer below 500, not throttling)
 	okURL   uint64 // ... and its URL
