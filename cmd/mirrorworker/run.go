@@ -25,6 +25,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/bytesize"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/dirlock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/loadtest"
@@ -185,10 +186,11 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 // pipeline in one group until ctx is cancelled.
 func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	hooks := readTestHooks(os.Getenv)
-	dataDir, target, err := openStore(ctx, c, hooks, log)
+	dataDir, lock, target, err := openStore(ctx, c, hooks, log)
 	if err != nil {
 		return err
 	}
+	defer lock.Release() // after the embedded server is down (defers run last in, first out)
 	replayTargets, err := openReplayTargets(ctx, c, hooks, target, log)
 	if err != nil {
 		return err
@@ -214,6 +216,10 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	}
 	if embedded != nil {
 		defer embedded.Shutdown() // after the group: the worker acks until its last job
+		// A second worker refused the data directory reads how to join this one here.
+		if err := lock.Record(dirlock.Holder{PID: os.Getpid(), NATSURL: embedded.ClientURL(), AdminURL: adm.URL()}); err != nil {
+			return err
+		}
 		if u := embedded.ClientURL(); u != "" {
 			// Commands given this --data-dir find this worker's server.
 			removeURL, err := broker.WriteClientURL(dataDir, u)
@@ -237,23 +243,66 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	return runGroup(ctx, adm, p, log)
 }
 
-// openStore proves the data directory writable and opens the mirror
-// target (by default under it).
-func openStore(ctx context.Context, c *runConfig, hooks testHooks, log zerolog.Logger) (dataDir string, target storeTarget, err error) {
+// openStore proves the data directory writable, locks it when this worker
+// runs the embedded server on it (lockDataDir; the lock is nil with
+// --nats-url), and opens the mirror target (by default under it). The
+// lock comes before the target: a second worker must not even sweep the
+// first one's temporary files.
+func openStore(ctx context.Context, c *runConfig, hooks testHooks, log zerolog.Logger) (dataDir string, lock *dirlock.Lock, target storeTarget, err error) {
 	if dataDir, err = filepath.Abs(c.dataDir); err != nil {
-		return "", nil, fmt.Errorf("data dir: %w", err)
+		return "", nil, nil, fmt.Errorf("data dir: %w", err)
 	}
 	if err := pipeline.CheckWritableDir(dataDir); err != nil {
-		return "", nil, fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
+		return "", nil, nil, fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
+	}
+	if c.nats.url == "" {
+		if lock, err = lockDataDir(dataDir); err != nil {
+			return "", nil, nil, err
+		}
 	}
 	spec := c.target
 	if spec == "" {
 		if spec, err = pipeline.DefaultTarget(dataDir); err != nil {
-			return "", nil, err
+			lock.Release()
+			return "", nil, nil, err
 		}
 	}
-	target, err = c.s3.openTarget(ctx, spec, hooks.fault, log)
-	return dataDir, target, err
+	if target, err = c.s3.openTarget(ctx, spec, hooks.fault, log); err != nil {
+		lock.Release()
+		return "", nil, nil, err
+	}
+	return dataDir, lock, target, nil
+}
+
+// lockDataDir takes the data directory's lock (broker.StoreLockFile) for
+// the embedded server's store: two servers on one store damage it (issue
+// 36: "corrupt state file", a consumer past its stream's last sequence).
+// Workers that join a deployment with --nats-url take no lock, since they
+// may share a data directory as one volume. A directory already locked is
+// an error at once that names the holder and how to join it instead.
+func lockDataDir(dataDir string) (*dirlock.Lock, error) {
+	path := filepath.Join(dataDir, broker.StoreLockFile)
+	lock, err := dirlock.Exclusive(path, dirlock.Holder{PID: os.Getpid()})
+	var held *dirlock.HeldError
+	if !errors.As(err, &held) {
+		return lock, err
+	}
+	who := "another process"
+	if held.Holder.PID != 0 {
+		who = fmt.Sprintf("the mirrorworker of pid %d", held.Holder.PID)
+	}
+	join := "then stop it, or pass another --data-dir"
+	natsURL := held.Holder.NATSURL
+	if natsURL == "" {
+		natsURL, _ = broker.ReadClientURL(dataDir)
+	}
+	if natsURL != "" {
+		join = fmt.Sprintf("join it instead with 'mirrorworker run --nats-url %s' (and another --admin-addr), or stop it first", natsURL)
+	}
+	if held.Holder.AdminURL != "" {
+		who += " (admin " + held.Holder.AdminURL + ")"
+	}
+	return nil, fmt.Errorf("data dir %s is in use by %s, whose embedded NATS server keeps its store there; a second server on that store would damage it: %s", dataDir, who, join)
 }
 
 // openReplayTargets opens every --replay-target, as --target is opened
