@@ -75,8 +75,11 @@ func Exclusive(path string, h Holder) (*Lock, error) {
 
 // Record rewrites the lock file's record (the holder's addresses once it
 // listens). A reader may see it empty for a moment; Read then reports
-// the zero Holder.
+// the zero Holder. A nil Lock records nothing.
 func (l *Lock) Record(h Holder) error {
+	if l == nil {
+		return nil
+	}
 	b, err := json.Marshal(h)
 	if err != nil {
 		return err
