@@ -25,7 +25,7 @@ var version = "dev"
 
 func main() {
 	setLogFormats()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyStop()
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
@@ -38,6 +38,41 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// notifyStop returns the context that the first SIGINT or SIGTERM
+// cancels (the graceful stop), carrying the channel that the second one
+// closes (stopNowOf: the stop ends at once); after the second, the
+// signals' default is back, so a third ends the process outright.
+func notifyStop() (ctx context.Context, stop func()) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	now := make(chan struct{})
+	go func() {
+		<-sigs
+		cancel()
+		<-sigs
+		signal.Stop(sigs)
+		close(now)
+	}()
+	return withStopNow(ctx, now), func() { signal.Stop(sigs); cancel() }
+}
+
+// stopNowKey is the context key of the channel a second signal closes.
+type stopNowKey struct{}
+
+// withStopNow returns ctx carrying now (see stopNowOf).
+func withStopNow(ctx context.Context, now <-chan struct{}) context.Context {
+	return context.WithValue(ctx, stopNowKey{}, now)
+}
+
+// stopNowOf is the channel that closes when the operator asks a stop
+// already under way to end at once (a second Ctrl-C); nil, which never
+// closes, when the caller gave none (tests running a command in-process).
+func stopNowOf(ctx context.Context) <-chan struct{} {
+	now, _ := ctx.Value(stopNowKey{}).(<-chan struct{})
+	return now
 }
 
 // errSilent marks an error whose message was already printed.

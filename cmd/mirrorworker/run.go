@@ -71,6 +71,9 @@ type runConfig struct {
 	// flag's 0 is parsed into it (laneBacklogFlag).
 	laneBacklog int
 
+	// stopNow closes when a stop under way must end at once (stopNowOf).
+	stopNow <-chan struct{}
+
 	// onRegistry, when set (tests), is handed the metric registry before
 	// anything is registered with it but the process collectors.
 	onRegistry func(*metricRegistry)
@@ -177,6 +180,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 	if err != nil {
 		return err
 	}
+	c.stopNow = stopNowOf(ctx)
 	return runWorker(ctx, &c, log)
 }
 
@@ -240,7 +244,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 			return e
 		},
 	}
-	return runGroup(ctx, adm, p, log)
+	return runGroup(ctx, adm, p, c.stopNow, log)
 }
 
 // openStore proves the data directory writable, locks it when this worker
@@ -402,7 +406,11 @@ func (c *runConfig) startEmbedded(dataDir string, log zerolog.Logger) (*broker.E
 
 // runGroup runs the admin endpoint and the pipeline in one run group until
 // ctx ends or one of them returns; the first to return stops the other.
-func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, log zerolog.Logger) error {
+//
+// A stop ended at once by stopNow (a second signal) is an error: the
+// operator cut the grace short, and the jobs in flight were handed back
+// unfinished.
+func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, stopNow <-chan struct{}, log zerolog.Logger) error {
 	var (
 		g       oklogrun.Group
 		pipeErr error // set by the pipeline actor before it returns
@@ -435,6 +443,11 @@ func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, log zerolog.
 		// including while stopping.
 		if pipeErr != nil {
 			return pipeErr
+		}
+		select {
+		case <-stopNow:
+			return errors.New("stopped at once by a second signal: the jobs in flight were handed back unfinished, for redelivery now")
+		default:
 		}
 		log.Info().Msg("mirrorworker stopped")
 		return nil
@@ -570,6 +583,7 @@ func (p *natsStage) podOptions(departures *loadtest.DepartureLog) *pipeline.PodO
 		PodID: c.workerID, Version: version, Target: p.target, ReplayTargets: p.replay, ShutdownGrace: c.shutdownGrace,
 		Logger: p.log,
 		Adjust: func(o *worker.Options, d *worker.Deps) {
+			o.StopNow = c.stopNow
 			departures.Wrap(d)
 			p.hooks.adjust(o, d)
 		},
