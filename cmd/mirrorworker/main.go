@@ -117,7 +117,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	switch args[0] {
 	case "-h", "-help", "--help":
-		printUsage(stderr, cmds)
+		printUsage(stdout, cmds) // asked for: `mirrorworker -h | less` works
 		return nil
 	case "help":
 		// `mirrorworker help enqueue` is `mirrorworker enqueue -h`.
@@ -127,7 +127,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 				break
 			}
 		}
-		printUsage(stderr, cmds)
+		printUsage(stdout, cmds)
 		return nil
 	case "-v", "-version", "--version":
 		args = []string{"version"}
@@ -140,11 +140,32 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		return usageError{fmt.Sprintf("unknown subcommand %q: want one of %s", args[0], strings.Join(sortedNames(cmds), ", "))}
 	}
-	err := c.run(ctx, args[1:], getenv, stdin, stdout, stderr)
+	cmdStderr := stderr
+	if helpAsked(args[1:]) {
+		// Help that was asked for is the output (`run -h | grep floor`);
+		// a command given -h does nothing else, and its errors are
+		// returned, which main prints on stderr.
+		cmdStderr = stdout
+	}
+	err := c.run(ctx, args[1:], getenv, stdin, stdout, cmdStderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
 	return err
+}
+
+// helpAsked reports whether args ask for help: -h, -help or --help
+// before "--" (after it, they are arguments).
+func helpAsked(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 func sortedNames(cmds map[string]command) []string {
