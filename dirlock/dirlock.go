@@ -103,6 +103,29 @@ func (l *Lock) Release() error {
 	return l.f.Close()
 }
 
+// Held reports whether a process holds the lock on path, and the holder
+// its file records, without taking the lock or writing the file (a
+// client asking after a worker). A missing file is not held.
+func Held(path string) (Holder, bool, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return Holder{}, false, nil
+	}
+	if err != nil {
+		return Holder{}, false, err
+	}
+	defer f.Close()
+	switch err := flock(f, syscall.LOCK_SH|syscall.LOCK_NB); {
+	case err == nil:
+		return Holder{}, false, nil // closing the file lets go of it
+	case errors.Is(err, syscall.EWOULDBLOCK):
+		h, _ := Read(path)
+		return h, true, nil
+	default:
+		return Holder{}, false, fmt.Errorf("lock %s: %w", path, err)
+	}
+}
+
 // Read returns the holder recorded in the lock file at path.
 func Read(path string) (Holder, error) {
 	var h Holder

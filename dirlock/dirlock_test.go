@@ -51,3 +51,27 @@ func TestReleaseNil(t *testing.T) {
 		t.Errorf("nil Release: %v", err)
 	}
 }
+
+func TestHeld(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	if _, held, err := dirlock.Held(path); held || err != nil {
+		t.Fatalf("no file: held %v, %v", held, err)
+	}
+	l, err := dirlock.Exclusive(path, dirlock.Holder{PID: 7, AdminURL: "http://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, held, err := dirlock.Held(path); !held || err != nil || h.PID != 7 {
+		t.Fatalf("held: %+v %v %v", h, held, err)
+	}
+	l.Release()
+	if _, held, err := dirlock.Held(path); held || err != nil {
+		t.Fatalf("released: held %v, %v", held, err)
+	}
+	// Held took no lock and wrote nothing: the next holder gets it.
+	l, err = dirlock.Exclusive(path, dirlock.Holder{PID: 8})
+	if err != nil {
+		t.Fatalf("Exclusive after Held: %v", err)
+	}
+	l.Release()
+}
