@@ -206,7 +206,7 @@ func TestREADMECommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := readmeScript(cmds, repo)
+	script := readmeScript(cmds, repo, goCachesUnderTmp(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script)
@@ -265,10 +265,37 @@ var (
 
 func sq(s string) string { return "'" + shellQuote.ReplaceAllString(s, `'\''`) + "'" }
 
+// goCachesUnderTmp are the Go module and build caches that lie under
+// /tmp, which the script's private /tmp would hide: without them `make
+// install` finds no module (GOPROXY=off) and no command runs.
+func goCachesUnderTmp(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMODCACHE", "GOCACHE").Output()
+	if err != nil {
+		t.Fatalf("go env: %v", err)
+	}
+	var under []string
+	for _, d := range strings.Fields(string(out)) {
+		if d == "/tmp" || strings.HasPrefix(d, "/tmp/") {
+			under = append(under, d)
+		}
+	}
+	return under
+}
+
 // readmeScript is the bash script that runs the commands: set up the
-// namespace (loopback up, /tmp private), copy the repository, make
-// install, write the given files, then each command in order.
-func readmeScript(cmds []readmeCmd, repo string) string {
+// namespace (loopback up, /tmp private, with keep, the Go caches under
+// /tmp, bound back in), copy the repository, make install, write the
+// given files, then each command in order.
+func readmeScript(cmds []readmeCmd, repo string, keep []string) string {
+	// A directory under /tmp stays reachable through a descriptor opened
+	// before the tmpfs hides it, and is bound back at its path from there.
+	var keepOpen, keepBound string
+	for i, d := range keep {
+		fd := 20 + i
+		keepOpen += fmt.Sprintf("exec %d<%s || fail 0 %s\n", fd, sq(d), sq("open "+d))
+		keepBound += fmt.Sprintf("mkdir -p %s && mount --no-canonicalize --bind /proc/self/fd/%d %s || fail 0 %s\n", sq(d), fd, sq(d), sq("bind "+d+" back under the private /tmp"))
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `set -u
 fail() { echo "README-FAIL line $1: $2"; for f in /tmp/bg-*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done; exit 1; }
@@ -281,12 +308,12 @@ set -m
 # The working directory keeps the repository reachable even when it lies
 # under /tmp, which the tmpfs hides by name.
 cd %s || fail 0 "enter the repository"
-mount -t tmpfs tmpfs /tmp || fail 0 "mount a tmpfs on /tmp"
-(cd / && python3 -c 'import socket,fcntl,struct; s=socket.socket(); fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x41, b""))') || fail 0 "bring the loopback up"
+%smount -t tmpfs tmpfs /tmp || fail 0 "mount a tmpfs on /tmp"
+%s(cd / && python3 -c 'import socket,fcntl,struct; s=socket.socket(); fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x41, b""))') || fail 0 "bring the loopback up"
 mkdir -p /tmp/repo && tar -C . --exclude=./data --exclude=./bin --exclude=./out --exclude=./.test-skipped -cf - . | tar -C /tmp/repo -xf - || fail 0 "copy the repository"
 cd /tmp/repo
 make install >/tmp/make-install.log 2>&1 || { cat /tmp/make-install.log; fail 0 "make install"; }
-`, sq(repo))
+`, sq(repo), keepOpen, keepBound)
 	for name, content := range readmeGiven {
 		fmt.Fprintf(&b, "printf '%%s' %s > %s\n", sq(content), sq(name))
 	}
