@@ -1,8 +1,8 @@
 package pipeline
 
 import (
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
