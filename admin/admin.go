@@ -7,6 +7,7 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	stdlog "log"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -95,13 +97,25 @@ func New(o *Options) http.Handler {
 		if o.Parked != nil {
 			parked = o.Parked()
 		}
-		states := []entry{} // "[]", never "null"
+		var entries []entry
 		for _, st := range snap() {
-			states = append(states, entry{State: st, Parked: parked[st.Authority]})
+			entries = append(entries, entry{State: st, Parked: parked[st.Authority]})
 			delete(parked, st.Authority)
 		}
 		for a, n := range parked { // parked for an authority the pacer has forgotten
-			states = append(states, entry{State: pacer.State{Authority: a, State: pacer.StateIdle}, Parked: n})
+			entries = append(entries, entry{State: pacer.State{Authority: a, State: pacer.StateIdle}, Parked: n})
+		}
+		states := []json.RawMessage{} // "[]", never "null"
+		for _, e := range entries {
+			b, err := json.Marshal(e)
+			if err == nil {
+				b, err = durationsWritten(b)
+			}
+			if err != nil {
+				writeText(w, http.StatusInternalServerError, err.Error())
+				return
+			}
+			states = append(states, b)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
@@ -191,3 +205,42 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Close releases the listener of a server whose Run was never called.
 func (s *Server) Close() error { return s.srv.Close() }
+
+// durationsWritten rewrites a flat JSON object's "<name>_ns" numbers (how
+// pacer.State carries durations in MIRROR_PODS, which pods of several
+// versions read) as "<name>": "1.5s", for the person reading /debug/pacer;
+// every other field, and the order, stay as they are.
+func durationsWritten(obj []byte) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(obj))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, fmt.Errorf("debug/pacer: not an object: %s", obj)
+	}
+	var out bytes.Buffer
+	out.WriteByte('{')
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, fmt.Errorf("debug/pacer: %w", err)
+		}
+		key, _ := t.(string)
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, fmt.Errorf("debug/pacer: %w", err)
+		}
+		if name, ok := strings.CutSuffix(key, "_ns"); ok {
+			if ns, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+				key = name
+				v, _ = json.Marshal(time.Duration(ns).String())
+			}
+		}
+		if out.Len() > 1 {
+			out.WriteByte(',')
+		}
+		k, _ := json.Marshal(key)
+		out.Write(k)
+		out.WriteByte(':')
+		out.Write(v)
+	}
+	out.WriteByte('}')
+	return out.Bytes(), nil
+}

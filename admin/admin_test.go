@@ -112,10 +112,19 @@ func TestDebugPacer(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("got %d objects, want 2", len(got))
 	}
-	for _, k := range []string{"authority", "floor_ns", "interval_ns", "cooldown_until", "probing", "in_flight"} {
+	for _, k := range []string{"authority", "floor", "interval", "fallback_ceiling", "cooldown_until", "probing", "in_flight"} {
 		if _, ok := got[0][k]; !ok {
 			t.Errorf("object lacks %q: %v", k, got[0])
 		}
+	}
+	// Durations as people write them, not nanoseconds (issue 36 item 7).
+	if got[0]["floor"] != "1s" || got[0]["interval"] != "4s" || got[1]["floor"] != "0s" || got[0]["floor_ns"] != nil {
+		t.Errorf("durations: %s", body)
+	}
+	if !strings.Contains(body, `"authority": "a.example:443",
+    "state": "cooling",
+    "floor": "1s",`) {
+		t.Errorf("the fields are not in their order:\n%s", body)
 	}
 	if got[0]["cooldown_until"] != "2026-01-02T03:05:05Z" || got[1]["probing"] != true || got[1]["in_flight"] != float64(1) {
 		t.Errorf("unexpected values: %s", body)

@@ -13,6 +13,12 @@ import (
 // given the same --data-dir reach that worker and no other.
 const ClientURLFile = "nats-client.url"
 
+// StoreLockFile is the file in a worker's data directory that the worker
+// running its embedded NATS server there holds locked (package dirlock),
+// with its pid and addresses, so that a second one fails at once instead
+// of opening the same store.
+const StoreLockFile = "mirrorworker.lock"
+
 // ErrNoClientURL is returned by ReadClientURL when the data directory holds
 // no client URL: no worker with an embedded server runs there.
 var ErrNoClientURL = errors.New("no running worker with an embedded NATS server")

@@ -74,3 +74,21 @@ func ParseRate(s string) (int64, error) {
 // FormatRate writes bytes per second as "1MiB/s" (Format with "/s");
 // ParseRate reads it back.
 func FormatRate(n int64) string { return Format(n) + "/s" }
+
+// Approx writes n rounded for a person reading progress, in powers of 1000
+// as download tools show them: 950B, 12kB, 312MB, 1.5GB. It is not read
+// back by Parse (Format is).
+func Approx(n int64) string {
+	units := []string{"kB", "MB", "GB", "TB", "PB"}
+	if n < 1000 {
+		return strconv.FormatInt(n, 10) + "B"
+	}
+	v, u := float64(n)/1000, 0
+	for v >= 999.5 && u < len(units)-1 {
+		v, u = v/1000, u+1
+	}
+	if v < 9.95 {
+		return strconv.FormatFloat(v, 'f', 1, 64) + units[u]
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64) + units[u]
+}

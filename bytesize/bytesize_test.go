@@ -67,3 +67,19 @@ func TestRateRoundTrip(t *testing.T) {
 		t.Errorf("ParseRate(1MiB/h): %v, want ErrSyntax", err)
 	}
 }
+
+func TestApprox(t *testing.T) {
+	tests := []struct {
+		n    int64
+		want string
+	}{
+		{0, "0B"}, {999, "999B"}, {1000, "1.0kB"}, {12_345, "12kB"}, {999_499, "999kB"},
+		{999_500, "1.0MB"}, {3_300_000, "3.3MB"}, {312_000_000, "312MB"}, {500_000_000, "500MB"},
+		{1_500_000_000, "1.5GB"}, {2_000_000_000_000, "2.0TB"},
+	}
+	for _, tt := range tests {
+		if got := bytesize.Approx(tt.n); got != tt.want {
+			t.Errorf("bytesize.Approx(%d) = %q, want %q", tt.n, got, tt.want)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package loadtest_test
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -185,6 +187,33 @@ func TestProfilesInTestdataParse(t *testing.T) {
 		if _, err := loadtest.LoadProfile("../testdata/profiles/" + f); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}
+	}
+}
+
+// TestDefaultProfileIsTheFile: the profile built into the binary is the
+// repository's file, byte for byte, so the two cannot drift.
+func TestDefaultProfileIsTheFile(t *testing.T) {
+	file, err := os.ReadFile(filepath.Join("..", loadtest.DefaultProfileFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	built, err := os.ReadFile("default-profile.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(file, built) {
+		t.Fatalf("loadtest/default-profile.json differs from %s: copy it again", loadtest.DefaultProfileFile)
+	}
+	def, err := loadtest.LoadProfile("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := loadtest.LoadProfile(filepath.Join("..", loadtest.DefaultProfileFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if def.Name != p.Name || def.Floor != p.Floor || def.Scale != p.Scale {
+		t.Errorf("the built-in profile %+v, the file's %+v", def, p)
 	}
 }
 

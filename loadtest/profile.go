@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"bytes"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,7 +51,13 @@ type profileFile struct {
 }
 
 // LoadProfile reads a load-test profile (or a plain stub origin profile).
+//
+// An empty path is the default profile, built into the binary
+// (DefaultProfileFile), so that the default works from any directory.
 func LoadProfile(path string) (*Profile, error) {
+	if path == "" {
+		return ParseProfile(defaultProfile)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
@@ -159,3 +166,11 @@ func (p *Profile) AllowedAdmissions(authorities, identities int, d time.Duration
 func (p *Profile) AllowedRate(authorities, identities int) float64 {
 	return p.Origin.SustainedRate("anonymous") * float64(authorities*identities)
 }
+
+// DefaultProfileFile is the repository's file of the default profile,
+// which LoadProfile("") reads from a copy built into the binary
+// (default-profile.json, kept identical by TestDefaultProfileIsTheFile).
+const DefaultProfileFile = "testdata/profiles/loadtest-throttling.json"
+
+//go:embed default-profile.json
+var defaultProfile []byte

@@ -152,6 +152,8 @@ type State struct {
 	MaxInFlight   int           `json:"max_in_flight"`
 	LastThrottle  time.Time     `json:"last_throttle,omitzero"`
 	PausedUntil   time.Time     `json:"paused_until,omitzero"` // an operator's pause
+	// PauseReason is the --reason of the operator's pause in force.
+	PauseReason string `json:"pause_reason,omitempty"`
 	// Failures counts consecutive failures; BackoffUntil is when the
 	// failure backoff ends (zero: none in force).
 	Failures     int       `json:"failures,omitempty"`

@@ -301,7 +301,9 @@ func (p *Pacer) mergeLocked(d, src *entry) {
 	if src.failUntil > d.failUntil {
 		d.failUntil, d.fails, d.failAt = src.failUntil, max(d.fails, src.fails), max(d.failAt, src.failAt)
 	}
-	d.paused = max(d.paused, src.paused)
+	if src.paused > d.paused {
+		d.paused, d.pauseReason = src.paused, src.pauseReason
+	}
 	d.pausedAt = max(d.pausedAt, src.pausedAt)
 	d.lastThrot = max(d.lastThrot, src.lastThrot)
 }

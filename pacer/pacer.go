@@ -172,6 +172,7 @@ type entry struct {
 	probeSeq     uint64 // seq of the probe in flight, 0 if none
 	paused       int64  // an operator's pause deadline (EventPaused); not capped
 	pausedAt     int64  // when the latest pause was given, for EventResumed
+	pauseReason  string // the operator's words for the pause in force, for State
 	inFlight     int32
 	maxFlight    int32
 	// unsent is the permit confirmed to start and not yet written (Sent)
@@ -965,11 +966,13 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 	case EventPaused:
 		// The longest pause wins, as for cooldowns; an operator's pause is
 		// deliberate, so MaxPause does not cap it.
-		e.paused = max(e.paused, ev.Until.UnixNano())
+		if u := ev.Until.UnixNano(); u >= e.paused {
+			e.paused, e.pauseReason = u, ev.Reason
+		}
 	case EventResumed:
 		// A resume ends the pauses given before it, not a later one.
 		if at >= e.pausedAt {
-			e.paused = 0
+			e.paused, e.pauseReason = 0, ""
 		}
 	}
 	if ev.Type == EventPaused {
@@ -1128,7 +1131,7 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 	}
 	st.CooldownUntil = unixOrZero(e.until)
 	if e.paused > n {
-		st.PausedUntil = time.Unix(0, e.paused)
+		st.PausedUntil, st.PauseReason = time.Unix(0, e.paused), e.pauseReason
 	}
 	st.Failures = int(e.fails)
 	if e.failUntil > n {

@@ -889,3 +889,29 @@ func TestFenceFromAFutureInstant(t *testing.T) {
 		})
 	}
 }
+
+// TestOperatorPauseKeepsItsReason: State names the reason of the pause in
+// force (the longest), until a resume ends it (issue 36 item 7: status
+// showed a pause without its reason).
+func TestOperatorPauseKeepsItsReason(t *testing.T) {
+	p := newPacer(t, 0, &pacer.Options{})
+	mustGrant(t, p, t0, 0) // the authority is tracked
+	steps := []struct {
+		name       string
+		ev         *pacer.Event
+		now        time.Time
+		wantReason string
+	}{
+		{"a pause", &pacer.Event{Type: pacer.EventPaused, Until: at(10 * time.Minute), Reason: "origin maintenance"}, at(time.Second), "origin maintenance"},
+		{"a shorter pause does not replace it", &pacer.Event{Type: pacer.EventPaused, Until: at(time.Minute), Reason: "short"}, at(2 * time.Second), "origin maintenance"},
+		{"a longer one does", &pacer.Event{Type: pacer.EventPaused, Until: at(time.Hour), Reason: "abuse report"}, at(3 * time.Second), "abuse report"},
+		{"a resume ends it", &pacer.Event{Type: pacer.EventResumed}, at(4 * time.Second), ""},
+	}
+	for _, s := range steps {
+		s.ev.Authority, s.ev.At = host, s.now
+		p.Apply(s.now, *s.ev)
+		if got := state(t, p, s.now).PauseReason; got != s.wantReason {
+			t.Errorf("%s: reason %q, want %q", s.name, got, s.wantReason)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -50,7 +51,10 @@ func (pod *Pod) podsBucket(ctx context.Context) (jetstream.KeyValue, error) {
 // status is the pod's entry in jobs.PodsBucket: written by the lease
 // manager (podHooks.Status), or by announce with the shared consumer.
 func (pod *Pod) status() []byte {
-	return withReplayTargets(pod.Worker.StatusJSON(pod.id, pod.version, pod.Owned(), pod.parts.Pacer.Snapshot(time.Now())), pod.replay)
+	st := pod.Worker.Status(pod.id, pod.version, pod.Owned(), pod.parts.Pacer.Snapshot(time.Now()))
+	st.AllowPrivateNetworks = pod.parts.cfg.Fetch != nil && pod.parts.cfg.Fetch.AllowPrivate
+	b, _ := json.Marshal(st)
+	return withReplayTargets(b, pod.replay)
 }
 
 // putStatus writes the pod's entry (none without the bucket).

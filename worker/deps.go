@@ -157,6 +157,10 @@ type Options struct {
 	// ShutdownGrace is how long in-flight fetches may finish after Run's
 	// context is cancelled before they are cancelled and handed back. 10 s.
 	ShutdownGrace time.Duration
+	// StopNow, when it closes during the grace (an operator's second
+	// Ctrl-C), ends the grace at once: in-flight fetches are cancelled and
+	// their jobs handed back for redelivery now. nil: the grace runs out.
+	StopNow <-chan struct{}
 	// DeferSpread is the horizon of the deferral calendar: no deferred job
 	// is sent further than this past its authority's earliest start. 5 min.
 	DeferSpread time.Duration

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -33,6 +34,9 @@ type settler struct {
 	log     zerolog.Logger
 	onFinal func(Final) // test hook: every job's final outcome
 	stored  *storedLog  // the log of stored objects (stored.go)
+	// handedBack counts the deliveries handed back (NAK without delay),
+	// for the stop's handed_back.
+	handedBack atomic.Int64
 }
 
 // ackRetryFor bounds how long a stored job's ack is retried: long enough
@@ -41,6 +45,7 @@ const ackRetryFor = 30 * time.Second
 
 // handBack returns a held job to the stream for immediate redelivery.
 func (s *settler) handBack(j *heldJob) {
+	s.handedBack.Add(1)
 	s.settle(j, func(m Msg) error { s.handBackMsg(m); return nil })
 }
 

@@ -22,6 +22,10 @@ type PodStatus struct {
 	// Requests are the requests this pod started in the last minute, by
 	// class (live, replay).
 	Requests ClassRequests `json:"requests_last_minute"`
+	// AllowPrivateNetworks: the pod fetches loopback and private addresses
+	// (run's --allow-private-networks), which enqueue would otherwise warn
+	// it refuses. Set by the pod (package pipeline), not by Status.
+	AllowPrivateNetworks bool `json:"allow_private_networks,omitempty"`
 }
 
 // AuthorityStatus is one authority in a PodStatus.

@@ -77,6 +77,7 @@ type Worker struct {
 	parking *parking
 	lanes   *laneSet
 	settler *settler
+	fetches inFlight // the fetches the slots run, for the stop's report
 }
 
 // New checks d and returns a Worker; nil o means the defaults.
@@ -271,16 +272,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	loops.Wait()
 	w.intakes.Wait()
 	w.log.Info().Msg("worker stopping: handing back held jobs")
-	handed := w.handBackQueued()
+	// Every job handed back from here counts: the queued ones, and those
+	// whose fetch the end of the grace or a second signal cancels.
+	handedBefore := w.settler.handedBack.Load()
+	w.handBackQueued()
 	slotsDone := make(chan struct{})
 	go func() { w.slots.Wait(); close(slotsDone) }()
-	if clock.Sleep(w.clk, w.o.ShutdownGrace, slotsDone) { // the grace period ran out
-		w.log.Warn().Str("grace", w.o.ShutdownGrace.String()).Msg("in-flight fetches cancelled at the end of the grace period")
-		cancelFetch()
-		<-slotsDone
-	}
-	handed += w.handBackQueued() // throttled jobs requeued during the grace period
-	w.parking.wait()             // parks in progress end with an ack or a NAK
+	w.awaitFetches(slotsDone, cancelFetch)
+	w.handBackQueued() // throttled jobs requeued during the grace period
+	w.parking.wait()   // parks in progress end with an ack or a NAK
 	w.lanes.wait()
 	stopHB()
 	<-hbDone
@@ -291,8 +291,45 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.log.Warn().Err(err).Msg("flush acks at shutdown")
 		}
 	}
-	w.log.Info().Int("handed_back", handed).Msg("worker stopped")
+	w.log.Info().Int64("handed_back", w.settler.handedBack.Load()-handedBefore).Msg("worker stopped")
 	return nil
+}
+
+// awaitFetches is the stop's grace: it waits until done (every slot has
+// returned), saying at once and then every ShutdownReportEvery what it
+// waits for and how long it still may; it cancels the fetches (cancel)
+// when the grace runs out or when Options.StopNow closes (a second
+// signal), whose jobs are then handed back at once by their slots.
+func (w *Worker) awaitFetches(done <-chan struct{}, cancel context.CancelFunc) {
+	deadline := w.clk.Now().Add(w.o.ShutdownGrace)
+	for {
+		left := deadline.Sub(w.clk.Now())
+		if left <= 0 {
+			w.log.Warn().Str("grace", w.o.ShutdownGrace.String()).Msg("in-flight fetches cancelled at the end of the grace period; their jobs are handed back")
+			cancel()
+			<-done
+			return
+		}
+		if n, what := w.fetches.describe(); n > 0 {
+			w.log.Info().Int("in_flight", n).Str("grace_left", left.Round(time.Second).String()).
+				Msgf("waiting up to %s for %d %s in flight: %s (a second Ctrl-C or SIGTERM cancels %s and hands %s back now)",
+					left.Round(time.Second), n, plural(n, "fetch", "fetches"), what, plural(n, "it", "them"), plural(n, "its job", "their jobs"))
+		}
+		t := w.clk.NewTimer(min(left, ShutdownReportEvery))
+		select {
+		case <-done:
+			t.Stop()
+			return
+		case <-w.o.StopNow:
+			t.Stop()
+			n, _ := w.fetches.describe()
+			w.log.Warn().Int("in_flight", n).Msg("stopping now: in-flight fetches cancelled; their jobs are handed back")
+			cancel()
+			<-done
+			return
+		case <-t.C():
+		}
+	}
 }
 
 func (w *Worker) handBackQueued() int {
@@ -588,7 +625,9 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 	w.classes.add(start, j.replay != nil)
 	w.m.PacerWait.Observe(start.Sub(j.queuedAt).Seconds())
 	w.sched.fetching(j)
-	requeue := w.process(w.parts.fetchContext(fctx, j.part), j, pm)
+	progress, done := w.fetches.add(j, start)
+	defer done()
+	requeue := w.process(w.parts.fetchContext(fctx, j.part), j, pm, progress)
 	w.finish(j, w.clk.Now().Sub(start), requeue)
 }
 
@@ -600,7 +639,7 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // process fetches and stores one job and settles it on the queue. It
 // returns true when the job must go back to its authority's queue (a
 // throttled answer: the pacer now knows when the next request may go).
-func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
+func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit, progress *fetchProgress) (requeue bool) {
 	began := w.clk.Now()
 	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part, url: j.job.URL}
 	defer hops.close()
@@ -658,7 +697,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	}
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp, began)
+		w.store(ctx, j, resp, began, progress)
 	case fetch.ClassNotModified:
 		w.settler.complete(j, OutcomeUnchanged)
 		w.settler.stored.add(j, resp.Status, 0, began)
@@ -688,7 +727,7 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 
 // store writes a 2xx body to the target and acks once it is durable.
 // began is when the fetch started, for the retry delay of a slow transfer.
-func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time) {
+func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, progress *fetchProgress) {
 	want := mirror.Expect{SHA256: j.job.SHA256}
 	if j.job.Size != nil {
 		want.Size, want.HasSize = *j.job.Size, true
@@ -702,7 +741,13 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		FetchedAt:    w.clk.Now().UTC(),
 		JobID:        j.job.ID,
 	}
+	if n, err := strconv.ParseInt(resp.Header.Get("Content-Length"), 10, 64); err == nil && n >= 0 && progress != nil {
+		progress.size.Store(n)
+	}
 	body := &countingReader{r: resp.Body}
+	if progress != nil {
+		body.progress = &progress.got
+	}
 	src, done := readAhead(body)
 	_, err := w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
 	done()
@@ -794,11 +839,17 @@ type countingReader struct {
 	r   io.ReadCloser
 	n   int64
 	err error
+	// progress, if set, counts the bytes too, for readers elsewhere (the
+	// stop's report of fetches in flight).
+	progress *atomic.Int64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if c.progress != nil {
+		c.progress.Add(int64(n))
+	}
 	switch {
 	case err == io.EOF:
 		c.r.Close()

@@ -72,16 +72,21 @@ func TestTopLevelUsage(t *testing.T) {
 		exit   int
 		err    string // in the error
 		stderr string // in stderr
+		stdout string // in stdout: help asked for is the output
 	}{
-		{"no subcommand", nil, 2, "missing subcommand", "usage: mirrorworker <subcommand>"},
-		{"help", []string{"help"}, 0, "", "docs/contract.md"},
-		{"help names a subcommand", []string{"help", "enqueue"}, 0, "", "usage: mirrorworker enqueue"},
-		{"unknown subcommand lists them", []string{"start"}, 2, `unknown subcommand "start": want one of dlq, enqueue, loadtest, pause, policy, replay, resume, run, status, stub-origin, verify, version`, ""},
-		{"flag before the subcommand", []string{"--data-dir", "x", "run"}, 2, `"--data-dir" before the subcommand: flags go after it`, ""},
+		{"no subcommand", nil, 2, "missing subcommand", "usage: mirrorworker <subcommand>", ""},
+		{"help", []string{"help"}, 0, "", "", "docs/contract.md"},
+		{"--help", []string{"--help"}, 0, "", "", "usage: mirrorworker <subcommand>"},
+		{"help names a subcommand", []string{"help", "enqueue"}, 0, "", "", "usage: mirrorworker enqueue"},
+		{"a subcommand's -h", []string{"run", "-h"}, 0, "", "", "-floor duration"},
+		{"a subcommand's --help after a flag", []string{"status", "--json", "--help"}, 0, "", "", "usage: mirrorworker status"},
+		{"unknown subcommand lists them", []string{"start"}, 2, `unknown subcommand "start": want one of dlq, enqueue, loadtest, pause, policy, replay, resume, run, status, stub-origin, verify, version`, "", ""},
+		{"flag before the subcommand", []string{"--data-dir", "x", "run"}, 2, `"--data-dir" before the subcommand: flags go after it`, "", ""},
+		{"a flag error with -h is still an error", []string{"run", "--flor", "1s", "-h"}, 2, "unknown flag --flor: did you mean --floor?", "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, stderr, err := runCmd(t, nil, tt.args...)
+			stdout, stderr, err := runCmd(t, nil, tt.args...)
 			if exitCode(err) != tt.exit {
 				t.Fatalf("exit %d (%v), want %d", exitCode(err), err, tt.exit)
 			}
@@ -90,6 +95,12 @@ func TestTopLevelUsage(t *testing.T) {
 			}
 			if !strings.Contains(stderr, tt.stderr) {
 				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr)
+			}
+			if !strings.Contains(stdout, tt.stdout) {
+				t.Errorf("stdout lacks %q:\n%s", tt.stdout, stdout)
+			}
+			if tt.stdout != "" && stderr != "" {
+				t.Errorf("help asked for wrote on stderr: %q", stderr)
 			}
 		})
 	}
@@ -104,7 +115,7 @@ func TestHelpReadsAsTyped(t *testing.T) {
 			continue
 		}
 		t.Run(sub, func(t *testing.T) {
-			_, help, err := runCmd(t, nil, sub, "-h")
+			help, _, err := runCmd(t, nil, sub, "-h")
 			if err != nil {
 				t.Fatalf("%s -h: %v", sub, err)
 			}
@@ -116,7 +127,7 @@ func TestHelpReadsAsTyped(t *testing.T) {
 			}
 		})
 	}
-	_, help, _ := runCmd(t, nil, "run", "-h")
+	help, _, _ := runCmd(t, nil, "run", "-h")
 	for _, want := range []string{
 		"-max-body-size size", "(default 16GiB)", "-jobs-max-bytes size",
 		"-origin-connect-timeout duration",
@@ -126,7 +137,7 @@ func TestHelpReadsAsTyped(t *testing.T) {
 			t.Errorf("run -h lacks %q", want)
 		}
 	}
-	_, help, _ = runCmd(t, nil, "enqueue", "-h")
+	help, _, _ = runCmd(t, nil, "enqueue", "-h")
 	for _, want := range []string{"-nats-connect-timeout duration", "--connect-timeout (use --nats-connect-timeout)", "Flags may come before or after the URLs"} {
 		if !strings.Contains(help, want) {
 			t.Errorf("enqueue -h lacks %q", want)

@@ -257,6 +257,8 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 	for _, r := range rows {
 		until := "-"
 		switch {
+		case !r.PausedUntil.IsZero() && r.PauseReason != "":
+			until = r.PausedUntil.UTC().Format(time.RFC3339) + " (paused: " + r.PauseReason + ")"
 		case !r.PausedUntil.IsZero():
 			until = r.PausedUntil.UTC().Format(time.RFC3339) + " (paused)"
 		case !r.CooldownUntil.IsZero():

@@ -734,7 +734,7 @@ func TestProcessPauseResumeStatus(t *testing.T) {
 		t.Fatalf("status: %v", err)
 	}
 	t.Logf("status while paused:\n%s", out.String())
-	if !strings.Contains(out.String(), paused) || !strings.Contains(out.String(), "(paused)") {
+	if !strings.Contains(out.String(), paused) || !strings.Contains(out.String(), "(paused: test)") {
 		t.Errorf("status table lacks the paused authority:\n%s", out.String())
 	}
 

@@ -149,6 +149,7 @@ func cmdEnqueue(ctx context.Context, args []string, getenv func(string) string, 
 		}
 		defer closeConn()
 		e.js = js
+		e.privateOK = podsAllowPrivate(ctx, js)
 	}
 	if err := e.publishInputs(ctx, &f, stdin); err != nil {
 		return err
@@ -183,7 +184,6 @@ func (e *enqueuer) validateArgs(f *enqueueFlags) (int, error) {
 			e.reject(label, err)
 			continue
 		}
-		e.warnUnreachable(label, j)
 		e.argJobs[argN] = j
 	}
 	return len(e.argJobs), nil
@@ -197,6 +197,7 @@ func (e *enqueuer) publishInputs(ctx context.Context, f *enqueueFlags, stdin io.
 		if in != "-" {
 			argN++
 			if j, ok := e.argJobs[argN]; ok {
+				e.warnUnreachable("argument "+strconv.Itoa(argN), j)
 				if err := e.publish(ctx, "argument "+strconv.Itoa(argN), j); err != nil {
 					return err
 				}
@@ -273,6 +274,9 @@ type enqueuer struct {
 	pending []pendingPub
 	// warned holds the hosts already warned about, one warning each.
 	warned map[string]bool
+	// privateOK: every worker announced on this NATS fetches loopback and
+	// private addresses (podsAllowPrivate), so there is nothing to warn of.
+	privateOK bool
 	// window is the stream's duplicate window, known once duplicates were seen.
 	window time.Duration
 	// dupStdin: a duplicate came from a JSON line (the advice names "id").
@@ -315,8 +319,9 @@ func rejectHint(label string, err error) string {
 
 // warnUnreachable warns, once per host, about a URL the worker refuses by
 // default: loopback and private addresses need --allow-private-networks on
-// the worker. Only literal addresses and localhost are judged here; a name
-// that resolves to one is refused by the worker all the same.
+// the worker, unless the workers announce that they run with it
+// (privateOK). Only literal addresses and localhost are judged here; a
+// name that resolves to one is refused by the worker all the same.
 func (e *enqueuer) warnUnreachable(label string, j jobs.Job) {
 	host := j.Authority.Host
 	if e.warned[host] {
@@ -328,19 +333,36 @@ func (e *enqueuer) warnUnreachable(label string, j jobs.Job) {
 	} else if a, err := netip.ParseAddr(host); err == nil {
 		reason = fetch.CheckAddr(a, false)
 	}
-	if reason == "" {
+	what := map[string]string{fetch.ReasonLoopback: "a loopback address", fetch.ReasonPrivate: "a private address"}[reason]
+	if reason == "" || what != "" && e.privateOK {
 		return
 	}
 	if e.warned == nil {
 		e.warned = map[string]bool{}
 	}
 	e.warned[host] = true
-	what := map[string]string{fetch.ReasonLoopback: "a loopback address", fetch.ReasonPrivate: "a private address"}[reason]
 	if what == "" {
 		fmt.Fprintf(e.stderr, "warning: %s: %s is refused by every worker (%s); the job will be dead-lettered destination_refused\n", label, host, reason)
 		return
 	}
 	fmt.Fprintf(e.stderr, "warning: %s: %s is %s: a worker refuses it (dead letter destination_refused) unless it runs with --allow-private-networks (make run RUN_ARGS=--allow-private-networks)\n", label, host, what)
+}
+
+// podsAllowPrivate reports whether the workers on js announce (in
+// MIRROR_PODS) that they run with --allow-private-networks: at least one
+// does and none does not. No worker announced, or the bucket unreadable,
+// is false: the warning stays, as without this knowledge.
+func podsAllowPrivate(ctx context.Context, js jetstream.JetStream) bool {
+	pods, err := readPods(ctx, js)
+	if err != nil || len(pods) == 0 {
+		return false
+	}
+	for _, p := range pods {
+		if !p.AllowPrivateNetworks {
+			return false
+		}
+	}
+	return true
 }
 
 // add validates one job and, unless this is a dry run, starts publishing it.

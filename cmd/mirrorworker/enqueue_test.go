@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/worker"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -384,6 +386,56 @@ func TestEnqueueWarnsAboutRefusedDestinations(t *testing.T) {
 	r := runEnqueue(t, nil, "", "--dry-run", "http://127.0.0.1:1/a", "http://127.0.0.1:1/b")
 	if r.err != nil || strings.Count(r.stderr, "warning:") != 1 {
 		t.Fatalf("%v; stderr %q, want one warning", r.err, r.stderr)
+	}
+}
+
+// TestEnqueueBelievesTheWorkersAnnouncement: the loopback warning is given
+// unless the workers announced in MIRROR_PODS run with
+// --allow-private-networks (issue 36 item 6: it was given while the worker
+// found ran with the flag); one worker without it keeps the warning, and a
+// destination refused by every worker is warned of whatever they announce.
+func TestEnqueueBelievesTheWorkersAnnouncement(t *testing.T) {
+	tests := []struct {
+		name  string
+		pods  map[string]bool // pod -> allow_private_networks
+		url   string
+		wants string // "" for no warning
+	}{
+		{"no worker announced", nil, "http://127.0.0.1:8000/a", "127.0.0.1 is a loopback address"},
+		{"the worker allows it", map[string]bool{"w1": true}, "http://127.0.0.1:8000/a", ""},
+		{"every worker allows it", map[string]bool{"w1": true, "w2": true}, "http://10.1.2.3/a", ""},
+		{"one worker does not", map[string]bool{"w1": true, "w2": false}, "http://127.0.0.1:8000/a", "127.0.0.1 is a loopback address"},
+		{"the worker does not", map[string]bool{"w1": false}, "http://[::1]:8000/a", "::1 is a loopback address"},
+		{"metadata is refused always", map[string]bool{"w1": true}, "http://169.254.169.254/latest", "169.254.169.254 is refused by every worker"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			url, js := enqueueServer(t)
+			if tt.pods != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				kv, err := js.CreateKeyValue(ctx, jobs.PodsBucketConfig(time.Minute, 1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for pod, allow := range tt.pods {
+					b, _ := json.Marshal(worker.PodStatus{Pod: pod, AllowPrivateNetworks: allow})
+					if _, err := kv.Put(ctx, pod, b); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			r := runEnqueue(t, nil, "", tt.url, "--nats-url", url)
+			if r.err != nil {
+				t.Fatalf("%v: %s", r.err, r.stderr)
+			}
+			switch {
+			case tt.wants == "" && strings.Contains(r.stderr, "warning"):
+				t.Errorf("warned: %q", r.stderr)
+			case tt.wants != "" && !strings.Contains(r.stderr, "warning: argument 1: "+tt.wants):
+				t.Errorf("stderr %q, want the warning %q", r.stderr, tt.wants)
+			}
+		})
 	}
 }
 

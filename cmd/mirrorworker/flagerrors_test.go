@@ -49,7 +49,7 @@ func TestFlagMistakeIsOneLine(t *testing.T) {
 // TestVersionHelp: version -h is help, not the version.
 func TestVersionHelp(t *testing.T) {
 	stdout, stderr, err := runCmd(t, nil, "version", "-h")
-	if err != nil || stdout != "" || !strings.HasPrefix(stderr, "usage: mirrorworker version") {
+	if err != nil || stderr != "" || !strings.HasPrefix(stdout, "usage: mirrorworker version") {
 		t.Fatalf("version -h: err %v, stdout %q, stderr %q", err, stdout, stderr)
 	}
 	if _, _, err := runCmd(t, nil, "version", "extra"); exitCode(err) != 2 {
@@ -61,7 +61,7 @@ func TestVersionHelp(t *testing.T) {
 // --nats-connect-timeout; the old names warn and still work.
 func TestOneNATSTimeoutName(t *testing.T) {
 	for _, cmd := range [][]string{{"enqueue"}, {"replay"}, {"dlq", "list"}, {"dlq", "show"}, {"dlq", "requeue"}, {"pause"}, {"resume"}, {"status"}} {
-		_, help, err := runCmd(t, nil, append(cmd, "-h")...)
+		help, _, err := runCmd(t, nil, append(cmd, "-h")...)
 		if err != nil {
 			t.Fatalf("%s -h: %v", cmd, err)
 		}

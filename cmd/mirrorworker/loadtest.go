@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,10 +16,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/strategy"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
-
-// defaultLoadtestProfile is used when --profile is not given and the file
-// exists (running from the repository root).
-const defaultLoadtestProfile = "testdata/profiles/loadtest-throttling.json"
 
 // loadtestFlags are the flags of `mirrorworker loadtest`.
 type loadtestFlags struct {
@@ -62,7 +59,7 @@ func parseLoadtestFlags(args []string, getenv func(string) string, stderr io.Wri
 	fs.IntVar(&f.auths, "authorities", 10, "authorities the stub origin serves (one listener each)")
 	fs.IntVar(&f.workers, "workers", 3, "workers per strategy: the hostpacer runs as this many mirrorworker run processes (pods) sharing one pace per origin through the cluster layout, as a deployment does; the other strategies as in-process instances, each with its own pacer state")
 	fs.Float64Var(&f.skew, "skew", 0, "share of the jobs on the hottest authority (0: spread evenly)")
-	fs.StringVar(&f.profile, "profile", defaultLoadtestProfile, "load-test profile (or a plain stub origin profile)")
+	fs.StringVar(&f.profile, "profile", "", "load-test profile `file` (or a plain stub origin profile); default: "+loadtest.DefaultProfileFile+", built into the binary, so it works from any directory")
 	fs.StringVar(&f.strategies, "strategy", strategy.HostPacer, "strategies to compare, comma-separated, or all: "+strings.Join(strategy.Names(), ", "))
 	fs.StringVar(&f.reportDir, "report", "loadtest-report", "directory for report.json and report.html")
 	fs.DurationVar(&f.timeLimit, "time-limit", 3*time.Minute, "longest run of one strategy")
@@ -139,7 +136,7 @@ func (f *loadtestFlags) options(args []string, stderr io.Writer) (loadtest.Optio
 	}
 	o := loadtest.Options{
 		Jobs: f.jobs, Authorities: f.auths, Workers: f.workers, Skew: f.skew,
-		Profile: p, ProfileFile: f.profile, Strategies: f.names,
+		Profile: p, ProfileFile: cmp.Or(f.profile, loadtest.DefaultProfileFile+" (built in)"), Strategies: f.names,
 		TimeLimit: f.timeLimit, Concurrency: f.concurrency, Shared: f.shared, Dir: f.scratch,
 		InProcess: f.inProcess, PodLogLevel: f.logLevel,
 		Command:  "mirrorworker loadtest " + strings.Join(args, " "),

@@ -25,7 +25,7 @@ var version = "dev"
 
 func main() {
 	setLogFormats()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyStop()
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
@@ -38,6 +38,41 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// notifyStop returns the context that the first SIGINT or SIGTERM
+// cancels (the graceful stop), carrying the channel that the second one
+// closes (stopNowOf: the stop ends at once); after the second, the
+// signals' default is back, so a third ends the process outright.
+func notifyStop() (ctx context.Context, stop func()) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	now := make(chan struct{})
+	go func() {
+		<-sigs
+		cancel()
+		<-sigs
+		signal.Stop(sigs)
+		close(now)
+	}()
+	return withStopNow(ctx, now), func() { signal.Stop(sigs); cancel() }
+}
+
+// stopNowKey is the context key of the channel a second signal closes.
+type stopNowKey struct{}
+
+// withStopNow returns ctx carrying now (see stopNowOf).
+func withStopNow(ctx context.Context, now <-chan struct{}) context.Context {
+	return context.WithValue(ctx, stopNowKey{}, now)
+}
+
+// stopNowOf is the channel that closes when the operator asks a stop
+// already under way to end at once (a second Ctrl-C); nil, which never
+// closes, when the caller gave none (tests running a command in-process).
+func stopNowOf(ctx context.Context) <-chan struct{} {
+	now, _ := ctx.Value(stopNowKey{}).(<-chan struct{})
+	return now
 }
 
 // errSilent marks an error whose message was already printed.
@@ -82,7 +117,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	}
 	switch args[0] {
 	case "-h", "-help", "--help":
-		printUsage(stderr, cmds)
+		printUsage(stdout, cmds) // asked for: `mirrorworker -h | less` works
 		return nil
 	case "help":
 		// `mirrorworker help enqueue` is `mirrorworker enqueue -h`.
@@ -92,7 +127,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 				break
 			}
 		}
-		printUsage(stderr, cmds)
+		printUsage(stdout, cmds)
 		return nil
 	case "-v", "-version", "--version":
 		args = []string{"version"}
@@ -105,11 +140,32 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		}
 		return usageError{fmt.Sprintf("unknown subcommand %q: want one of %s", args[0], strings.Join(sortedNames(cmds), ", "))}
 	}
-	err := c.run(ctx, args[1:], getenv, stdin, stdout, stderr)
+	cmdStderr := stderr
+	if helpAsked(args[1:]) {
+		// Help that was asked for is the output (`run -h | grep floor`);
+		// a command given -h does nothing else, and its errors are
+		// returned, which main prints on stderr.
+		cmdStderr = stdout
+	}
+	err := c.run(ctx, args[1:], getenv, stdin, stdout, cmdStderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}
 	return err
+}
+
+// helpAsked reports whether args ask for help: -h, -help or --help
+// before "--" (after it, they are arguments).
+func helpAsked(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "-help", "--help":
+			return true
+		}
+	}
+	return false
 }
 
 func sortedNames(cmds map[string]command) []string {

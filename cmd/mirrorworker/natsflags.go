@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/dirlock"
 )
 
 // defaultNATS is where a running `mirrorworker run` listens by default.
@@ -109,6 +112,9 @@ func (n *natsFlags) resolve() error {
 		u, err := broker.ReadClientURL(*n.dataDir)
 		if err != nil {
 			if errors.Is(err, broker.ErrNoClientURL) {
+				if hint := localWorkerHint(*n.dataDir); hint != "" {
+					return fmt.Errorf("%w: %s", err, hint)
+				}
 				return fmt.Errorf("%w: start 'mirrorworker run --data-dir %s' (with an --embedded-listen address), or pass --nats-url", err, *n.dataDir)
 			}
 			return err
@@ -121,8 +127,36 @@ func (n *natsFlags) resolve() error {
 		n.resolvedURL, n.source = u, "the worker of "+abs
 		return nil
 	}
-	n.resolvedURL, n.source = defaultNATS, "the default address"
+	n.resolvedURL, n.source = defaultNATS, defaultSource
 	return nil
+}
+
+// defaultSource is resolve's source of defaultNATS.
+const defaultSource = "the default address"
+
+// localWorkerHint says what a data directory tells of its worker when a
+// command cannot reach it, or "" when it holds no worker's store: the
+// embedded server that holds the queue runs only inside 'mirrorworker
+// run', so with that worker down no command can reach the queue, and
+// with a worker that listens in-process only, none ever can.
+func localWorkerHint(dataDir string) string {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return ""
+	}
+	if _, err := os.Stat(filepath.Join(abs, "nats")); err != nil {
+		return ""
+	}
+	h, held, err := dirlock.Held(filepath.Join(abs, broker.StoreLockFile))
+	switch {
+	case err != nil:
+		return ""
+	case held && h.NATSURL == "" && h.PID != 0:
+		return fmt.Sprintf("the worker of %s (pid %d) runs with no client address (--embedded-listen is empty), so no command can reach its queue: restart it with --embedded-listen %s, or run its NATS apart and pass --nats-url to both", abs, h.PID, strings.TrimPrefix(defaultNATS, "nats://"))
+	case held:
+		return "" // it runs and says where: the ordinary error applies
+	}
+	return fmt.Sprintf("the worker of %s is not running, and its embedded NATS server, which holds the queue (%s), runs only inside it: start it again with 'mirrorworker run --data-dir %s' (its queued jobs are kept), or pass --nats-url to reach a NATS server of your own", abs, filepath.Join(abs, "nats"), dataDir)
 }
 
 // local reports whether the server was not named with --nats-url: a local
@@ -167,6 +201,11 @@ func (n *natsFlags) dial(ctx context.Context, name, stream string, stderr io.Wri
 	n.announce(stderr, stream)
 	if n.local() {
 		if err := probeDefaultNATS(ctx, n.resolvedURL); err != nil {
+			if n.source == defaultSource {
+				if hint := localWorkerHint(defaultDataDir); hint != "" {
+					return nil, fmt.Errorf("no NATS server at %s: %s", broker.RedactURL(n.resolvedURL), hint)
+				}
+			}
 			return nil, err
 		}
 	}

@@ -117,9 +117,15 @@ func TestProcessNewcomerQuickStart(t *testing.T) {
 
 	// 2. `make run RUN_ARGS=--allow-private-networks`, on the same data.
 	w2 := startWorkerProcess(t, append(common, "--allow-private-networks")...)
+	// The worker announces the flag in MIRROR_PODS once it holds its
+	// partitions; enqueue believes it and does not warn (issue 36 item 6).
+	waitFor(t, 30*time.Second, "worker 2's partitions", func() bool { return w2.log.logLine("partitions taken", nil) != nil })
 	stdout, stderr, exit = runProcess(t, "enqueue", fileURL, "--nats-url", w2.start.NATSURL)
 	if exit != 0 || stdout != "accepted 1 (1 duplicate)\n" {
 		t.Fatalf("enqueue again: exit %d, stdout %q, stderr %q", exit, stdout, stderr)
+	}
+	if strings.Contains(stderr, "warning") {
+		t.Errorf("enqueue warned although the worker runs with --allow-private-networks: %q", stderr)
 	}
 	if !strings.Contains(stderr, "To fetch it again now, pass a new --id; or wait 2m0s") {
 		t.Errorf("the duplicate is not explained: %q", stderr)

@@ -122,7 +122,9 @@ func TestProcessCommandsFindWorkerByDataDir(t *testing.T) {
 		t.Fatalf("%s left behind by a stopped worker", broker.ClientURLFile)
 	}
 	_, stderr, exit = runProcess(t, "status", "--data-dir", dataDir)
-	if exit != 1 || !strings.Contains(stderr, "no running worker with an embedded NATS server in "+dataDir) {
+	if exit != 1 || !strings.Contains(stderr, "no running worker with an embedded NATS server in "+dataDir) ||
+		!strings.Contains(stderr, "is not running, and its embedded NATS server, which holds the queue") ||
+		!strings.Contains(stderr, "start it again with 'mirrorworker run --data-dir "+dataDir+"'") {
 		t.Fatalf("status of a stopped worker's data dir: exit %d, stderr %q", exit, stderr)
 	}
 }

@@ -38,31 +38,33 @@ type readmeRun struct {
 // readmeRuns are the README's commands the test runs, in the README's order.
 var readmeRuns = map[string]readmeRun{
 	"make run": {bg: true, ready: "[ -s data/nats-client.url ]"},
-	"go run ./cmd/mirrorworker enqueue 'https://go.dev/VERSION?m=text' --target go/VERSION":                                                      {want: "accepted 1"},
-	"mkdir -p /tmp/site/pub && echo hello > /tmp/site/pub/hello.txt":                                                                             {},
-	"python3 -m http.server 18765 --bind 127.0.0.1 --directory /tmp/site &":                                                                      {},
-	"make run RUN_ARGS=--allow-private-networks":                                                                                                 {bg: true, ready: "[ -s data/nats-client.url ] && (exec 3<>/dev/tcp/127.0.0.1/18765) 2>/dev/null"},
-	"go run ./cmd/mirrorworker enqueue http://127.0.0.1:18765/pub/hello.txt":                                                                     {want: "accepted 1"},
-	"cat ./data/mirror/127.0.0.1_18765/pub/hello.txt":                                                                                            {before: "[ -s ./data/mirror/127.0.0.1_18765/pub/hello.txt ]", want: "hello"},
-	"mirrorworker enqueue --tenant acme https://files.example.org/a.tar.gz":                                                                      {want: "accepted 1"},
-	"mirrorworker enqueue < jobs.jsonl":                                                                                                          {want: "accepted 2"},
-	`mirrorworker pause  --authority files.example.org:443 --for 30m --reason "asked by their ops"`:                                              {want: "paused files.example.org:443"},
-	"mirrorworker resume --authority files.example.org:443":                                                                                      {want: "resumed files.example.org:443"},
-	"mirrorworker dlq list --reason http_404 --since 24h":                                                                                        {want: "dead letters"},
-	"mirrorworker dlq list --tenant acme --authority https://files.example.org":                                                                  {want: "dead letters"},
-	"mirrorworker dlq requeue --dry-run --reason budget_exhausted":                                                                               {want: "dry run: 0 would be requeued"},
-	"mirrorworker replay --dry-run":                                                                                                              {want: "dry run:"},
-	"mirrorworker dlq requeue --reason auth_failed":                                                                                              {want: "0 requeued"},
+	"go run ./cmd/mirrorworker enqueue 'https://go.dev/VERSION?m=text' --target go/VERSION": {want: "accepted 1"},
+	// Only standard output reaches grep: help asked for is printed there.
+	"mirrorworker run -h | grep -- -floor":                                                          {want: "-floor duration"},
+	"mkdir -p /tmp/site/pub && echo hello > /tmp/site/pub/hello.txt":                                {},
+	"python3 -m http.server 18765 --bind 127.0.0.1 --directory /tmp/site &":                         {},
+	"make run RUN_ARGS=--allow-private-networks":                                                    {bg: true, ready: "[ -s data/nats-client.url ] && (exec 3<>/dev/tcp/127.0.0.1/18765) 2>/dev/null"},
+	"go run ./cmd/mirrorworker enqueue http://127.0.0.1:18765/pub/hello.txt":                        {want: "accepted 1"},
+	"cat ./data/mirror/127.0.0.1_18765/pub/hello.txt":                                               {before: "[ -s ./data/mirror/127.0.0.1_18765/pub/hello.txt ]", want: "hello"},
+	"mirrorworker enqueue --tenant acme https://files.example.org/a.tar.gz":                         {want: "accepted 1"},
+	"mirrorworker enqueue < jobs.jsonl":                                                             {want: "accepted 2"},
+	`mirrorworker pause  --authority files.example.org:443 --for 30m --reason "asked by their ops"`: {want: "paused files.example.org:443"},
+	"mirrorworker resume --authority files.example.org:443":                                         {want: "resumed files.example.org:443"},
+	"mirrorworker dlq list --reason http_404 --since 24h":                                           {want: "dead letters"},
+	"mirrorworker dlq list --tenant acme --authority https://files.example.org":                     {want: "dead letters"},
+	"mirrorworker dlq requeue --dry-run --reason budget_exhausted":                                  {want: "dry run: 0 would be requeued"},
+	"mirrorworker replay --dry-run":                                                                 {want: "dry run:"},
+	"mirrorworker dlq requeue --reason auth_failed":                                                 {want: "0 requeued"},
 	`mirrorworker policy set --authority files.example.org:443 --floor 5s --max-in-flight 1 --for 2h --reason "origin maintenance, ticket 1234"`: {want: "set files.example.org:443"},
-	"mirrorworker policy set --default --floor 500ms":                                                                                            {want: "set default"},
-	"mirrorworker policy set --authority files.example.org:443 --bandwidth 1MiB/s":                                                               {want: "bandwidth 1MiB/s"},
-	"mirrorworker policy set --group example --members 'www.example.org:443,*.cdn.example.org' --floor 1s --max-in-flight 2":                     {want: "members *.cdn.example.org,www.example.org:443"},
-	"mirrorworker policy set --group example --add-members downloads.example.org:443":                                                            {want: "downloads.example.org:443"},
-	"mirrorworker policy list":                                                                                                                   {want: "files.example.org:443"},
-	"mirrorworker policy show --authority files.example.org:443":                                                                                 {want: "files.example.org:443"},
-	"mirrorworker policy delete --authority files.example.org:443":                                                                               {want: "deleted files.example.org:443"},
-	"mirrorworker status":                  {},
-	"mirrorworker replay --from-seq 52000": {want: "replayed 0 jobs"},
+	"mirrorworker policy set --default --floor 500ms":                                                                        {want: "set default"},
+	"mirrorworker policy set --authority files.example.org:443 --bandwidth 1MiB/s":                                           {want: "bandwidth 1MiB/s"},
+	"mirrorworker policy set --group example --members 'www.example.org:443,*.cdn.example.org' --floor 1s --max-in-flight 2": {want: "members *.cdn.example.org,www.example.org:443"},
+	"mirrorworker policy set --group example --add-members downloads.example.org:443":                                        {want: "downloads.example.org:443"},
+	"mirrorworker policy list":                                     {want: "files.example.org:443"},
+	"mirrorworker policy show --authority files.example.org:443":   {want: "files.example.org:443"},
+	"mirrorworker policy delete --authority files.example.org:443": {want: "deleted files.example.org:443"},
+	"mirrorworker status":                                          {},
+	"mirrorworker replay --from-seq 52000":                         {want: "replayed 0 jobs"},
 	"mirrorworker stub-origin --profile testdata/profiles/throttling.json --listen 127.0.0.1:18080 --authorities 50 --admin-listen 127.0.0.1:18079": {
 		bg: true, ready: "(exec 3<>/dev/tcp/127.0.0.1/18079) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/18080) 2>/dev/null"},
 }
@@ -206,7 +208,7 @@ func TestREADMECommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := readmeScript(cmds, repo)
+	script := readmeScript(cmds, repo, goCachesUnderTmp(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", script)
@@ -265,10 +267,37 @@ var (
 
 func sq(s string) string { return "'" + shellQuote.ReplaceAllString(s, `'\''`) + "'" }
 
+// goCachesUnderTmp are the Go module and build caches that lie under
+// /tmp, which the script's private /tmp would hide: without them `make
+// install` finds no module (GOPROXY=off) and no command runs.
+func goCachesUnderTmp(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "GOMODCACHE", "GOCACHE").Output()
+	if err != nil {
+		t.Fatalf("go env: %v", err)
+	}
+	var under []string
+	for _, d := range strings.Fields(string(out)) {
+		if d == "/tmp" || strings.HasPrefix(d, "/tmp/") {
+			under = append(under, d)
+		}
+	}
+	return under
+}
+
 // readmeScript is the bash script that runs the commands: set up the
-// namespace (loopback up, /tmp private), copy the repository, make
-// install, write the given files, then each command in order.
-func readmeScript(cmds []readmeCmd, repo string) string {
+// namespace (loopback up, /tmp private, with keep, the Go caches under
+// /tmp, bound back in), copy the repository, make install, write the
+// given files, then each command in order.
+func readmeScript(cmds []readmeCmd, repo string, keep []string) string {
+	// A directory under /tmp stays reachable through a descriptor opened
+	// before the tmpfs hides it, and is bound back at its path from there.
+	var keepOpen, keepBound string
+	for i, d := range keep {
+		fd := 20 + i
+		keepOpen += fmt.Sprintf("exec %d<%s || fail 0 %s\n", fd, sq(d), sq("open "+d))
+		keepBound += fmt.Sprintf("mkdir -p %s && mount --no-canonicalize --bind /proc/self/fd/%d %s || fail 0 %s\n", sq(d), fd, sq(d), sq("bind "+d+" back under the private /tmp"))
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `set -u
 fail() { echo "README-FAIL line $1: $2"; for f in /tmp/bg-*.log; do [ -f "$f" ] && { echo "== $f"; tail -n 30 "$f"; }; done; exit 1; }
@@ -281,12 +310,12 @@ set -m
 # The working directory keeps the repository reachable even when it lies
 # under /tmp, which the tmpfs hides by name.
 cd %s || fail 0 "enter the repository"
-mount -t tmpfs tmpfs /tmp || fail 0 "mount a tmpfs on /tmp"
-(cd / && python3 -c 'import socket,fcntl,struct; s=socket.socket(); fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x41, b""))') || fail 0 "bring the loopback up"
+%smount -t tmpfs tmpfs /tmp || fail 0 "mount a tmpfs on /tmp"
+%s(cd / && python3 -c 'import socket,fcntl,struct; s=socket.socket(); fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", 0x41, b""))') || fail 0 "bring the loopback up"
 mkdir -p /tmp/repo && tar -C . --exclude=./data --exclude=./bin --exclude=./out --exclude=./.test-skipped -cf - . | tar -C /tmp/repo -xf - || fail 0 "copy the repository"
 cd /tmp/repo
 make install >/tmp/make-install.log 2>&1 || { cat /tmp/make-install.log; fail 0 "make install"; }
-`, sq(repo))
+`, sq(repo), keepOpen, keepBound)
 	for name, content := range readmeGiven {
 		fmt.Fprintf(&b, "printf '%%s' %s > %s\n", sq(content), sq(name))
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/bytesize"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/dirlock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/loadtest"
@@ -69,6 +70,9 @@ type runConfig struct {
 	// laneBacklog is worker.Options.LaneBacklog (negative: no lanes); the
 	// flag's 0 is parsed into it (laneBacklogFlag).
 	laneBacklog int
+
+	// stopNow closes when a stop under way must end at once (stopNowOf).
+	stopNow <-chan struct{}
 
 	// onRegistry, when set (tests), is handed the metric registry before
 	// anything is registered with it but the process collectors.
@@ -176,6 +180,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 	if err != nil {
 		return err
 	}
+	c.stopNow = stopNowOf(ctx)
 	return runWorker(ctx, &c, log)
 }
 
@@ -185,10 +190,11 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 // pipeline in one group until ctx is cancelled.
 func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	hooks := readTestHooks(os.Getenv)
-	dataDir, target, err := openStore(ctx, c, hooks, log)
+	dataDir, lock, target, err := openStore(ctx, c, hooks, log)
 	if err != nil {
 		return err
 	}
+	defer lock.Release() // after the embedded server is down (defers run last in, first out)
 	replayTargets, err := openReplayTargets(ctx, c, hooks, target, log)
 	if err != nil {
 		return err
@@ -214,6 +220,10 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 	}
 	if embedded != nil {
 		defer embedded.Shutdown() // after the group: the worker acks until its last job
+		// A second worker refused the data directory reads how to join this one here.
+		if err := lock.Record(dirlock.Holder{PID: os.Getpid(), NATSURL: embedded.ClientURL(), AdminURL: adm.URL()}); err != nil {
+			return err
+		}
 		if u := embedded.ClientURL(); u != "" {
 			// Commands given this --data-dir find this worker's server.
 			removeURL, err := broker.WriteClientURL(dataDir, u)
@@ -234,26 +244,69 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 			return e
 		},
 	}
-	return runGroup(ctx, adm, p, log)
+	return runGroup(ctx, adm, p, c.stopNow, log)
 }
 
-// openStore proves the data directory writable and opens the mirror
-// target (by default under it).
-func openStore(ctx context.Context, c *runConfig, hooks testHooks, log zerolog.Logger) (dataDir string, target storeTarget, err error) {
+// openStore proves the data directory writable, locks it when this worker
+// runs the embedded server on it (lockDataDir; the lock is nil with
+// --nats-url), and opens the mirror target (by default under it). The
+// lock comes before the target: a second worker must not even sweep the
+// first one's temporary files.
+func openStore(ctx context.Context, c *runConfig, hooks testHooks, log zerolog.Logger) (dataDir string, lock *dirlock.Lock, target storeTarget, err error) {
 	if dataDir, err = filepath.Abs(c.dataDir); err != nil {
-		return "", nil, fmt.Errorf("data dir: %w", err)
+		return "", nil, nil, fmt.Errorf("data dir: %w", err)
 	}
 	if err := pipeline.CheckWritableDir(dataDir); err != nil {
-		return "", nil, fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
+		return "", nil, nil, fmt.Errorf("data dir %s: %w (pass --data-dir)", dataDir, err)
+	}
+	if c.nats.url == "" {
+		if lock, err = lockDataDir(dataDir); err != nil {
+			return "", nil, nil, err
+		}
 	}
 	spec := c.target
 	if spec == "" {
 		if spec, err = pipeline.DefaultTarget(dataDir); err != nil {
-			return "", nil, err
+			lock.Release()
+			return "", nil, nil, err
 		}
 	}
-	target, err = c.s3.openTarget(ctx, spec, hooks.fault, log)
-	return dataDir, target, err
+	if target, err = c.s3.openTarget(ctx, spec, hooks.fault, log); err != nil {
+		lock.Release()
+		return "", nil, nil, err
+	}
+	return dataDir, lock, target, nil
+}
+
+// lockDataDir takes the data directory's lock (broker.StoreLockFile) for
+// the embedded server's store: two servers on one store damage it (issue
+// 36: "corrupt state file", a consumer past its stream's last sequence).
+// Workers that join a deployment with --nats-url take no lock, since they
+// may share a data directory as one volume. A directory already locked is
+// an error at once that names the holder and how to join it instead.
+func lockDataDir(dataDir string) (*dirlock.Lock, error) {
+	path := filepath.Join(dataDir, broker.StoreLockFile)
+	lock, err := dirlock.Exclusive(path, dirlock.Holder{PID: os.Getpid()})
+	var held *dirlock.HeldError
+	if !errors.As(err, &held) {
+		return lock, err
+	}
+	who := "another process"
+	if held.Holder.PID != 0 {
+		who = fmt.Sprintf("the mirrorworker of pid %d", held.Holder.PID)
+	}
+	join := "then stop it, or pass another --data-dir"
+	natsURL := held.Holder.NATSURL
+	if natsURL == "" {
+		natsURL, _ = broker.ReadClientURL(dataDir)
+	}
+	if natsURL != "" {
+		join = fmt.Sprintf("join it instead with 'mirrorworker run --nats-url %s' (and another --admin-addr), or stop it first", natsURL)
+	}
+	if held.Holder.AdminURL != "" {
+		who += " (admin " + held.Holder.AdminURL + ")"
+	}
+	return nil, fmt.Errorf("data dir %s is in use by %s, whose embedded NATS server keeps its store there; a second server on that store would damage it: %s", dataDir, who, join)
 }
 
 // openReplayTargets opens every --replay-target, as --target is opened
@@ -353,7 +406,11 @@ func (c *runConfig) startEmbedded(dataDir string, log zerolog.Logger) (*broker.E
 
 // runGroup runs the admin endpoint and the pipeline in one run group until
 // ctx ends or one of them returns; the first to return stops the other.
-func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, log zerolog.Logger) error {
+//
+// A stop ended at once by stopNow (a second signal) is an error: the
+// operator cut the grace short, and the jobs in flight were handed back
+// unfinished.
+func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, stopNow <-chan struct{}, log zerolog.Logger) error {
 	var (
 		g       oklogrun.Group
 		pipeErr error // set by the pipeline actor before it returns
@@ -386,6 +443,11 @@ func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, log zerolog.
 		// including while stopping.
 		if pipeErr != nil {
 			return pipeErr
+		}
+		select {
+		case <-stopNow:
+			return errors.New("stopped at once by a second signal: the jobs in flight were handed back unfinished, for redelivery now")
+		default:
 		}
 		log.Info().Msg("mirrorworker stopped")
 		return nil
@@ -521,6 +583,7 @@ func (p *natsStage) podOptions(departures *loadtest.DepartureLog) *pipeline.PodO
 		PodID: c.workerID, Version: version, Target: p.target, ReplayTargets: p.replay, ShutdownGrace: c.shutdownGrace,
 		Logger: p.log,
 		Adjust: func(o *worker.Options, d *worker.Deps) {
+			o.StopNow = c.stopNow
 			departures.Wrap(d)
 			p.hooks.adjust(o, d)
 		},

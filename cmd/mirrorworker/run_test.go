@@ -138,7 +138,7 @@ func TestRunInProcess(t *testing.T) {
 	for _, s := range states {
 		if s["authority"] == originAuth {
 			found = true
-			for _, k := range []string{"floor_ns", "interval_ns", "probing", "in_flight"} {
+			for _, k := range []string{"floor", "interval", "probing", "in_flight"} {
 				if _, ok := s[k]; !ok {
 					t.Errorf("/debug/pacer entry lacks %q: %v", k, s)
 				}
