@@ -75,6 +75,9 @@ type Options struct {
 	// mirror), each removed after its run; default the system temp dir.
 	Dir string
 
+	// Curl configures the curl-retry reference client.
+	Curl CurlOptions
+
 	// Report metadata.
 	Title       string
 	Command     string
@@ -244,8 +247,12 @@ func scaleNote(scale float64) string {
 func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 	res := Result{Strategy: name, Mode: ModeInProcess}
 	pods := name == strategy.HostPacer && !o.InProcess
-	if pods {
+	reference := name == strategy.CurlRetry
+	switch {
+	case pods:
 		res.Mode = ModeProcesses
+	case reference:
+		res.Mode = ModeReference
 	}
 	fail := func(err error) Result {
 		res.Error = err.Error()
@@ -306,9 +313,12 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		akeys[i] = a.Key()
 	}
 	r := &run{o: o, name: name, ordinal: ordinal, dir: dir, emb: emb, js: js, og: og, urls: urls, akeys: akeys, sent: newDepartures()}
-	if pods {
+	switch {
+	case pods:
 		err = r.pods(ctx, &res)
-	} else {
+	case reference:
+		err = r.curl(ctx, &res)
+	default:
 		err = r.inProcess(ctx, &res)
 	}
 	if err != nil {
@@ -613,11 +623,17 @@ func spread(n, a int, skew float64) []int {
 	return out
 }
 
-// enqueue publishes the jobs interleaved over the authorities (the stream
-// is not sorted by authority in real life either) and waits for every ack.
-func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts []int, size int64) error {
+// queued is one job of a run and the index of its authority.
+type queued struct {
+	a int
+	j jobs.Job
+}
+
+// jobList is a run's jobs, interleaved over the authorities (the stream is
+// not sorted by authority in real life either), numbered in that order.
+func jobList(urls []string, counts []int, size int64) []queued {
 	left := append([]int(nil), counts...)
-	var futures []jetstream.PubAckFuture
+	var out []queued
 	seq := 0
 	for more := true; more; {
 		more = false
@@ -628,20 +644,38 @@ func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts 
 			more = true
 			left[a]--
 			seq++
-			j := jobs.Job{
+			out = append(out, queued{a: a, j: jobs.Job{
 				URL:    fmt.Sprintf("%s/objects/%d/%06d.bin?size=%d", urls[a], a, seq, size),
 				Target: fmt.Sprintf("a%04d/%06d.bin", a, seq),
-			}
-			m, _, err := jobs.NewMsg(j)
-			if err != nil {
-				return fmt.Errorf("job %d: %w", seq, err)
-			}
-			f, err := js.PublishMsgAsync(m)
-			if err != nil {
-				return fmt.Errorf("publish job %d: %w", seq, err)
-			}
-			futures = append(futures, f)
+			}})
 		}
+	}
+	return out
+}
+
+// jobURLs is jobList's URLs by authority, in order: the files the
+// reference client fetches, the same the workers get.
+func jobURLs(urls []string, counts []int, size int64) [][]string {
+	out := make([][]string, len(urls))
+	for _, q := range jobList(urls, counts, size) {
+		out[q.a] = append(out[q.a], q.j.URL)
+	}
+	return out
+}
+
+// enqueue publishes the jobs of jobList and waits for every ack.
+func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts []int, size int64) error {
+	var futures []jetstream.PubAckFuture
+	for i, q := range jobList(urls, counts, size) {
+		m, _, err := jobs.NewMsg(q.j)
+		if err != nil {
+			return fmt.Errorf("job %d: %w", i+1, err)
+		}
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			return fmt.Errorf("publish job %d: %w", i+1, err)
+		}
+		futures = append(futures, f)
 	}
 	select {
 	case <-js.PublishAsyncComplete():
