@@ -225,7 +225,8 @@ func writePolitenessReports(dir string, results []politenessResult) error {
 		if !ok {
 			cp := *r.report
 			cp.Results = nil
-			cp.Setup.FloorSeconds = 0 // per client: its name says it
+			cp.Setup.FloorSeconds = 0
+			cp.Setup.FloorNote = "the floor of each worker run is in its name (the curl reference has none)"
 			cp.Notes = append([]string{"Each row is its own run against a fresh origin; the worker rows differ in --floor (in their names), the curl row is the curl --retry 10 reference."}, cp.Notes...)
 			rep = &cp
 			byRate[r.cell.rate] = rep
