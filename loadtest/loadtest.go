@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -223,6 +224,17 @@ func notes(o Options) []string {
 		n = append(n, fmt.Sprintf("hostpacer runs as %d mirrorworker run processes (pods, mode processes) on the partitioned cluster layout a deployment uses: MIRROR_JOBS in partitions by authority, one pod per partition through leases in MIRROR_LEASES, pacer facts shared through MIRROR_EVENTS, long waits parked in MIRROR_PARKED. Its run is measured from the first job published, once every pod holds its share of the partitions (startup s in report.json: process start, NATS connection, lease balancing). Its cpu s adds the pods' own CPU time (from their exit status) to the load-test process's; its heap MiB is the load-test process only (origin and JetStream), and each pod's peak RSS is in report.json (pods).", o.Workers),
 			"sent<floor of the pods' row is timed by the pods themselves: each appends the wall-clock instant of every request it sends to a file, and the load test merges them per authority (one host, one clock), so it counts pairs closer than the floor across pods as well as within one.",
 			"The other strategies are not what mirrorworker run runs: they stay in-process (mode in-process), each worker with its own pacer state.")
+	}
+	if slices.Contains(o.Strategies, strategy.CurlRetry) {
+		retries := o.Curl.Retries
+		if retries == 0 {
+			retries = strategy.DefaultCurlRetries
+		}
+		spacing := "no spacing"
+		if o.Curl.Spacing > 0 {
+			spacing = fmt.Sprintf("at least %v between two requests to one authority (curl --rate)", o.Curl.Spacing)
+		}
+		n = append(n, fmt.Sprintf("curl-retry is the reference client, not a worker (mode reference): as curl --retry %d, one file at a time per authority, a transient answer retried after its Retry-After or 1, 2, 4... s, nothing kept from one file to the next, %s, no floor. It never runs at a compressed time: its waits are the origin's Retry-After and curl's own seconds. Its dead letters are files whose retries ran out.", retries, spacing))
 	}
 	if o.Shared {
 		n = append(n, "In-process workers share one durable consumer: each authority is paced by every worker's pacer independently, so per-authority politeness holds per worker, not at the origin.")
