@@ -44,7 +44,9 @@ import (
 //	go test -run '^$' -bench Politeness -benchtime 1x -timeout 120m -v ./cmd/mirrorworker/
 //
 // MW_BENCH_POLITENESS_FILES sets N; MW_BENCH_POLITENESS_CELLS picks runs,
-// comma-separated rate:floor pairs and rate:curl ("2:100ms,10:0,2:curl");
+// comma-separated rate:floor pairs and rate:curl ("2:100ms,10:0,2:curl"),
+// each with an optional ":503" for nginx's default answer instead (503
+// without Retry-After: "10:100ms:503");
 // MW_BENCH_POLITENESS_LIMIT bounds each run (default 30m: a run that has
 // not drained by then is reported undrained); MW_BENCH_POLITENESS_PARALLEL
 // runs that many at once (default 1: one after another, so that no run's
@@ -84,7 +86,7 @@ func BenchmarkPoliteness(b *testing.B) {
 		}
 		wg.Wait()
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "politeness: %d files, nginx-like origin (limit_req burst 5 nodelay, 429 + Retry-After: 2), %d run(s) at once\n", files, parallel)
+		fmt.Fprintf(&sb, "politeness: %d files, nginx-like origin (limit_req burst 5 nodelay; 429 + Retry-After: 2, or, marked 503, nginx's default 503 without Retry-After), %d run(s) at once\n", files, parallel)
 		writePolitenessTable(&sb, results)
 		fmt.Fprint(os.Stdout, sb.String())
 		if dir := os.Getenv("MW_BENCH_POLITENESS_REPORT"); dir != "" {
@@ -100,6 +102,24 @@ type politenessCell struct {
 	rate  float64
 	floor time.Duration
 	curl  bool
+	// nginxDefault: the origin answers as nginx does by default, 503
+	// without Retry-After, instead of 429 with Retry-After: 2.
+	nginxDefault bool
+}
+
+// dir names the report directory of the cell's origin.
+func (c politenessCell) dir() string {
+	if c.nginxDefault {
+		return fmt.Sprintf("rate-%g-503", c.rate)
+	}
+	return fmt.Sprintf("rate-%g", c.rate)
+}
+
+func (c politenessCell) origin() string {
+	if c.nginxDefault {
+		return fmt.Sprintf("%g r/s, 503", c.rate)
+	}
+	return fmt.Sprintf("%g r/s", c.rate)
 }
 
 func (c politenessCell) client() string {
@@ -117,12 +137,14 @@ func politenessCells(spec string) ([]politenessCell, error) {
 	}
 	var out []politenessCell
 	for _, f := range strings.Split(spec, ",") {
-		r, cl, ok := strings.Cut(strings.TrimSpace(f), ":")
+		f = strings.TrimSpace(f)
+		nginxDefault := strings.HasSuffix(f, ":503")
+		r, cl, ok := strings.Cut(strings.TrimSuffix(f, ":503"), ":")
 		rate, err := strconv.ParseFloat(r, 64)
 		if !ok || err != nil || rate <= 0 {
-			return nil, fmt.Errorf("MW_BENCH_POLITENESS_CELLS: %q: want rate:floor or rate:curl", f)
+			return nil, fmt.Errorf("MW_BENCH_POLITENESS_CELLS: %q: want rate:floor or rate:curl, each with an optional :503", f)
 		}
-		c := politenessCell{rate: rate}
+		c := politenessCell{rate: rate, nginxDefault: nginxDefault}
 		if cl == "curl" {
 			c.curl = true
 		} else if cl == "0" {
@@ -153,14 +175,15 @@ func (r politenessResult) bound() float64 {
 }
 
 func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Duration, exe string) politenessResult {
+	lr := &stuborigin.LimitReq{Rate: c.rate, Burst: 5, NoDelay: true,
+		Status: 429, RetryAfter: stuborigin.Duration{Duration: 2 * time.Second}}
+	if c.nginxDefault {
+		lr = &stuborigin.LimitReq{Rate: c.rate, Burst: 5, NoDelay: true} // 503, no Retry-After
+	}
 	p := &loadtest.Profile{
 		Name:  fmt.Sprintf("nginx-limit-req-%gr/s", c.rate),
 		Scale: 1, Floor: c.floor, MaxInFlight: 2, ObjectSize: 1024,
-		Origin: &stuborigin.Profile{
-			Name: fmt.Sprintf("nginx-limit-req-%grs", c.rate),
-			LimitReq: &stuborigin.LimitReq{Rate: c.rate, Burst: 5, NoDelay: true,
-				Status: 429, RetryAfter: stuborigin.Duration{Duration: 2 * time.Second}},
-		},
+		Origin: &stuborigin.Profile{Name: fmt.Sprintf("nginx-limit-req-%grs", c.rate), LimitReq: lr},
 	}
 	name := strategy.HostPacer
 	if c.curl {
@@ -171,11 +194,11 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 	rep, err := loadtest.Run(ctx, loadtest.Options{
 		Jobs: files, Authorities: 1, Workers: 1, Profile: p, Strategies: []string{name},
 		PodBinary: exe, TimeLimit: limit, Dir: b.TempDir(),
-		Title:  fmt.Sprintf("politeness: nginx-like origin at %g r/s", c.rate),
+		Title:  "politeness: nginx-like origin at " + c.origin(),
 		Logger: zerolog.Nop(),
 	})
 	if err != nil {
-		b.Errorf("%g r/s, %s: %v", c.rate, c.client(), err)
+		b.Errorf("%s, %s: %v", c.origin(), c.client(), err)
 	}
 	out := politenessResult{cell: c, files: files, report: rep}
 	if rep != nil && len(rep.Results) == 1 {
@@ -183,8 +206,8 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 		out.res.Strategy = c.client()
 		rep.Results[0].Strategy = c.client()
 	}
-	b.Logf("%g r/s, %s: drained %v in %.1f s, %d requests, %d 429s, %d early", c.rate, c.client(),
-		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429, out.res.Early)
+	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early", c.origin(), c.client(),
+		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early)
 	return out
 }
 
@@ -205,23 +228,24 @@ func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
 		if res.Error != "" {
 			drained = "error: " + res.Error
 		}
-		fmt.Fprintf(tw, "%g r/s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t\n",
-			r.cell.rate, r.cell.client(), drained, res.DrainSeconds, r.bound(), res.DrainSeconds/r.bound(),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t\n",
+			r.cell.origin(), r.cell.client(), drained, res.DrainSeconds, r.bound(), res.DrainSeconds/r.bound(),
 			res.Requests, rej, pct, res.Early, res.GapsBelowFloor, res.DeadLettered)
 	}
 	tw.Flush()
 }
 
-// writePolitenessReports writes one load-test report per rate, every
-// client of that rate side by side, under dir/rate-R.
+// writePolitenessReports writes one load-test report per origin, every
+// client of it side by side, under dir/rate-R (dir/rate-R-503 for nginx's
+// default answer).
 func writePolitenessReports(dir string, results []politenessResult) error {
-	byRate := map[float64]*loadtest.Report{}
-	var rates []float64
+	byRate := map[string]*loadtest.Report{}
+	var rates []string
 	for _, r := range results {
 		if r.report == nil || len(r.report.Results) != 1 {
 			continue
 		}
-		rep, ok := byRate[r.cell.rate]
+		rep, ok := byRate[r.cell.dir()]
 		if !ok {
 			cp := *r.report
 			cp.Results = nil
@@ -229,8 +253,8 @@ func writePolitenessReports(dir string, results []politenessResult) error {
 			cp.Setup.FloorNote = "the floor of each worker run is in its name (the curl reference has none)"
 			cp.Notes = append([]string{"Each row is its own run against a fresh origin; the worker rows differ in --floor (in their names), the curl row is the curl --retry 10 reference."}, cp.Notes...)
 			rep = &cp
-			byRate[r.cell.rate] = rep
-			rates = append(rates, r.cell.rate)
+			byRate[r.cell.dir()] = rep
+			rates = append(rates, r.cell.dir())
 		}
 		rep.Results = append(rep.Results, r.report.Results[0])
 		if len(r.report.Setup.Allowance) > len(rep.Setup.Allowance) {
@@ -238,7 +262,7 @@ func writePolitenessReports(dir string, results []politenessResult) error {
 		}
 	}
 	for _, rate := range rates {
-		if err := byRate[rate].WriteFiles(filepath.Join(dir, fmt.Sprintf("rate-%g", rate))); err != nil {
+		if err := byRate[rate].WriteFiles(filepath.Join(dir, rate)); err != nil {
 			return err
 		}
 	}
