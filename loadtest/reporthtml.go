@@ -310,7 +310,18 @@ type line struct {
 // apart, so that strategies which drained at about the same time and count
 // stay readable; each label keeps its x.
 func spreadLabels(ls []line) {
-	const gap, near = 12.0, 70.0
+	// near is how far apart two labels' starts must be to share a row: the
+	// left one's width (about 6.6 units a character of the chart's 11px
+	// bold font), so that long names ("worker --floor 100ms") do not run
+	// into the next.
+	const gap = 12.0
+	near := func(a, b line) float64 {
+		left := a
+		if b.lx < a.lx {
+			left = b
+		}
+		return math.Max(70, 6.6*float64(len(left.Strategy))+6)
+	}
 	order := make([]int, len(ls))
 	for i := range order {
 		order[i] = i
@@ -318,7 +329,7 @@ func spreadLabels(ls []line) {
 	sort.Slice(order, func(a, b int) bool { return ls[order[a]].ly < ls[order[b]].ly })
 	for k, i := range order {
 		for _, j := range order[:k] {
-			if math.Abs(ls[i].lx-ls[j].lx) < near && ls[i].ly < ls[j].ly+gap {
+			if math.Abs(ls[i].lx-ls[j].lx) < near(ls[i], ls[j]) && ls[i].ly < ls[j].ly+gap {
 				ls[i].ly = ls[j].ly + gap
 			}
 		}
