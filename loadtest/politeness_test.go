@@ -26,8 +26,8 @@ func nginxProfile(rate float64, floor time.Duration) *loadtest.Profile {
 // benchmark (cmd/mirrorworker BenchmarkPoliteness): the worker's pipeline
 // at floors 100 ms and 0, and the curl --retry reference, against the
 // nginx-like stub at 10 r/s. It asserts only what must hold whatever the
-// pace: the worker sends nothing while told to wait, nothing closer than
-// the floor, and dead-letters nothing; the reference stores every file and,
+// pace: the worker sends nothing while told to wait, sends nothing closer
+// than the floor, and dead-letters nothing; the reference stores every file and,
 // honouring each Retry-After, is never early either. Never time or speed.
 func TestPolitenessOnNginxLikeOrigin(t *testing.T) {
 	if testing.Short() {
@@ -76,13 +76,17 @@ func TestPolitenessOnNginxLikeOrigin(t *testing.T) {
 			case r.Early != 0:
 				t.Errorf("%d requests while told to wait", r.Early)
 			}
-			if tt.strategy == strategy.HostPacer && tt.floor > 0 && r.GapsBelowFloor != 0 {
-				t.Errorf("%d arrivals closer than the %v floor (closest %.3f s)", r.GapsBelowFloor, tt.floor, r.MinGapSeconds)
+			// The floor is asserted on the departures, the pacer's
+			// decisions; arrivals are logged: on a busy 2-core machine a
+			// request delayed on its way lands closer to the next one than
+			// it left (TestLoadtestPods says the same).
+			if tt.strategy == strategy.HostPacer && tt.floor > 0 && r.SentGapsBelowFloor != 0 {
+				t.Errorf("%d requests sent closer than the %v floor (closest %.3f s)", r.SentGapsBelowFloor, tt.floor, r.MinSentGapSeconds)
 			}
 			if tt.strategy == strategy.CurlRetry && r.Status429 == 0 {
 				t.Errorf("the reference drew no 429 from a 10 r/s bucket it does not pace for")
 			}
-			t.Logf("%s: drain %.1f s, %d requests, %d 429s, %d early, %d gaps below the floor", tt.name, r.DrainSeconds, r.Requests, r.Status429, r.Early, r.GapsBelowFloor)
+			t.Logf("%s: drain %.1f s, %d requests, %d 429s, %d early, %d arrivals and %d departures closer than the floor", tt.name, r.DrainSeconds, r.Requests, r.Status429, r.Early, r.GapsBelowFloor, r.SentGapsBelowFloor)
 		})
 	}
 }
