@@ -18,7 +18,7 @@ PARALLEL  ?= 8
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
 
-.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench bench-throughput bench-memory bench-s3 soak clean image
+.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench bench-throughput bench-memory bench-s3 bench-politeness soak clean image
 
 all: build
 
@@ -100,6 +100,16 @@ bench-memory:
 ## (MW_BENCH_S3_LARGE=1GiB for the 1 GiB case; README: S3 targets).
 bench-s3:
 	$(GO) test -run '^$$' -bench 'S3Throughput|S3LargeObject' -benchtime 1x -timeout 60m -v ./cmd/mirrorworker/
+
+## bench-politeness: issue 35's side-by-side run against the nginx-like stub origin (2 and
+## 10 r/s, burst 5, 429 + Retry-After 2 s, 300 files): the worker (one pod) at --floor 0,
+## 100ms and 1s and the curl --retry reference; a table of drain / bound, rejections,
+## requests while told to wait, gaps below the floor, dead letters. Real time: at least
+## 150 s a 2 r/s run, one after another (MW_BENCH_POLITENESS_PARALLEL=8: all at once, as
+## long as the slowest); MW_BENCH_POLITENESS_CELLS picks runs, _FILES the files, _REPORT
+## a directory for each rate's report.html.
+bench-politeness:
+	$(GO) test -run '^$$' -bench Politeness -benchtime 1x -timeout 150m ./cmd/mirrorworker/
 
 ## soak: the crash soak (issue 13, R1): SIGKILLs at random moments of a 10,000-job run of a
 ## real worker process, then 0 lost, 0 corrupt, no partial or temporary file. ~5 GB of disk.

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -74,6 +75,9 @@ type Options struct {
 	// Dir holds the per-strategy scratch directories (JetStream store,
 	// mirror), each removed after its run; default the system temp dir.
 	Dir string
+
+	// Curl configures the curl-retry reference client.
+	Curl CurlOptions
 
 	// Report metadata.
 	Title       string
@@ -221,6 +225,17 @@ func notes(o Options) []string {
 			"sent<floor of the pods' row is timed by the pods themselves: each appends the wall-clock instant of every request it sends to a file, and the load test merges them per authority (one host, one clock), so it counts pairs closer than the floor across pods as well as within one.",
 			"The other strategies are not what mirrorworker run runs: they stay in-process (mode in-process), each worker with its own pacer state.")
 	}
+	if slices.Contains(o.Strategies, strategy.CurlRetry) {
+		retries := o.Curl.Retries
+		if retries == 0 {
+			retries = strategy.DefaultCurlRetries
+		}
+		spacing := "no spacing"
+		if o.Curl.Spacing > 0 {
+			spacing = fmt.Sprintf("at least %v between two requests to one authority (curl --rate)", o.Curl.Spacing)
+		}
+		n = append(n, fmt.Sprintf("curl-retry is the reference client, not a worker (mode reference): as curl --retry %d, one file at a time per authority, a transient answer retried after its Retry-After or 1, 2, 4... s, nothing kept from one file to the next, %s, no floor. It never runs at a compressed time: its waits are the origin's Retry-After and curl's own seconds. Its dead letters are files whose retries ran out.", retries, spacing))
+	}
 	if o.Shared {
 		n = append(n, "In-process workers share one durable consumer: each authority is paced by every worker's pacer independently, so per-authority politeness holds per worker, not at the origin.")
 	} else {
@@ -244,8 +259,12 @@ func scaleNote(scale float64) string {
 func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 	res := Result{Strategy: name, Mode: ModeInProcess}
 	pods := name == strategy.HostPacer && !o.InProcess
-	if pods {
+	reference := name == strategy.CurlRetry
+	switch {
+	case pods:
 		res.Mode = ModeProcesses
+	case reference:
+		res.Mode = ModeReference
 	}
 	fail := func(err error) Result {
 		res.Error = err.Error()
@@ -306,9 +325,12 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		akeys[i] = a.Key()
 	}
 	r := &run{o: o, name: name, ordinal: ordinal, dir: dir, emb: emb, js: js, og: og, urls: urls, akeys: akeys, sent: newDepartures()}
-	if pods {
+	switch {
+	case pods:
 		err = r.pods(ctx, &res)
-	} else {
+	case reference:
+		err = r.curl(ctx, &res)
+	default:
 		err = r.inProcess(ctx, &res)
 	}
 	if err != nil {
@@ -613,11 +635,17 @@ func spread(n, a int, skew float64) []int {
 	return out
 }
 
-// enqueue publishes the jobs interleaved over the authorities (the stream
-// is not sorted by authority in real life either) and waits for every ack.
-func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts []int, size int64) error {
+// queued is one job of a run and the index of its authority.
+type queued struct {
+	a int
+	j jobs.Job
+}
+
+// jobList is a run's jobs, interleaved over the authorities (the stream is
+// not sorted by authority in real life either), numbered in that order.
+func jobList(urls []string, counts []int, size int64) []queued {
 	left := append([]int(nil), counts...)
-	var futures []jetstream.PubAckFuture
+	var out []queued
 	seq := 0
 	for more := true; more; {
 		more = false
@@ -628,20 +656,38 @@ func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts 
 			more = true
 			left[a]--
 			seq++
-			j := jobs.Job{
+			out = append(out, queued{a: a, j: jobs.Job{
 				URL:    fmt.Sprintf("%s/objects/%d/%06d.bin?size=%d", urls[a], a, seq, size),
 				Target: fmt.Sprintf("a%04d/%06d.bin", a, seq),
-			}
-			m, _, err := jobs.NewMsg(j)
-			if err != nil {
-				return fmt.Errorf("job %d: %w", seq, err)
-			}
-			f, err := js.PublishMsgAsync(m)
-			if err != nil {
-				return fmt.Errorf("publish job %d: %w", seq, err)
-			}
-			futures = append(futures, f)
+			}})
 		}
+	}
+	return out
+}
+
+// jobURLs is jobList's URLs by authority, in order: the files the
+// reference client fetches, the same the workers get.
+func jobURLs(urls []string, counts []int, size int64) [][]string {
+	out := make([][]string, len(urls))
+	for _, q := range jobList(urls, counts, size) {
+		out[q.a] = append(out[q.a], q.j.URL)
+	}
+	return out
+}
+
+// enqueue publishes the jobs of jobList and waits for every ack.
+func enqueue(ctx context.Context, js jetstream.JetStream, urls []string, counts []int, size int64) error {
+	var futures []jetstream.PubAckFuture
+	for i, q := range jobList(urls, counts, size) {
+		m, _, err := jobs.NewMsg(q.j)
+		if err != nil {
+			return fmt.Errorf("job %d: %w", i+1, err)
+		}
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			return fmt.Errorf("publish job %d: %w", i+1, err)
+		}
+		futures = append(futures, f)
 	}
 	select {
 	case <-js.PublishAsyncComplete():

@@ -183,7 +183,7 @@ func TestParseProfile(t *testing.T) {
 }
 
 func TestProfilesInTestdataParse(t *testing.T) {
-	for _, f := range []string{"loadtest-throttling.json", "loadtest-retry-after.json"} {
+	for _, f := range []string{"loadtest-throttling.json", "loadtest-retry-after.json", "nginx-limit-req.json", "nginx-limit-req-503.json", "haproxy-stick-table.json"} {
 		if _, err := loadtest.LoadProfile("../testdata/profiles/" + f); err != nil {
 			t.Errorf("%s: %v", f, err)
 		}

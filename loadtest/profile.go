@@ -120,7 +120,7 @@ func ParseProfile(b []byte) (*Profile, error) {
 	if p.ObjectSize < 0 {
 		errs = append(errs, fmt.Errorf("object_size: must not be negative"))
 	}
-	if _, ok := op.Quotas["anonymous"]; !ok {
+	if _, ok := op.Quotas["anonymous"]; !ok && !op.ProxyLimited() {
 		errs = append(errs, errors.New("origin.quotas.anonymous: required (the workers call without a token)"))
 	}
 	return p, errors.Join(errs...)
@@ -143,6 +143,9 @@ func (p *Profile) RealTime() *Profile {
 // shard's tenant share of each window begun in d. No caller, however it
 // spreads its requests, is admitted more by d; a greedy one gets this.
 func (p *Profile) AllowedAdmissions(authorities, identities int, d time.Duration) float64 {
+	if p.Origin.ProxyLimited() {
+		return p.Origin.ProxyAllowance(d) * float64(authorities*identities)
+	}
 	q, ok := p.Origin.Quotas["anonymous"]
 	if !ok || q.Sustained.Window.Duration <= 0 {
 		return 0

@@ -39,6 +39,9 @@ type Setup struct {
 	// FloorSeconds and MaxInFlight are the politeness policy every strategy keeps.
 	FloorSeconds float64 `json:"floor_seconds"`
 	MaxInFlight  int     `json:"max_in_flight"`
+	// FloorNote, when set, replaces the floor in the page's setup: a
+	// report that merges runs at different floors says so there.
+	FloorNote string `json:"floor_note,omitempty"`
 	// Identities is how many caller identities the origin tells apart per
 	// authority (one per worker instance when each has its own address).
 	Identities int `json:"identities_per_authority"`

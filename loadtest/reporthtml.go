@@ -70,8 +70,12 @@ type chart struct {
 	AllowedLabel2         string
 	YTicks, XTicks        []tick
 	Marks                 []mark // throttling answers along the time axis
-	End                   string // x where this strategy's run ended
-	Empty                 bool
+	// Pace is the polyline of requests/s at the origin over the trailing
+	// paceWindow: where a strategy's pace settles, and against the allowed
+	// rate, how far under it.
+	Pace  string
+	End   string // x where this strategy's run ended
+	Empty bool
 }
 
 type bar struct {
@@ -96,10 +100,13 @@ type banShade struct {
 }
 
 const (
-	chartW, chartH           = 760, 240
-	marginL, marginR         = 52, 84 // the right margin holds the allowed-rate label, clear of the bars
-	marginT, marginB         = 14, 40
-	maxBars                  = 300 // longer runs are bucketed so a bar stays visible
+	chartW, chartH   = 760, 240
+	marginL, marginR = 52, 84 // the right margin holds the allowed-rate label, clear of the bars
+	marginT, marginB = 14, 40
+	maxBars          = 300 // longer runs are bucketed so a bar stays visible
+	// paceWindow is the pace line's trailing window, in seconds: long
+	// enough to smooth a 0.5 r/s pace's 0-1-0 seconds into 0.5.
+	paceWindow               = 10
 	coordPrecision           = 1
 	markBandY, markBandH int = chartH - marginB + 3, 6 // just under the x axis
 )
@@ -229,6 +236,7 @@ func newChart(res Result, setup Setup, sc scale) chart {
 		}
 	}
 	c.End = px(float64(c.PlotX) + math.Min(res.DrainSeconds/float64(sc.last), 1)*plotW)
+	c.Pace = pacePoints(series, res.DrainSeconds, sc, float64(c.PlotX), plotW, y)
 	if setup.AllowedRate > 0 {
 		c.AllowedY = px(y(setup.AllowedRate))
 		c.AllowedLabel = fmtG(setup.AllowedRate) + "/s in total"
@@ -255,6 +263,31 @@ func newChart(res Result, setup Setup, sc scale) chart {
 	return c
 }
 
+// pacePoints is the pace line: at the end of every bar, the requests per
+// second at the origin over the trailing paceWindow seconds (fewer at the
+// start, so the first seconds are not diluted by a window not yet begun),
+// up to the second the run ended in: after it, nothing was sent, and a
+// falling line there would be no pace of the strategy's.
+func pacePoints(series []Point, drain float64, sc scale, x0, w float64, y func(float64) float64) string {
+	var pts []string
+	sum := 0.0
+	if n := int(math.Ceil(drain)); n < len(series) && n > 0 {
+		series = series[:n]
+	}
+	for i, p := range series {
+		sum += float64(p.Requests)
+		if i >= paceWindow {
+			sum -= float64(series[i-paceWindow].Requests)
+		}
+		if (i+1)%sc.per != 0 && i != len(series)-1 {
+			continue
+		}
+		mean := sum / float64(min(i+1, paceWindow))
+		pts = append(pts, px(x0+float64(i+1)/float64(sc.last)*w)+","+px(y(math.Min(mean, sc.yMax))))
+	}
+	return strings.Join(pts, " ")
+}
+
 // cumulative is the chart of admitted requests so far, every strategy on
 // one axis, against the most the origin admits by each second: the bound
 // no strategy passes, and where bans show as flat stretches.
@@ -277,7 +310,18 @@ type line struct {
 // apart, so that strategies which drained at about the same time and count
 // stay readable; each label keeps its x.
 func spreadLabels(ls []line) {
-	const gap, near = 12.0, 70.0
+	// near is how far apart two labels' starts must be to share a row: the
+	// left one's width (about 6.6 units a character of the chart's 11px
+	// bold font), so that long names ("worker --floor 100ms") do not run
+	// into the next.
+	const gap = 12.0
+	near := func(a, b line) float64 {
+		left := a
+		if b.lx < a.lx {
+			left = b
+		}
+		return math.Max(70, 6.6*float64(len(left.Strategy))+6)
+	}
 	order := make([]int, len(ls))
 	for i := range order {
 		order[i] = i
@@ -285,7 +329,7 @@ func spreadLabels(ls []line) {
 	sort.Slice(order, func(a, b int) bool { return ls[order[a]].ly < ls[order[b]].ly })
 	for k, i := range order {
 		for _, j := range order[:k] {
-			if math.Abs(ls[i].lx-ls[j].lx) < near && ls[i].ly < ls[j].ly+gap {
+			if math.Abs(ls[i].lx-ls[j].lx) < near(ls[i], ls[j]) && ls[i].ly < ls[j].ly+gap {
 				ls[i].ly = ls[j].ly + gap
 			}
 		}
@@ -422,6 +466,7 @@ svg.chart text{font:11px system-ui,sans-serif;fill:#586174}
 .adm{fill:#4f7cc9}.r429{fill:#d1495b}.r503{fill:#edae49}.r403{fill:#7a1f2b}.mark{fill:#d1495b}.ban{fill:#8f5bb5}
 .allowed{stroke:#1d2330;stroke-width:1.5;stroke-dasharray:6 4;fill:none}
 .end{stroke:#1d2330;stroke-width:1}
+.pace{fill:none;stroke:#1d2330;stroke-width:1.8;stroke-linejoin:round}
 .grid{stroke:#e6e9ef}.axis{stroke:#8a93a5}
 .cum{fill:none;stroke-width:2}
 .legend span{display:inline-block;margin-right:1.2rem;font-size:.9rem}
@@ -435,9 +480,9 @@ ul.notes li{margin:.3rem 0}
 <div class="verdict" id="verdict">{{range $i, $l := .Verdict}}<p{{if eq $i 0}} class="first"{{end}}>{{$l}}</p>{{end}}</div>
 <dl class="setup">
 <dt>jobs</dt><dd>{{.Setup.Jobs}} over {{.Setup.Authorities}} authorities, {{pct .Setup.Skew}} on the hottest</dd>
-<dt>workers</dt><dd>{{.Setup.Workers}} per strategy: <b>processes</b> are <code>mirrorworker run</code> pods sharing one pace per origin (the hostpacer), <b>in-process</b> are instances each with its own pacer state</dd>
+<dt>workers</dt><dd>{{.Setup.Workers}} per strategy: <b>processes</b> are <code>mirrorworker run</code> pods sharing one pace per origin (the hostpacer), <b>in-process</b> are instances each with its own pacer state; <b>reference</b> is the curl --retry client, one file at a time per authority, no worker</dd>
 <dt>profile</dt><dd>{{.Setup.Profile}}{{if .Setup.ProfileFile}} (<code>{{.Setup.ProfileFile}}</code>){{end}}, time scale {{fmtG .Setup.Scale}}</dd>
-<dt>politeness</dt><dd>floor {{fmtG .Setup.FloorSeconds}} s, at most {{.Setup.MaxInFlight}} in flight per authority</dd>
+<dt>politeness</dt><dd>{{if .Setup.FloorNote}}{{.Setup.FloorNote}}{{else}}floor {{fmtG .Setup.FloorSeconds}} s{{end}}, at most {{.Setup.MaxInFlight}} in flight per authority</dd>
 <dt>allowed rate</dt><dd>{{fmtG .Setup.AllowedRate}} admitted requests/s in the long run, all {{.Setup.Authorities}} authorities together ({{.Setup.Identities}} caller {{if eq .Setup.Identities 1}}identity{{else}}identities{{end}} per authority); buckets start full, so the first seconds may go above it without a 429</dd>
 {{if .Setup.Penalty}}<dt>penalty</dt><dd>{{.Setup.Penalty}}, per authority and caller identity</dd>
 {{end}}<dt>time limit</dt><dd>{{f1 .Setup.TimeLimitSeconds}} s per strategy</dd>
@@ -466,7 +511,7 @@ ul.notes li{margin:.3rem 0}
 <figcaption>{{.Caption}}</figcaption>
 </figure>{{end}}{{end}}
 <h2>Requests per second by strategy</h2>
-<p class="legend"><span><i class="adm" style="background:#4f7cc9"></i>admitted</span><span><i style="background:#7a1f2b"></i>403</span><span><i style="background:#edae49"></i>503</span><span><i style="background:#d1495b"></i>429</span><span><i style="background:#8f5bb5;opacity:.5"></i>banned (darker: more authorities)</span><span><i style="border-top:2px dashed #1d2330;height:0;width:1.2rem"></i>long-run allowed rate, all authorities</span></p>
+<p class="legend"><span><i class="adm" style="background:#4f7cc9"></i>admitted</span><span><i style="background:#7a1f2b"></i>403</span><span><i style="background:#edae49"></i>503</span><span><i style="background:#d1495b"></i>429</span><span><i style="background:#8f5bb5;opacity:.5"></i>banned (darker: more authorities)</span><span><i style="border-top:2px dashed #1d2330;height:0;width:1.2rem"></i>long-run allowed rate, all authorities</span><span><i style="border-top:2px solid #1d2330;height:0;width:1.2rem"></i>pace: requests/s over the last 10 s</span></p>
 <p>Every chart has the same scales: the same seconds and the same requests per second, so a longer chart took longer and a taller one sent more. The thin vertical line is where that strategy's run ended.</p>
 {{range .Charts}}{{$c := .}}<figure id="{{.ID}}">
 <h3>{{.Strategy}}</h3>
@@ -475,6 +520,7 @@ ul.notes li{margin:.3rem 0}
 {{end}}{{range .YTicks}}<line class="grid" x1="{{$c.PlotX}}" y1="{{.Pos}}" x2="{{$c.Right}}" y2="{{.Pos}}"/><text x="{{$c.LabelX}}" y="{{.Pos}}" dy="4" text-anchor="end">{{.Label}}</text>
 {{end}}{{range .Bars}}<g><title>{{.Title}}</title><rect class="adm" x="{{.X}}" y="{{.Admitted.Y}}" width="{{.W}}" height="{{.Admitted.H}}"/><rect class="r403" x="{{.X}}" y="{{.L403.Y}}" width="{{.W}}" height="{{.L403.H}}"/><rect class="r503" x="{{.X}}" y="{{.L503.Y}}" width="{{.W}}" height="{{.L503.H}}"/><rect class="r429" x="{{.X}}" y="{{.Lim429.Y}}" width="{{.W}}" height="{{.Lim429.H}}"/></g>
 {{end}}{{if .AllowedY}}<line class="allowed" x1="{{.PlotX}}" y1="{{.AllowedY}}" x2="{{.Right}}" y2="{{.AllowedY}}"/><text class="allowed-label" x="{{.AllowedX}}" y="{{.AllowedY}}" dy="-2">{{.AllowedLabel}}</text><text class="allowed-label" x="{{.AllowedX}}" y="{{.AllowedY}}" dy="11">{{.AllowedLabel2}}</text>
+{{end}}{{if .Pace}}<polyline class="pace" points="{{.Pace}}"/>
 {{end}}<line class="axis" x1="{{.PlotX}}" y1="{{.Bottom}}" x2="{{.Right}}" y2="{{.Bottom}}"/>
 <line class="end" x1="{{.End}}" y1="{{.PlotY}}" x2="{{.End}}" y2="{{.Bottom}}"/>
 {{range .Marks}}<rect class="mark" x="{{.X}}" y="{{markY}}" width="{{.W}}" height="{{markH}}"/>{{end}}
@@ -486,14 +532,14 @@ ul.notes li{margin:.3rem 0}
 </figure>
 {{end}}<h2>How to read this</h2>
 <ul class="notes">
-<li><b>mode</b>: <b>processes</b> ran the strategy as <code>mirrorworker run</code> pods on the partitioned cluster layout, as a deployment runs it; <b>in-process</b> ran worker instances in the load-test process.</li>
+<li><b>mode</b>: <b>processes</b> ran the strategy as <code>mirrorworker run</code> pods on the partitioned cluster layout, as a deployment runs it; <b>in-process</b> ran worker instances in the load-test process; <b>reference</b> is the curl-retry client (<code>curl --retry 10</code>: each file on its own, a Retry-After honoured per request, else 1, 2, 4... s; no pace kept between files, no floor), the yardstick for time and refusals.</li>
 <li><b>drained</b>, <b>drain s</b> and <b>jobs/s</b>: whether every job left the queue (stored or dead-lettered) before the time limit, how long that took, and stored jobs per second.</li>
 <li><b>goodput</b> is what the origin admitted during the run as a fraction of the most it admits in that time (the dashed line of <i>Admitted so far</i>): per authority and caller identity, the least of the burst bucket's capacity plus its refill, the sustained bucket's capacity plus its rate times the drain time, and the shared shard's tenant share of each window. Near 1, the strategy used what the origin offered; well below 1, it waited longer than it had to. With a skew, authorities that ran out of jobs early still count in the denominator.</li>
 <li><b>429s</b>, <b>503s</b> and <b>early</b> come from the origin's own statistics. <b>early</b> counts requests sent while their caller had been told to wait (Retry-After or an exhausted rate-limit reset): the rudest kind of request, which a polite client keeps at 0.</li>
 <li><b>bans</b>, <b>banned s</b> and <b>in bans</b> are the origin's penalties (the profile's penalty): bans started, the time callers spent banned (summed over authorities), and requests answered with a ban, which a ban wastes. A polite strategy earns none.</li>
 <li><b>gaps&lt;floor</b> counts arrivals from one caller closer than the policy floor to its previous one, as the origin timed them, and min gap is the closest pair (in report.json: min_gap_seconds); <b>sent&lt;floor</b> counts the same gaps as the workers timed their departures (pods log theirs; pairs from two pods count). Short gaps at the origin with none sent are timing noise between the two (a busy CPU, a new connection), not a pacer granting too early. Every strategy spaces each departure from the previous request's actual start, as the HostPacer does, so sent&lt;floor should be 0 for all of them unless workers share a consumer (<code>--shared-consumer</code>: several pacers per authority); a handful on a loaded machine is worth a look, and the table marks it, but the verdict counts as rude only what the origin saw: early requests and bans.</li>
 <li><b>deliv/job</b> is JetStream deliveries per job: every deferral and retry is one more. <b>dead</b> is jobs dead-lettered. <b>cpu s</b> and <b>heap MiB</b> (peak) are the whole process, origin and JetStream included (for pods, cpu s adds the pods' CPU time, and heap is the load-test process only): they compare strategies, they are not one worker's footprint.</li>
-<li>In the per-second charts, blue is admitted, dark red 403, yellow 503 and red 429 per second, stacked, all authorities together; the dashed line is the long-run allowed rate of all authorities together (each authority's sustained quota, summed). The origin's buckets start full, so a strategy may be admitted above that line for the first seconds without a single 429; <i>Admitted so far</i> shows the bound that holds at every second. Purple shading marks seconds in which callers were banned, darker the more authorities banned them; red ticks under the axis mark seconds with refusals. Hover a bar for its numbers.</li>
+<li>In the per-second charts, blue is admitted, dark red 403, yellow 503 and red 429 per second, stacked, all authorities together; the dashed line is the long-run allowed rate of all authorities together (each authority's sustained quota, summed). The origin's buckets start full, so a strategy may be admitted above that line for the first seconds without a single 429; <i>Admitted so far</i> shows the bound that holds at every second. Purple shading marks seconds in which callers were banned, darker the more authorities banned them; red ticks under the axis mark seconds with refusals. The solid line is the pace: requests per second at the origin over the last 10 s, so a strategy that settles shows a level line, and how far under the dashed line it settles is what its caution costs. Hover a bar for its numbers.</li>
 {{range .Notes}}<li>{{.}}</li>
 {{end}}</ul>
 </body>

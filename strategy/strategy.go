@@ -99,6 +99,8 @@ func New(name string, o Options) (*pacer.Pacer, error) {
 		r = &cooldownRules{consts: c}
 	case Feedback:
 		r = feedbackRules{c}
+	case CurlRetry:
+		return nil, fmt.Errorf("strategy %s: a reference client, not a pacer (the load test runs it)", name)
 	default:
 		return nil, fmt.Errorf("unknown strategy %q (want one of %v)", name, Names())
 	}
@@ -129,13 +131,16 @@ func New(name string, o Options) (*pacer.Pacer, error) {
 }
 
 // Parse splits a comma-separated list of strategy names ("all" for every
-// one), keeping the order given and refusing unknown or repeated names.
+// one, the reference clients last), keeping the order given and refusing
+// unknown or repeated names. Reference clients (References) are accepted
+// beside the strategies.
 func Parse(list string) ([]string, error) {
+	all := append(Names(), References()...)
 	if list == "all" {
-		return Names(), nil
+		return all, nil
 	}
 	known := map[string]bool{}
-	for _, n := range Names() {
+	for _, n := range all {
 		known[n] = true
 	}
 	var out []string
@@ -145,7 +150,7 @@ func Parse(list string) ([]string, error) {
 		case n == "":
 			return nil, fmt.Errorf("strategy list %q: empty name", list)
 		case !known[n]:
-			sorted := Names()
+			sorted := append([]string(nil), all...)
 			sort.Strings(sorted)
 			return nil, fmt.Errorf("unknown strategy %q (want all or a list of %v)", n, sorted)
 		case seen[n]:

@@ -317,9 +317,10 @@ func TestNewAndParse(t *testing.T) {
 		want    []string
 		wantErr bool
 	}{
-		{list: "all", want: strategy.Names()},
+		{list: "all", want: append(strategy.Names(), strategy.References()...)},
 		{list: "fixed,hostpacer", want: []string{"fixed", "hostpacer"}},
 		{list: "escalate-ra", want: []string{"escalate-ra"}},
+		{list: "hostpacer,curl-retry", want: []string{"hostpacer", "curl-retry"}},
 		{list: "fixed,,cooldown", wantErr: true},
 		{list: "fixed,fixed", wantErr: true},
 		{list: "tokenbucket", wantErr: true},

@@ -16,6 +16,12 @@
 //     shared capacity or a failed limiter store (fail closed);
 //   - optional rate-limit headers (IETF RateLimit/RateLimit-Policy or
 //     X-RateLimit-*) computed from the caller's own buckets;
+//   - instead of the buckets, a reverse proxy's limiter, as most file trees
+//     a mirror meets are limited: nginx limit_req (Profile.LimitReq: a leaky
+//     bucket with burst, nodelay or delay=, 503 or 429, a fixed Retry-After
+//     or none) or HAProxy's stick-table request rate (Profile.StickTable: a
+//     sliding window counting refused requests too), with no rate-limit
+//     headers;
 //   - penalties for an identity that keeps coming early (Profile.Penalty):
 //     a ban answered 429 or 403, disclosed or not, a tarpit, a growing
 //     Retry-After, counted in /stats and the metrics;

@@ -174,6 +174,8 @@ type identity struct {
 	early            int64
 	gaps             gapStats
 	pen              penaltyState
+	leaky            leakyState // limit_req profiles
+	rate             rateState  // stick_table profiles
 }
 
 // Counts are requests and their outcomes.
@@ -206,6 +208,9 @@ func (c *Counts) add(o Outcome) {
 // critical section with the check, so concurrent requests never get extra
 // tokens. s.mu must be held.
 func (s *shard) admitIdentityLocked(id *identity, now time.Time) decision {
+	if s.limitReq != nil || s.stick != nil {
+		return s.admitProxyLocked(id, now)
+	}
 	q := id.c.quota
 	bw := id.burst.wait(q.burst, now)
 	sw := id.sustained.wait(q.sustained, now)

@@ -128,27 +128,37 @@ func New(p *Profile, o *Options) (*Origin, error) {
 	for name, q := range p.Quotas {
 		og.quotas[name] = compileQuota(name, q)
 	}
+	if _, ok := og.quotas["anonymous"]; !ok && p.ProxyLimited() {
+		// The proxy's limiter admits; the identity still needs a quota
+		// for what reads one (an undisclosed ban's wait): one that never
+		// binds.
+		og.quotas["anonymous"] = &quotaSpec{name: "none",
+			burst:     bucketSpec{capacity: 1e9, interval: time.Nanosecond},
+			sustained: bucketSpec{capacity: 1e9, interval: time.Nanosecond}, window: time.Second}
+	}
 	var slots int64
 	if p.Shard.Capacity > 0 {
 		slots = tenantSlots(p.Shard)
 	}
 	for i := range opt.Authorities {
 		og.shards = append(og.shards, &shard{
-			index:   i,
-			spec:    p.Shard,
-			slots:   slots,
-			start:   og.start,
-			floor:   opt.GapFloor,
-			maxIDs:  opt.MaxIdentities,
-			maxTL:   opt.MaxTimeline,
-			headers: p.headers(),
-			penalty: p.Penalty,
-			name:    "authority-" + strconv.Itoa(i),
-			ids:     map[string]*identity{},
-			window:  -1 << 62,
-			byGroup: map[string]int64{},
-			reasons: map[string]int64{},
-			byKind:  map[string]*kindCounts{},
+			index:    i,
+			spec:     p.Shard,
+			slots:    slots,
+			start:    og.start,
+			floor:    opt.GapFloor,
+			maxIDs:   opt.MaxIdentities,
+			maxTL:    opt.MaxTimeline,
+			headers:  p.headers(),
+			penalty:  p.Penalty,
+			limitReq: p.LimitReq,
+			stick:    p.StickTable,
+			name:     "authority-" + strconv.Itoa(i),
+			ids:      map[string]*identity{},
+			window:   -1 << 62,
+			byGroup:  map[string]int64{},
+			reasons:  map[string]int64{},
+			byKind:   map[string]*kindCounts{},
 		})
 	}
 	f := p.Faults

@@ -56,6 +56,12 @@ type Profile struct {
 	// Penalty, when set (After > 0), penalizes an identity that keeps
 	// coming early: a ban, a tarpit, a growing Retry-After.
 	Penalty *Penalty `json:"penalty,omitempty"`
+
+	// LimitReq or StickTable, when set, admit like a reverse proxy (nginx
+	// limit_req, HAProxy's stick-table request rate) instead of Quotas and
+	// Shard, and no rate-limit headers are sent. At most one of them.
+	LimitReq   *LimitReq   `json:"limit_req,omitempty"`
+	StickTable *StickTable `json:"stick_table,omitempty"`
 }
 
 // Quota is the pair of token buckets of one identity, evaluated
@@ -167,7 +173,25 @@ func (p *Profile) Validate() error {
 	bad := func(field, format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, a...)))
 	}
-	if len(p.Quotas) == 0 {
+	if p.LimitReq != nil && p.StickTable != nil {
+		bad("limit_req", "limit_req and stick_table exclude each other")
+	}
+	if p.ProxyLimited() {
+		// A reverse proxy's limiter: no quotas needed, and none of what
+		// only the quotas drive (headers, the shard).
+		if p.RateLimitHeaders != "" && p.RateLimitHeaders != HeadersNone {
+			bad("rate_limit_headers", "must be none with limit_req or stick_table (the proxies send none)")
+		}
+		if p.Shard.Capacity != 0 {
+			bad("shard", "must be absent with limit_req or stick_table")
+		}
+		if err := p.LimitReq.validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := p.StickTable.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	} else if len(p.Quotas) == 0 {
 		bad("quotas", "required (at least \"anonymous\")")
 	}
 	if _, ok := p.Quotas["anonymous"]; !ok && len(p.Quotas) > 0 {
@@ -265,6 +289,12 @@ func (p *Profile) Validate() error {
 // one identity on one authority, the shard's tenant share included; 0 when q
 // is not defined. The load test sums it over identities and authorities.
 func (p *Profile) SustainedRate(q string) float64 {
+	switch {
+	case p.LimitReq != nil:
+		return p.LimitReq.Rate
+	case p.StickTable != nil:
+		return float64(p.StickTable.Limit) / p.StickTable.Period.Seconds()
+	}
 	qq, ok := p.Quotas[q]
 	if !ok {
 		return 0

@@ -22,6 +22,9 @@ type shard struct {
 	maxTL   int
 	headers string
 	penalty *Penalty // nil or off: nobody is penalized
+	// limitReq or stick, when set, admit instead of the quotas and shard.
+	limitReq *LimitReq
+	stick    *StickTable
 
 	served atomic.Uint64 // admitted object responses, for fault selection
 

@@ -23,7 +23,8 @@ type loadtestFlags struct {
 	skew                              float64
 	profile, strategies, reportDir    string
 	scratch, logLevel, progressMode   string
-	timeLimit                         time.Duration
+	timeLimit, curlSpacing            time.Duration
+	curlRetries                       int
 	shared, realTime, inProcess       bool
 	names                             []string // parsed from strategies
 }
@@ -60,7 +61,9 @@ func parseLoadtestFlags(args []string, getenv func(string) string, stderr io.Wri
 	fs.IntVar(&f.workers, "workers", 3, "workers per strategy: the hostpacer runs as this many mirrorworker run processes (pods) sharing one pace per origin through the cluster layout, as a deployment does; the other strategies as in-process instances, each with its own pacer state")
 	fs.Float64Var(&f.skew, "skew", 0, "share of the jobs on the hottest authority (0: spread evenly)")
 	fs.StringVar(&f.profile, "profile", "", "load-test profile `file` (or a plain stub origin profile); default: "+loadtest.DefaultProfileFile+", built into the binary, so it works from any directory")
-	fs.StringVar(&f.strategies, "strategy", strategy.HostPacer, "strategies to compare, comma-separated, or all: "+strings.Join(strategy.Names(), ", "))
+	fs.StringVar(&f.strategies, "strategy", strategy.HostPacer, "strategies to compare, comma-separated, or all: "+strings.Join(append(strategy.Names(), strategy.References()...), ", "))
+	fs.IntVar(&f.curlRetries, "curl-retries", strategy.DefaultCurlRetries, "the curl-retry reference's --retry N")
+	fs.DurationVar(&f.curlSpacing, "curl-spacing", 0, "the curl-retry reference's least spacing between two requests to one authority, as curl --rate (100ms is --rate 10/s); 0: none")
 	fs.StringVar(&f.reportDir, "report", "loadtest-report", "directory for report.json and report.html")
 	fs.DurationVar(&f.timeLimit, "time-limit", 3*time.Minute, "longest run of one strategy")
 	fs.IntVar(&f.concurrency, "concurrency", worker.DefaultConcurrency(), "fetch slots of each worker")
@@ -108,6 +111,9 @@ func (f *loadtestFlags) problems() []string {
 	if f.timeLimit <= 0 {
 		bad = append(bad, "--time-limit: want more than 0")
 	}
+	if f.curlRetries < 1 || f.curlSpacing < 0 {
+		bad = append(bad, "--curl-retries: want at least 1; --curl-spacing: not negative")
+	}
 	if f.concurrency < 1 {
 		bad = append(bad, "--concurrency: want at least 1")
 	}
@@ -139,6 +145,7 @@ func (f *loadtestFlags) options(args []string, stderr io.Writer) (loadtest.Optio
 		Profile: p, ProfileFile: cmp.Or(f.profile, loadtest.DefaultProfileFile+" (built in)"), Strategies: f.names,
 		TimeLimit: f.timeLimit, Concurrency: f.concurrency, Shared: f.shared, Dir: f.scratch,
 		InProcess: f.inProcess, PodLogLevel: f.logLevel,
+		Curl:     loadtest.CurlOptions{Retries: f.curlRetries, Spacing: f.curlSpacing},
 		Command:  "mirrorworker loadtest " + strings.Join(args, " "),
 		Progress: stderr, Logger: log,
 	}

@@ -81,6 +81,8 @@ var readmeExcluded = map[string]string{
 	"mirrorworker replay":                          "fetches every job of the stream again, here jobs of origins that do not exist, retried for minutes (the replay tests run it)",
 	"mirrorworker replay --since 24h --authority https://files.example.org/ --tenant acme":                                                                          "fetches files.example.org, which does not exist here, retried for minutes (replay's filter tests)",
 	"go run ./cmd/mirrorworker loadtest --jobs 5000 --authorities 50 --workers 3 --profile testdata/profiles/loadtest-throttling.json --strategy all --report out/": "minutes of CPU for every strategy (the load test's own tests run it small)",
+	"make bench-politeness": "real-time runs against rate limiters, up to an hour (TestPolitenessOnNginxLikeOrigin in package loadtest is its short form)",
+	"MW_BENCH_POLITENESS_CELLS=2:100ms,10:0,2:curl,10:curl MW_BENCH_POLITENESS_PARALLEL=4 MW_BENCH_POLITENESS_REPORT=out/politeness make bench-politeness": "real-time runs against rate limiters, about 20 minutes (TestPolitenessOnNginxLikeOrigin in package loadtest is its short form)",
 	"make image": "minutes to cross-build a static binary (deploy/image and deploy/cmd/mkimage test the image and what mkimage prints)",
 	"docker load -i bin/mirrorworker-image.tar":                                                             "needs Docker",
 	"kubectl apply -k deploy/kubernetes/overlays/external-nats":                                             "needs a Kubernetes cluster (deploy's tests render both kustomizations)",

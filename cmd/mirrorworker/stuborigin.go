@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/stuborigin"
 )
 
@@ -44,10 +45,13 @@ func cmdStubOrigin(ctx context.Context, args []string, getenv func(string) strin
 	if err != nil {
 		return usageError{"stub-origin: " + err.Error()}
 	}
-	p, err := stuborigin.LoadProfile(*profile)
+	// A load-test profile (the origin under "origin") serves as well as a
+	// plain one, so that testdata's load-test profiles run as they are.
+	lp, err := loadtest.LoadProfile(*profile)
 	if err != nil {
 		return fmt.Errorf("stub-origin: %w", err)
 	}
+	p := lp.Origin
 	og, err := stuborigin.New(p, &stuborigin.Options{
 		Authorities: *authorities,
 		Logger:      log.With().Str("component", "stub-origin").Logger(),

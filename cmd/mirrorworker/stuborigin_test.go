@@ -154,3 +154,54 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestStubOriginServesALoadTestProfile: stub-origin takes a load-test
+// profile as it is (the origin under "origin"), here the nginx-like one:
+// six admitted at once (burst 5, nodelay), then 429 with the fixed
+// Retry-After and no rate-limit header.
+func TestStubOriginServesALoadTestProfile(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	outR, outW := io.Pipe()
+	exited := make(chan error, 1)
+	go func() {
+		exited <- run(ctx, []string{"stub-origin", "--listen", "127.0.0.1:0", "--admin-listen", "",
+			"--profile", "../../testdata/profiles/nginx-limit-req.json"},
+			func(string) string { return "" }, strings.NewReader(""), outW, io.Discard)
+		outW.Close()
+	}()
+	sc := bufio.NewScanner(outR)
+	if !sc.Scan() {
+		t.Fatalf("printed no URL: %v", <-exited)
+	}
+	base := sc.Text()
+	go io.Copy(io.Discard, outR)
+	c := &http.Client{Transport: &http.Transport{}, Timeout: 10 * time.Second}
+	defer c.CloseIdleConnections()
+	// The bucket leaks 2 a second: on a slow machine a seventh may still
+	// pass, so send until the first refusal.
+	refused := false
+	for n := 0; n < 20 && !refused; n++ {
+		resp, err := c.Get(base + "/f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			continue
+		}
+		if n < 6 || resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "2" || resp.Header.Get("RateLimit") != "" {
+			t.Fatalf("after %d admitted: %d, Retry-After %q, RateLimit %q; want 6 or more, then 429 with Retry-After 2 and no RateLimit",
+				n, resp.StatusCode, resp.Header.Get("Retry-After"), resp.Header.Get("RateLimit"))
+		}
+		refused = true
+	}
+	if !refused {
+		t.Fatal("20 requests at once, none refused by a 2 r/s bucket of burst 5")
+	}
+	cancel()
+	if err := <-exited; err != nil {
+		t.Fatalf("run after cancel: %v", err)
+	}
+}

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/loadtest"
+	"github.com/mirrorworker/mirrorworker/strategy"
+	"github.com/mirrorworker/mirrorworker/stuborigin"
+)
+
+// BenchmarkPoliteness is issue 35's benchmark, side by side in one run:
+// against the nginx-like stub origin (stuborigin.LimitReq: a leaky bucket
+// per caller at R r/s, burst 5, nodelay, 429 with a fixed Retry-After of
+// 2 s, no rate-limit headers) at 2 and 10 r/s, N files (default 300), the
+// worker as the load test runs it (one `mirrorworker run` pod: this test
+// binary as main) at --floor 0, 100 ms and 1 s, and beside it the
+// curl-retry reference (curl --retry 10: one file at a time, each
+// Retry-After honoured per request, no shared pace). Real time: every
+// constant of the pacer is the contract's.
+//
+// It prints one table: per run the drain time, the origin's own bound
+// (files / rate, or files x floor where the floor is slower than the
+// origin), their ratio, requests, rejections (count and % of requests),
+// requests that arrived while told to wait (before a Retry-After the
+// caller was given expired, as the origin times them), gaps below the
+// floor (between two arrivals at the origin) and dead letters. Nothing is
+// asserted: the numbers are the result. Each rate's load-test report
+// (report.html, report.json) goes to MW_BENCH_POLITENESS_REPORT/rate-R
+// when it is set.
+//
+//	make bench-politeness
+//	go test -run '^$' -bench Politeness -benchtime 1x -timeout 120m -v ./cmd/mirrorworker/
+//
+// MW_BENCH_POLITENESS_FILES sets N; MW_BENCH_POLITENESS_CELLS picks runs,
+// comma-separated rate:floor pairs and rate:curl ("2:100ms,10:0,2:curl"),
+// each with an optional ":503" for nginx's default answer instead (503
+// without Retry-After: "10:100ms:503");
+// MW_BENCH_POLITENESS_LIMIT bounds each run (default 30m: a run that has
+// not drained by then is reported undrained); MW_BENCH_POLITENESS_PARALLEL
+// runs that many at once (default 1: one after another, so that no run's
+// gaps are another's CPU contention). ns/op is meaningless.
+func BenchmarkPoliteness(b *testing.B) {
+	files := 300
+	if v, err := strconv.Atoi(os.Getenv("MW_BENCH_POLITENESS_FILES")); err == nil && v > 0 {
+		files = v
+	}
+	limit := 30 * time.Minute
+	if v, err := time.ParseDuration(os.Getenv("MW_BENCH_POLITENESS_LIMIT")); err == nil && v > 0 {
+		limit = v
+	}
+	parallel := 1
+	if v, err := strconv.Atoi(os.Getenv("MW_BENCH_POLITENESS_PARALLEL")); err == nil && v > 0 {
+		parallel = v
+	}
+	cells, err := politenessCells(os.Getenv("MW_BENCH_POLITENESS_CELLS"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Setenv(asMainEnv, "1") // the pods are os.Executable(): this test binary
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for range b.N {
+		results := make([]politenessResult, len(cells))
+		sem := make(chan struct{}, parallel)
+		var wg sync.WaitGroup
+		for i, c := range cells {
+			wg.Go(func() {
+				sem <- struct{}{}
+				defer func() { <-sem }()
+				results[i] = runPolitenessCell(b, c, files, limit, exe)
+			})
+		}
+		wg.Wait()
+		var sb strings.Builder
+		fmt.Fprintf(&sb, "politeness: %d files, nginx-like origin (limit_req burst 5 nodelay; 429 + Retry-After: 2, or, marked 503, nginx's default 503 without Retry-After), %d run(s) at once\n", files, parallel)
+		writePolitenessTable(&sb, results)
+		fmt.Fprint(os.Stdout, sb.String())
+		if dir := os.Getenv("MW_BENCH_POLITENESS_REPORT"); dir != "" {
+			if err := writePolitenessReports(dir, results); err != nil {
+				b.Error(err)
+			}
+		}
+	}
+}
+
+// politenessCell is one run: the origin's rate and a client.
+type politenessCell struct {
+	rate  float64
+	floor time.Duration
+	curl  bool
+	// nginxDefault: the origin answers as nginx does by default, 503
+	// without Retry-After, instead of 429 with Retry-After: 2.
+	nginxDefault bool
+}
+
+// dir names the report directory of the cell's origin.
+func (c politenessCell) dir() string {
+	if c.nginxDefault {
+		return fmt.Sprintf("rate-%g-503", c.rate)
+	}
+	return fmt.Sprintf("rate-%g", c.rate)
+}
+
+func (c politenessCell) origin() string {
+	if c.nginxDefault {
+		return fmt.Sprintf("%g r/s, 503", c.rate)
+	}
+	return fmt.Sprintf("%g r/s", c.rate)
+}
+
+func (c politenessCell) client() string {
+	if c.curl {
+		return "curl --retry 10"
+	}
+	return "worker --floor " + c.floor.String()
+}
+
+// politenessCells parses MW_BENCH_POLITENESS_CELLS; empty is every cell:
+// both rates, the three floors and the reference.
+func politenessCells(spec string) ([]politenessCell, error) {
+	if spec == "" {
+		spec = "2:0,2:100ms,2:1s,2:curl,10:0,10:100ms,10:1s,10:curl"
+	}
+	var out []politenessCell
+	for _, f := range strings.Split(spec, ",") {
+		f = strings.TrimSpace(f)
+		nginxDefault := strings.HasSuffix(f, ":503")
+		r, cl, ok := strings.Cut(strings.TrimSuffix(f, ":503"), ":")
+		rate, err := strconv.ParseFloat(r, 64)
+		if !ok || err != nil || rate <= 0 {
+			return nil, fmt.Errorf("MW_BENCH_POLITENESS_CELLS: %q: want rate:floor or rate:curl, each with an optional :503", f)
+		}
+		c := politenessCell{rate: rate, nginxDefault: nginxDefault}
+		if cl == "curl" {
+			c.curl = true
+		} else if cl == "0" {
+			c.floor = 0
+		} else if c.floor, err = time.ParseDuration(cl); err != nil {
+			return nil, fmt.Errorf("MW_BENCH_POLITENESS_CELLS: %q: %w", f, err)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+type politenessResult struct {
+	cell   politenessCell
+	files  int
+	res    loadtest.Result
+	report *loadtest.Report
+}
+
+// bound is the origin's own bound on the drain: files / rate, or files x
+// floor where the floor is slower than the origin allows.
+func (r politenessResult) bound() float64 {
+	b := float64(r.files) / r.cell.rate
+	if !r.cell.curl {
+		b = math.Max(b, float64(r.files)*r.cell.floor.Seconds())
+	}
+	return b
+}
+
+func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Duration, exe string) politenessResult {
+	lr := &stuborigin.LimitReq{Rate: c.rate, Burst: 5, NoDelay: true,
+		Status: 429, RetryAfter: stuborigin.Duration{Duration: 2 * time.Second}}
+	if c.nginxDefault {
+		lr = &stuborigin.LimitReq{Rate: c.rate, Burst: 5, NoDelay: true} // 503, no Retry-After
+	}
+	p := &loadtest.Profile{
+		Name:  fmt.Sprintf("nginx-limit-req-%gr/s", c.rate),
+		Scale: 1, Floor: c.floor, MaxInFlight: 2, ObjectSize: 1024,
+		Origin: &stuborigin.Profile{Name: fmt.Sprintf("nginx-limit-req-%grs", c.rate), LimitReq: lr},
+	}
+	name := strategy.HostPacer
+	if c.curl {
+		name = strategy.CurlRetry
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit+5*time.Minute)
+	defer cancel()
+	rep, err := loadtest.Run(ctx, loadtest.Options{
+		Jobs: files, Authorities: 1, Workers: 1, Profile: p, Strategies: []string{name},
+		PodBinary: exe, TimeLimit: limit, Dir: b.TempDir(),
+		Title:  "politeness: nginx-like origin at " + c.origin(),
+		Logger: zerolog.Nop(),
+	})
+	if err != nil {
+		b.Errorf("%s, %s: %v", c.origin(), c.client(), err)
+	}
+	out := politenessResult{cell: c, files: files, report: rep}
+	if rep != nil && len(rep.Results) == 1 {
+		out.res = rep.Results[0]
+		out.res.Strategy = c.client()
+		rep.Results[0].Strategy = c.client()
+	}
+	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early", c.origin(), c.client(),
+		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early)
+	return out
+}
+
+func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
+	tw := tabwriter.NewWriter(sb, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "origin\tclient\tdrained\tdrain s\tbound s\tratio\trequests\trejections\t% of requests\twhile told to wait\tgaps<floor\tdead letters\t")
+	for _, r := range results {
+		res := r.res
+		rej := res.Status429 + res.Status503 + res.Status403
+		pct := 0.0
+		if res.Requests > 0 {
+			pct = 100 * float64(rej) / float64(res.Requests)
+		}
+		drained := "yes"
+		if !res.Drained {
+			drained = fmt.Sprintf("no (%d stored)", res.JobsStored)
+		}
+		if res.Error != "" {
+			drained = "error: " + res.Error
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t\n",
+			r.cell.origin(), r.cell.client(), drained, res.DrainSeconds, r.bound(), res.DrainSeconds/r.bound(),
+			res.Requests, rej, pct, res.Early, res.GapsBelowFloor, res.DeadLettered)
+	}
+	tw.Flush()
+}
+
+// writePolitenessReports writes one load-test report per origin, every
+// client of it side by side, under dir/rate-R (dir/rate-R-503 for nginx's
+// default answer).
+func writePolitenessReports(dir string, results []politenessResult) error {
+	byRate := map[string]*loadtest.Report{}
+	var rates []string
+	for _, r := range results {
+		if r.report == nil || len(r.report.Results) != 1 {
+			continue
+		}
+		rep, ok := byRate[r.cell.dir()]
+		if !ok {
+			cp := *r.report
+			cp.Results = nil
+			cp.Setup.FloorSeconds = 0
+			cp.Setup.FloorNote = "the floor of each worker run is in its name (the curl reference has none)"
+			cp.Notes = append([]string{"Each row is its own run against a fresh origin; the worker rows differ in --floor (in their names), the curl row is the curl --retry 10 reference."}, cp.Notes...)
+			rep = &cp
+			byRate[r.cell.dir()] = rep
+			rates = append(rates, r.cell.dir())
+		}
+		rep.Results = append(rep.Results, r.report.Results[0])
+		if len(r.report.Setup.Allowance) > len(rep.Setup.Allowance) {
+			rep.Setup.Allowance = r.report.Setup.Allowance
+		}
+	}
+	for _, rate := range rates {
+		if err := byRate[rate].WriteFiles(filepath.Join(dir, rate)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
