@@ -113,7 +113,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	}, []string{"outcome"})).(*prometheus.HistogramVec)
 	m.FetchedBytes = reg1(prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Name: "fetched_bytes_total",
-		Help: "Body bytes stored in the mirror target.",
+		Help: "Body bytes of 2xx answers received from origins, counted as they arrive (a long body moves it while it streams; body_read_bytes{result} tells bytes stored from bytes discarded).",
 	})).(prometheus.Counter)
 	m.PacerWait = reg1(prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Name: "pacer_wait_seconds",

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
@@ -22,7 +23,15 @@ type PodStatus struct {
 	// Requests are the requests this pod started in the last minute, by
 	// class (live, replay).
 	Requests ClassRequests `json:"requests_last_minute"`
+	// Fetches are the fetches in flight, the longest running first: URL,
+	// bytes so far of expected, rate (see MaxStatusFetches).
+	Fetches []fetch.Progress `json:"fetches,omitempty"`
 }
+
+// MaxStatusFetches bounds the fetches in flight of one PodStatus, the
+// longest running kept: a pod with hundreds of slots still writes an
+// entry of a few KiB.
+const MaxStatusFetches = 50
 
 // AuthorityStatus is one authority in a PodStatus.
 type AuthorityStatus struct {
@@ -63,6 +72,10 @@ func (w *Worker) Status(pod, version string, partitions []int, states []pacer.St
 		}
 		return a.Authority < b.Authority
 	})
+	st.Fetches = w.Fetches(now)
+	if len(st.Fetches) > MaxStatusFetches {
+		st.Fetches = st.Fetches[:MaxStatusFetches]
+	}
 	if len(st.Authorities) > MaxStatusAuthorities {
 		st.Truncated = len(st.Authorities) - MaxStatusAuthorities
 		st.Authorities = st.Authorities[:MaxStatusAuthorities]

@@ -32,6 +32,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -57,6 +58,9 @@ type Worker struct {
 	health   targetHealth // whether the mirror target takes writes (targethealth.go)
 	auth     authGuard    // 401/403 per authority (authfail.go)
 	classes  classCounts  // requests started in the last minute, by class (classcount.go)
+	// transfers are the fetches in flight, with their bytes so far
+	// (transfers.go).
+	transfers transfers
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -602,6 +606,8 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // throttled answer: the pacer now knows when the next request may go).
 func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
 	began := w.clk.Now()
+	tr := w.transfers.start(j, began)
+	defer w.transfers.end(tr)
 	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part}
 	defer hops.close()
 	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
@@ -658,7 +664,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	}
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp, began)
+		w.store(ctx, j, resp, began, tr)
 	case fetch.ClassNotModified:
 		w.settler.complete(j, OutcomeUnchanged)
 		w.settler.stored.add(j, resp.Status, 0, began)
@@ -687,12 +693,16 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 }
 
 // store writes a 2xx body to the target and acks once it is durable.
-// began is when the fetch started, for the retry delay of a slow transfer.
-func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time) {
+// began is when the fetch started, for the retry delay of a slow transfer;
+// tr is its entry among the fetches in flight.
+func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, tr *transfer) {
 	want := mirror.Expect{SHA256: j.job.SHA256}
+	size := int64(-1)
 	if j.job.Size != nil {
 		want.Size, want.HasSize = *j.job.Size, true
+		size = want.Size
 	}
+	tr.body(w.clk.Now(), resp.Header.Get("Content-Length"), size)
 	meta := mirror.Meta{
 		Key:          j.job.Target,
 		URL:          authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
@@ -702,13 +712,12 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		FetchedAt:    w.clk.Now().UTC(),
 		JobID:        j.job.ID,
 	}
-	body := &countingReader{r: resp.Body}
+	body := &countingReader{r: resp.Body, tr: tr, fetched: w.m.FetchedBytes}
 	src, done := readAhead(body)
 	_, err := w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
 	done()
 	resp.Body.Close()
 	if err == nil {
-		w.m.FetchedBytes.Add(float64(body.n))
 		w.m.BodyReadBytes.WithLabelValues("stored").Observe(float64(body.n))
 		w.settler.complete(j, OutcomeStored)
 		w.settler.stored.add(j, resp.Status, body.n, began)
@@ -789,16 +798,27 @@ func (f failingReader) Read([]byte) (int, error) { return 0, f.err }
 // countingReader counts body bytes and remembers the body's own read error,
 // to tell a failing origin from a failing target. It closes the body at its
 // end, so the request stops counting against the authority's in-flight cap
-// while the target syncs to disk (the target is never paced).
+// while the target syncs to disk (the target is never paced). Every read
+// also counts in the fetch's transfer and in fetched_bytes_total, so that
+// a long body shows its progress while it streams, not only at its end
+// (two atomic adds per read of up to 32 KiB: nothing beside the copy).
 type countingReader struct {
-	r   io.ReadCloser
-	n   int64
-	err error
+	r       io.ReadCloser
+	tr      *transfer
+	fetched prometheus.Counter
+	n       int64
+	err     error
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if n > 0 && c.tr != nil {
+		c.tr.bytes.Add(int64(n))
+	}
+	if n > 0 && c.fetched != nil {
+		c.fetched.Add(float64(n))
+	}
 	switch {
 	case err == io.EOF:
 		c.r.Close()
