@@ -74,3 +74,19 @@ func ParseRate(s string) (int64, error) {
 // FormatRate writes bytes per second as "1MiB/s" (Format with "/s");
 // ParseRate reads it back.
 func FormatRate(n int64) string { return Format(n) + "/s" }
+
+// Approx writes n rounded to one decimal of the largest binary unit not
+// above it ("512 B", "1.5 KiB", "120.3 MiB"): a size for people to read
+// at a glance (progress, status), not to parse back.
+func Approx(n int64) string {
+	f := float64(n)
+	for _, u := range []struct {
+		name string
+		mult float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if f >= u.mult {
+			return strconv.FormatFloat(f/u.mult, 'f', 1, 64) + " " + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10) + " B"
+}
