@@ -24,10 +24,12 @@ func writeFetches(w io.Writer, pods []worker.PodStatus) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "FETCHING\tRECEIVED\tAVG RATE\tELAPSED\tETA\tPOD")
+	// The URL last: mirrors' URLs are long, and the figures stay aligned
+	// beside their header whatever their length.
+	fmt.Fprintln(tw, "RECEIVED\tAVG RATE\tELAPSED\tETA\tPOD\tFETCHING")
 	for _, ps := range pods {
 		for _, f := range ps.Fetches {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", f.URL, received(f), rate(f), secs(f.Elapsed), eta(f), ps.Pod)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", received(f), rate(f), secs(f.Elapsed), eta(f), ps.Pod, f.URL)
 		}
 	}
 	return tw.Flush()
