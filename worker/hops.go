@@ -194,6 +194,10 @@ func (d *hopDeps) acquire(ctx context.Context, auth string) (pacer.Permit, error
 	}
 }
 
+// upstreamOutcomes are every value upstreamOutcome returns, the outcome
+// label of upstream_requests_total (exported at 0 from the start).
+var upstreamOutcomes = []string{"throttled", "error", "auth_failed", "not_modified", "ok", "redirect", "client_error", "server_error"}
+
 func upstreamOutcome(r fetch.Result, v pacer.Verdict) string {
 	switch {
 	case v.Throttled:

@@ -183,7 +183,37 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	for _, r := range alertedReasons {
 		m.DeadLetters.WithLabelValues(r)
 	}
+	m.exportAtZero()
 	return m, nil
+}
+
+// exportAtZero creates at 0 the series of every label set known up front
+// that the dashboard or an alert reads (deploy/grafana, deploy/prometheus),
+// so that a worker with nothing to report yet exports 0 rather than
+// nothing: a panel then says 0, not "No data", and increase() sees the
+// first event (as Prometheus' instrumentation guide asks). Series
+// labelled by authority are created for OtherHost, whose series exist
+// anyway once the host label limit is reached: the per-authority ones come
+// with their first event. TestDashboardSeriesExportedAtStart holds the
+// dashboard to it.
+func (m *Metrics) exportAtZero() {
+	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved} {
+		m.Jobs.WithLabelValues(o)
+		m.JobDuration.WithLabelValues(o)
+	}
+	for _, c := range []string{"live", "replay"} { // jobClass
+		m.ClassRequests.WithLabelValues(c)
+	}
+	for _, o := range upstreamOutcomes {
+		m.UpstreamRequests.WithLabelValues(OtherHost, OtherHost, jobs.DefaultKind, o)
+	}
+	for _, r := range []string{"429", "503", "403", "ratelimit"} { // pacer.Feedback.Reason
+		m.Cooldowns.WithLabelValues(OtherHost, OtherHost, r)
+	}
+	m.ParkedJobs.WithLabelValues(OtherHost, OtherHost)
+	for _, s := range heldStates {
+		m.HeldJobs.WithLabelValues(s)
+	}
 }
 
 // alertedReasons are the dead-letter reasons exported at 0 before the
