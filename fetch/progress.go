@@ -7,7 +7,7 @@ import "time"
 // names it, so that the worker's status and the admin endpoint share one
 // shape.
 type Progress struct {
-	URL       string    `json:"url"` // without userinfo
+	URL       string    `json:"url"` // as logged: no userinfo, no query
 	Target    string    `json:"target,omitempty"`
 	Authority string    `json:"authority"` // host:port of the first hop
 	Started   time.Time `json:"started"`   // when the request started

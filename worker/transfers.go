@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/fetch"
 )
 
@@ -32,7 +31,7 @@ type transfer struct {
 
 // start registers a fetch of j starting at now; end removes it.
 func (ts *transfers) start(j *heldJob, now time.Time) *transfer {
-	t := &transfer{url: authority.StripUserinfo(j.job.URL), target: j.job.Target, auth: j.auth, started: now}
+	t := &transfer{url: logURL(j.job.URL), target: j.job.Target, auth: j.auth, started: now}
 	t.expected.Store(-1)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
