@@ -97,3 +97,9 @@ func byPaceKey[N int | int64](m map[string]N, key func(string) string) map[strin
 	}
 	return out
 }
+
+// Fetches returns the fetches in flight at now, the longest running
+// first: URL, bytes so far of expected, rate, elapsed.
+func (w *Worker) Fetches(now time.Time) []fetch.Progress {
+	return w.transfers.snapshot(now)
+}

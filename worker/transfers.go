@@ -83,9 +83,3 @@ func (ts *transfers) snapshot(now time.Time) []fetch.Progress {
 	})
 	return out
 }
-
-// Fetches returns the fetches in flight at now, the longest running
-// first: URL, bytes so far of expected, rate, elapsed.
-func (w *Worker) Fetches(now time.Time) []fetch.Progress {
-	return w.transfers.snapshot(now)
-}
