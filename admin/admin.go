@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
@@ -50,6 +51,11 @@ type Options struct {
 	// Parked returns the jobs parked per authority (partitioned mode), shown
 	// as "parked" beside each authority in /debug/pacer; nil: none.
 	Parked func() map[string]int64
+	// Fetches returns the fetches in flight by the authority row of
+	// /debug/pacer they count against (an authority, or a politeness
+	// group's "group:NAME"), shown as "fetches" in that row: URL, bytes so
+	// far of expected, rate, elapsed. Nil: none.
+	Fetches func() map[string][]fetch.Progress
 	// Logger receives promhttp's errors; zero value logs nothing.
 	Logger zerolog.Logger
 }
@@ -91,19 +97,29 @@ func New(o *Options) http.Handler {
 	mux.HandleFunc("GET /debug/pacer", func(w http.ResponseWriter, _ *http.Request) {
 		type entry struct {
 			pacer.State
-			Parked int64 `json:"parked,omitempty"`
+			Parked  int64            `json:"parked,omitempty"`
+			Fetches []fetch.Progress `json:"fetches,omitempty"`
 		}
 		var parked map[string]int64
 		if o.Parked != nil {
 			parked = o.Parked()
 		}
+		var fetches map[string][]fetch.Progress
+		if o.Fetches != nil {
+			fetches = o.Fetches()
+		}
 		var entries []entry
 		for _, st := range snap() {
-			entries = append(entries, entry{State: st, Parked: parked[st.Authority]})
+			entries = append(entries, entry{State: st, Parked: parked[st.Authority], Fetches: fetches[st.Authority]})
 			delete(parked, st.Authority)
+			delete(fetches, st.Authority)
 		}
 		for a, n := range parked { // parked for an authority the pacer has forgotten
-			entries = append(entries, entry{State: pacer.State{Authority: a, State: pacer.StateIdle}, Parked: n})
+			entries = append(entries, entry{State: pacer.State{Authority: a, State: pacer.StateIdle}, Parked: n, Fetches: fetches[a]})
+			delete(fetches, a)
+		}
+		for a, fs := range fetches { // not in the snapshot taken a moment before
+			entries = append(entries, entry{State: pacer.State{Authority: a, State: pacer.StateIdle}, Fetches: fs})
 		}
 		states := []json.RawMessage{} // "[]", never "null"
 		for _, e := range entries {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mirrorworker/mirrorworker/admin"
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
@@ -181,4 +182,27 @@ func Example() {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 	fmt.Println(rec.Code, strings.TrimSpace(rec.Body.String()))
 	// Output: 200 ready
+}
+
+// TestDebugPacerFetches: each fetch in flight is shown in its authority's
+// row, one for an authority the snapshot lacks gets a row of its own.
+func TestDebugPacerFetches(t *testing.T) {
+	states := []pacer.State{{Authority: "a.example:443", State: "active", InFlight: 1, MaxInFlight: 2}}
+	fetches := map[string][]fetch.Progress{
+		"a.example:443": {{URL: "https://a.example/big.iso", Authority: "a.example:443", Bytes: 100, Expected: 1000, Rate: 50, Elapsed: 2}},
+		"b.example:80":  {{URL: "http://b.example/x", Authority: "b.example:80", Bytes: 7, Expected: -1}},
+	}
+	h := admin.New(&admin.Options{Pacer: func() []pacer.State { return states }, Fetches: func() map[string][]fetch.Progress { return fetches }})
+	_, _, body := get(t, h, "/debug/pacer")
+	var got []struct {
+		Authority string           `json:"authority"`
+		Fetches   []fetch.Progress `json:"fetches"`
+	}
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatalf("not a JSON array: %v\n%s", err, body)
+	}
+	if len(got) != 2 || got[0].Authority != "a.example:443" || len(got[0].Fetches) != 1 || got[0].Fetches[0].Bytes != 100 ||
+		got[0].Fetches[0].Expected != 1000 || got[1].Authority != "b.example:80" || len(got[1].Fetches) != 1 {
+		t.Errorf("/debug/pacer with fetches:\n%s", body)
+	}
 }

@@ -145,6 +145,13 @@ func newMetrics(reg prometheus.Registerer) (metrics, error) {
 			*v = are.ExistingCollector.(*prometheus.CounterVec) // a second pipeline on one registry
 		}
 	}
+	// Exported at 0 from the start, so that the dashboard's panels of a
+	// worker no cap has slowed yet say 0, not "No data"; the authorities'
+	// own series come with their first wait.
+	for _, c := range []string{CapAuthority, CapPod} {
+		m.bytes.WithLabelValues(OtherLabel, OtherLabel, c)
+		m.wait.WithLabelValues(OtherLabel, OtherLabel, c)
+	}
 	return m, nil
 }
 

@@ -75,20 +75,18 @@ func ParseRate(s string) (int64, error) {
 // ParseRate reads it back.
 func FormatRate(n int64) string { return Format(n) + "/s" }
 
-// Approx writes n rounded for a person reading progress, in powers of 1000
-// as download tools show them: 950B, 12kB, 312MB, 1.5GB. It is not read
-// back by Parse (Format is).
+// Approx writes n rounded to one decimal of the largest binary unit not
+// above it ("512 B", "1.5 KiB", "120.3 MiB"): a size for people to read
+// at a glance (progress, status), not to parse back.
 func Approx(n int64) string {
-	units := []string{"kB", "MB", "GB", "TB", "PB"}
-	if n < 1000 {
-		return strconv.FormatInt(n, 10) + "B"
+	f := float64(n)
+	for _, u := range []struct {
+		name string
+		mult float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if f >= u.mult {
+			return strconv.FormatFloat(f/u.mult, 'f', 1, 64) + " " + u.name
+		}
 	}
-	v, u := float64(n)/1000, 0
-	for v >= 999.5 && u < len(units)-1 {
-		v, u = v/1000, u+1
-	}
-	if v < 9.95 {
-		return strconv.FormatFloat(v, 'f', 1, 64) + units[u]
-	}
-	return strconv.FormatFloat(v, 'f', 0, 64) + units[u]
+	return strconv.FormatInt(n, 10) + " B"
 }

@@ -196,25 +196,3 @@ func (d *hopDeps) acquire(ctx context.Context, auth string) (pacer.Permit, error
 		}
 	}
 }
-
-func upstreamOutcome(r fetch.Result, v pacer.Verdict) string {
-	switch {
-	case v.Throttled:
-		return "throttled"
-	case r.Err != nil:
-		return "error"
-	case r.Status == 401, r.Status == 403:
-		return "auth_failed"
-	case r.Status == 304:
-		return "not_modified"
-	case r.Status >= 200 && r.Status < 300:
-		return "ok"
-	case r.Status >= 300 && r.Status < 400:
-		return "redirect"
-	case r.Status >= 400 && r.Status < 500:
-		return "client_error"
-	case r.Status >= 500:
-		return "server_error"
-	}
-	return "error"
-}

@@ -52,8 +52,9 @@ func TestAwaitFetchesSaysWhatItWaitsFor(t *testing.T) {
 			now := make(chan struct{})
 			w := &Worker{clk: clk, log: zerolog.New(&logs), o: Options{ShutdownGrace: 12 * time.Second, StopNow: now}}
 			size := int64(500_000_000)
-			p, _ := w.fetches.add(&heldJob{job: jobs.Job{URL: "http://o.example/big.iso", Size: &size}}, t0)
-			p.got.Store(312_000_000)
+			tr := w.transfers.start(&heldJob{job: jobs.Job{URL: "http://o.example/big.iso", Size: &size}}, t0)
+			tr.body(t0, "", size)
+			tr.bytes.Store(312_000_000)
 
 			done := make(chan struct{})
 			cancelled := make(chan struct{})
@@ -75,7 +76,7 @@ func TestAwaitFetchesSaysWhatItWaitsFor(t *testing.T) {
 				t.Fatalf("%d log lines after %s, want 2:\n%s", len(lines), ShutdownReportEvery, strings.Join(lines, "\n"))
 			}
 			for i, want := range []string{
-				"waiting up to 12s for 1 fetch in flight: http://o.example/big.iso (312MB of 500MB)",
+				"waiting up to 12s for 1 fetch in flight: http://o.example/big.iso (297.5 MiB of 476.8 MiB)",
 				"waiting up to 7s for 1 fetch in flight",
 			} {
 				if !strings.Contains(lines[i], want) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,7 +114,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	}, []string{"outcome"})).(*prometheus.HistogramVec)
 	m.FetchedBytes = reg1(prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: ns, Name: "fetched_bytes_total",
-		Help: "Body bytes stored in the mirror target.",
+		Help: "Body bytes of 2xx answers received from origins, counted as they arrive (a long body moves it while it streams; body_read_bytes{result} tells bytes stored from bytes discarded).",
 	})).(prometheus.Counter)
 	m.PacerWait = reg1(prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: ns, Name: "pacer_wait_seconds",
@@ -183,7 +184,37 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 	for _, r := range alertedReasons {
 		m.DeadLetters.WithLabelValues(r)
 	}
+	m.exportAtZero()
 	return m, nil
+}
+
+// exportAtZero creates at 0 the series of every label set known up front
+// that the dashboard or an alert reads (deploy/grafana, deploy/prometheus),
+// so that a worker with nothing to report yet exports 0 rather than
+// nothing: a panel then says 0, not "No data", and increase() sees the
+// first event (as Prometheus' instrumentation guide asks). Series
+// labelled by authority are created for OtherHost, whose series exist
+// anyway once the host label limit is reached: the per-authority ones come
+// with their first event. TestDashboardSeriesExportedAtStart holds the
+// dashboard to it.
+func (m *Metrics) exportAtZero() {
+	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved} {
+		m.Jobs.WithLabelValues(o)
+		m.JobDuration.WithLabelValues(o)
+	}
+	for _, c := range []string{"live", "replay"} { // jobClass
+		m.ClassRequests.WithLabelValues(c)
+	}
+	for _, o := range upstreamOutcomes {
+		m.UpstreamRequests.WithLabelValues(OtherHost, OtherHost, jobs.DefaultKind, o)
+	}
+	for _, r := range []string{"429", "503", "403", "ratelimit"} { // pacer.Feedback.Reason
+		m.Cooldowns.WithLabelValues(OtherHost, OtherHost, r)
+	}
+	m.ParkedJobs.WithLabelValues(OtherHost, OtherHost)
+	for _, s := range heldStates {
+		m.HeldJobs.WithLabelValues(s)
+	}
 }
 
 // alertedReasons are the dead-letter reasons exported at 0 before the
@@ -356,3 +387,29 @@ func (c *coolingCollector) Collect(ch chan<- prometheus.Metric) {
 // heldStates are the values of mirrorworker_held_jobs' state label, in the
 // order of the scheduler's counts (queued, waiting, fetching).
 var heldStates = [...]string{"queued", "waiting", "fetching"}
+
+// upstreamOutcomes are every value upstreamOutcome returns, the outcome
+// label of upstream_requests_total (exported at 0 from the start).
+var upstreamOutcomes = []string{"throttled", "error", "auth_failed", "not_modified", "ok", "redirect", "client_error", "server_error"}
+
+func upstreamOutcome(r fetch.Result, v pacer.Verdict) string {
+	switch {
+	case v.Throttled:
+		return "throttled"
+	case r.Err != nil:
+		return "error"
+	case r.Status == 401, r.Status == 403:
+		return "auth_failed"
+	case r.Status == 304:
+		return "not_modified"
+	case r.Status >= 200 && r.Status < 300:
+		return "ok"
+	case r.Status >= 300 && r.Status < 400:
+		return "redirect"
+	case r.Status >= 400 && r.Status < 500:
+		return "client_error"
+	case r.Status >= 500:
+		return "server_error"
+	}
+	return "error"
+}

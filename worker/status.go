@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
@@ -26,7 +27,15 @@ type PodStatus struct {
 	// (run's --allow-private-networks), which enqueue would otherwise warn
 	// it refuses. Set by the pod (package pipeline), not by Status.
 	AllowPrivateNetworks bool `json:"allow_private_networks,omitempty"`
+	// Fetches are the fetches in flight, the longest running first: URL,
+	// bytes so far of expected, rate (see MaxStatusFetches).
+	Fetches []fetch.Progress `json:"fetches,omitempty"`
 }
+
+// MaxStatusFetches bounds the fetches in flight of one PodStatus, the
+// longest running kept: a pod with hundreds of slots still writes an
+// entry of a few KiB.
+const MaxStatusFetches = 50
 
 // AuthorityStatus is one authority in a PodStatus.
 type AuthorityStatus struct {
@@ -67,6 +76,10 @@ func (w *Worker) Status(pod, version string, partitions []int, states []pacer.St
 		}
 		return a.Authority < b.Authority
 	})
+	st.Fetches = w.Fetches(now)
+	if len(st.Fetches) > MaxStatusFetches {
+		st.Fetches = st.Fetches[:MaxStatusFetches]
+	}
 	if len(st.Authorities) > MaxStatusAuthorities {
 		st.Truncated = len(st.Authorities) - MaxStatusAuthorities
 		st.Authorities = st.Authorities[:MaxStatusAuthorities]
@@ -87,4 +100,10 @@ func byPaceKey[N int | int64](m map[string]N, key func(string) string) map[strin
 		out[key(a)] += n
 	}
 	return out
+}
+
+// Fetches returns the fetches in flight at now, the longest running
+// first: URL, bytes so far of expected, rate, elapsed.
+func (w *Worker) Fetches(now time.Time) []fetch.Progress {
+	return w.transfers.snapshot(now)
 }

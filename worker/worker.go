@@ -32,6 +32,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -57,6 +58,9 @@ type Worker struct {
 	health   targetHealth // whether the mirror target takes writes (targethealth.go)
 	auth     authGuard    // 401/403 per authority (authfail.go)
 	classes  classCounts  // requests started in the last minute, by class (classcount.go)
+	// transfers are the fetches in flight, with their bytes so far
+	// (transfers.go).
+	transfers transfers
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -77,7 +81,6 @@ type Worker struct {
 	parking *parking
 	lanes   *laneSet
 	settler *settler
-	fetches inFlight // the fetches the slots run, for the stop's report
 }
 
 // New checks d and returns a Worker; nil o means the defaults.
@@ -310,7 +313,7 @@ func (w *Worker) awaitFetches(done <-chan struct{}, cancel context.CancelFunc) {
 			<-done
 			return
 		}
-		if n, what := w.fetches.describe(); n > 0 {
+		if n, what := w.transfers.describe(w.clk.Now()); n > 0 {
 			w.log.Info().Int("in_flight", n).Str("grace_left", left.Round(time.Second).String()).
 				Msgf("waiting up to %s for %d %s in flight: %s (a second Ctrl-C or SIGTERM cancels %s and hands %s back now)",
 					left.Round(time.Second), n, plural(n, "fetch", "fetches"), what, plural(n, "it", "them"), plural(n, "its job", "their jobs"))
@@ -322,7 +325,7 @@ func (w *Worker) awaitFetches(done <-chan struct{}, cancel context.CancelFunc) {
 			return
 		case <-w.o.StopNow:
 			t.Stop()
-			n, _ := w.fetches.describe()
+			n, _ := w.transfers.describe(w.clk.Now())
 			w.log.Warn().Int("in_flight", n).Msg("stopping now: in-flight fetches cancelled; their jobs are handed back")
 			cancel()
 			<-done
@@ -625,9 +628,7 @@ func (w *Worker) runSlot(ctx, fctx context.Context, g grant) {
 	w.classes.add(start, j.replay != nil)
 	w.m.PacerWait.Observe(start.Sub(j.queuedAt).Seconds())
 	w.sched.fetching(j)
-	progress, done := w.fetches.add(j, start)
-	defer done()
-	requeue := w.process(w.parts.fetchContext(fctx, j.part), j, pm, progress)
+	requeue := w.process(w.parts.fetchContext(fctx, j.part), j, pm)
 	w.finish(j, w.clk.Now().Sub(start), requeue)
 }
 
@@ -639,8 +640,10 @@ func (w *Worker) finish(j *heldJob, took time.Duration, requeue bool) {
 // process fetches and stores one job and settles it on the queue. It
 // returns true when the job must go back to its authority's queue (a
 // throttled answer: the pacer now knows when the next request may go).
-func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit, progress *fetchProgress) (requeue bool) {
+func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requeue bool) {
 	began := w.clk.Now()
+	tr := w.transfers.start(j, began)
+	defer w.transfers.end(tr)
 	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part, url: j.job.URL}
 	defer hops.close()
 	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
@@ -697,7 +700,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit, progr
 	}
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp, began, progress)
+		w.store(ctx, j, resp, began, tr)
 	case fetch.ClassNotModified:
 		w.settler.complete(j, OutcomeUnchanged)
 		w.settler.stored.add(j, resp.Status, 0, began)
@@ -726,12 +729,16 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 }
 
 // store writes a 2xx body to the target and acks once it is durable.
-// began is when the fetch started, for the retry delay of a slow transfer.
-func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, progress *fetchProgress) {
+// began is when the fetch started, for the retry delay of a slow transfer;
+// tr is its entry among the fetches in flight.
+func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, tr *transfer) {
 	want := mirror.Expect{SHA256: j.job.SHA256}
+	size := int64(-1)
 	if j.job.Size != nil {
 		want.Size, want.HasSize = *j.job.Size, true
+		size = want.Size
 	}
+	tr.body(w.clk.Now(), resp.Header.Get("Content-Length"), size)
 	meta := mirror.Meta{
 		Key:          j.job.Target,
 		URL:          authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
@@ -741,19 +748,12 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		FetchedAt:    w.clk.Now().UTC(),
 		JobID:        j.job.ID,
 	}
-	if n, err := strconv.ParseInt(resp.Header.Get("Content-Length"), 10, 64); err == nil && n >= 0 && progress != nil {
-		progress.size.Store(n)
-	}
-	body := &countingReader{r: resp.Body}
-	if progress != nil {
-		body.progress = &progress.got
-	}
+	body := &countingReader{r: resp.Body, tr: tr, fetched: w.m.FetchedBytes}
 	src, done := readAhead(body)
 	_, err := w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
 	done()
 	resp.Body.Close()
 	if err == nil {
-		w.m.FetchedBytes.Add(float64(body.n))
 		w.m.BodyReadBytes.WithLabelValues("stored").Observe(float64(body.n))
 		w.settler.complete(j, OutcomeStored)
 		w.settler.stored.add(j, resp.Status, body.n, began)
@@ -834,21 +834,26 @@ func (f failingReader) Read([]byte) (int, error) { return 0, f.err }
 // countingReader counts body bytes and remembers the body's own read error,
 // to tell a failing origin from a failing target. It closes the body at its
 // end, so the request stops counting against the authority's in-flight cap
-// while the target syncs to disk (the target is never paced).
+// while the target syncs to disk (the target is never paced). Every read
+// also counts in the fetch's transfer and in fetched_bytes_total, so that
+// a long body shows its progress while it streams, not only at its end
+// (two atomic adds per read of up to 32 KiB: nothing beside the copy).
 type countingReader struct {
-	r   io.ReadCloser
-	n   int64
-	err error
-	// progress, if set, counts the bytes too, for readers elsewhere (the
-	// stop's report of fetches in flight).
-	progress *atomic.Int64
+	r       io.ReadCloser
+	tr      *transfer
+	fetched prometheus.Counter
+	n       int64
+	err     error
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
-	if c.progress != nil {
-		c.progress.Add(int64(n))
+	if n > 0 && c.tr != nil {
+		c.tr.bytes.Add(int64(n))
+	}
+	if n > 0 && c.fetched != nil {
+		c.fetched.Add(float64(n))
 	}
 	switch {
 	case err == io.EOF:

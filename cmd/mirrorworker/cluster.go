@@ -160,7 +160,8 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 		"usage: mirrorworker status [--authority HOST:PORT] [--json]",
 		"Shows the live pods, which partitions each serves, and every authority that is not idle:",
 		"its state, cooldown or pause deadline, interval, requests in flight, jobs queued in memory",
-		"and jobs parked, and the pod that serves it.")
+		"and jobs parked, and the pod that serves it; then each fetch in flight: its URL, bytes received",
+		"of the expected size, average rate, time elapsed and left.")
 	if err != nil {
 		return err
 	}
@@ -195,6 +196,9 @@ func cmdStatus(ctx context.Context, args []string, getenv func(string) string, _
 		}{pods, leases, rows, replays})
 	}
 	if err := writeStatus(stdout, pods, leases, partitions, rows, time.Now()); err != nil {
+		return err
+	}
+	if err := writeFetches(stdout, pods); err != nil {
 		return err
 	}
 	return writeReplays(stdout, replays, pods, time.Now())

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mirrorworker/mirrorworker/mirror/bucket/buckettest"
 )
 
 // readmeRun says how a command of the README is run: as it is, in the
@@ -33,6 +35,10 @@ type readmeRun struct {
 	// before is a shell condition to wait for before the command (a file
 	// the worker writes).
 	before string
+	// env are variables set for this command only: the test's stand-ins
+	// for what the reader's network gives (the module proxy is the module
+	// cache here, which TestREADMECommands fills first).
+	env string
 }
 
 // readmeRuns are the README's commands the test runs, in the README's order.
@@ -65,6 +71,12 @@ var readmeRuns = map[string]readmeRun{
 	"mirrorworker policy delete --authority files.example.org:443": {want: "deleted files.example.org:443"},
 	"mirrorworker status":                                          {},
 	"mirrorworker replay --from-seq 52000":                         {want: "replayed 0 jobs"},
+	"go install github.com/versity/versitygw/cmd/versitygw@v1.7.0": {env: "GOPROXY=file://$(go env GOMODCACHE)/cache/download GOSUMDB=off"},
+	"mkdir -p /tmp/s3/mirror":                                      {},
+	"ROOT_ACCESS_KEY=local ROOT_SECRET_KEY=local-secret VGW_REGION=us-east-1 versitygw --port 127.0.0.1:7070 --quiet posix /tmp/s3 &": {},
+	"AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local-secret AWS_REGION=us-east-1 mirrorworker run --target s3://mirror/pypi --s3-endpoint http://127.0.0.1:7070": {
+		bg: true, before: "(exec 3<>/dev/tcp/127.0.0.1/7070) 2>/dev/null",
+		ready: `python3 -c 'import urllib.request as u; u.urlopen("http://127.0.0.1:8081/readyz")' 2>/dev/null`},
 	"mirrorworker stub-origin --profile testdata/profiles/throttling.json --listen 127.0.0.1:18080 --authorities 50 --admin-listen 127.0.0.1:18079": {
 		bg: true, ready: "(exec 3<>/dev/tcp/127.0.0.1/18079) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/18080) 2>/dev/null"},
 }
@@ -94,6 +106,7 @@ var readmeExcluded = map[string]string{
 	"mirrorworker verify": "at this point of the README the go.dev job cannot be fetched (no network here), so verify rightly reports it missing (TestVerifyFindsAndRepairs runs verify)",
 	"mirrorworker verify --target s3://mirror/pypi --s3-endpoint https://s3.example.net": "needs an S3 endpoint (TestVerifyFindsAndRepairs verifies a versitygw bucket)",
 	"mirrorworker verify --target /srv/mirror --repair":                                  "needs a mirror at /srv/mirror (TestVerifyFindsAndRepairs repairs a file target)",
+	"mirrorworker verify --target /srv/mirror --repair-dead-letters":                     "needs a mirror at /srv/mirror (TestVerifyDeadLettersApart requeues a dead-lettered job)",
 }
 
 // readmeGiven are files a command of the README reads, written before the
@@ -210,6 +223,9 @@ func TestREADMECommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The S3 recipe's go install reads the module cache, where the S3
+	// tests' own build of versitygw puts it.
+	buckettest.Binary(t)
 	script := readmeScript(cmds, repo, goCachesUnderTmp(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
@@ -336,7 +352,11 @@ make install >/tmp/make-install.log 2>&1 || { cat /tmp/make-install.log; fail 0 
 		case strings.HasSuffix(c.text, "&"):
 			fmt.Fprintf(&b, "%s\n", c.text)
 		default:
-			fmt.Fprintf(&b, "out=$( %s 2>&1 ); rc=$?\n", c.text)
+			env := ""
+			if r.env != "" {
+				env = "env " + r.env + " "
+			}
+			fmt.Fprintf(&b, "out=$( %s%s 2>&1 ); rc=$?\n", env, c.text)
 			fmt.Fprintf(&b, "[ $rc -eq 0 ] || fail %d \"exit $rc: $out\"\n", c.line)
 			if r.want != "" {
 				fmt.Fprintf(&b, "case \"$out\" in *%s*) ;; *) fail %d \"output lacks %s: $out\";; esac\n", sq(r.want), c.line, strings.ReplaceAll(r.want, `"`, `\"`))

@@ -373,6 +373,18 @@ func startAdmin(addr string, reg *metricRegistry, state *atomic.Pointer[liveStat
 			}
 			return nil
 		},
+		Fetches: func() map[string][]fetch.Progress {
+			s := state.Load()
+			if s == nil || s.fetches == nil {
+				return nil
+			}
+			out := map[string][]fetch.Progress{}
+			for _, f := range s.fetches(clock.Real{}.Now()) {
+				k := s.pacer.PaceKey(f.Authority)
+				out[k] = append(out[k], f)
+			}
+			return out
+		},
 		Logger: log,
 	}))
 	if err != nil {
@@ -528,7 +540,7 @@ func (p *natsStage) run(ctx context.Context) error {
 			return err
 		}
 		return pod.Serving() // readiness means serving its share (docs/adr/0007)
-	}, parked: w.Parked})
+	}, parked: w.Parked, fetches: w.Fetches})
 	p.logStart(natsURL, pod.Partitions)
 	return pod.Run(ctx)
 }
@@ -641,6 +653,8 @@ type liveState struct {
 	pacer  *pacer.Pacer
 	ready  func() error
 	parked func() map[string]int64 // parked jobs per authority
+	// fetches are the fetches in flight at an instant (Worker.Fetches).
+	fetches func(time.Time) []fetch.Progress
 }
 
 // stoppedOr returns nil when ctx was cancelled (a stop asked for during

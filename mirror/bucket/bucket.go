@@ -21,6 +21,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -134,6 +135,7 @@ type Target struct {
 	bucket string
 	prefix string // "" or ending in "/"
 	spec   string // s3://bucket/prefix, for logs
+	region string // the region requests are signed for
 	opt    Options
 	clk    clock.Clock
 	log    zerolog.Logger
@@ -273,6 +275,7 @@ func (t *Target) newClient(ctx context.Context) (*s3.Client, error) {
 	if cfg.Region == "" {
 		cfg.Region = DefaultRegion
 	}
+	t.region = cfg.Region
 	return s3.NewFromConfig(cfg, func(so *s3.Options) {
 		so.UsePathStyle = !t.opt.VirtualHost
 		if t.opt.Endpoint != "" {
@@ -292,12 +295,41 @@ func (t *Target) newClient(ctx context.Context) (*s3.Client, error) {
 
 // headBucket proves the bucket exists and the credentials reach it. A
 // HEAD answer has no body, so a 404 names no code: it is NoSuchBucket.
+//
+// A bucket of another region than the one requests are signed for is
+// answered with a bare 301, 400 or 403 (AWS S3 names the bucket's region
+// in x-amz-bucket-region; other stores say nothing): the error says so
+// and names the flag, rather than "400 Bad Request" alone.
 func (t *Target) headBucket(ctx context.Context) error {
 	_, err := t.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &t.bucket})
-	if _, status := errorCode(err); status == http.StatusNotFound {
+	code, status := errorCode(err)
+	switch {
+	case err == nil:
+		return nil
+	case status == http.StatusNotFound:
 		return fmt.Errorf("%w: NoSuchBucket: bucket %q does not exist: %w", mirror.ErrUnavailable, t.bucket, err)
+	case bucketRegion(err) != "" && bucketRegion(err) != t.region:
+		return fmt.Errorf("%w: bucket %q is in region %s, and requests are signed for %s: give its region (--s3-region %s, or AWS_REGION): %w",
+			ErrWrongRegion, t.bucket, bucketRegion(err), t.region, bucketRegion(err), err)
+	case status == http.StatusMovedPermanently || status == http.StatusBadRequest && (code == "" || code == "BadRequest" || code == "AuthorizationHeaderMalformed"):
+		return fmt.Errorf("bucket %q answered HEAD with %d, as S3 answers for a bucket of another region: if its region is not %s, the one requests are signed for, give it (--s3-region, or AWS_REGION): %w",
+			t.bucket, status, t.region, err)
 	}
 	return classify(err)
+}
+
+// ErrWrongRegion is wrapped by Open's error when the bucket answered as a
+// bucket of another region does.
+var ErrWrongRegion = errors.New("bucket in another region")
+
+// bucketRegion is the region an S3 answer names for its bucket
+// (x-amz-bucket-region), "" when it names none.
+func bucketRegion(err error) string {
+	var re *awshttp.ResponseError
+	if !errors.As(err, &re) || re.Response == nil || re.Response.Response == nil {
+		return ""
+	}
+	return re.Response.Header.Get("X-Amz-Bucket-Region")
 }
 
 // String returns the target as s3://BUCKET/PREFIX.

@@ -449,3 +449,44 @@ func TestStoreChecksBytesInTransit(t *testing.T) {
 		t.Fatalf("uploads left: %v", p)
 	}
 }
+
+// TestOpenNamesAnotherRegion: a bucket that answers HEAD as a bucket of
+// another region does (AWS S3: 301 or 400 with x-amz-bucket-region; other
+// stores: a bare 400) is reported as such, naming --s3-region, not as
+// "400 Bad Request" alone.
+func TestOpenNamesAnotherRegion(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		region string // x-amz-bucket-region; "": none
+		want   []string
+	}{
+		{name: "named", status: http.StatusMovedPermanently, region: "eu-west-1",
+			want: []string{`bucket "mirror" is in region eu-west-1, and requests are signed for us-east-1`, "--s3-region eu-west-1"}},
+		{name: "named 400", status: http.StatusBadRequest, region: "ap-south-1", want: []string{"is in region ap-south-1", "--s3-region ap-south-1"}},
+		{name: "bare 400", status: http.StatusBadRequest,
+			want: []string{`bucket "mirror" answered HEAD with 400, as S3 answers for a bucket of another region: if its region is not us-east-1`, "--s3-region"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.region != "" {
+					w.Header().Set("X-Amz-Bucket-Region", tc.region)
+				}
+				w.WriteHeader(tc.status)
+			}))
+			defer srv.Close()
+			_, err := bucket.Open(ctxT(t), "s3://mirror", &bucket.Options{Endpoint: srv.URL, Region: "us-east-1", Credentials: buckettest.Credentials()})
+			if err == nil {
+				t.Fatal("Open succeeded")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Open: %v\nwant %q in it", err, w)
+				}
+			}
+			if tc.region != "" && !errors.Is(err, bucket.ErrWrongRegion) {
+				t.Errorf("Open: %v, not ErrWrongRegion", err)
+			}
+		})
+	}
+}
