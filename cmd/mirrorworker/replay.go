@@ -403,7 +403,9 @@ func (l *loneReplay) alone() *replay.Lone {
 		// parking, or moved into a partition) are not submitted jobs.
 		w, err := l.parts.NewWorker(cons, l.target, 0, func(o *worker.Options, d *worker.Deps) {
 			o.SkipCopies, o.OnOutcome = true, l.tally.Add
-			// Its failures are not the live pipeline's.
+			// Its failures are not the live pipeline's: neither its
+			// dead letters nor its failed attempts (their budget).
+			o.Replay = l.run
 			d.JS = replay.SeparateDeadLetters(d.JS)
 			starts.Wrap(d)
 		})
