@@ -50,16 +50,19 @@ type Result struct {
 	// LastSeq is the stream's last sequence when the replay began: every
 	// selected job up to it was handled.
 	LastSeq uint64
-	// Jobs is how many jobs the consumer had to deliver when it was created.
+	// Jobs is how many jobs the replay had to do: distinct job ids among
+	// the selected messages up to LastSeq, the workers' copies not counted
+	// (a dry run's Counts.Total for the same selection).
 	Jobs int64
 	// Elapsed is the time from the consumer's creation to the end.
 	Elapsed time.Duration
 	// Later is how many jobs stored after LastSeq the consumer delivered
 	// and the replay skipped: they are the live workers' to do.
 	Later int64
-	// Copies is how many of Jobs were the workers' copies of jobs (parked
-	// and brought back, continuations, earlier replays' copies), skipped:
-	// each submitted job is replayed once.
+	// Copies is how many messages up to LastSeq were no jobs, skipped: the
+	// workers' copies (parked and brought back, continuations, replays'
+	// copies) and the earlier messages of a job enqueued again. Each
+	// submitted job is replayed once, from its latest message.
 	Copies int64
 }
 
@@ -139,7 +142,14 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 			log.Warn().Err(err).Str("consumer", res.Consumer).Msg("replay: delete consumer (the server removes it after its inactive threshold)")
 		}
 	}()
-	res.Jobs = int64(c.CachedInfo().NumPending)
+	// The jobs: what the consumer delivers up to LastSeq, less the
+	// workers' copies and the earlier messages of a job enqueued again.
+	_, byID, err := scanJobs(ctx, js, o.Start, o.Subjects, began, res.LastSeq)
+	if err != nil {
+		return res, fmt.Errorf("replay: %w", err)
+	}
+	set := newJobSet(byID)
+	res.Jobs, _ = set.counts()
 	log.Info().Str("consumer", res.Consumer).Str("start", o.Start.String()).Strs("subjects", cfg.FilterSubjects).
 		Str("filter", cfg.FilterSubject).Int64("jobs", res.Jobs).Uint64("last_seq", res.LastSeq).Msg("replay: started")
 
@@ -153,7 +163,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 	workErr := make(chan error, 1)
 	var skipped, copies atomic.Int64
 	go func() {
-		workErr <- work(wctx, bounded{Consumer: c, lastSeq: res.LastSeq, skipped: &skipped, copies: &copies})
+		workErr <- work(wctx, bounded{Consumer: c, lastSeq: res.LastSeq, jobs: set, skipped: &skipped, copies: &copies})
 	}()
 	// finish stops the worker and waits for it to hand back what it holds.
 	finish := func() error {
@@ -204,7 +214,8 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		}
 		lastInfo = clk.Now()
 		if o.Progress != nil {
-			o.Progress.Set(handled(res.Jobs, info))
+			_, done := set.counts()
+			o.Progress.Set(done)
 		}
 		if complete(info, res.LastSeq) {
 			err := finish()
@@ -230,10 +241,4 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 // outstanding it is true in any case.
 func complete(info *jetstream.ConsumerInfo, lastSeq uint64) bool {
 	return info.AckFloor.Stream >= lastSeq || info.NumPending == 0 && info.NumAckPending == 0
-}
-
-// handled is how many of total jobs the consumer no longer holds.
-func handled(total int64, info *jetstream.ConsumerInfo) int64 {
-	left := int64(info.NumPending) + int64(info.NumAckPending)
-	return min(max(total-left, 0), total)
 }

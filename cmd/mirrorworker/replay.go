@@ -476,7 +476,7 @@ func replayEnd(ctx context.Context, js jetstream.JetStream, c *replayConfig, pla
 		return err
 	}
 	fmt.Fprintf(stdout, "replayed %d jobs (%s, %s) into %s in %s: %s\n",
-		res.Jobs-res.Copies, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
+		res.Jobs, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
 	if res.Later > 0 {
 		fmt.Fprintf(stdout, "%d %s stored after the replay began (after sequence %d) left to the live workers\n", res.Later, plural(int(res.Later), "job", "jobs"), res.LastSeq)
 	}
