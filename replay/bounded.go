@@ -83,16 +83,31 @@ func (b bounded) filter(in jetstream.MessageBatch) jetstream.MessageBatch {
 // done once however often it is acknowledged. Safe for concurrent use.
 type jobSet struct {
 	mu   sync.Mutex
-	todo map[uint64]bool // sequence → done
+	todo map[uint64]bool   // sequence → done
+	auth map[uint64]string // sequence → the job's authority
 	done int64
 }
 
 func newJobSet(byID map[string]*scannedJob) *jobSet {
-	s := &jobSet{todo: make(map[uint64]bool, len(byID))}
+	s := &jobSet{todo: make(map[uint64]bool, len(byID)), auth: make(map[uint64]string, len(byID))}
 	for _, j := range byID {
 		s.todo[j.lastSeq] = false
+		s.auth[j.lastSeq] = j.auth
 	}
 	return s
+}
+
+// left returns the jobs not done, per authority.
+func (s *jobSet) left() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for seq, done := range s.todo {
+		if !done {
+			out[s.auth[seq]]++
+		}
+	}
+	return out
 }
 
 func (s *jobSet) has(seq uint64) bool {

@@ -30,7 +30,8 @@ func (p *recordedProgress) Set(done int64) {
 	p.sets = append(p.sets, done)
 	p.mu.Unlock()
 }
-func (p *recordedProgress) End() {}
+func (p *recordedProgress) Waiting(string) {}
+func (p *recordedProgress) End()           {}
 
 // TestOneCountOfJobs (issue 37): a stream of 12 submitted jobs, one of them
 // enqueued again, beside the copies that parking, a move and an earlier

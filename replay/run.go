@@ -37,6 +37,11 @@ type Options struct {
 	Clock clock.Clock
 	// Logger gets the start and end lines; the zero Logger discards.
 	Logger zerolog.Logger
+	// Waits, if set, tells the progress what the jobs left wait for once
+	// none is being done (a replay beside pods: PodWaits; alone:
+	// PacerWaits). Times are shown in Location (nil: time.Local).
+	Waits    Waits
+	Location *time.Location
 	// Await, if set, is waited for before the consumer is created (Lone's
 	// wait for an earlier replay): the replay's jobs are those stored when
 	// it returns.
@@ -175,6 +180,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		return err
 	}
 
+	w := &watch{set: set, o: o, clk: clk, began: began, moved: began}
 	t := clk.NewTimer(0)
 	defer t.Stop()
 	lastInfo := began
@@ -214,8 +220,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		}
 		lastInfo = clk.Now()
 		if o.Progress != nil {
-			_, done := set.counts()
-			o.Progress.Set(done)
+			w.show(ctx, o.Progress)
 		}
 		if complete(info, res.LastSeq) {
 			err := finish()
@@ -232,6 +237,62 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		}
 		t.Reset(poll)
 	}
+}
+
+// watch follows how far a replay is for its progress.
+type watch struct {
+	set          *jobSet
+	o            *Options
+	clk          clock.Clock
+	began, moved time.Time // moved: when done last grew
+	done         int64
+	asked        time.Time // when Waits was last asked
+	waits        string
+}
+
+// waitsEvery is how often a stalled replay asks what its jobs wait for.
+const waitsEvery = 2 * time.Second
+
+// show tells p how many jobs are done and, once none is being done, what
+// the jobs left wait for.
+func (w *watch) show(ctx context.Context, p Progress) {
+	now := w.clk.Now()
+	_, done := w.set.counts()
+	if done > w.done {
+		w.done, w.moved = done, now
+	}
+	p.Set(done)
+	if w.o.Waits == nil {
+		return
+	}
+	if !stalled(done, now.Sub(w.began), now.Sub(w.moved)) {
+		if w.waits != "" {
+			w.waits = ""
+			p.Waiting("")
+		}
+		return
+	}
+	if now.Sub(w.asked) < waitsEvery {
+		return
+	}
+	w.asked = now
+	left := w.set.left()
+	auths := make([]string, 0, len(left))
+	for a := range left {
+		auths = append(auths, a)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	states, err := w.o.Waits(wctx, auths)
+	if err != nil {
+		w.o.Logger.Debug().Err(err).Msg("replay: what the jobs left wait for")
+	}
+	loc := w.o.Location
+	if loc == nil {
+		loc = time.Local
+	}
+	w.waits = waitLine(left, states, loc)
+	p.Waiting(w.waits)
 }
 
 // complete reports whether every selected job up to lastSeq was handled:

@@ -353,6 +353,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 			Subjects: plan.subjects,
 			Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
 			Progress: newProgress(c.progress, stderr),
+			Waits:    loneWaits(replay.PodWaits(js), replay.PacerWaits(parts.Pacer, time.Now)),
 			Logger:   log,
 		})
 		return err
@@ -362,6 +363,25 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 		run = lone.run
 	}
 	return replayEnd(ctx, js, c, plan, target, res, tally.Summary(), err, began, run, stdout)
+}
+
+// loneWaits says what a lone replay's last jobs wait for: the pods'
+// states once it has handed them over, its own pacer's before (it follows
+// the pods' facts, so its states are theirs when a pod ran lately).
+func loneWaits(pods, own replay.Waits) replay.Waits {
+	return func(ctx context.Context, auths []string) (map[string]pacer.State, error) {
+		out, err := pods(ctx, auths)
+		if out == nil {
+			out = map[string]pacer.State{}
+		}
+		mine, _ := own(ctx, auths)
+		for a, s := range mine {
+			if _, ok := out[a]; !ok {
+				out[a] = s
+			}
+		}
+		return out, err
+	}
 }
 
 // followLivePolicy loads the live policy (MIRROR_POLICY) over the replay's
