@@ -83,16 +83,21 @@ func (b bounded) filter(in jetstream.MessageBatch) jetstream.MessageBatch {
 // done once however often it is acknowledged. Safe for concurrent use.
 type jobSet struct {
 	mu   sync.Mutex
-	todo map[uint64]bool   // sequence → done
-	auth map[uint64]string // sequence → the job's authority
+	todo map[uint64]jobState // by sequence
 	done int64
 }
 
+// jobState is one job of a jobSet: its authority (shared among its
+// authority's jobs) and whether it is done.
+type jobState struct {
+	auth string
+	done bool
+}
+
 func newJobSet(byID map[string]*scannedJob) *jobSet {
-	s := &jobSet{todo: make(map[uint64]bool, len(byID)), auth: make(map[uint64]string, len(byID))}
+	s := &jobSet{todo: make(map[uint64]jobState, len(byID))}
 	for _, j := range byID {
-		s.todo[j.lastSeq] = false
-		s.auth[j.lastSeq] = j.auth
+		s.todo[j.lastSeq] = jobState{auth: j.auth}
 	}
 	return s
 }
@@ -102,9 +107,9 @@ func (s *jobSet) left() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]int{}
-	for seq, done := range s.todo {
-		if !done {
-			out[s.auth[seq]]++
+	for _, j := range s.todo {
+		if !j.done {
+			out[j.auth]++
 		}
 	}
 	return out
@@ -120,8 +125,9 @@ func (s *jobSet) has(seq uint64) bool {
 func (s *jobSet) finish(seq uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if done, ok := s.todo[seq]; ok && !done {
-		s.todo[seq] = true
+	if j, ok := s.todo[seq]; ok && !j.done {
+		j.done = true
+		s.todo[seq] = j
 		s.done++
 	}
 }

@@ -94,6 +94,7 @@ func scanJobs(ctx context.Context, js jetstream.JetStream, start Start, subjects
 	}
 	c := Counts{ByAuthority: map[string]AuthorityCount{}}
 	byID := map[string]*scannedJob{}
+	auths := map[string]string{} // one copy of each authority string, shared by its jobs
 	policy, seq, at := start.deliver(now)
 	err := jobs.Scan(ctx, js, jobs.JobsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: subjects,
@@ -111,6 +112,11 @@ func scanJobs(ctx context.Context, js jetstream.JetStream, start Start, subjects
 		auth, id := InvalidJobs, ""
 		if j, err := jobs.Parse(m.Data()); err == nil && jobs.CheckSubject(j, m.Subject()) == nil {
 			auth, id = j.Authority.String(), j.ID
+		}
+		if a, ok := auths[auth]; ok {
+			auth = a
+		} else {
+			auths[auth] = auth
 		}
 		if id == "" { // not a job: each message counts on its own
 			id = "seq:" + strconv.FormatUint(s, 10)
