@@ -61,7 +61,17 @@ func Scan(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstr
 	if err != nil {
 		return fmt.Errorf("read %s: %w", stream, err)
 	}
-	defer it.Stop()
+	defer func() {
+		it.Stop()
+		// Delete the consumer rather than leave it to its inactive
+		// threshold (5 min): a replay scans before it starts, and nothing
+		// of the scan should be left beside the replay's own consumer.
+		if ci := c.CachedInfo(); ci != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = js.DeleteConsumer(dctx, stream, ci.Name)
+			cancel()
+		}
+	}()
 	for {
 		nctx, cancel := context.WithTimeout(ctx, scanIdle)
 		m, err := it.Next(jetstream.NextContext(nctx))

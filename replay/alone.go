@@ -114,7 +114,9 @@ func (l *Lone) Await(ctx context.Context) error {
 // Work is the replay's Work on its consumer c: its own worker until a pod
 // appears, then the hand-over.
 func (l *Lone) Work(ctx context.Context, c jetstream.Consumer) error {
-	if ci := c.CachedInfo(); ci != nil {
+	if l.a.set = jobsOf(c); l.a.set != nil {
+		l.a.entry.Jobs, _ = l.a.set.counts()
+	} else if ci := c.CachedInfo(); ci != nil {
 		l.a.entry.Jobs = int64(ci.NumPending)
 	}
 	return l.a.run(ctx, c)
@@ -124,7 +126,8 @@ type alone struct {
 	kv      jetstream.KeyValue
 	o       AloneOptions
 	entry   jobs.ReplayRun
-	awaited bool // Await found no earlier replay pacing alone
+	awaited bool    // Await found no earlier replay pacing alone
+	set     *jobSet // Run's jobs (nil on another consumer): the entry's Done
 }
 
 // announce writes the entry: the entry first, then the pods, since a pod
@@ -356,9 +359,7 @@ func (a *alone) stopped() jobs.ReplayRun {
 	e := a.entry
 	e.Alone, e.AloneUntil = false, time.Now().UTC()
 	e.LastStarts = a.o.Starts.Recent(e.AloneUntil)
-	if a.o.Done != nil {
-		e.Done = a.o.Done()
-	}
+	e.Done = a.done()
 	return e
 }
 
@@ -384,14 +385,25 @@ func (a *alone) end(ctx context.Context) {
 	}
 }
 
+// done is how many of the replay's jobs are done: Run's count, else
+// AloneOptions.Done's.
+func (a *alone) done() int64 {
+	if a.set != nil {
+		_, d := a.set.counts()
+		return d
+	}
+	if a.o.Done != nil {
+		return a.o.Done()
+	}
+	return a.entry.Done
+}
+
 func (a *alone) put(ctx context.Context) error {
 	e := a.entry
 	e.Updated = time.Now().UTC()
 	if e.Alone {
 		e.LastStarts = a.o.Starts.Recent(e.Updated)
-		if a.o.Done != nil {
-			e.Done = a.o.Done()
-		}
+		e.Done = a.done()
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -49,55 +49,9 @@ const InvalidJobs = "(invalid jobs)"
 // dead-lettered (from MIRROR_DLQ). now is when the replay would start (for
 // Start.Since). It holds one entry per distinct job id in memory.
 func Count(ctx context.Context, js jetstream.JetStream, start Start, subjects []string, now time.Time) (Counts, error) {
-	if err := start.Validate(); err != nil {
-		return Counts{}, err
-	}
-	c := Counts{ByAuthority: map[string]AuthorityCount{}}
-	type seen struct {
-		auth    string
-		lastSeq uint64
-	}
-	byID := map[string]*seen{}
-	policy, seq, at := start.deliver(now)
-	err := jobs.Scan(ctx, js, jobs.JobsStream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: subjects,
-		DeliverPolicy:  policy,
-		OptStartSeq:    seq,
-		OptStartTime:   at,
-	}, func(m jetstream.Msg, md *jetstream.MsgMetadata) error {
-		if jobs.IsCopy(m.Headers()) {
-			return nil // a copy the workers wrote, not a submitted job
-		}
-		s := md.Sequence.Stream
-		auth, id := InvalidJobs, ""
-		if j, err := jobs.Parse(m.Data()); err == nil && jobs.CheckSubject(j, m.Subject()) == nil {
-			auth, id = j.Authority.String(), j.ID
-		}
-		if id == "" { // not a job: each message counts on its own
-			id = "seq:" + strconv.FormatUint(s, 10)
-		}
-		a := c.ByAuthority[auth]
-		a.Messages++
-		c.Messages++
-		if j := byID[id]; j != nil {
-			j.lastSeq = s
-		} else {
-			byID[id] = &seen{auth: auth, lastSeq: s}
-			a.Jobs++
-			c.Total++
-		}
-		c.ByAuthority[auth] = a
-		if c.FirstSeq == 0 {
-			c.FirstSeq = s
-		}
-		c.LastSeq = s
-		return nil
-	})
-	if err != nil {
-		return c, fmt.Errorf("count jobs: %w", err)
-	}
-	if c.Total == 0 {
-		return c, nil
+	c, byID, err := scanJobs(ctx, js, start, subjects, now, 0)
+	if err != nil || c.Total == 0 {
+		return c, err
 	}
 	dead, err := deadLetteredSeqs(ctx, js, c.FirstSeq)
 	if err != nil {
@@ -118,6 +72,76 @@ func Count(ctx context.Context, js jetstream.JetStream, start Start, subjects []
 		c.DeadLettered++
 	}
 	return c, nil
+}
+
+// scannedJob is one job id a scan found: its authority and its latest
+// message's sequence.
+type scannedJob struct {
+	auth    string
+	lastSeq uint64
+}
+
+// scanJobs counts the jobs a replay from start through subjects selects
+// among the messages stored up to upTo (0: the stream's end now), and maps
+// each job id to its latest message. The workers' copies (jobs.IsCopy:
+// parked and brought back, moved, continuations, replays' copies) are not
+// jobs, and a job enqueued more than once is one job: this is the one
+// count of jobs that a dry run, a replay's progress, its entry and its
+// summary share (issue 37).
+func scanJobs(ctx context.Context, js jetstream.JetStream, start Start, subjects []string, now time.Time, upTo uint64) (Counts, map[string]*scannedJob, error) {
+	if err := start.Validate(); err != nil {
+		return Counts{}, nil, err
+	}
+	c := Counts{ByAuthority: map[string]AuthorityCount{}}
+	byID := map[string]*scannedJob{}
+	auths := map[string]string{} // one copy of each authority string, shared by its jobs
+	policy, seq, at := start.deliver(now)
+	err := jobs.Scan(ctx, js, jobs.JobsStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: subjects,
+		DeliverPolicy:  policy,
+		OptStartSeq:    seq,
+		OptStartTime:   at,
+	}, func(m jetstream.Msg, md *jetstream.MsgMetadata) error {
+		s := md.Sequence.Stream
+		if upTo > 0 && s > upTo {
+			return nil // stored after the replay began: the live workers'
+		}
+		if jobs.IsCopy(m.Headers()) {
+			return nil // a copy the workers wrote, not a submitted job
+		}
+		auth, id := InvalidJobs, ""
+		if j, err := jobs.Parse(m.Data()); err == nil && jobs.CheckSubject(j, m.Subject()) == nil {
+			auth, id = j.Authority.String(), j.ID
+		}
+		if a, ok := auths[auth]; ok {
+			auth = a
+		} else {
+			auths[auth] = auth
+		}
+		if id == "" { // not a job: each message counts on its own
+			id = "seq:" + strconv.FormatUint(s, 10)
+		}
+		a := c.ByAuthority[auth]
+		a.Messages++
+		c.Messages++
+		if j := byID[id]; j != nil {
+			j.lastSeq = s
+		} else {
+			byID[id] = &scannedJob{auth: auth, lastSeq: s}
+			a.Jobs++
+			c.Total++
+		}
+		c.ByAuthority[auth] = a
+		if c.FirstSeq == 0 {
+			c.FirstSeq = s
+		}
+		c.LastSeq = s
+		return nil
+	})
+	if err != nil {
+		return c, nil, fmt.Errorf("count jobs: %w", err)
+	}
+	return c, byID, nil
 }
 
 // deadLetteredSeqs maps the MIRROR_JOBS sequence of every dead-lettered

@@ -126,6 +126,10 @@ type handover struct {
 	held    map[uint64]bool    // stream sequences held, not yet handed over
 	pending map[uint64]*handed // by stream sequence of the replay's message
 	entry   jobs.ReplayRun
+	set     *jobSet // Run's jobs (nil on another consumer): the entry's Done
+
+	lastDone int64     // the entry's Done when it last grew
+	moved    time.Time // when that was: a stalled replay shows no ETA
 }
 
 type handAuth struct {
@@ -168,7 +172,9 @@ func Handover(js jetstream.JetStream, kv jetstream.KeyValue, o HandoverOptions) 
 			h.entry = *o.Base
 			h.entry.Run, h.entry.Target, h.entry.Alone, h.entry.Ended = o.Run, o.Target, false, time.Time{}
 		}
-		if ci := c.CachedInfo(); ci != nil && h.entry.Jobs == 0 {
+		if h.set = jobsOf(c); h.set != nil {
+			h.entry.Jobs, _ = h.set.counts()
+		} else if ci := c.CachedInfo(); ci != nil && h.entry.Jobs == 0 {
 			h.entry.Jobs = int64(ci.NumPending)
 		}
 		return h.run(ctx, c)
@@ -381,6 +387,9 @@ func (h *handover) keepInProgress() {
 func (h *handover) publishEntry(ctx context.Context) error {
 	e := h.entry
 	e.Updated = time.Now().UTC()
+	if h.set != nil {
+		_, e.Done = h.set.counts()
+	}
 	e.Waiting, e.Authorities = 0, nil
 	for _, a := range h.auths {
 		e.Waiting += int64(a.out)
@@ -393,9 +402,13 @@ func (h *handover) publishEntry(ctx context.Context) error {
 		}
 		return a.Authority < b.Authority
 	})
-	if el := e.Updated.Sub(e.Started); e.Done > 0 && e.Jobs > e.Done {
-		e.ETA = (time.Duration(float64(el) / float64(e.Done) * float64(e.Jobs-e.Done))).Round(time.Second)
+	if e.Done > h.lastDone {
+		h.lastDone, h.moved = e.Done, e.Updated
 	}
+	if h.moved.IsZero() {
+		h.moved = e.Updated
+	}
+	e.ETA = ETA(e.Done, e.Jobs, e.Updated.Sub(e.Started), e.Updated.Sub(h.moved)).Round(time.Second)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	_, err := h.kv.Put(pctx, h.o.Run, e.Encode())

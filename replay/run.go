@@ -37,6 +37,11 @@ type Options struct {
 	Clock clock.Clock
 	// Logger gets the start and end lines; the zero Logger discards.
 	Logger zerolog.Logger
+	// Waits, if set, tells the progress what the jobs left wait for once
+	// none is being done (a replay beside pods: PodWaits; alone:
+	// PacerWaits). Times are shown in Location (nil: time.Local).
+	Waits    Waits
+	Location *time.Location
 	// Await, if set, is waited for before the consumer is created (Lone's
 	// wait for an earlier replay): the replay's jobs are those stored when
 	// it returns.
@@ -50,16 +55,19 @@ type Result struct {
 	// LastSeq is the stream's last sequence when the replay began: every
 	// selected job up to it was handled.
 	LastSeq uint64
-	// Jobs is how many jobs the consumer had to deliver when it was created.
+	// Jobs is how many jobs the replay had to do: distinct job ids among
+	// the selected messages up to LastSeq, the workers' copies not counted
+	// (a dry run's Counts.Total for the same selection).
 	Jobs int64
 	// Elapsed is the time from the consumer's creation to the end.
 	Elapsed time.Duration
 	// Later is how many jobs stored after LastSeq the consumer delivered
 	// and the replay skipped: they are the live workers' to do.
 	Later int64
-	// Copies is how many of Jobs were the workers' copies of jobs (parked
-	// and brought back, continuations, earlier replays' copies), skipped:
-	// each submitted job is replayed once.
+	// Copies is how many messages up to LastSeq were no jobs, skipped: the
+	// workers' copies (parked and brought back, continuations, replays'
+	// copies) and the earlier messages of a job enqueued again. Each
+	// submitted job is replayed once, from its latest message.
 	Copies int64
 }
 
@@ -139,7 +147,14 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 			log.Warn().Err(err).Str("consumer", res.Consumer).Msg("replay: delete consumer (the server removes it after its inactive threshold)")
 		}
 	}()
-	res.Jobs = int64(c.CachedInfo().NumPending)
+	// The jobs: what the consumer delivers up to LastSeq, less the
+	// workers' copies and the earlier messages of a job enqueued again.
+	_, byID, err := scanJobs(ctx, js, o.Start, o.Subjects, began, res.LastSeq)
+	if err != nil {
+		return res, fmt.Errorf("replay: %w", err)
+	}
+	set := newJobSet(byID)
+	res.Jobs, _ = set.counts()
 	log.Info().Str("consumer", res.Consumer).Str("start", o.Start.String()).Strs("subjects", cfg.FilterSubjects).
 		Str("filter", cfg.FilterSubject).Int64("jobs", res.Jobs).Uint64("last_seq", res.LastSeq).Msg("replay: started")
 
@@ -153,7 +168,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 	workErr := make(chan error, 1)
 	var skipped, copies atomic.Int64
 	go func() {
-		workErr <- work(wctx, bounded{Consumer: c, lastSeq: res.LastSeq, skipped: &skipped, copies: &copies})
+		workErr <- work(wctx, bounded{Consumer: c, lastSeq: res.LastSeq, jobs: set, skipped: &skipped, copies: &copies})
 	}()
 	// finish stops the worker and waits for it to hand back what it holds.
 	finish := func() error {
@@ -165,6 +180,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		return err
 	}
 
+	w := &watch{set: set, o: o, clk: clk, began: began, moved: began}
 	t := clk.NewTimer(0)
 	defer t.Stop()
 	lastInfo := began
@@ -204,7 +220,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		}
 		lastInfo = clk.Now()
 		if o.Progress != nil {
-			o.Progress.Set(handled(res.Jobs, info))
+			w.show(ctx, o.Progress)
 		}
 		if complete(info, res.LastSeq) {
 			err := finish()
@@ -223,6 +239,62 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 	}
 }
 
+// watch follows how far a replay is for its progress.
+type watch struct {
+	set          *jobSet
+	o            *Options
+	clk          clock.Clock
+	began, moved time.Time // moved: when done last grew
+	done         int64
+	asked        time.Time // when Waits was last asked
+	waits        string
+}
+
+// waitsEvery is how often a stalled replay asks what its jobs wait for.
+const waitsEvery = 2 * time.Second
+
+// show tells p how many jobs are done and, once none is being done, what
+// the jobs left wait for.
+func (w *watch) show(ctx context.Context, p Progress) {
+	now := w.clk.Now()
+	_, done := w.set.counts()
+	if done > w.done {
+		w.done, w.moved = done, now
+	}
+	p.Set(done)
+	if w.o.Waits == nil {
+		return
+	}
+	if !stalled(done, now.Sub(w.began), now.Sub(w.moved)) {
+		if w.waits != "" {
+			w.waits = ""
+			p.Waiting("")
+		}
+		return
+	}
+	if now.Sub(w.asked) < waitsEvery {
+		return
+	}
+	w.asked = now
+	left := w.set.left()
+	auths := make([]string, 0, len(left))
+	for a := range left {
+		auths = append(auths, a)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	states, err := w.o.Waits(wctx, auths)
+	if err != nil {
+		w.o.Logger.Debug().Err(err).Msg("replay: what the jobs left wait for")
+	}
+	loc := w.o.Location
+	if loc == nil {
+		loc = time.Local
+	}
+	w.waits = waitLine(left, states, loc)
+	p.Waiting(w.waits)
+}
+
 // complete reports whether every selected job up to lastSeq was handled:
 // acked or terminated, deferred ones included (a job NAKed with a delay
 // stays pending until its redelivery). The ack floor says so for a stream
@@ -230,10 +302,4 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 // outstanding it is true in any case.
 func complete(info *jetstream.ConsumerInfo, lastSeq uint64) bool {
 	return info.AckFloor.Stream >= lastSeq || info.NumPending == 0 && info.NumAckPending == 0
-}
-
-// handled is how many of total jobs the consumer no longer holds.
-func handled(total int64, info *jetstream.ConsumerInfo) int64 {
-	left := int64(info.NumPending) + int64(info.NumAckPending)
-	return min(max(total-left, 0), total)
 }

@@ -30,16 +30,27 @@ type KV interface {
 
 var _ KV = (jetstream.KeyValue)(nil)
 
-// attemptsKey maps a job id to a KV key. Job ids may hold ':' which KV keys
-// may not; base64url keeps the mapping one-to-one.
-func attemptsKey(id string) string {
-	return "j." + base64.RawURLEncoding.EncodeToString([]byte(id))
+// attemptsKey maps a job id, and the replay run it is done for ("" for a
+// live job), to a KV key. A replay's attempts are its own (issue 37): a
+// live job and its replay copy, or the same job redone by a replay pacing
+// its own requests, each keep their count and failure budget, so that
+// neither dead-letters the other nor restarts its count. Job ids may hold
+// ':' which KV keys may not; base64url keeps the mapping one-to-one. A run
+// is a token (jobs.ValidReplayRun: checked at intake and in Options), a
+// valid key part as it is.
+func attemptsKey(run, id string) string {
+	enc := base64.RawURLEncoding.EncodeToString([]byte(id))
+	if run == "" {
+		return "j." + enc
+	}
+	return "r." + run + "." + enc
 }
 
-// addAttempt records one failed attempt of job id with compare-and-set,
-// retrying on a concurrent update, and returns the record after it.
-func addAttempt(ctx context.Context, kv KV, id string, a jobs.Attempt) (attemptRecord, error) {
-	key := attemptsKey(id)
+// addAttempt records one failed attempt of job id (of replay run, "" for a
+// live job) with compare-and-set, retrying on a concurrent update, and
+// returns the record after it.
+func addAttempt(ctx context.Context, kv KV, run, id string, a jobs.Attempt) (attemptRecord, error) {
+	key := attemptsKey(run, id)
 	var lastErr error
 	for range 16 {
 		var rec attemptRecord
@@ -80,10 +91,11 @@ func addAttempt(ctx context.Context, kv KV, id string, a jobs.Attempt) (attemptR
 	return attemptRecord{}, fmt.Errorf("store attempts %s: %w", id, lastErr)
 }
 
-// getAttempts returns the record of job id (empty when none).
-func getAttempts(ctx context.Context, kv KV, id string) (attemptRecord, error) {
+// getAttempts returns the record of job id of replay run ("" for a live
+// job), empty when none.
+func getAttempts(ctx context.Context, kv KV, run, id string) (attemptRecord, error) {
 	var rec attemptRecord
-	e, err := kv.Get(ctx, attemptsKey(id))
+	e, err := kv.Get(ctx, attemptsKey(run, id))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return rec, nil
 	}

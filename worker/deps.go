@@ -194,6 +194,11 @@ type Options struct {
 	// wrote into MIRROR_JOBS (jobs.IsCopy): replay sets it, so that it does
 	// each submitted job once.
 	SkipCopies bool
+	// Replay names the replay run this worker does its jobs for (a replay
+	// that paces its own requests; a token, jobs.ValidReplayRun): their
+	// failed attempts and failure budget are the run's, kept apart from
+	// the live jobs' (attempts.go). Empty: a live worker.
+	Replay string
 	// FaultHook, if set, is called at named points of the parking protocol
 	// ("parked-before-ack", "unparked-before-delete", "lane-before-reset"),
 	// for crash tests.

@@ -143,12 +143,22 @@ func (s *settler) complete(j *heldJob, outcome string) {
 	if s.sched.deliveries(j) > 1 && s.kv != nil {
 		// Only a redelivered job can have a failure counter.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if err := s.kv.Delete(ctx, attemptsKey(j.job.ID)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err := s.kv.Delete(ctx, attemptsKey(s.runOf(j), j.job.ID)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 			s.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
 		}
 		cancel()
 	}
 	s.final(j, outcome, "")
+}
+
+// runOf is the replay run j is done for: a replay copy's (a pod's replay
+// job), else the worker's own (Options.Replay: a replay pacing its own
+// requests), else "" (a live job). Its failed attempts are counted under it.
+func (s *settler) runOf(j *heldJob) string {
+	if r := j.replay.runName(); r != "" {
+		return r
+	}
+	return s.o.Replay
 }
 
 // count records one outcome of a job (mirrorworker_jobs_total and
@@ -185,7 +195,7 @@ func (s *settler) retry(ctx context.Context, j *heldJob, reason string, status i
 	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	a := jobs.Attempt{Time: s.clk.Now().UTC(), Reason: reason, Status: status, Detail: jobs.Truncate(detail, 512)}
-	rec, err := addAttempt(kctx, s.kv, j.job.ID, a)
+	rec, err := addAttempt(kctx, s.kv, s.runOf(j), j.job.ID, a)
 	if err != nil {
 		// Without the counter the budget cannot be judged: retry later and
 		// count again then. The job is not lost.
@@ -268,7 +278,7 @@ func (s *settler) deadLetter(ctx context.Context, j *heldJob, reason, detail str
 		s.log.Warn().Err(err).Str("job", j.job.ID).Msg("term")
 	}
 	if len(attempts) > 0 && s.kv != nil {
-		if err := s.kv.Delete(pctx, attemptsKey(j.job.ID)); err != nil {
+		if err := s.kv.Delete(pctx, attemptsKey(s.runOf(j), j.job.ID)); err != nil {
 			s.log.Debug().Err(err).Str("job", j.job.ID).Msg("clear attempts")
 		}
 	}

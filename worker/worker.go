@@ -98,6 +98,8 @@ func New(d Deps, o *Options) (*Worker, error) {
 		return nil, errors.New("worker: Deps.Target is nil")
 	case d.Pacer == nil:
 		return nil, errors.New("worker: Deps.Pacer is nil")
+	case o != nil && o.Replay != "" && !jobs.ValidReplayRun(o.Replay):
+		return nil, fmt.Errorf("worker: Options.Replay %q is not a run name", o.Replay)
 	}
 	r := o.withDefaults()
 	m := r.Metrics

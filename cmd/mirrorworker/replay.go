@@ -353,6 +353,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 			Subjects: plan.subjects,
 			Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
 			Progress: newProgress(c.progress, stderr),
+			Waits:    loneWaits(replay.PodWaits(js), replay.PacerWaits(parts.Pacer, time.Now)),
 			Logger:   log,
 		})
 		return err
@@ -362,6 +363,25 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 		run = lone.run
 	}
 	return replayEnd(ctx, js, c, plan, target, res, tally.Summary(), err, began, run, stdout)
+}
+
+// loneWaits says what a lone replay's last jobs wait for: the pods'
+// states once it has handed them over, its own pacer's before (it follows
+// the pods' facts, so its states are theirs when a pod ran lately).
+func loneWaits(pods, own replay.Waits) replay.Waits {
+	return func(ctx context.Context, auths []string) (map[string]pacer.State, error) {
+		out, err := pods(ctx, auths)
+		if out == nil {
+			out = map[string]pacer.State{}
+		}
+		mine, _ := own(ctx, auths)
+		for a, s := range mine {
+			if _, ok := out[a]; !ok {
+				out[a] = s
+			}
+		}
+		return out, err
+	}
 }
 
 // followLivePolicy loads the live policy (MIRROR_POLICY) over the replay's
@@ -403,7 +423,9 @@ func (l *loneReplay) alone() *replay.Lone {
 		// parking, or moved into a partition) are not submitted jobs.
 		w, err := l.parts.NewWorker(cons, l.target, 0, func(o *worker.Options, d *worker.Deps) {
 			o.SkipCopies, o.OnOutcome = true, l.tally.Add
-			// Its failures are not the live pipeline's.
+			// Its failures are not the live pipeline's: neither its
+			// dead letters nor its failed attempts (their budget).
+			o.Replay = l.run
 			d.JS = replay.SeparateDeadLetters(d.JS)
 			starts.Wrap(d)
 		})
@@ -474,7 +496,7 @@ func replayEnd(ctx context.Context, js jetstream.JetStream, c *replayConfig, pla
 		return err
 	}
 	fmt.Fprintf(stdout, "replayed %d jobs (%s, %s) into %s in %s: %s\n",
-		res.Jobs-res.Copies, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
+		res.Jobs, plan.start, strings.Join(plan.subjects, " "), target.Root(), res.Elapsed.Round(time.Millisecond), sum)
 	if res.Later > 0 {
 		fmt.Fprintf(stdout, "%d %s stored after the replay began (after sequence %d) left to the live workers\n", res.Later, plural(int(res.Later), "job", "jobs"), res.LastSeq)
 	}

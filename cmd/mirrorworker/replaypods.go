@@ -44,6 +44,7 @@ func replayThroughPods(ctx context.Context, js jetstream.JetStream, c *replayCon
 		Subjects: plan.subjects,
 		Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
 		Progress: newProgress(c.progress, stderr),
+		Waits:    replay.PodWaits(js),
 		Logger:   log,
 	})
 	return replayEnd(ctx, js, c, plan, target, res, tally.Summary(), err, began, run, stdout)

@@ -1,0 +1,195 @@
+package grant_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/grant"
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+const auth = "127.0.0.1:18766"
+
+// serve runs a grant server from p on a fresh embedded NATS and returns a
+// connection for clients.
+func serve(t testing.TB, p *pacer.Pacer, o *grant.Options) (*grant.Server, *nats.Conn) {
+	t.Helper()
+	_, nc := brokertest.Streams(t)
+	s := grant.NewServer(nc, p, o)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	// Run has subscribed once an ask is answered.
+	c := grant.NewClient(nc, "probe", 200*time.Millisecond, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := c.Ask(context.Background(), "probe.invalid:1"); !errors.Is(err, grant.ErrNoOwner) || time.Now().After(deadline) {
+			break
+		}
+	}
+	return s, nc
+}
+
+// testPacer is a pacer at floor with an in-flight cap; the server gives it
+// the time.
+func testPacer(floor time.Duration, cap int) *pacer.Pacer {
+	return pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: cap}}})
+}
+
+// TestGrantsKeepTheFloor: two starts asked for back to back are granted a
+// floor apart: the server holds the second ask until its slot.
+func TestGrantsKeepTheFloor(t *testing.T) {
+	const floor = 200 * time.Millisecond
+	_, nc := serve(t, testPacer(floor, 4), nil)
+	c := grant.NewClient(nc, "test", 0, nil)
+	ctx := brokertest.Context(t)
+	var starts []time.Time
+	for range 3 {
+		g, err := c.Wait(ctx, auth, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		starts = append(starts, time.Now())
+		if v, err := c.Report(ctx, auth, g, pacer.Response{Status: 200}); err != nil || v.Unknown {
+			t.Fatalf("report: %+v, %v", v, err)
+		}
+	}
+	for i := 1; i < len(starts); i++ {
+		if gap := starts[i].Sub(starts[i-1]); gap < floor {
+			t.Errorf("grants %d and %d received %v apart, floor %v", i-1, i, gap, floor)
+		}
+	}
+}
+
+// TestAReportedThrottleIsWaitedOut: a 429 with Retry-After reported under
+// a grant cools the authority in the server's pacer; the next ask is told
+// to wait for the cooldown, and Client.Wait asks no more until it is over.
+func TestAReportedThrottleIsWaitedOut(t *testing.T) {
+	p := testPacer(0, 4)
+	_, nc := serve(t, p, nil)
+	c := grant.NewClient(nc, "test", 0, nil)
+	ctx := brokertest.Context(t)
+	g, err := c.Wait(ctx, auth, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := c.Report(ctx, auth, g, pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"2"}, "X-Other": {"x"}}})
+	if err != nil || !v.Throttled || v.Until.IsZero() {
+		t.Fatalf("verdict %+v, %v: want throttled until a time", v, err)
+	}
+	a, err := c.Ask(ctx, auth)
+	if err != nil || a.Granted() || a.Reason != string(pacer.ReasonCooling) || a.Wait < time.Second || a.Until.IsZero() {
+		t.Fatalf("ask during the cooldown: %+v, %v; want a wait for the cooldown", a, err)
+	}
+	var waits int
+	g, err = c.Wait(ctx, auth, func(grant.Answer) { waits++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := time.Now(); now.Before(v.Until) {
+		t.Errorf("granted at %s, before the cooldown's end %s", now, v.Until)
+	}
+	if waits == 0 || waits > 3 {
+		t.Errorf("Wait was told to wait %d times: want it to wait the cooldown out in one or two asks", waits)
+	}
+	if !g.Probe {
+		t.Errorf("the first grant after the cooldown is not the probe: %+v", g)
+	}
+	if _, err := c.Report(ctx, auth, g, pacer.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAGrantLapses: a grant never reported holds the authority's in-flight
+// place until it lapses, then frees it.
+func TestAGrantLapses(t *testing.T) {
+	clk := clock.NewFake(time.Date(2026, 12, 3, 14, 0, 0, 0, time.UTC))
+	s, nc := serve(t, testPacer(0, 1), &grant.Options{Clock: clk, Lapse: 5 * time.Second})
+	c := grant.NewClient(nc, "test", 0, clk)
+	ctx := brokertest.Context(t)
+	if a, err := c.Ask(ctx, auth); err != nil || !a.Granted() {
+		t.Fatalf("first ask: %+v, %v", a, err)
+	}
+	if a, err := c.Ask(ctx, auth); err != nil || a.Granted() || a.Reason != string(pacer.ReasonInFlight) {
+		t.Fatalf("ask with the only place granted: %+v, %v; want a wait (inflight)", a, err)
+	}
+	for i := 0; s.Outstanding() > 0; i++ {
+		if i > 10000 {
+			t.Fatal("the grant never lapsed")
+		}
+		if clk.Timers() > 0 {
+			clk.Advance(time.Second)
+		}
+		time.Sleep(time.Millisecond) // lets the server's timer goroutine run
+	}
+	if a, err := c.Ask(ctx, auth); err != nil || !a.Granted() {
+		t.Fatalf("ask after the lapse: %+v, %v", a, err)
+	}
+	if v, err := c.Report(ctx, auth, grant.Answer{Grant: "grant-1"}, pacer.Response{Status: 200}); err != nil || !v.Unknown {
+		t.Errorf("a report of the lapsed grant: %+v, %v; want unknown", v, err)
+	}
+}
+
+// TestOnlyTheOwnerAnswers: a server that does not own the authority stays
+// silent, so an ask finds no owner.
+func TestOnlyTheOwnerAnswers(t *testing.T) {
+	_, nc := serve(t, testPacer(0, 1), &grant.Options{Owns: func(a string) bool { return a != auth }})
+	c := grant.NewClient(nc, "test", 300*time.Millisecond, nil)
+	if _, err := c.Ask(brokertest.Context(t), auth); !errors.Is(err, grant.ErrNoOwner) {
+		t.Fatalf("ask: %v, want ErrNoOwner", err)
+	}
+}
+
+// BenchmarkGrantRoundTrip is one ask and its report, one after the other,
+// over an embedded NATS server on loopback (floor 0): ns/op is a grant's
+// round trip, asked and reported.
+func BenchmarkGrantRoundTrip(b *testing.B) {
+	_, nc := serve(b, testPacer(0, 1<<20), nil)
+	c := grant.NewClient(nc, "bench", 0, nil)
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		g, err := c.Ask(ctx, auth)
+		if err != nil || !g.Granted() {
+			b.Fatalf("%+v, %v", g, err)
+		}
+		if _, err := c.Report(ctx, auth, g, pacer.Response{Status: 200}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkGrantsServed is asks and reports from many goroutines at once,
+// over 8 authorities: the grants one server serves per second is
+// 1e9/(ns/op).
+func BenchmarkGrantsServed(b *testing.B) {
+	_, nc := serve(b, testPacer(0, 1<<20), nil)
+	c := grant.NewClient(nc, "bench", 0, nil)
+	ctx := context.Background()
+	b.SetParallelism(16)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			i++
+			a := "127.0.0." + string(rune('0'+i%8)) + ":" + string(rune('1'+i%8))
+			g, err := c.Ask(ctx, a)
+			if err != nil || !g.Granted() {
+				b.Errorf("%+v, %v", g, err)
+				return
+			}
+			if _, err := c.Report(ctx, a, g, pacer.Response{Status: 200}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
