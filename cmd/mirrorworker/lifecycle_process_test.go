@@ -156,7 +156,7 @@ func TestProcessCtrlCDuringALongDownload(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the stop's report of the fetch in flight", func() bool { return len(waiting()) >= 1 })
 	report := waiting()[0]
-	for _, want := range []string{"for 1 fetch in flight: " + fileURL + " (", "of 500MB)", "waiting up to 2m0s", "a second Ctrl-C"} {
+	for _, want := range []string{"for 1 fetch in flight: " + fileURL + " (", "of 476.8 MiB)", "waiting up to 2m0s", "a second Ctrl-C"} {
 		if !strings.Contains(report, want) {
 			t.Errorf("the stop's report %s does not say %q", report, want)
 		}
