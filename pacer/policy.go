@@ -39,6 +39,12 @@ type Limits struct {
 	// /debug/pacer (package policy fills it: "kv:default", "file", ...);
 	// ParsePolicy leaves it empty. The pacer does not read it otherwise.
 	Source string
+	// FirstStep is the first escalation step above a small interval
+	// (0: the contract's FirstStep, scaled by Options.Scale); Decay is how
+	// many answers halve the interval once it is at the pace learned from
+	// the origin (0: DefaultDecay). ADR 0029.
+	FirstStep time.Duration
+	Decay     int
 }
 
 // Policy holds the floors and in-flight caps: a default and per-authority
@@ -333,6 +339,7 @@ func (p *Pacer) SetPolicyAt(now time.Time, q *Policy) {
 			}
 			e.floor = floor
 			e.maxFlight = int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight)))
+			e.tuneLocked(l)
 		}
 		s.mu.Unlock()
 	}
