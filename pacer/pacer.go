@@ -47,10 +47,10 @@ func StartGuardFor(floor time.Duration) time.Duration {
 const (
 	// DefaultDecay is how many answered requests it takes the interval to
 	// halve once it is at or below the pace learned from the origin's
-	// admissions: it probes the origin's limit from below, 0.2% faster per
+	// admissions: it probes the origin's limit from below, 0.1% faster per
 	// answer. Above the learned pace (or the floor, with none learned) the
 	// interval halves with every answer.
-	DefaultDecay = 350
+	DefaultDecay = 700
 	// MaxDecay is the largest Decay a policy may give.
 	MaxDecay = 1 << 20
 	// minPaceAnswers is how many answers between two escalations it takes
@@ -191,15 +191,18 @@ type entry struct {
 	startedOther int64
 	startedSeq   uint64
 	decayRef     int64 // start of the current quiet window
-	// Convergence (ADR 0029): escAt is the last escalation, answered the
-	// answers without throttling since, pace the spacing learned from the
-	// origin's admissions between the last two escalations (0: none), and
-	// pubIv the interval last published, so a decay publishes a fact
-	// only when it halves or reaches the floor.
+	// Convergence (ADR 0029): escAt is the last escalation and answered
+	// the answers without throttling since; resumed is when the probe
+	// after it was answered and answeredOn the answers since (the probe's
+	// included); pace is the spacing learned from the origin's admissions
+	// (0: none); pubIv the interval last published, so a decay publishes a
+	// fact only when it halves or reaches the floor.
 	escAt      int64
+	resumed    int64
 	pace       int64
 	pubIv      int64
 	answered   int32
+	answeredOn int32
 	decaySteps int32  // Limits.Decay (0: DefaultDecay)
 	firstStep  int64  // Limits.FirstStep (0: the pacer's scaled FirstStep)
 	until      int64  // cooldown deadline; set and passed = awaiting a probe
@@ -782,6 +785,7 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 	}
 	if learn && oc == outcomeOK && e.answered < math.MaxInt32 {
 		e.answered++
+		e.answeredOn = min(e.answeredOn+1, math.MaxInt32)
 	}
 	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
@@ -853,6 +857,7 @@ func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool,
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	if probe && !throttled {
 		e.until, e.ceiling = 0, p.fallbackMin
+		e.resumed, e.answeredOn = n, 0
 		fx.add(Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
 			Interval: time.Duration(e.interval), Ceiling: time.Duration(p.fallbackMin)})
 	}
@@ -918,7 +923,18 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 	}
 	top := max(p.maxInterval, e.floor)
 	if e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt {
-		e.pace = min(max((n-e.escAt)/int64(e.answered), e.floor), top)
+		// Two readings of the rate the origin admits, which bracket it
+		// for a leaky or token bucket full at both ends: from the last
+		// escalation, the admissions over the time count the pauses in
+		// which its bucket drained empty (a pace too slow); from the end
+		// of the cooldown, they count the burst that drained (too fast).
+		// The pace is the mean of the two.
+		slow := (n - e.escAt) / int64(e.answered)
+		fast := slow
+		if e.resumed > e.escAt && e.answeredOn >= minPaceAnswers && n > e.resumed {
+			fast = (n - e.resumed) / int64(e.answeredOn)
+		}
+		e.pace = min(max((slow+fast)/2, e.floor), top)
 	}
 	e.escAt, e.answered = n, 0
 	iv := min(max(2*e.interval, p.firstStepFor(e), e.floor), top)
@@ -941,6 +957,9 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 func (p *Pacer) answeredLocked(e *entry, auth string, n int64, probe bool, fx *facts) {
 	if e.answered < math.MaxInt32 {
 		e.answered++
+	}
+	if e.answeredOn < math.MaxInt32 {
+		e.answeredOn++
 	}
 	if probe || e.until != 0 || e.interval <= e.floor {
 		return
