@@ -1254,6 +1254,12 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		LastThrottle: unixOrZero(e.lastThrot),
 		PolicySource: p.policy.Load().Limits(auth).Source,
 		Bandwidth:    p.policy.Load().Limits(auth).Bandwidth,
+		FirstStep:    Duration(p.firstStepFor(e)),
+		Decay:        int(e.decaySteps),
+		Pace:         Duration(e.pace),
+	}
+	if st.Decay == 0 {
+		st.Decay = DefaultDecay
 	}
 	if e.lastStart != 0 {
 		st.NextSlot = time.Unix(0, max(e.lastStart+iv+p.guardFor(e), n))
