@@ -159,19 +159,19 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		maxRej    int
 	}{
 		// The benchmark's bar is 1.1 and 2% (6 of 300); this settles at
-		// 1.100 and 1.085 with 3 rejections (ADR 0029).
-		{2, 0, 0, 1.11, 6},
-		{2, 100 * time.Millisecond, 0, 1.11, 6},
+		// 1.067 and 1.073 with 4 rejections (ADR 0029).
+		{2, 0, 0, 1.1, 6},
+		{2, 100 * time.Millisecond, 0, 1.1, 6},
 		{2, time.Second, 0, 1.05, 0},
 		// Known short of the bar (ADR 0029): after the first 429 the
 		// 2 s Retry-After and the contract's 2 s first step (kept by
 		// the probe's answer) already cost more than the 3 s that 1.1x
 		// leaves at 10 r/s, and the pace learned from that window is
-		// five times too slow; it settles at 4.1x. An operator's first
-		// step of 100 ms brings it to 1.22x. These bounds only guard
-		// against worse.
-		{10, 0, 0, 4.3, 6},
-		{10, 0, 100 * time.Millisecond, 1.3, 6},
+		// five times too slow; it settles at 3.7x. An operator's first
+		// step of 100 ms brings it to 1.28x, with 7 rejections. These
+		// bounds only guard against worse.
+		{10, 0, 0, 3.8, 6},
+		{10, 0, 100 * time.Millisecond, 1.35, 8},
 		{10, 100 * time.Millisecond, 0, 1.05, 0},
 		{10, time.Second, 0, 1.05, 0},
 	}

@@ -47,10 +47,10 @@ func StartGuardFor(floor time.Duration) time.Duration {
 const (
 	// DefaultDecay is how many answered requests it takes the interval to
 	// halve once it is at or below the pace learned from the origin's
-	// admissions: it probes the origin's limit from below, 0.1% faster per
+	// admissions: it probes the origin's limit from below, 0.2% faster per
 	// answer. Above the learned pace (or the floor, with none learned) the
 	// interval halves with every answer.
-	DefaultDecay = 700
+	DefaultDecay = 350
 	// MaxDecay is the largest Decay a policy may give.
 	MaxDecay = 1 << 20
 	// minPaceAnswers is how many answers between two escalations it takes
