@@ -74,7 +74,9 @@ type Options struct {
 	// Policy gives floors and in-flight caps; nil is the default policy.
 	Policy *Policy
 	// QuietWindow is how long without a throttling signal before an escalated
-	// interval halves; 0 means 30 min, negative disables decay.
+	// interval halves; 0 means 30 min, negative disables this decay. It
+	// brings back an authority nobody uses; one in use comes back faster,
+	// with each answer (Limits.Decay, ADR 0029), whatever QuietWindow says.
 	QuietWindow time.Duration
 	// MaxEntries bounds the tracked authorities; 0 means 1<<20. Idle entries
 	// at their floor are evicted to stay under it. Entries that must not be
