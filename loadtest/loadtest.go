@@ -248,7 +248,7 @@ func notes(o Options) []string {
 // long constants cost.
 func scaleNote(scale float64) string {
 	if scale == 1 {
-		return "Real time (scale 1): the strategies run at their contract constants. One throttling answer costs the HostPacer a 2 s interval that only a 30 min quiet window halves, so within a run shorter than that it never decays: every later request to that authority waits at least 2 s; cooldowns run their full 60-600 s. Values the origin sends (Retry-After, rate-limit resets) are the origin's own time."
+		return "Real time (scale 1): the strategies run at their contract constants. One throttling answer costs the HostPacer a 2 s interval that the answers after its probe bring back to the pace the origin admits (ADR 0029); cooldowns run their full 60-600 s. Values the origin sends (Retry-After, rate-limit resets) are the origin's own time."
 	}
 	return fmt.Sprintf("Time is compressed: the strategies' constants (2 s first step, 60 s fallback and cap, 600 s ceiling, 30 min quiet window, 15 min pause cap, 1-30 s backoff) are multiplied by the profile's scale (%g), which hides their cost: at scale 1 (mirrorworker loadtest --real-time) one throttling answer holds an authority at a 2 s interval for 30 min. The HostPacer scales the same constants (pacer.Options.Scale); values the origin sends (Retry-After, rate-limit resets) are never scaled.", scale)
 }

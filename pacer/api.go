@@ -1,6 +1,7 @@
 package pacer
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -164,4 +165,40 @@ type State struct {
 	// Bandwidth is the authority's bandwidth cap in bytes per second
 	// (Limits.Bandwidth; 0: none), which package bandwidth enforces.
 	Bandwidth int64 `json:"bandwidth,omitempty"`
+	// FirstStep and Decay are the convergence settings in force
+	// (Limits.FirstStep and Limits.Decay, or the defaults); Pace is the
+	// spacing learned from the origin's admissions, zero when none (ADR
+	// 0029).
+	FirstStep Duration `json:"first_step,omitempty"`
+	Decay     int      `json:"decay,omitempty"`
+	Pace      Duration `json:"pace,omitempty"`
+}
+
+// Duration is a time.Duration that JSON writes as Go writes a duration
+// ("1.5s"), for the fields an operator reads.
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes d as a string such as "1.5s".
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads a string such as "1.5s" (or a number of
+// nanoseconds).
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		var n int64
+		if err := json.Unmarshal(b, &n); err != nil {
+			return fmt.Errorf("duration: %w", err)
+		}
+		*d = Duration(n)
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration: %w", err)
+	}
+	*d = Duration(v)
+	return nil
 }

@@ -15,7 +15,9 @@
 //     proxy's CONNECT) holds the next start until it is written, so the
 //     floor holds between the requests as the origin receives them;
 //   - learning from the response (Pacer.Done): ×2 interval escalation on
-//     throttling, quiet-window decay back toward the floor, cooldowns from
+//     throttling (once per signal), decay back toward the floor with each
+//     answer, to the pace learned from the origin's admissions, then a creep
+//     below it (ADR 0029), cooldowns from
 //     Retry-After, provider rate-limit headers or a jittered fallback, capped
 //     at 600 s and never shortened;
 //   - spending the budget an origin announces (RateLimit r, X-RateLimit-Remaining

@@ -20,7 +20,7 @@ func Example() {
 	fmt.Println("first:", err == nil, pm.Start.Equal(now))
 
 	// A second request within the floor: refused, or reserved if the caller
-	// can wait that long. Starts are spaced by the floor plus a 25 ms start
+	// can wait that long. Starts are spaced by the floor plus a 2 ms start
 	// guard against scheduling jitter on the way to the socket.
 	_, err = p.Acquire(now.Add(200*time.Millisecond), auth, 0)
 	fmt.Println("second:", err)
@@ -51,8 +51,8 @@ func Example() {
 
 	// Output:
 	// first: true true
-	// second: pacer: files.example.org:443 spacing, retry in 825ms
-	// reserved for: 1.025s
+	// second: pacer: files.example.org:443 spacing, retry in 802ms
+	// reserved for: 1.002s
 	// verdict: true 429 30.5s
 	// deferred: cooling 20.5s interval 2s
 	// probe: true other: pacer: files.example.org:443 probing, retry in 1s

@@ -297,6 +297,14 @@ func (p *Pacer) mergeLocked(d, src *entry) {
 	}
 	if src.interval > d.interval {
 		d.interval, d.decayRef = min(src.interval, max(p.maxInterval, d.floor)), max(d.decayRef, src.decayRef)
+		d.pubIv = d.interval
+	}
+	// The slower learned pace and the later escalation (ADR 0029): an
+	// answer to a request sent before either does not escalate again.
+	d.pace = max(d.pace, src.pace)
+	if src.escAt > d.escAt {
+		d.escAt, d.answered = src.escAt, src.answered
+		d.resumed, d.answeredOn = src.resumed, src.answeredOn
 	}
 	if src.failUntil > d.failUntil {
 		d.failUntil, d.fails, d.failAt = src.failUntil, max(d.fails, src.fails), max(d.failAt, src.failAt)

@@ -11,9 +11,9 @@ import (
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
-// answer is one request in a judge test: its URL, what came back, and how
+// judged is one request in a judge test: its URL, what came back, and how
 // long after its start.
-type answer struct {
+type judged struct {
 	url    string
 	status int   // 0: err
 	err    error // no answer
@@ -23,7 +23,7 @@ type answer struct {
 // judgeRun sends the answers one after the other, each as soon as the pacer
 // allows (its wait taken on virtual time), and returns the verdicts, the
 // events and the pacer.
-func judgeRun(t *testing.T, floor time.Duration, as []answer) ([]pacer.Verdict, []pacer.Event, *pacer.Pacer, time.Time) {
+func judgeRun(t *testing.T, floor time.Duration, as []judged) ([]pacer.Verdict, []pacer.Event, *pacer.Pacer, time.Time) {
 	t.Helper()
 	const a = "origin.example:443"
 	var evs []pacer.Event
@@ -40,10 +40,10 @@ func judgeRun(t *testing.T, floor time.Duration, as []answer) ([]pacer.Verdict, 
 		now = now.Add(wait)
 		pm, err := p.Acquire(now, a, 0)
 		if err != nil {
-			t.Fatalf("answer %d: %v", i, err)
+			t.Fatalf("judged %d: %v", i, err)
 		}
 		if pm, err = p.Confirm(now, pm); err != nil {
-			t.Fatalf("answer %d: confirm: %v", i, err)
+			t.Fatalf("judged %d: confirm: %v", i, err)
 		}
 		now = now.Add(an.took)
 		vs = append(vs, p.Done(now, pm, pacer.Response{Status: an.status, Err: an.err, URL: an.url}))
@@ -64,7 +64,7 @@ func countEvents(evs []pacer.Event, typ pacer.EventType) int {
 // TestOneURLFailingIsNotItsOrigin: a 5xx of one URL while other URLs of the
 // origin succeed is that URL's failure and no step of the origin's
 // backoff, however often it comes; failures spanning two URLs with no
-// success of another between them, failures without an answer and
+// success of another between them, failures without an judged and
 // failures of an unknown URL are the origin's.
 func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
 	const (
@@ -73,27 +73,27 @@ func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
 		c = "https://origin.example/c"
 	)
 	ms := 10 * time.Millisecond
-	ok := func(url string) answer { return answer{url: url, status: 200, took: ms} }
-	fail := func(url string) answer { return answer{url: url, status: 500, took: ms} }
-	reset := answer{url: u, err: syscall.ECONNRESET, took: ms}
-	var interleaved []answer
+	ok := func(url string) judged { return judged{url: url, status: 200, took: ms} }
+	fail := func(url string) judged { return judged{url: url, status: 500, took: ms} }
+	reset := judged{url: u, err: syscall.ECONNRESET, took: ms}
+	var interleaved []judged
 	for range 20 {
 		interleaved = append(interleaved, fail(u), ok(b), ok(c))
 	}
 	for _, tc := range []struct {
 		name     string
-		as       []answer
+		as       []judged
 		backoffs int // EventBackoff facts
 	}{
-		{"one URL fails between others' successes", append([]answer{ok(b)}, interleaved...), 0},
-		{"one URL fails on its own after one success", []answer{ok(b), fail(u), fail(u), fail(u), fail(u)}, 0},
-		{"one URL fails before any success", []answer{fail(u), fail(u)}, 0},
-		{"two URLs fail before any success", []answer{fail(u), fail(b)}, 1},
-		{"two URLs fail with no success between", []answer{ok(c), fail(u), fail(b)}, 1},
-		{"two URLs fail with a success between", []answer{ok(c), fail(u), ok(c), fail(b), ok(c), fail(u)}, 0},
-		{"no answer is the origin's", []answer{ok(b), reset}, 1},
-		{"a 5xx after the origin failed", []answer{ok(b), reset, fail(u)}, 2},
-		{"an unknown URL", []answer{ok(b), fail("")}, 1},
+		{"one URL fails between others' successes", append([]judged{ok(b)}, interleaved...), 0},
+		{"one URL fails on its own after one success", []judged{ok(b), fail(u), fail(u), fail(u), fail(u)}, 0},
+		{"one URL fails before any success", []judged{fail(u), fail(u)}, 0},
+		{"two URLs fail before any success", []judged{fail(u), fail(b)}, 1},
+		{"two URLs fail with no success between", []judged{ok(c), fail(u), fail(b)}, 1},
+		{"two URLs fail with a success between", []judged{ok(c), fail(u), ok(c), fail(b), ok(c), fail(u)}, 0},
+		{"no judged is the origin's", []judged{ok(b), reset}, 1},
+		{"a 5xx after the origin failed", []judged{ok(b), reset, fail(u)}, 2},
+		{"an unknown URL", []judged{ok(b), fail("")}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vs, evs, p, now := judgeRun(t, time.Second, tc.as)
@@ -102,7 +102,7 @@ func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
 			}
 			for i, v := range vs {
 				if v.Throttled {
-					t.Errorf("answer %d throttled: %+v", i, v)
+					t.Errorf("judged %d throttled: %+v", i, v)
 				}
 			}
 			if tc.backoffs == 0 {
@@ -124,34 +124,34 @@ func TestOneURLFailingIsNotItsOrigin(t *testing.T) {
 func TestLimiter503(t *testing.T) {
 	const u, b, c = "https://origin.example/a", "https://origin.example/b", "https://origin.example/c"
 	quick := 5 * time.Millisecond
-	slow := func(url string) answer {
-		return answer{url: url, status: 503, took: pacer.LimiterAnswerWithin + time.Millisecond}
+	slow := func(url string) judged {
+		return judged{url: url, status: 503, took: pacer.LimiterAnswerWithin + time.Millisecond}
 	}
-	ok := answer{url: b, status: 200, took: quick}
-	no := answer{url: u, status: 503, took: quick}
-	var alternating []answer
+	ok := judged{url: b, status: 200, took: quick}
+	no := judged{url: u, status: 503, took: quick}
+	var alternating []judged
 	for range 40 {
 		alternating = append(alternating, no, ok)
 	}
 	for _, tc := range []struct {
 		name      string
-		as        []answer
+		as        []judged
 		throttled []int // which answers are read as a limiter's
 		backoffs  int
-		interval  time.Duration // after the last answer; 0: not checked
+		interval  time.Duration // after the last judged; 0: not checked
 	}{
-		{"a quick 503 while others succeed", []answer{ok, no}, []int{1}, 0, 2 * time.Second},
+		{"a quick 503 while others succeed", []judged{ok, no}, []int{1}, 0, 2 * time.Second},
 		// The interval it settles at is the escalation's and decay's
 		// business (pacer.go), not this rule's.
-		{"a limiter saying no every other request", append([]answer{ok}, alternating...), evens(1, 81), 0, 0},
+		{"a limiter saying no every other request", append([]judged{ok}, alternating...), evens(1, 81), 0, 0},
 		// A slow 503 is a failure: of its URL alone while others succeed
 		// (TestOneURLFailingIsNotItsOrigin), of the origin across URLs.
-		{"a slow 503", []answer{ok, slow(u)}, nil, 0, 100 * time.Millisecond},
-		{"slow 503s of two URLs", []answer{ok, slow(u), slow(c)}, nil, 1, 100 * time.Millisecond},
-		{"a 503 before any success", []answer{no}, nil, 0, 100 * time.Millisecond},
-		{"503s of two URLs before any success", []answer{no, {url: c, status: 503, took: quick}}, nil, 1, 100 * time.Millisecond},
-		{"an origin that went down answering 503", []answer{ok, no, {url: c, status: 503, took: quick}, no}, []int{1}, 2, 2 * time.Second},
-		{"a 503 after the origin failed", []answer{ok, {url: u, err: syscall.ECONNREFUSED, took: quick}, no}, nil, 2, 100 * time.Millisecond},
+		{"a slow 503", []judged{ok, slow(u)}, nil, 0, 100 * time.Millisecond},
+		{"slow 503s of two URLs", []judged{ok, slow(u), slow(c)}, nil, 1, 100 * time.Millisecond},
+		{"a 503 before any success", []judged{no}, nil, 0, 100 * time.Millisecond},
+		{"503s of two URLs before any success", []judged{no, {url: c, status: 503, took: quick}}, nil, 1, 100 * time.Millisecond},
+		{"an origin that went down answering 503", []judged{ok, no, {url: c, status: 503, took: quick}, no}, []int{1}, 2, 2 * time.Second},
+		{"a 503 after the origin failed", []judged{ok, {url: u, err: syscall.ECONNREFUSED, took: quick}, no}, nil, 2, 100 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			vs, evs, p, now := judgeRun(t, 100*time.Millisecond, tc.as)
@@ -161,7 +161,7 @@ func TestLimiter503(t *testing.T) {
 			}
 			for i, v := range vs {
 				if v.Throttled != want[i] || (v.Throttled && (v.Reason != "limiter" || !v.Until.IsZero())) {
-					t.Errorf("answer %d (%d): verdict %+v, want throttled %v without a cooldown", i, tc.as[i].status, v, want[i])
+					t.Errorf("judged %d (%d): verdict %+v, want throttled %v without a cooldown", i, tc.as[i].status, v, want[i])
 				}
 			}
 			if n := countEvents(evs, pacer.EventBackoff); n != tc.backoffs {
@@ -245,26 +245,6 @@ func TestLimiter503KeepsRetryAfterRule(t *testing.T) {
 	if _, err := p.Acquire(t0.Add(time.Second), a, 0); !errors.As(err, &re) || re.Reason != pacer.ReasonCooling {
 		t.Fatalf("during the cooldown: %v", err)
 	}
-}
-
-// leakyBucket is nginx's limit_req with nodelay (the cmd test's
-// nginxLimiter): admitted while the excess, leaked at rate since the last
-// admission, stays within burst.
-type leakyBucket struct {
-	rate, burst, excess float64
-	last                time.Time
-}
-
-func (b *leakyBucket) admit(at time.Time) bool {
-	e := 0.0
-	if !b.last.IsZero() {
-		e = max(0, b.excess-b.rate*at.Sub(b.last).Seconds()) + 1
-	}
-	if e > b.burst {
-		return false
-	}
-	b.excess, b.last = e, at
-	return true
 }
 
 // TestLimiter503SettlesLikeA429: 300 files through nginx's limit_req (2 r/s,

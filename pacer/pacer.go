@@ -27,10 +27,35 @@ const (
 const (
 	DefaultQuietWindow = 30 * time.Minute
 	DefaultMaxEntries  = 1 << 20
-	// MaxStartGuard caps the default StartGuard, a quarter of the floor
-	// (startGuardDiv).
-	MaxStartGuard = 25 * time.Millisecond
-	startGuardDiv = 4
+	// MaxStartGuard caps the default StartGuard, a fiftieth of the floor
+	// (startGuardDiv): 2 ms from a floor of 100 ms up. Requests are spaced
+	// from their writes (Sent, ADR 0027), so the guard covers only the
+	// scheduling between a write and its report, not a connection's set-up
+	// (ADR 0029 measured it).
+	MaxStartGuard = 2 * time.Millisecond
+	startGuardDiv = 50
+)
+
+// StartGuardFor is the default start guard at floor (Options.StartGuard 0):
+// min(floor/50, MaxStartGuard).
+func StartGuardFor(floor time.Duration) time.Duration {
+	return min(floor/startGuardDiv, MaxStartGuard)
+}
+
+// Defaults of the convergence after a throttling answer (ADR 0029), which a
+// policy may set per authority or group (Limits.FirstStep, Limits.Decay).
+const (
+	// DefaultDecay is how many answered requests it takes the interval to
+	// halve once it is at or below the pace learned from the origin's
+	// admissions: it probes the origin's limit from below, 0.2% faster per
+	// answer. Above the learned pace (or the floor, with none learned) the
+	// interval halves with every answer.
+	DefaultDecay = 350
+	// MaxDecay is the largest Decay a policy may give.
+	MaxDecay = 1 << 20
+	// minPaceAnswers is how many answers between two escalations it takes
+	// to learn a pace from them: fewer say too little about the rate.
+	minPaceAnswers = 3
 )
 
 // State names of State.State and the keys of Counts.
@@ -49,7 +74,9 @@ type Options struct {
 	// Policy gives floors and in-flight caps; nil is the default policy.
 	Policy *Policy
 	// QuietWindow is how long without a throttling signal before an escalated
-	// interval halves; 0 means 30 min, negative disables decay.
+	// interval halves; 0 means 30 min, negative disables this decay. It
+	// brings back an authority nobody uses; one in use comes back faster,
+	// with each answer (Limits.Decay, ADR 0029), whatever QuietWindow says.
 	QuietWindow time.Duration
 	// MaxEntries bounds the tracked authorities; 0 means 1<<20. Idle entries
 	// at their floor are evicted to stay under it. Entries that must not be
@@ -165,16 +192,30 @@ type entry struct {
 	started      int64
 	startedOther int64
 	startedSeq   uint64
-	decayRef     int64  // start of the current quiet window
-	until        int64  // cooldown deadline; set and passed = awaiting a probe
-	ceiling      int64  // fallback ceiling
-	lastThrot    int64  // last throttling signal, for State
-	probeSeq     uint64 // seq of the probe in flight, 0 if none
-	paused       int64  // an operator's pause deadline (EventPaused); not capped
-	pausedAt     int64  // when the latest pause was given, for EventResumed
-	pauseReason  string // the operator's words for the pause in force, for State
-	inFlight     int32
-	maxFlight    int32
+	decayRef     int64 // start of the current quiet window
+	// Convergence (ADR 0029): escAt is the last escalation and answered
+	// the answers without throttling since; resumed is when the probe
+	// after it was answered and answeredOn the answers since (the probe's
+	// included); pace is the spacing learned from the origin's admissions
+	// (0: none); pubIv the interval last published, so a decay publishes a
+	// fact only when it halves or reaches the floor.
+	escAt       int64
+	resumed     int64
+	pace        int64
+	pubIv       int64
+	answered    int32
+	answeredOn  int32
+	decaySteps  int32  // Limits.Decay (0: DefaultDecay)
+	firstStep   int64  // Limits.FirstStep (0: the pacer's scaled FirstStep)
+	until       int64  // cooldown deadline; set and passed = awaiting a probe
+	ceiling     int64  // fallback ceiling
+	lastThrot   int64  // last throttling signal, for State
+	probeSeq    uint64 // seq of the probe in flight, 0 if none
+	paused      int64  // an operator's pause deadline (EventPaused); not capped
+	pausedAt    int64  // when the latest pause was given, for EventResumed
+	pauseReason string // the operator's words for the pause in force, for State
+	inFlight    int32
+	maxFlight   int32
 	// unsent is the permit confirmed to start and not yet written (Sent)
 	// nor done, 0 if none (Options.AwaitSends). There is at most one: no
 	// other start is confirmed while it is out.
@@ -300,6 +341,7 @@ func (p *Pacer) entryLocked(s *shard, auth string, now int64) *entry {
 		ceiling:   p.fallbackMin,
 		maxFlight: int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight))),
 	}
+	e.tuneLocked(l)
 	if p.rules != nil {
 		e.rule = &ruled{}
 	}
@@ -331,9 +373,25 @@ func (p *Pacer) evictable(e *entry, now int64) bool {
 // guardFor is the start guard of e's authority (Options.StartGuard).
 func (p *Pacer) guardFor(e *entry) int64 {
 	if p.guardAuto {
-		return min(e.floor/startGuardDiv, int64(MaxStartGuard))
+		return int64(StartGuardFor(time.Duration(e.floor)))
 	}
 	return p.guard
+}
+
+// tuneLocked takes the convergence settings of l. The entry's lock must be
+// held (or the entry not yet shared).
+func (e *entry) tuneLocked(l Limits) {
+	e.firstStep = int64(l.FirstStep)
+	e.decaySteps = int32(min(max(l.Decay, 0), MaxDecay))
+}
+
+// firstStepFor is e's first escalation step: the policy's, else the
+// contract's FirstStep (scaled).
+func (p *Pacer) firstStepFor(e *entry) int64 {
+	if e.firstStep > 0 {
+		return e.firstStep
+	}
+	return p.firstStep
 }
 
 // decayedInterval is e.interval after the quiet windows elapsed by now,
@@ -722,13 +780,19 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		s.mu.Unlock()
 		return Verdict{}
 	}
-	// A copy made before Confirm promoted it is still the probe.
-	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) || (oc == outcomeOK && (e.fails != 0 || e.failUntil != 0)) {
+	// A copy made before Confirm promoted it is still the probe. An answer
+	// to an escalated authority brings its interval down (ADR 0029).
+	if p.decayDue(e, n) || (pm.seq != 0 && pm.seq == e.probeSeq) || (oc == outcomeOK && (e.fails != 0 || e.failUntil != 0)) ||
+		(learn && e.interval > e.floor && e.until == 0) {
 		s.mu.Unlock()
 		return p.doneSlow(now, pm, learn, &fb, r)
 	}
 	if pm.seq != 0 && e.inFlight > 0 {
 		e.inFlight--
+	}
+	if learn && oc == outcomeOK && e.answered < math.MaxInt32 {
+		e.answered++
+		e.answeredOn = min(e.answeredOn+1, math.MaxInt32)
 	}
 	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
@@ -781,7 +845,11 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 	oc = p.judgeLocked(e, pm, n, r, p.urlKey(r.URL), fb, oc)
 	throttled = fb.Throttled()
 	if learn {
-		p.learnLocked(e, key, n, probe, *fb, &fx)
+		var started int64 // 0: a permit not made by Acquire, always news
+		if pm.seq != 0 {
+			started = pm.Start.UnixNano()
+		}
+		p.learnLocked(e, key, n, started, probe, *fb, &fx)
 	}
 	p.healthLocked(e, key, n, r, oc, &fx)
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
@@ -798,14 +866,20 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 	return v
 }
 
-func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedback, fx *facts) {
+// learnLocked reads the answer to a request that started at started (0:
+// unknown, a permit not made by Acquire). The entry's lock must be held.
+func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool, fb Feedback, fx *facts) {
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	if probe && !throttled {
 		e.until, e.ceiling = 0, p.fallbackMin
+		e.resumed, e.answeredOn = n, 0
 		fx.add(Event{Type: EventRecovered, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
 			Interval: time.Duration(e.interval), Ceiling: time.Duration(p.fallbackMin)})
 	}
 	if !throttled && !exhausted {
+		if fb.Status < 500 {
+			p.answeredLocked(e, auth, n, probe, fx)
+		}
 		return
 	}
 	e.lastThrot, e.decayRef = n, n
@@ -813,12 +887,7 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 		if probe {
 			e.ceiling = min(2*e.ceiling, p.maxPause)
 		}
-		iv := min(max(2*e.interval, p.firstStep, e.floor), max(p.maxInterval, e.floor))
-		if iv != e.interval {
-			e.interval = iv
-			fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-				Reason: fb.Reason(), Interval: time.Duration(iv)})
-		}
+		p.escalateLocked(e, auth, n, started, fb.Status, fb.Reason(), fx)
 	}
 	// The pause: a positive Retry-After wins, else the longest exhausted
 	// reset; a 429 without a positive Retry-After waits at least the fallback.
@@ -849,6 +918,84 @@ func (p *Pacer) learnLocked(e *entry, auth string, n int64, probe bool, fb Feedb
 		// capped, but a longer pause was already in force: still worth a warning
 		fx.add(Event{Type: EventCapped, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
 			Asked: time.Duration(asked), Pause: time.Duration(pause), Family: fb.Family})
+	}
+}
+
+// escalateLocked raises e's interval for a throttling answer to a request
+// that started at started (0: unknown): ×2, at least the first step and the
+// floor, at most MaxInterval or the floor. Once per signal: an answer to a
+// request started before the last escalation was sent under the interval
+// that escalation already doubled and carries no news, so it changes
+// nothing and escalateLocked reports false. An escalation also learns the
+// pace the origin admitted since the one before it (the answers without
+// throttling over the time between them, ADR 0029), which the interval then
+// comes back to quickly, and below which it only creeps. It neither starts
+// nor extends a cooldown: a signal that wants none (a limiter's 503) may
+// call it alone. The entry's lock must be held.
+func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status int, reason string, fx *facts) bool {
+	if started != 0 && started < e.escAt {
+		return false
+	}
+	top := max(p.maxInterval, e.floor)
+	if e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt {
+		// Two readings of the rate the origin admits, which bracket it
+		// for a leaky or token bucket full at both ends: from the last
+		// escalation, the admissions over the time count the pauses in
+		// which its bucket drained empty (a pace too slow); from the end
+		// of the cooldown, they count the burst that drained (too fast).
+		// The pace is the mean of the two.
+		slow := (n - e.escAt) / int64(e.answered)
+		fast := slow
+		if e.resumed > e.escAt && e.answeredOn >= minPaceAnswers && n > e.resumed {
+			fast = (n - e.resumed) / int64(e.answeredOn)
+		}
+		e.pace = min(max((slow+fast)/2, e.floor), top)
+	}
+	e.escAt, e.answered = n, 0
+	iv := min(max(2*e.interval, p.firstStepFor(e), e.floor), top)
+	if iv != e.interval {
+		e.interval, e.pubIv = iv, iv
+		fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: status,
+			Reason: reason, Interval: time.Duration(iv)})
+	}
+	return true
+}
+
+// answeredLocked counts an answer without throttling and, once no cooldown
+// is in force, brings an escalated interval back toward the floor: halved
+// per answer down to the learned pace (the floor, with none), then by a
+// Decay-th of a halving per answer (Limits.Decay), so that the pace settles
+// just under the rate the origin admits and probes it from below. The
+// probe's answer only ends the cooldown (docs/contract.md section 3: the
+// interval is unchanged); the answers after it bring the interval down. The
+// entry's lock must be held.
+func (p *Pacer) answeredLocked(e *entry, auth string, n int64, probe bool, fx *facts) {
+	if e.answered < math.MaxInt32 {
+		e.answered++
+	}
+	if e.answeredOn < math.MaxInt32 {
+		e.answeredOn++
+	}
+	if probe || e.until != 0 || e.interval <= e.floor {
+		return
+	}
+	iv, target := e.interval, max(e.pace, e.floor)
+	if iv > target {
+		iv = max(target, iv/2)
+	} else {
+		steps := int64(e.decaySteps)
+		if steps <= 0 {
+			steps = DefaultDecay
+		}
+		iv = max(e.floor, int64(float64(iv)*math.Exp2(-1/float64(steps))))
+	}
+	if iv == e.interval {
+		return
+	}
+	e.interval = iv
+	if iv == e.floor || iv <= e.pubIv/2 || e.pubIv == 0 {
+		e.pubIv = iv
+		fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Interval: time.Duration(iv), Reason: "decay"})
 	}
 }
 
@@ -947,6 +1094,7 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 		if ev.Interval > 0 {
 			e.interval = min(max(int64(ev.Interval), e.floor), max(p.maxInterval, e.floor))
 			e.decayRef = at
+			e.pubIv = e.interval
 		}
 		if ev.Type != EventInterval {
 			if u := ev.Until.UnixNano(); !ev.Until.IsZero() && u > e.until {
@@ -1123,6 +1271,12 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		LastThrottle: unixOrZero(e.lastThrot),
 		PolicySource: p.policy.Load().Limits(auth).Source,
 		Bandwidth:    p.policy.Load().Limits(auth).Bandwidth,
+		FirstStep:    Duration(p.firstStepFor(e)),
+		Decay:        int(e.decaySteps),
+		Pace:         Duration(e.pace),
+	}
+	if st.Decay == 0 {
+		st.Decay = DefaultDecay
 	}
 	if e.lastStart != 0 {
 		st.NextSlot = time.Unix(0, max(e.lastStart+iv+p.guardFor(e), n))

@@ -557,10 +557,13 @@ func TestDecayOnDone(t *testing.T) {
 	pm := mustGrant(t, p, l.Add(29*time.Minute), 0)
 	evs = nil
 	p.Done(l.Add(31*time.Minute), pm, resp(200))
-	if len(evs) != 1 || evs[0].Type != pacer.EventInterval || evs[0].Interval != 2*time.Second || !evs[0].At.Equal(l.Add(30*time.Minute)) {
+	// The quiet window halves the interval (4 s to 2 s) at its end; the
+	// answer then halves it again, to the floor (ADR 0029).
+	if len(evs) != 2 || evs[0].Type != pacer.EventInterval || evs[0].Interval != 2*time.Second || !evs[0].At.Equal(l.Add(30*time.Minute)) ||
+		evs[1].Type != pacer.EventInterval || evs[1].Interval != time.Second || !evs[1].At.Equal(l.Add(31*time.Minute)) {
 		t.Fatalf("events %+v", evs)
 	}
-	if st := state(t, p, l.Add(31*time.Minute)); st.Interval != 2*time.Second || st.InFlight != 0 {
+	if st := state(t, p, l.Add(31*time.Minute)); st.Interval != time.Second || st.InFlight != 0 {
 		t.Fatalf("state %+v", st)
 	}
 }
@@ -784,13 +787,13 @@ func TestDoneWithoutAcquire(t *testing.T) {
 }
 
 func TestNilOptionsDefaults(t *testing.T) {
-	// Floor 1 s, start guard 25 ms (spacing 1.025 s, reported interval 1 s).
+	// Floor 1 s, start guard 2 ms (spacing 1.002 s, reported interval 1 s).
 	p := pacer.New(nil)
 	mustGrant(t, p, t0, 0)
-	if re := mustRefuse(t, p, at(999*time.Millisecond), 0); re.Wait != 26*time.Millisecond || re.Interval != time.Second {
+	if re := mustRefuse(t, p, at(999*time.Millisecond), 0); re.Wait != 3*time.Millisecond || re.Interval != time.Second {
 		t.Fatalf("%+v", re)
 	}
-	if pm := mustGrant(t, p, at(1025*time.Millisecond), 0); pm.Interval != time.Second {
+	if pm := mustGrant(t, p, at(1002*time.Millisecond), 0); pm.Interval != time.Second {
 		t.Fatalf("%+v", pm)
 	}
 	if re := mustRefuse(t, p, at(2*time.Second), 0); re.Reason != pacer.ReasonInFlight {

@@ -39,6 +39,12 @@ type Limits struct {
 	// /debug/pacer (package policy fills it: "kv:default", "file", ...);
 	// ParsePolicy leaves it empty. The pacer does not read it otherwise.
 	Source string
+	// FirstStep is the first escalation step above a small interval
+	// (0: the contract's FirstStep, scaled by Options.Scale); Decay is how
+	// many answers halve the interval once it is at the pace learned from
+	// the origin (0: DefaultDecay). ADR 0029.
+	FirstStep time.Duration
+	Decay     int
 }
 
 // Policy holds the floors and in-flight caps: a default and per-authority
@@ -106,6 +112,8 @@ type rawLimits struct {
 	Floor       *string `json:"floor"`
 	MaxInFlight *int    `json:"max_in_flight"`
 	Bandwidth   *string `json:"bandwidth"`
+	FirstStep   *string `json:"first_step"`
+	Decay       *int    `json:"decay"`
 }
 
 type rawPolicy struct {
@@ -125,6 +133,9 @@ type rawGroup struct {
 //	 "authorities": {"files.example.org:443": {"floor": "250ms", "max_in_flight": 4, "bandwidth": "1MiB/s"}},
 //	 "groups": {"example": {"members": ["a.example.com:443", "*.example.org"], "floor": "500ms"}}}
 //
+// first_step (a Go duration above 0, at most 60s) and decay (answers per
+// halving below the learned pace, 1 to MaxDecay) tune the convergence after
+// a throttling answer (ADR 0029).
 // Floors are Go durations ("0", "250ms", "2s"), from 0 to 24h; max_in_flight is
 // at least 1; bandwidth is bytes per second ("1MiB/s", "500KB/s", a plain
 // number; see CheckBandwidth), "0" for no cap. Omitted fields take the default's value (the default's own
@@ -261,7 +272,41 @@ func (r *rawLimits) limits(def Limits, field string) (Limits, error) {
 		}
 		l.Bandwidth = n
 	}
+	if r.FirstStep != nil {
+		d, err := time.ParseDuration(*r.FirstStep)
+		if err == nil {
+			err = CheckFirstStep(d)
+		} else {
+			err = fmt.Errorf("%q is not a duration such as \"500ms\"", *r.FirstStep)
+		}
+		if err != nil {
+			return l, fmt.Errorf("policy: %s.first_step: %w", field, err)
+		}
+		l.FirstStep = d
+	}
+	if r.Decay != nil {
+		if err := CheckDecay(*r.Decay); err != nil {
+			return l, fmt.Errorf("policy: %s.decay: %w", field, err)
+		}
+		l.Decay = *r.Decay
+	}
 	return l, nil
+}
+
+// CheckFirstStep reports a first escalation step outside (0, MaxInterval].
+func CheckFirstStep(d time.Duration) error {
+	if d <= 0 || d > MaxInterval {
+		return fmt.Errorf("%s is outside 0 (excluded) to %s", d, MaxInterval)
+	}
+	return nil
+}
+
+// CheckDecay reports a decay (answers per halving) outside 1 to MaxDecay.
+func CheckDecay(n int) error {
+	if n < 1 || n > MaxDecay {
+		return fmt.Errorf("%d is outside 1 to %d", n, MaxDecay)
+	}
+	return nil
 }
 
 // CheckBandwidth reports a bandwidth cap outside 0 (none) or
@@ -333,6 +378,7 @@ func (p *Pacer) SetPolicyAt(now time.Time, q *Policy) {
 			}
 			e.floor = floor
 			e.maxFlight = int32(max(1, min(l.MaxInFlight, MaxPolicyInFlight)))
+			e.tuneLocked(l)
 		}
 		s.mu.Unlock()
 	}

@@ -62,6 +62,9 @@ func TestParsePolicyErrors(t *testing.T) {
 		{`{"default":{"bandwidth":"100/s"}}`, `default.bandwidth: 100/s is below the lowest cap, 1KiB/s`},
 		{`{"authorities":{"a.org:443":{"bandwidth":1}}}`, `cannot unmarshal number`},
 		{`{"defaults":{}}`, `unknown field "defaults"`},
+		{`{"default":{"first_step":"0s"}}`, `default.first_step: 0s is outside 0 (excluded) to 1m0s`},
+		{`{"default":{"first_step":"2 s"}}`, `default.first_step: "2 s" is not a duration`},
+		{`{"authorities":{"a.org:443":{"decay":0}}}`, `authorities["a.org:443"].decay: 0 is outside 1`},
 		{`{"authorities":{"example.org":{}}}`, `authorities["example.org"]: want "host:port"`},
 		{`{"authorities":{"exa mple.org:443":{}}}`, `authorities["exa mple.org:443"]`},
 		{`{"authorities":{"a.org:443":{"floor":"2x"}}}`, `authorities["a.org:443"].floor`},
@@ -235,5 +238,29 @@ func TestConfirmRevokesReservationsOverALoweredCap(t *testing.T) {
 	}
 	if st := p.Snapshot(at)[0]; st.InFlight != 2 || st.MaxInFlight != 2 {
 		t.Fatalf("snapshot in flight %d cap %d, want 2 and 2", st.InFlight, st.MaxInFlight)
+	}
+}
+
+// first_step and decay tune the convergence per authority (ADR 0029); an
+// authority's entry inherits the default's, like every other field.
+func TestParsePolicyConvergence(t *testing.T) {
+	p, err := pacer.ParsePolicy([]byte(`{"default":{"floor":"0","first_step":"500ms"},"authorities":{"a.org:443":{"decay":50}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Limits("a.org:443"); got.FirstStep != 500*time.Millisecond || got.Decay != 50 {
+		t.Fatalf("a.org:443: %+v, want first step 500ms (the default's), decay 50", got)
+	}
+	if got := p.Limits("b.org:443"); got.FirstStep != 500*time.Millisecond || got.Decay != 0 {
+		t.Fatalf("b.org:443: %+v, want first step 500ms, decay 0 (DefaultDecay)", got)
+	}
+	// Live: the first step applies from the next throttle, and status shows it.
+	pc := pacer.New(&pacer.Options{Policy: pacer.DefaultPolicy().WithDefaultFloor(0), StartGuard: -1})
+	pm, _ := pc.Acquire(t0, "a.org:443", 0)
+	pc.SetPolicyAt(t0, p)
+	pc.Done(t0, pm, resp(429, "Retry-After", "1"))
+	st := pc.Snapshot(t0)[0]
+	if st.Interval != 500*time.Millisecond || st.FirstStep != pacer.Duration(500*time.Millisecond) || st.Decay != 50 {
+		t.Fatalf("state after a 429 under the new policy: %+v", st)
 	}
 }

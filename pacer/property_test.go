@@ -65,7 +65,7 @@ func TestPropertyRandomSequences(t *testing.T) {
 	}
 	for seed := uint64(1); seed <= 24; seed++ {
 		floor := floors[seed%uint64(len(floors))]
-		guard := min(floor/4, pacer.MaxStartGuard)
+		guard := pacer.StartGuardFor(floor)
 		t.Run(fmt.Sprintf("seed%d_floor%s", seed, floor), func(t *testing.T) {
 			rnd := rand.New(rand.NewPCG(seed, 42))
 			p := pacer.New(&pacer.Options{
@@ -255,10 +255,10 @@ func TestPropertyRandomSequences(t *testing.T) {
 func TestConcurrentOneAuthority(t *testing.T) {
 	const (
 		floor      = 10 * time.Millisecond
-		guard      = floor / 10 // the default
 		goroutines = 32
 		perG       = 2000
 	)
+	guard := pacer.StartGuardFor(floor) // the default
 	p := pacer.New(&pacer.Options{Policy: pacer.DefaultPolicy().WithDefaultFloor(floor)})
 	var clock atomic.Int64 // nanoseconds since t0
 	var inFlight, maxSeen atomic.Int64

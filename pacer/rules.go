@@ -11,9 +11,10 @@ import (
 // Confirm, Fence, ReadyIn and the state views (docs/contract.md section 3's
 // order; ADR 0015).
 //
-// Options.Rules nil is the HostPacer's own rule (×2 escalation, quiet-window
-// decay, Retry-After and rate-limit-header cooldowns, announced budgets, the
-// jittered fallback, events). It is built into the engine, on the entry's
+// Options.Rules nil is the HostPacer's own rule (×2 escalation once per
+// signal, decay with the answers (ADR 0029), Retry-After and
+// rate-limit-header cooldowns, announced budgets, the jittered fallback,
+// events). It is built into the engine, on the entry's
 // native representation, because it runs on every request of production
 // traffic. Another Rules replaces all of that learning: the Pacer then
 // neither publishes events (Options.OnEvent is not called) nor spends

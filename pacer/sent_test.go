@@ -12,11 +12,13 @@ import (
 )
 
 // newSendsPacer is a Pacer whose caller reports writes (Options.AwaitSends),
-// floor 100 ms, the default guard (25 ms), in-flight cap c.
+// floor 100 ms, a start guard of 25 ms (large enough to tell apart from the
+// floor in these tests), in-flight cap c.
 func newSendsPacer(c int) *pacer.Pacer {
 	return pacer.New(&pacer.Options{
 		Policy:     &pacer.Policy{Default: pacer.Limits{Floor: 100 * time.Millisecond, MaxInFlight: c}},
 		Rand:       fixedRand(0),
+		StartGuard: 25 * time.Millisecond,
 		AwaitSends: true,
 	})
 }
@@ -133,7 +135,7 @@ func TestDoneWithoutWriteReleasesTheWait(t *testing.T) {
 func TestSentWithoutAwait(t *testing.T) {
 	const sp = 125 * time.Millisecond
 	ms := time.Millisecond
-	p := newPacerCap(t, 100*ms, 2, 0)
+	p := newPacerCap(t, 100*ms, 2, 25*ms)
 	a := mustGrant(t, p, t0, 0)
 	mustConfirm(t, p, t0, a)
 	b := mustGrant(t, p, t0, time.Second)
@@ -197,7 +199,7 @@ func TestPropertyWritesKeepTheFloor(t *testing.T) {
 	floors := []time.Duration{250 * time.Millisecond, time.Second, 90 * time.Second}
 	for seed := uint64(1); seed <= 12; seed++ {
 		floor := floors[seed%uint64(len(floors))]
-		sp := floor + min(floor/4, pacer.MaxStartGuard)
+		sp := floor + pacer.StartGuardFor(floor)
 		t.Run(fmt.Sprintf("seed%d_floor%s", seed, floor), func(t *testing.T) {
 			rnd := rand.New(rand.NewPCG(seed, 7))
 			p := pacer.New(&pacer.Options{

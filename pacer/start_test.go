@@ -43,7 +43,7 @@ func TestConfirmSpacesFromTheActualStart(t *testing.T) {
 		bMoved, cStart time.Duration // B's new Start; the next grant's
 	}{
 		{"no guard", -1, 100 * ms, 200 * ms, 125 * ms, 225 * ms, 325 * ms},
-		{"default guard (floor/4 = 25 ms)", 0, 125 * ms, 250 * ms, 150 * ms, 275 * ms, 400 * ms},
+		{"default guard (floor/50 = 2 ms)", 0, 102 * ms, 204 * ms, 127 * ms, 229 * ms, 331 * ms},
 		{"explicit guard 5 ms", 5 * ms, 105 * ms, 210 * ms, 130 * ms, 235 * ms, 340 * ms},
 	}
 	for _, tt := range tests {
@@ -96,15 +96,15 @@ func TestConfirmSpacesFromTheActualStart(t *testing.T) {
 // A late start also moves the next slot when nothing else is reserved, and
 // a start guard never enters the reported interval nor the escalation.
 func TestLateStartMovesTheNextSlot(t *testing.T) {
-	p := pacer.New(nil) // floor 1 s, default guard min(100 ms, 25 ms)
+	p := pacer.New(nil) // floor 1 s, default guard min(20 ms, 2 ms)
 	a := mustGrant(t, p, t0, 0)
 	mustConfirm(t, p, at(300*time.Millisecond), a) // started 300 ms after its grant
 	re := mustRefuse(t, p, at(time.Second), 0)
-	if re.Reason != pacer.ReasonSpacing || re.Wait != 325*time.Millisecond || re.Interval != time.Second {
-		t.Fatalf("refusal %+v, want spacing 325ms interval 1s", re)
+	if re.Reason != pacer.ReasonSpacing || re.Wait != 302*time.Millisecond || re.Interval != time.Second {
+		t.Fatalf("refusal %+v, want spacing 302ms interval 1s", re)
 	}
-	if st := state(t, p, at(time.Second)); !st.NextSlot.Equal(at(1325*time.Millisecond)) || st.Interval != time.Second {
-		t.Fatalf("state %+v, want next slot 1.325s, interval 1s", st)
+	if st := state(t, p, at(time.Second)); !st.NextSlot.Equal(at(1302*time.Millisecond)) || st.Interval != time.Second {
+		t.Fatalf("state %+v, want next slot 1.302s, interval 1s", st)
 	}
 	v := p.Done(at(time.Second), a, resp(429, "Retry-After", "1"))
 	if st := state(t, p, v.Until); st.Interval != 2*time.Second {

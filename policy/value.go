@@ -135,6 +135,10 @@ type Value struct {
 	Floor       *time.Duration
 	MaxInFlight *int
 	Bandwidth   *int64 // bytes per second over all the authority's bodies in flight; 0: no cap
+	// FirstStep and Decay tune the convergence after a throttling answer
+	// (pacer.Limits.FirstStep and Decay, ADR 0029).
+	FirstStep *time.Duration
+	Decay     *int
 	// Members are a group's authorities and domain patterns (a group's key
 	// only; pacer.NewGroup normalises them). A group's value without
 	// members keeps those of the group in the policy file.
@@ -148,6 +152,8 @@ type rawValue struct {
 	Floor       *string    `json:"floor,omitempty"`
 	MaxInFlight *int       `json:"max_in_flight,omitempty"`
 	Bandwidth   *string    `json:"bandwidth,omitempty"`
+	FirstStep   *string    `json:"first_step,omitempty"`
+	Decay       *int       `json:"decay,omitempty"`
 	Members     []string   `json:"members,omitempty"`
 	Until       *time.Time `json:"until,omitempty"`
 	Reason      string     `json:"reason,omitempty"`
@@ -155,8 +161,8 @@ type rawValue struct {
 }
 
 // MarshalJSON writes {"floor": "300ms", "max_in_flight": 2, "bandwidth":
-// "1MiB/s", "until": RFC 3339, "reason": "...", "set_at": RFC 3339}, the
-// unset fields left out.
+// "1MiB/s", "first_step": "500ms", "decay": 700, "until": RFC 3339,
+// "reason": "...", "set_at": RFC 3339}, the unset fields left out.
 func (v Value) MarshalJSON() ([]byte, error) {
 	var r rawValue
 	if v.Floor != nil {
@@ -168,6 +174,11 @@ func (v Value) MarshalJSON() ([]byte, error) {
 		s := bytesize.FormatRate(*v.Bandwidth)
 		r.Bandwidth = &s
 	}
+	if v.FirstStep != nil {
+		s := v.FirstStep.String()
+		r.FirstStep = &s
+	}
+	r.Decay = v.Decay
 	if !v.Until.IsZero() {
 		u := v.Until.UTC()
 		r.Until = &u
@@ -183,7 +194,9 @@ func (v Value) MarshalJSON() ([]byte, error) {
 // rejected, a floor is a Go duration from 0 to pacer.MaxPolicyFloor,
 // max_in_flight is 1 to pacer.MaxPolicyInFlight, bandwidth is bytes per
 // second ("1MiB/s", a plain number; 0 or pacer.MinPolicyBandwidth and up),
-// and one of the three at least is set. Errors name the field.
+// first_step a Go duration above 0 up to pacer.MaxInterval, decay 1 to
+// pacer.MaxDecay, and one of them (or a group's members) at least is set.
+// Errors name the field.
 func ParseValue(data []byte) (Value, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -194,7 +207,14 @@ func ParseValue(data []byte) (Value, error) {
 	if dec.More() {
 		return Value{}, fmt.Errorf("%w: trailing data after the JSON object", ErrInvalid)
 	}
-	v := Value{MaxInFlight: r.MaxInFlight, Reason: r.Reason, Members: r.Members}
+	v := Value{MaxInFlight: r.MaxInFlight, Decay: r.Decay, Reason: r.Reason, Members: r.Members}
+	if r.FirstStep != nil {
+		d, err := time.ParseDuration(*r.FirstStep)
+		if err != nil {
+			return Value{}, fmt.Errorf("%w: first_step: %q is not a duration such as \"500ms\"", ErrInvalid, *r.FirstStep)
+		}
+		v.FirstStep = &d
+	}
 	if r.Floor != nil {
 		d, err := time.ParseDuration(*r.Floor)
 		if err != nil {
@@ -220,8 +240,18 @@ func ParseValue(data []byte) (Value, error) {
 
 // Validate checks the limits' ranges (see ParseValue).
 func (v Value) Validate() error {
-	if v.Floor == nil && v.MaxInFlight == nil && v.Bandwidth == nil && len(v.Members) == 0 {
-		return fmt.Errorf("%w: none of floor, max_in_flight, bandwidth and members is set", ErrInvalid)
+	if v.Floor == nil && v.MaxInFlight == nil && v.Bandwidth == nil && v.FirstStep == nil && v.Decay == nil && len(v.Members) == 0 {
+		return fmt.Errorf("%w: none of floor, max_in_flight, bandwidth, first_step, decay and members is set", ErrInvalid)
+	}
+	if v.FirstStep != nil {
+		if err := pacer.CheckFirstStep(*v.FirstStep); err != nil {
+			return fmt.Errorf("%w: first_step: %w", ErrInvalid, err)
+		}
+	}
+	if v.Decay != nil {
+		if err := pacer.CheckDecay(*v.Decay); err != nil {
+			return fmt.Errorf("%w: decay: %w", ErrInvalid, err)
+		}
 	}
 	if len(v.Members) > 0 {
 		if _, err := pacer.NewGroup(v.Members); err != nil {
@@ -265,6 +295,12 @@ func (v Value) over(l pacer.Limits) pacer.Limits {
 	}
 	if v.Bandwidth != nil {
 		l.Bandwidth = *v.Bandwidth
+	}
+	if v.FirstStep != nil {
+		l.FirstStep = *v.FirstStep
+	}
+	if v.Decay != nil {
+		l.Decay = *v.Decay
 	}
 	return l
 }

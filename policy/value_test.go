@@ -67,8 +67,21 @@ func TestParseValue(t *testing.T) {
 	if w, err := policy.ParseValue(data); err != nil || *w.Floor != *v.Floor || *w.MaxInFlight != *v.MaxInFlight || *w.Bandwidth != *v.Bandwidth || !w.Until.Equal(v.Until) {
 		t.Fatalf("round trip %s: %+v, %v", data, w, err)
 	}
+	// The convergence settings alone make a value, written as a duration
+	// and a count, and merge over the layers below.
+	c, err := policy.ParseValue([]byte(`{"first_step":"1.5s","decay":200}`))
+	if err != nil || *c.FirstStep != 1500*time.Millisecond || *c.Decay != 200 {
+		t.Fatalf("convergence value: %+v, %v", c, err)
+	}
+	if data, _ := c.MarshalJSON(); !strings.Contains(string(data), `"first_step":"1.5s","decay":200`) {
+		t.Errorf("convergence written as %s", data)
+	}
+	merged, _ := policy.Merge(nil, map[string]policy.Value{"a.example:443": c}, time.Now())
+	if l := merged.Limits("a.example:443"); l.FirstStep != 1500*time.Millisecond || l.Decay != 200 || l.Floor != pacer.DefaultFloor {
+		t.Errorf("merged: %+v", l)
+	}
 	for _, tt := range []struct{ in, want string }{
-		{`{}`, "none of floor, max_in_flight, bandwidth and members"},
+		{`{}`, "none of floor, max_in_flight, bandwidth, first_step, decay and members"},
 		{`{"bandwidth":"fast"}`, `bandwidth: "fast" is not a rate`},
 		{`{"bandwidth":"10/s"}`, "bandwidth: 10/s is below the lowest cap"},
 		{`{"floor":"1 second"}`, `"1 second" is not a duration`},
@@ -76,6 +89,9 @@ func TestParseValue(t *testing.T) {
 		{`{"floor":"25h"}`, "outside 0 to 24h"},
 		{`{"max_in_flight":0}`, "max_in_flight: 0 is outside"},
 		{`{"floor":"1s","burst":2}`, "unknown field"},
+		{`{"first_step":"soon"}`, `first_step: "soon" is not a duration`},
+		{`{"first_step":"2m"}`, "first_step: 2m0s is outside"},
+		{`{"decay":0}`, "decay: 0 is outside 1"},
 		{`{"floor":"1s"} {}`, "trailing data"},
 	} {
 		_, err := policy.ParseValue([]byte(tt.in))

@@ -363,6 +363,12 @@ func (w *Watcher) update(e jetstream.KeyValueEntry) {
 	if v.Bandwidth != nil {
 		ev = ev.Str("bandwidth", bytesize.FormatRate(*v.Bandwidth))
 	}
+	if v.FirstStep != nil {
+		ev = ev.Str("first_step", v.FirstStep.String())
+	}
+	if v.Decay != nil {
+		ev = ev.Int("decay", *v.Decay)
+	}
 	if !v.Until.IsZero() {
 		ev = ev.Time("until", v.Until)
 	}

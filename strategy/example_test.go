@@ -27,6 +27,6 @@ func ExampleNew() {
 	fmt.Println("interval:", pm.Interval)
 	// Output:
 	// throttled: true
-	// pacer: origin.example:443 spacing, retry in 17.5ms
+	// pacer: origin.example:443 spacing, retry in 15.2ms
 	// interval: 20ms
 }

@@ -63,8 +63,9 @@ type Options struct {
 	// Rand returns a uniform float in [0, 1) for jitter; nil uses math/rand/v2.
 	Rand func() float64
 	// StartGuard is extra spacing added to the interval, as
-	// pacer.Options.StartGuard: zero means the HostPacer's default (a
-	// quarter of the floor, at most pacer.MaxStartGuard), negative none.
+	// pacer.Options.StartGuard: zero means the HostPacer's default
+	// (pacer.StartGuardFor: a fiftieth of the floor, at most
+	// pacer.MaxStartGuard), negative none.
 	// Every strategy gets the same, so that only learning differs.
 	StartGuard time.Duration
 }

@@ -360,10 +360,11 @@ func TestDoneWithForeignPermitIsIgnored(t *testing.T) {
 // The HostPacer under the same harness: same floor, cap and refusal waits
 // as the engine the other strategies share, so only learning differs.
 func TestHostPacerShareTheDecision(t *testing.T) {
-	// Floor 100 ms at Scale 0.01: the start guard is min(floor/4, 25 ms) =
-	// 25 ms, the first escalation step 2 s x 0.01 = 20 ms, the interval cap
-	// max(60 s x 0.01, floor) = 600 ms, the quiet window 30 min x 0.01 = 18 s.
-	run(t, newStrategy(t, strategy.HostPacer, strategy.Options{Floor: ms(100), MaxInFlight: 2, Scale: 0.01}), []step{
+	// Floor 100 ms at Scale 0.01: a start guard of 25 ms (given, to tell it
+	// from the floor), the first escalation step 2 s x 0.01 = 20 ms, the
+	// interval cap max(60 s x 0.01, floor) = 600 ms, the quiet window 30 min
+	// x 0.01 = 18 s.
+	run(t, newStrategy(t, strategy.HostPacer, strategy.Options{Floor: ms(100), MaxInFlight: 2, Scale: 0.01, StartGuard: ms(25)}), []step{
 		{at: 0, grant: true, start: 0, interval: ms(100)},
 		{at: 0, refuse: pacer.ReasonSpacing, wait: ms(125)},
 		{at: 0, maxWait: time.Second, grant: true, start: ms(125), interval: ms(100)},
@@ -432,7 +433,7 @@ func TestConcurrentGrantsKeepTheFloor(t *testing.T) {
 // for every strategy, as the HostPacer does.
 func TestConfirmSpacesFromActualStarts(t *testing.T) {
 	const floor = 100 * time.Millisecond
-	guard := floor / 4 // the default: a quarter of the floor, under pacer.MaxStartGuard
+	guard := pacer.StartGuardFor(floor) // the default
 	for _, name := range strategy.Names() {
 		t.Run(name, func(t *testing.T) {
 			p, err := strategy.New(name, strategy.Options{Floor: floor, MaxInFlight: 2})

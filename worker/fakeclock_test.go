@@ -17,14 +17,14 @@ import (
 // worker, its scheduler and its pacer run on a fake clock that moves only
 // when the test advances it, so the instant of every request is exact and
 // the test holds however loaded the machine is. With a 1-minute floor (and
-// the pacer's start guard, 25 ms, on top), the k-th request to an authority
+// the pacer's start guard, 2 ms, on top), the k-th request to an authority
 // is sent at exactly (k-1) spacings, never earlier, and the jobs wait in
 // memory meanwhile. (TestFloorHoldsAtTheOrigin
 // checks the same on the wall clock, at the origin.)
 func TestFloorOnTheFakeClock(t *testing.T) {
 	const (
 		floor   = time.Minute
-		spacing = floor + pacer.MaxStartGuard // the guard is min(floor/4, 25 ms)
+		spacing = floor + pacer.MaxStartGuard // the guard is min(floor/50, 2 ms)
 		n       = 4
 	)
 	fake := clock.NewFake(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))

@@ -277,6 +277,9 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 		case r.PolicySource != "":
 			floor += " (" + r.PolicySource + ")"
 		}
+		if r.MaxInFlight != 0 {
+			floor += describeConvergence(r.State)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%d\t%d\t%s\n", r.Authority, r.State.State, until, r.Interval, floor,
 			r.InFlight, r.MaxInFlight, bw, r.Queued, r.Parked, r.Pod)
 	}
@@ -326,4 +329,21 @@ func readLeases(ctx context.Context, js jetstream.JetStream) (map[int]string, in
 		}
 	}
 	return out, n, nil
+}
+
+// describeConvergence is what status adds beside an authority's floor: the
+// first step and decay when a policy changed them, and the pace learned
+// from the origin (ADR 0029); empty when none of them is worth a word.
+func describeConvergence(st pacer.State) string {
+	var s string
+	if st.FirstStep != 0 && time.Duration(st.FirstStep) != pacer.FirstStep {
+		s += ", first step " + st.FirstStep.String()
+	}
+	if st.Decay != 0 && st.Decay != pacer.DefaultDecay {
+		s += fmt.Sprintf(", decay %d", st.Decay)
+	}
+	if st.Pace != 0 {
+		s += ", pace " + st.Pace.String()
+	}
+	return s
 }

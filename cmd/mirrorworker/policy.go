@@ -26,7 +26,8 @@ const policyCASTries = 5
 
 func policyUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: mirrorworker policy set    (--authority HOST:PORT | --group NAME | --default) [--floor D] [--max-in-flight N]")
-	fmt.Fprintln(w, "                                 [--bandwidth RATE] [--members LIST | --add-members LIST | --remove-members LIST]")
+	fmt.Fprintln(w, "                                 [--bandwidth RATE] [--first-step D] [--decay N]")
+	fmt.Fprintln(w, "                                 [--members LIST | --add-members LIST | --remove-members LIST]")
 	fmt.Fprintln(w, "                                 [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]")
 	fmt.Fprintln(w, "       mirrorworker policy show   (--authority HOST:PORT | --group NAME | --default) [--json]")
 	fmt.Fprintln(w, "       mirrorworker policy list   [--json]")
@@ -120,8 +121,8 @@ func policyCommand(ctx context.Context, sub string, args []string, getenv func(s
 	case "set":
 		var f policySetFlags
 		f.register(fs)
-		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --group NAME | --default) [--floor D] [--max-in-flight N] [--bandwidth RATE] [--members LIST | --add-members LIST | --remove-members LIST] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
-			"Sets the floor, the in-flight cap and/or the bandwidth cap of one authority, group or the default on every pod,",
+		if err := parse("usage: mirrorworker policy set (--authority HOST:PORT | --group NAME | --default) [--floor D] [--max-in-flight N] [--bandwidth RATE] [--first-step D] [--decay N] [--members LIST | --add-members LIST | --remove-members LIST] [--for D | --until TIME] [--reason TEXT] [--replace] [--revision N]",
+			"Sets the floor, the in-flight cap, the bandwidth cap and/or the convergence after a throttle of one authority, group or the default on every pod,",
 			"and a group's members. Fields not given keep the key's current value (--replace: the layers below). --for/--until",
 			"make it temporary: at that instant the pods drop it by themselves."); err != nil {
 			return nil, nil, err
@@ -165,6 +166,8 @@ type policySetFlags struct {
 	floor       time.Duration
 	maxInFlight int
 	bandwidth   rateFlag
+	firstStep   time.Duration
+	decay       int
 	forD        time.Duration
 	until       string
 	reason      string
@@ -179,6 +182,8 @@ func (f *policySetFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.floor, "floor", 0, "minimum spacing between requests to the authority or group as it receives them, 0 to "+pacer.MaxPolicyFloor.String())
 	fs.IntVar(&f.maxInFlight, "max-in-flight", 0, fmt.Sprintf("cap of requests in flight to the authority, 1 to %d", pacer.MaxPolicyInFlight))
 	fs.Var(&f.bandwidth, "bandwidth", "cap of the authority's body transfers together, a `rate` in bytes per second (1MiB/s, 500KB/s, or a plain number; at least "+bytesize.FormatRate(pacer.MinPolicyBandwidth)+"), enforced by the pod that serves it; 0: no cap")
+	fs.DurationVar(&f.firstStep, "first-step", 0, fmt.Sprintf("the interval's first step after a throttling answer (default %s), above 0, at most %s", pacer.FirstStep, pacer.MaxInterval))
+	fs.IntVar(&f.decay, "decay", 0, fmt.Sprintf("answers for the interval to halve once back at the pace learned from the origin (default %d), 1 to %d: lower probes the origin's limit faster, with more rejections", pacer.DefaultDecay, pacer.MaxDecay))
 	fs.DurationVar(&f.forD, "for", 0, "temporary: the pods drop the key this long from now")
 	fs.StringVar(&f.until, "until", "", "temporary: the pods drop the key at this instant (RFC 3339, e.g. 2026-12-01T18:00:00Z)")
 	fs.StringVar(&f.reason, "reason", "", "why, for the logs and 'policy list'")
@@ -207,9 +212,10 @@ func (f *policySetFlags) check(given map[string]bool, now time.Time) error {
 		}
 		f.untilAt = t
 	}
-	limits := given["floor"] || given["max-in-flight"] || given["bandwidth"] || given["members"] || given["add-members"] || given["remove-members"]
+	limits := given["floor"] || given["max-in-flight"] || given["bandwidth"] || given["first-step"] || given["decay"] ||
+		given["members"] || given["add-members"] || given["remove-members"]
 	if !limits && (f.replace || !given["for"] && !given["until"] && !given["reason"]) {
-		return usageError{"policy set: give --floor, --max-in-flight, --bandwidth and/or a group's members"}
+		return usageError{"policy set: give --floor, --max-in-flight, --bandwidth, --first-step, --decay and/or a group's members"}
 	}
 	return nil
 }
@@ -288,6 +294,14 @@ func (f *policySetFlags) value(cur *policy.Value, given map[string]bool, now tim
 	if given["bandwidth"] {
 		r := int64(f.bandwidth)
 		v.Bandwidth = &r
+	}
+	if given["first-step"] {
+		d := f.firstStep
+		v.FirstStep = &d
+	}
+	if given["decay"] {
+		n := f.decay
+		v.Decay = &n
 	}
 	if !f.untilAt.IsZero() {
 		v.Until = f.untilAt
@@ -393,6 +407,12 @@ func describeValue(v policy.Value) string {
 	if v.Bandwidth != nil {
 		parts = append(parts, "bandwidth "+describeBandwidth(*v.Bandwidth))
 	}
+	if v.FirstStep != nil {
+		parts = append(parts, "first step "+v.FirstStep.String())
+	}
+	if v.Decay != nil {
+		parts = append(parts, fmt.Sprintf("decay %d", *v.Decay))
+	}
 	if !v.Until.IsZero() {
 		parts = append(parts, "until "+v.Until.UTC().Format(time.RFC3339))
 	}
@@ -492,6 +512,12 @@ func printPolicyRows(stdout io.Writer, rows []policyRow, asJSON bool) error {
 		}
 		if r.Value.Floor != nil {
 			floor = r.Value.Floor.String()
+		}
+		if r.Value.FirstStep != nil {
+			floor += ", first step " + r.Value.FirstStep.String()
+		}
+		if r.Value.Decay != nil {
+			floor += fmt.Sprintf(", decay %d", *r.Value.Decay)
 		}
 		if r.Value.MaxInFlight != nil {
 			capN = fmt.Sprint(*r.Value.MaxInFlight)

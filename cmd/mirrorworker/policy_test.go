@@ -262,6 +262,14 @@ func TestPolicyCommandCompareAndSet(t *testing.T) {
 	if out := must("show", "--authority", a); !strings.Contains(out, "300ms") || strings.Contains(out, "5s") {
 		t.Fatalf("show after a refused edit: %q", out)
 	}
+	// The convergence after a throttle (ADR 0029), the other fields kept.
+	out = must("set", "--authority", a, "--first-step", "500ms", "--decay", "200")
+	if !strings.Contains(out, "floor 300ms, max in flight 4, bandwidth none, first step 500ms, decay 200") {
+		t.Fatalf("set --first-step --decay printed %q", out)
+	}
+	if js := must("show", "--authority", a, "--json"); !strings.Contains(js, `"first_step": "500ms"`) || !strings.Contains(js, `"decay": 200`) {
+		t.Fatalf("show --json = %q", js)
+	}
 	// --replace drops the fields not given; --for makes it temporary.
 	out = must("set", "--authority", a, "--floor", "1s", "--replace", "--for", "1h")
 	if strings.Contains(out, "max in flight") || !strings.Contains(out, "until ") {
@@ -285,6 +293,9 @@ func TestPolicyCommandCompareAndSet(t *testing.T) {
 		{"set", "--authority", a, "--max-in-flight", "0"},
 		{"set", "--authority", a, "--bandwidth", "100/s"},
 		{"set", "--authority", a, "--bandwidth", "fast"},
+		{"set", "--authority", a, "--first-step", "0s"},
+		{"set", "--authority", a, "--first-step", "2m"},
+		{"set", "--authority", a, "--decay", "0"},
 		{"set", "--authority", a, "--default", "--floor", "1s"},
 		{"set", "--floor", "1s"},
 		{"set", "--authority", a, "--floor", "1s", "--for", "1h", "--until", "2030-01-01T00:00:00Z"},

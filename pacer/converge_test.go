@@ -1,0 +1,204 @@
+package pacer_test
+
+import (
+	"container/heap"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// leakyBucket is nginx's limit_req with burst and nodelay, which answers
+// 429 with a fixed Retry-After: a request is admitted when the excess, the
+// requests admitted beyond the rate and not yet leaked, stays at most burst
+// with it; a refused request does not count.
+type leakyBucket struct {
+	rate   float64 // requests per second
+	burst  float64
+	excess float64
+	last   time.Time
+	seen   bool
+}
+
+func (b *leakyBucket) admit(now time.Time) bool {
+	e := 0.0
+	if b.seen {
+		e = max(0, b.excess-b.rate*now.Sub(b.last).Seconds()) + 1
+		if e > b.burst {
+			return false
+		}
+	}
+	b.excess, b.last, b.seen = e, now, true
+	return true
+}
+
+const traceDrain = false
+
+type answer struct {
+	at time.Time
+	pm pacer.Permit
+	ok bool
+}
+
+type answers []answer
+
+func (a answers) Len() int           { return len(a) }
+func (a answers) Less(i, j int) bool { return a[i].at.Before(a[j].at) }
+func (a answers) Swap(i, j int)      { a[i], a[j] = a[j], a[i] }
+func (a *answers) Push(x any)        { *a = append(*a, x.(answer)) }
+func (a *answers) Pop() any {
+	old := *a
+	x := old[len(old)-1]
+	*a = old[:len(old)-1]
+	return x
+}
+
+// bucketDrain is what a simulated drain measured.
+type bucketDrain struct {
+	drain      time.Duration // until the last file was answered
+	requests   int
+	rejections int
+	early      int           // requests sent while a Retry-After was in force
+	minGap     time.Duration // the shortest gap between two requests at the origin
+}
+
+// drainBucket fetches files from one authority through p on a virtual clock, as the
+// worker does (two in flight, every answer 20 ms after the request, a
+// refused job back when the pacer says), against a leaky bucket.
+func drainBucket(t *testing.T, p *pacer.Pacer, o *leakyBucket, files int, retryAfter time.Duration) bucketDrain {
+	t.Helper()
+	const latency = 20 * time.Millisecond
+	var (
+		r       = bucketDrain{minGap: time.Hour}
+		now     = t0
+		pending answers
+		left    = files // files not yet fetched
+		out     = 0     // requests in flight
+		told    time.Time
+		last    time.Time
+		next    = t0 // when the pacer said to ask again
+	)
+	hdr := http.Header{"Retry-After": {fmt.Sprint(int(retryAfter / time.Second))}}
+	for left > 0 {
+		if r.requests > 100*files {
+			t.Fatalf("%d requests for %d files: no progress", r.requests, files)
+		}
+		if out < left && !next.After(now) {
+			pm, err := p.Acquire(now, host, 0)
+			if err == nil {
+				pm, err = p.Confirm(now, pm)
+			}
+			if err == nil && pm.Start.After(now) {
+				p.Done(now, pm, pacer.Response{Cancelled: true})
+				next = pm.Start
+				continue
+			}
+			if re, ok := err.(*pacer.RefusedError); ok {
+				next = now.Add(re.Wait)
+			} else if err != nil {
+				t.Fatal(err)
+			} else {
+				if now.Before(told) {
+					r.early++
+				}
+				if !last.IsZero() {
+					r.minGap = min(r.minGap, now.Sub(last))
+				}
+				last = now
+				r.requests++
+				p.Sent(now, pm)
+				heap.Push(&pending, answer{at: now.Add(latency), pm: pm, ok: o.admit(now)})
+				out++
+				continue
+			}
+		}
+		// Nothing can start now: the next event is an answer or the wait's end.
+		if len(pending) > 0 && (out >= left || !pending[0].at.After(next)) {
+			a := heap.Pop(&pending).(answer)
+			now = a.at
+			out--
+			next = now // an answer wakes the jobs the in-flight cap held back
+			if a.ok {
+				left--
+				p.Done(now, a.pm, pacer.Response{Status: 200})
+				r.drain = now.Sub(t0)
+				if traceDrain && left%20 == 0 {
+					st := p.Snapshot(now)[0]
+					t.Logf("TRACE %6.2fs left %d interval %s", now.Sub(t0).Seconds(), left, st.Interval)
+				}
+				continue
+			}
+			r.rejections++
+			told = now.Add(retryAfter)
+			p.Done(now, a.pm, pacer.Response{Status: 429, Header: hdr})
+			if traceDrain {
+				st := p.Snapshot(now)[0]
+				t.Logf("TRACE %6.2fs 429 left %d interval %s", now.Sub(t0).Seconds(), left, st.Interval)
+			}
+			continue
+		}
+		now = next
+	}
+	return r
+}
+
+// TestConvergesToTheOriginsRate drains 300 files from a leaky bucket (burst
+// 5, nodelay, 429 with Retry-After 2 s) at 2 and 10 requests per second,
+// with floors of 0, 100 ms and 1 s, and reports the drain against the
+// origin's own bound (files / rate, or files x floor where the floor is the
+// slower) and the rejections. ADR 0029 records the numbers.
+func TestConvergesToTheOriginsRate(t *testing.T) {
+	const files = 300
+	tests := []struct {
+		rate      float64
+		floor     time.Duration
+		firstStep time.Duration // Limits.FirstStep; 0 is the contract's 2 s
+		maxRatio  float64       // drain / bound
+		maxRej    int
+	}{
+		// The benchmark's bar is 1.1 and 2% (6 of 300); this settles at
+		// 1.067 and 1.073 with 4 rejections (ADR 0029).
+		{2, 0, 0, 1.1, 6},
+		{2, 100 * time.Millisecond, 0, 1.1, 6},
+		{2, time.Second, 0, 1.05, 0},
+		// Known short of the bar (ADR 0029): after the first 429 the
+		// 2 s Retry-After and the contract's 2 s first step (kept by
+		// the probe's answer) already cost more than the 3 s that 1.1x
+		// leaves at 10 r/s, and the pace learned from that window is
+		// five times too slow; it settles at 3.7x. An operator's first
+		// step of 100 ms brings it to 1.28x, with 7 rejections. These
+		// bounds only guard against worse.
+		{10, 0, 0, 3.8, 6},
+		{10, 0, 100 * time.Millisecond, 1.35, 8},
+		{10, 100 * time.Millisecond, 0, 1.05, 0},
+		{10, time.Second, 0, 1.05, 0},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%gr/s_floor%s_step%s", tt.rate, tt.floor, tt.firstStep), func(t *testing.T) {
+			p := pacer.New(&pacer.Options{
+				Policy:     &pacer.Policy{Default: pacer.Limits{Floor: tt.floor, MaxInFlight: 2, FirstStep: tt.firstStep}},
+				Rand:       fixedRand(0),
+				AwaitSends: true,
+			})
+			r := drainBucket(t, p, &leakyBucket{rate: tt.rate, burst: 5}, files, 2*time.Second)
+			bound := time.Duration(float64(files) / tt.rate * float64(time.Second))
+			if f := time.Duration(files) * tt.floor; f > bound {
+				bound = f
+			}
+			ratio := r.drain.Seconds() / bound.Seconds()
+			t.Logf("drain %.1fs, bound %s, ratio %.3f, %d requests, %d rejections (%.1f%%), %d early, closest gap %s",
+				r.drain.Seconds(), bound, ratio, r.requests, r.rejections, 100*float64(r.rejections)/float64(r.requests), r.early, r.minGap)
+			if r.early != 0 {
+				t.Errorf("%d requests while a Retry-After was in force", r.early)
+			}
+			if r.minGap < tt.floor {
+				t.Errorf("closest gap %s, below the floor %s", r.minGap, tt.floor)
+			}
+			if ratio > tt.maxRatio || r.rejections > tt.maxRej {
+				t.Errorf("drain ratio %.3f (want at most %.2f), %d rejections (want at most %d)", ratio, tt.maxRatio, r.rejections, tt.maxRej)
+			}
+		})
+	}
+}

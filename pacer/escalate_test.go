@@ -1,0 +1,142 @@
+package pacer_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/pacer"
+)
+
+// Two requests in flight together, both answered 429: the second answer was
+// sent under the interval the first already doubled, so it does not double
+// it again (ADR 0029; ADR 0006 §4 escalated twice). A request started after
+// the escalation does escalate.
+func TestOneEscalationPerSignal(t *testing.T) {
+	tests := []struct {
+		name    string
+		secondA time.Duration // when the second request starts
+		want    time.Duration // interval after both answers
+	}{
+		{"both in flight when the first is answered", 0, 2 * time.Second},
+		{"the second started after the escalation", 3 * time.Second, 4 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPacerCap(t, 0, 2, -1)
+			a := mustGrant(t, p, t0, 0)
+			var b pacer.Permit
+			if tt.secondA == 0 {
+				b = mustGrant(t, p, t0, 0)
+			}
+			p.Done(at(10*time.Millisecond), a, resp(429, "Retry-After", "1"))
+			if tt.secondA != 0 {
+				b = mustGrant(t, p, at(tt.secondA), 0) // the probe, after the cooldown
+			}
+			p.Done(at(tt.secondA+20*time.Millisecond), b, resp(429, "Retry-After", "1"))
+			if got := state(t, p, at(tt.secondA+time.Second)).Interval; got != tt.want {
+				t.Fatalf("interval %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// After a throttle the interval comes back with the answers, not after a
+// quiet window: the probe's answer leaves it (the contract), each later
+// answer halves it down to the floor when no pace is learned yet; facts are
+// published only when it halves or reaches the floor. A 429 without
+// Retry-After still cools for the fallback (60 s) first.
+func TestAnswersBringTheIntervalBack(t *testing.T) {
+	tests := []struct {
+		name  string
+		r     pacer.Response
+		until time.Duration
+	}{
+		{"Retry-After 2", resp(429, "Retry-After", "2"), 2 * time.Second},
+		{"no Retry-After: the fallback first", resp(429), pacer.FallbackMin},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var evs []pacer.Event
+			p := newPacer(t, 100*time.Millisecond, &pacer.Options{QuietWindow: -1, OnEvent: func(e pacer.Event) {
+				if e.Type == pacer.EventInterval {
+					evs = append(evs, e)
+				}
+			}})
+			v := throttle(t, p, t0, tt.r)
+			if got := v.Until.Sub(t0); got != tt.until {
+				t.Fatalf("cooldown %s, want %s", got, tt.until)
+			}
+			now := v.Until
+			var got []time.Duration
+			for i := 0; i < 6; i++ {
+				pm := mustGrant(t, p, now, time.Hour)
+				now = pm.Start
+				p.Done(now, pm, resp(200))
+				got = append(got, state(t, p, now).Interval)
+			}
+			ms := time.Millisecond
+			want := []time.Duration{2000 * ms, 1000 * ms, 500 * ms, 250 * ms, 125 * ms, 100 * ms}
+			if !equalDurations(got, want) {
+				t.Fatalf("intervals after each answer %v, want %v", got, want)
+			}
+			if len(evs) != 6 { // the escalation, then each halving and the floor
+				t.Fatalf("%d interval facts, want 6: %+v", len(evs), evs)
+			}
+		})
+	}
+}
+
+// Below the pace learned between two escalations the interval creeps, one
+// Decay-th of a halving per answer (Limits.Decay, live per authority).
+func TestCreepBelowTheLearnedPace(t *testing.T) {
+	for _, decay := range []int{0, 10} {
+		p := pacer.New(&pacer.Options{
+			Policy:     &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1, Decay: decay, FirstStep: time.Second}},
+			Rand:       fixedRand(0),
+			StartGuard: -1,
+		})
+		now := t0
+		answer := func(r pacer.Response) {
+			pm := mustGrant(t, p, now, time.Hour)
+			now = pm.Start
+			v := p.Done(now, pm, r)
+			if !v.Until.IsZero() {
+				now = v.Until
+			}
+		}
+		answer(resp(429, "Retry-After", "1")) // 1 s interval
+		for i := 0; i < 20; i++ {
+			answer(resp(200))
+		}
+		answer(resp(429, "Retry-After", "1")) // learns a pace, interval 2 × the interval in force
+		for i := 0; i < 40; i++ {
+			answer(resp(200))
+		}
+		pace := state(t, p, now).Interval
+		answer(resp(200))
+		got := state(t, p, now).Interval
+		steps := decay
+		if steps == 0 {
+			steps = pacer.DefaultDecay
+		}
+		if pace == 0 || got >= pace || float64(got) < float64(pace)*0.5 {
+			t.Fatalf("decay %d: interval %s after an answer at the pace %s", decay, got, pace)
+		}
+		wantRatio := 1 - 0.6931/float64(steps)
+		if r := float64(got) / float64(pace); r < wantRatio-0.01 || r > wantRatio+0.01 {
+			t.Fatalf("decay %d: one answer took the interval from %s to %s (x%.4f), want x%.4f", decay, pace, got, r, wantRatio)
+		}
+	}
+}
+
+func equalDurations(a, b []time.Duration) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
