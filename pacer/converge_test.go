@@ -135,7 +135,7 @@ func drainBucket(t *testing.T, p *pacer.Pacer, o *leakyBucket, files int, retryA
 			p.Done(now, a.pm, pacer.Response{Status: 429, Header: hdr})
 			if traceDrain {
 				st := p.Snapshot(now)[0]
-				t.Logf("TRACE %6.2fs 429 left %d interval %s", now.Sub(t0).Seconds(), left, st.Interval)
+				t.Logf("TRACE %6.2fs 429 left %d interval %s pace %s", now.Sub(t0).Seconds(), left, st.Interval, st.Pace)
 			}
 			continue
 		}
@@ -159,19 +159,20 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		maxRej    int
 	}{
 		// The benchmark's bar is 1.1 and 2% (6 of 300); this settles at
-		// 1.067 and 1.073 with 4 rejections (ADR 0029).
+		// 1.076 and 1.068 with 4 and 3 rejections (ADR 0029).
 		{2, 0, 0, 1.1, 6},
 		{2, 100 * time.Millisecond, 0, 1.1, 6},
 		{2, time.Second, 0, 1.05, 0},
-		// Known short of the bar (ADR 0029): after the first 429 the
-		// 2 s Retry-After and the contract's 2 s first step (kept by
-		// the probe's answer) already cost more than the 3 s that 1.1x
-		// leaves at 10 r/s, and the pace learned from that window is
-		// five times too slow; it settles at 3.7x. An operator's first
-		// step of 100 ms brings it to 1.28x, with 7 rejections. These
-		// bounds only guard against worse.
-		{10, 0, 0, 3.8, 6},
-		{10, 0, 100 * time.Millisecond, 1.35, 8},
+		// Short of the bar, and the bar is out of reach (ADR 0029): a
+		// client that does not know the rate needs two refusals, one to
+		// find the limit and its burst, one to read its rate, and each
+		// costs the 2 s Retry-After and the contract's 2 s first step
+		// after the probe, about 3.3 s of the origin's capacity, where
+		// 1.1x leaves 3 s. The reading of the bucket's bounds settles
+		// at 1.39x with 5 rejections (3.66x before it); an operator's
+		// first step of 100 ms at 1.22x with 6.
+		{10, 0, 0, 1.45, 6},
+		{10, 0, 100 * time.Millisecond, 1.25, 6},
 		{10, 100 * time.Millisecond, 0, 1.05, 0},
 		{10, time.Second, 0, 1.05, 0},
 	}

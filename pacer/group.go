@@ -305,6 +305,10 @@ func (p *Pacer) mergeLocked(d, src *entry) {
 	if src.escAt > d.escAt {
 		d.escAt, d.answered = src.escAt, src.answered
 		d.resumed, d.answeredOn = src.resumed, src.answeredOn
+		if src.rd != nil {
+			rd := *src.rd
+			d.rd = &rd
+		}
 	}
 	if src.failUntil > d.failUntil {
 		d.failUntil, d.fails, d.failAt = src.failUntil, max(d.fails, src.fails), max(d.failAt, src.failAt)

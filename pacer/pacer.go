@@ -1,6 +1,7 @@
 package pacer
 
 import (
+	"cmp"
 	"fmt"
 	"hash/maphash"
 	"math"
@@ -233,6 +234,9 @@ type entry struct {
 	// response announces one, so an authority without rate-limit headers
 	// pays one pointer for it.
 	bud *budget
+	// rd reads the origin's rate from its admissions and refusals
+	// (reading.go, ADR 0029); nil until the first throttling answer.
+	rd *reading
 	// rule is the state of Options.Rules that has no field above; nil
 	// with the HostPacer's own rule.
 	rule *ruled
@@ -794,6 +798,9 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		e.answered++
 		e.answeredOn = min(e.answeredOn+1, math.MaxInt32)
 	}
+	if learn && oc == outcomeOK && e.rd != nil {
+		e.rd.admitted(startOr(pm, n))
+	}
 	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
 	if oc == outcomeOK {
@@ -878,7 +885,7 @@ func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool,
 	}
 	if !throttled && !exhausted {
 		if fb.Status < 500 {
-			p.answeredLocked(e, auth, n, probe, fx)
+			p.answeredLocked(e, auth, n, started, probe, fx)
 		}
 		return
 	}
@@ -937,20 +944,35 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 		return false
 	}
 	top := max(p.maxInterval, e.floor)
-	if e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt {
-		// Two readings of the rate the origin admits, which bracket it
-		// for a leaky or token bucket full at both ends: from the last
-		// escalation, the admissions over the time count the pauses in
-		// which its bucket drained empty (a pace too slow); from the end
-		// of the cooldown, they count the burst that drained (too fast).
-		// The pace is the mean of the two.
+	switch {
+	case e.rd == nil:
+		// The first refusal: the admissions before it, from a cold
+		// start, were the origin's burst and one more.
+		e.rd = &reading{}
+		if e.answered > 0 && e.answered <= maxBlast {
+			e.rd.burst = e.answered - 1
+		}
+	case e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt:
+		// Two readings of the answers since the last escalation, for a
+		// leaky or token bucket full at both ends: over the time since
+		// that escalation they count the pauses in which its bucket
+		// drained empty (a pace too slow); since the probe after it,
+		// the burst that drained (too fast). Their mean is the reading
+		// of ADR 0029's first version; the bucket's own bounds
+		// (reading.go) discount the idle capacity, which the mean
+		// cannot. The pace is the faster of the two.
 		slow := (n - e.escAt) / int64(e.answered)
 		fast := slow
 		if e.resumed > e.escAt && e.answeredOn >= minPaceAnswers && n > e.resumed {
 			fast = (n - e.resumed) / int64(e.answeredOn)
 		}
-		e.pace = min(max((slow+fast)/2, e.floor), top)
+		pace := (slow + fast) / 2
+		if r := e.rd.rate(cmp.Or(started, n)); r > 0 {
+			pace = min(pace, int64(1e9/r))
+		}
+		e.pace = min(max(pace, e.floor), top)
 	}
+	e.rd.n = 0
 	e.escAt, e.answered = n, 0
 	iv := min(max(2*e.interval, p.firstStepFor(e), e.floor), top)
 	if iv != e.interval {
@@ -969,9 +991,12 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 // probe's answer only ends the cooldown (docs/contract.md section 3: the
 // interval is unchanged); the answers after it bring the interval down. The
 // entry's lock must be held.
-func (p *Pacer) answeredLocked(e *entry, auth string, n int64, probe bool, fx *facts) {
+func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bool, fx *facts) {
 	if e.answered < math.MaxInt32 {
 		e.answered++
+	}
+	if e.rd != nil {
+		e.rd.admitted(cmp.Or(started, n))
 	}
 	if e.answeredOn < math.MaxInt32 {
 		e.answeredOn++
@@ -980,12 +1005,18 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n int64, probe bool, fx *f
 		return
 	}
 	iv, target := e.interval, max(e.pace, e.floor)
-	if iv > target {
+	if iv > target && e.pace > 0 {
+		// A pace read from the origin's own refusals: straight to it.
+		iv = target
+	} else if iv > target {
 		iv = max(target, iv/2)
 	} else {
 		steps := int64(e.decaySteps)
 		if steps <= 0 {
 			steps = DefaultDecay
+		}
+		if e.rd != nil && e.rd.tight {
+			steps *= tightCreep
 		}
 		iv = max(e.floor, int64(float64(iv)*math.Exp2(-1/float64(steps))))
 	}
