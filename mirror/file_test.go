@@ -461,6 +461,49 @@ func TestOpenSparesAnotherWritersTemps(t *testing.T) {
 	}
 }
 
+// TestPutsSurviveRepeatedOpens races a writer's Puts against another
+// process's start-up sweeps, opened over and over on the same root: the
+// moment between a temporary file's creation and its lock must not lose
+// a Put either.
+func TestPutsSurviveRepeatedOpens(t *testing.T) {
+	root := t.TempDir()
+	writer, err := mirror.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const puts = 200
+	done := make(chan error, 1)
+	go func() {
+		for i := range puts {
+			key := fmt.Sprintf("d%d/k%d", i%4, i)
+			if _, err := writer.Put(context.Background(), key, strings.NewReader(key), mirror.Expect{}, mirror.Meta{}); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	opens := 0
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("a Put after %d Opens: %v", opens, err)
+			}
+			if visible, temps := files(t, root); len(visible) != puts || len(temps) != 0 {
+				t.Errorf("%d objects (want %d), temporary files %v", len(visible), puts, temps)
+			}
+			t.Logf("%d Puts beside %d Opens", puts, opens)
+			return
+		default:
+		}
+		if _, err := mirror.Open(root); err != nil {
+			t.Fatal(err)
+		}
+		opens++
+	}
+}
+
 // pausingReader calls pause at its first Read and then reports EOF, so
 // that an io.MultiReader goes on to the rest of the body.
 type pausingReader struct{ pause func() }
