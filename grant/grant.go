@@ -102,6 +102,10 @@ const ReasonMoved = "moved"
 // MovedWait is the wait answered with ReasonMoved.
 const MovedWait = 100 * time.Millisecond
 
+// ReasonLiveFirst is the Reason of a wait answered while the owner's live
+// jobs for the authority go first (Options.Defer).
+const ReasonLiveFirst = "live_first"
+
 // Headers returns the headers of h a Report carries: those the pacer can
 // read, Retry-After and every rate-limit header (any name with "ratelimit"
 // or "rate-limit" in it), whatever family it belongs to.

@@ -32,6 +32,10 @@ type Options struct {
 	// Owns says whether this server answers for auth; nil: every
 	// authority. A server stays silent on the others.
 	Owns func(auth string) bool
+	// Defer, if set, says how long an ask for auth must wait for the
+	// owner's own work to go first (0: not at all); it is answered as a
+	// wait with ReasonLiveFirst.
+	Defer func(auth string) time.Duration
 	// Lapse is DefaultLapse, MaxHold DefaultMaxHold.
 	Lapse, MaxHold time.Duration
 	// ID prefixes the grant ids (a pod's id); default "grant".
@@ -123,6 +127,12 @@ func (s *Server) ask(ctx context.Context, m *nats.Msg) {
 	}
 	if s.o.Owns != nil && !s.o.Owns(a.Authority) {
 		return
+	}
+	if s.o.Defer != nil {
+		if d := s.o.Defer(a.Authority); d > 0 {
+			s.reply(m, Answer{Wait: d, Reason: ReasonLiveFirst})
+			return
+		}
 	}
 	pm, err := s.p.Acquire(s.clk.Now(), a.Authority, s.o.MaxHold)
 	if err != nil {

@@ -137,7 +137,10 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 			_, ok := pod.Worker.GrantOwns(time.Now(), auth)
 			return ok
 		},
-		ID: o.PodID, Logger: o.Logger,
+		// Live jobs first: a grant takes at most one start in four while
+		// the pod's live jobs for the authority wait (docs/adr/0025).
+		Defer: func(auth string) time.Duration { return pod.Worker.GrantLiveFirst(time.Now(), auth) },
+		ID:    o.PodID, Logger: o.Logger,
 	})
 	if pod.Partitions > 0 {
 		if pod.mgr, err = pod.newManager(ctx, o); err != nil {

@@ -164,3 +164,25 @@ func (w *Worker) GrantOwns(now time.Time, auth string) (int, bool) {
 // PartitionOf returns the partition auth's jobs (and grants) are served in
 // under the policy in force (0 with the shared consumer).
 func (w *Worker) PartitionOf(auth string) int { return w.sched.partitionOf(auth) }
+
+// GrantLiveFirst returns how long a grant for auth must wait so that live
+// jobs go first (0: it may go now): while live jobs of auth wait here, a
+// grant goes only after LiveFirstRun of them have started since the last
+// grant, as a replay job does (docs/adr/0025), so grants take at most one
+// start in LiveFirstRun+1. The wait is the spacing in force (at least
+// 50 ms): ask again after the next start.
+func (w *Worker) GrantLiveFirst(now time.Time, auth string) time.Duration {
+	s := w.sched
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.auths[auth]
+	if a == nil {
+		return 0
+	}
+	if a.n-len(a.bg.q.jobs) > 0 && a.liveSinceGrant < LiveFirstRun {
+		_, spacing, _ := s.pacer.ReadyIn(now, auth)
+		return max(spacing, 50*time.Millisecond)
+	}
+	a.liveSinceGrant = 0
+	return 0
+}
