@@ -62,7 +62,7 @@ func cmdGet(ctx context.Context, args []string, getenv func(string) string, _ io
 	}
 	defer nc.Close()
 	g := &getter{
-		grants:  grant.NewClient(nc, "mirrorworker-get", c.nats.timeout, nil),
+		grants:  grant.NewClient(nc, "mirrorworker-get", max(c.nats.timeout, grant.DefaultTimeout), nil), // longer than an ask is held
 		fetch:   fetch.New(&fetch.Options{AllowPrivate: c.allowPrivate}),
 		stderr:  stderr,
 		natsURL: broker.RedactURL(c.nats.resolvedURL),
