@@ -12,8 +12,8 @@
 // Server answers the asks its Options.Owns accepts and stays silent on the
 // others, so that with one Server per pod only the owner answers. Every pod
 // runs one (pipeline.Pod.Run) on its own pacer, owning the authorities of
-// the partitions it serves. Like every package in
-// this module it is not a stable public API.
+// the partitions it serves. Like every package in this module it is not a
+// stable public API.
 package grant
 
 import (
