@@ -51,7 +51,7 @@ func (c *Client) Ask(ctx context.Context, auth string) (Answer, error) {
 	m, err := c.nc.RequestWithContext(rctx, AskSubject(auth), b)
 	if err != nil {
 		if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)) {
-			return Answer{}, fmt.Errorf("%w: %s (%v)", ErrNoOwner, auth, err)
+			return Answer{}, fmt.Errorf("%w: %s (%w)", ErrNoOwner, auth, err)
 		}
 		return Answer{}, fmt.Errorf("grant: ask for %s: %w", auth, err)
 	}

@@ -10,10 +10,10 @@
 //
 // It does not fetch, and it does not decide who serves an authority: a
 // Server answers the asks its Options.Owns accepts and stays silent on the
-// others, so that with one Server per pod only the owner answers. This
-// first slice is not wired into the pods (`mirrorworker run` starts no
-// Server yet): a Server serves the pacer it is given. Like every package in
-// this module it is not a stable public API.
+// others, so that with one Server per pod only the owner answers. Every pod
+// runs one (pipeline.Pod.Run) on its own pacer, owning the authorities of
+// the partitions it serves. Like every package in this module it is not a
+// stable public API.
 package grant
 
 import (
@@ -93,6 +93,18 @@ const DefaultLapse = 30 * time.Second
 // ask for, answering with the grant once the slot comes (the default of
 // Options.MaxHold); a longer one is answered as a wait.
 const DefaultMaxHold = 2 * time.Second
+
+// ReasonMoved is the Reason of a wait answered when the authority's owner
+// changed while the ask was held: ask again after MovedWait, of the new
+// owner.
+const ReasonMoved = "moved"
+
+// MovedWait is the wait answered with ReasonMoved.
+const MovedWait = 100 * time.Millisecond
+
+// ReasonLiveFirst is the Reason of a wait answered while the owner's live
+// jobs for the authority go first (Options.Defer).
+const ReasonLiveFirst = "live_first"
 
 // Headers returns the headers of h a Report carries: those the pacer can
 // read, Retry-After and every rate-limit header (any name with "ratelimit"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,6 +146,69 @@ func TestOnlyTheOwnerAnswers(t *testing.T) {
 	c := grant.NewClient(nc, "test", 300*time.Millisecond, nil)
 	if _, err := c.Ask(brokertest.Context(t), auth); !errors.Is(err, grant.ErrNoOwner) {
 		t.Fatalf("ask: %v, want ErrNoOwner", err)
+	}
+}
+
+// TestARevokedGrantStillCountsAsAStart: a pod giving up the authority
+// revokes its grant; the grant's start still spaces the next one by the
+// floor (it is the pacer's last start, which the take-over fence carries),
+// its in-flight place is freed, and its report is answered Unknown.
+func TestARevokedGrantStillCountsAsAStart(t *testing.T) {
+	const floor = 300 * time.Millisecond
+	p := testPacer(floor, 1)
+	s, nc := serve(t, p, nil)
+	c := grant.NewClient(nc, "test", 0, nil)
+	ctx := brokertest.Context(t)
+	g, err := c.Ask(ctx, auth)
+	if err != nil || !g.Granted() {
+		t.Fatalf("ask: %+v, %v", g, err)
+	}
+	if n := s.Revoke(func(a string) bool { return a == auth }); n != 1 {
+		t.Fatalf("Revoke revoked %d grants, want 1", n)
+	}
+	now := time.Now()
+	wait, _, reason := p.ReadyIn(now, auth)
+	if wait <= 0 || now.Add(wait).Before(g.Start.Add(floor)) {
+		t.Errorf("after the revoke the next start may come in %v (%s): want no sooner than a floor after the grant's start", wait, reason)
+	}
+	pm, err := p.Acquire(now, auth, time.Minute)
+	if err != nil {
+		t.Fatalf("acquire after the revoke: %v (the grant's in-flight place is still held)", err)
+	}
+	p.Done(now, pm, pacer.Response{Cancelled: true})
+	if v, err := c.Report(ctx, auth, g, pacer.Response{Status: 200}); err != nil || !v.Unknown {
+		t.Errorf("report of the revoked grant: %+v, %v; want unknown", v, err)
+	}
+}
+
+// TestNoGrantOnceOwnershipEnds: an ask held for its slot while the
+// authority changes owner is answered with a wait (moved), not a grant.
+func TestNoGrantOnceOwnershipEnds(t *testing.T) {
+	const floor = 300 * time.Millisecond
+	var owned atomic.Bool
+	owned.Store(true)
+	p := testPacer(floor, 4)
+	_, nc := serve(t, p, &grant.Options{Owns: func(string) bool { return owned.Load() }})
+	c := grant.NewClient(nc, "test", 0, nil)
+	ctx := brokertest.Context(t)
+	if g, err := c.Ask(ctx, auth); err != nil || !g.Granted() {
+		t.Fatalf("first ask: %+v, %v", g, err)
+	}
+	// The second ask is held until a floor after the first grant; the
+	// authority moves meanwhile.
+	type res struct {
+		a   grant.Answer
+		err error
+	}
+	done := make(chan res, 1)
+	go func() { a, err := c.Ask(ctx, auth); done <- res{a, err} }()
+	for p.Snapshot(time.Now())[0].InFlight < 2 {
+		time.Sleep(time.Millisecond) // until the held ask has its permit
+	}
+	owned.Store(false)
+	r := <-done
+	if r.err != nil || r.a.Granted() || r.a.Reason != grant.ReasonMoved {
+		t.Fatalf("held ask: %+v, %v; want a wait (moved)", r.a, r.err)
 	}
 }
 

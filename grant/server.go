@@ -32,6 +32,10 @@ type Options struct {
 	// Owns says whether this server answers for auth; nil: every
 	// authority. A server stays silent on the others.
 	Owns func(auth string) bool
+	// Defer, if set, says how long an ask for auth must wait for the
+	// owner's own work to go first (0: not at all); it is answered as a
+	// wait with ReasonLiveFirst.
+	Defer func(auth string) time.Duration
 	// Lapse is DefaultLapse, MaxHold DefaultMaxHold.
 	Lapse, MaxHold time.Duration
 	// ID prefixes the grant ids (a pod's id); default "grant".
@@ -124,6 +128,12 @@ func (s *Server) ask(ctx context.Context, m *nats.Msg) {
 	if s.o.Owns != nil && !s.o.Owns(a.Authority) {
 		return
 	}
+	if s.o.Defer != nil {
+		if d := s.o.Defer(a.Authority); d > 0 {
+			s.reply(m, Answer{Wait: d, Reason: ReasonLiveFirst})
+			return
+		}
+	}
 	pm, err := s.p.Acquire(s.clk.Now(), a.Authority, s.o.MaxHold)
 	if err != nil {
 		s.reply(m, refusal(err))
@@ -159,9 +169,17 @@ func (s *Server) confirm(ctx context.Context, m *nats.Msg, pm pacer.Permit) {
 			continue
 		}
 		// The request starts with the answer: later starts are spaced from
-		// now (the client sends it as soon as the answer arrives).
-		s.p.Sent(now, next)
+		// now (the client sends it as soon as the answer arrives). Ownership
+		// is checked again under mu, which Revoke holds: a grant is either
+		// made while the authority is owned, or not at all.
 		s.mu.Lock()
+		if s.o.Owns != nil && !s.o.Owns(pm.Authority) {
+			s.mu.Unlock()
+			s.p.Done(now, next, pacer.Response{Cancelled: true})
+			s.reply(m, Answer{Wait: MovedWait, Reason: ReasonMoved})
+			return
+		}
+		s.p.Sent(now, next)
 		s.seq++
 		id := s.o.ID + "-" + strconv.FormatUint(s.seq, 10)
 		lapses := now.Add(s.o.Lapse)
@@ -212,6 +230,27 @@ func (s *Server) lapse(now time.Time) {
 		s.p.Done(s.clk.Now(), pm, pacer.Response{Cancelled: true})
 		s.o.Logger.Debug().Str("authority", pm.Authority).Msg("grant: a grant lapsed unreported")
 	}
+}
+
+// Revoke ends every grant out for an authority that match accepts, as
+// cancelled (its start, made, still counts in the pacer), and returns how
+// many. A pod calls it when it gives up a partition, once Options.Owns
+// refuses the partition's authorities: a later report of a revoked grant is
+// answered Unknown, and the client asks again, of the new owner.
+func (s *Server) Revoke(match func(auth string) bool) int {
+	s.mu.Lock()
+	var due []pacer.Permit
+	for id, h := range s.grants {
+		if match(h.pm.Authority) {
+			due = append(due, h.pm)
+			delete(s.grants, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, pm := range due {
+		s.p.Done(s.clk.Now(), pm, pacer.Response{Cancelled: true})
+	}
+	return len(due)
 }
 
 // Outstanding returns how many grants are out, not yet reported or lapsed.

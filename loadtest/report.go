@@ -292,7 +292,7 @@ func (r *Report) Verdict() []string {
 		}
 		var costs []string
 		if res.Early > 0 {
-			costs = append(costs, itoa(res.Early)+" requests sent while told to wait")
+			costs = append(costs, itoa(res.Early)+" "+plural64(res.Early, "request", "requests")+" sent while told to wait")
 		}
 		if res.Bans > 0 {
 			costs = append(costs, fmt.Sprintf("%s %s, %s s banned in all, %s requests wasted during them",

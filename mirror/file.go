@@ -41,10 +41,12 @@ var ErrKeyConflict = errors.New("mirror: key conflicts with an existing object")
 // objects stored by earlier versions keep their metadata. See
 // docs/adr/0013-object-metadata-in-extended-attributes.md.
 //
-// A FileTarget is safe for concurrent use. Several processes may share a
-// root, but Open removes every temporary file, so opening a root fails the
-// Puts another process has in progress there (they are retried; nothing
-// half-written becomes visible).
+// A FileTarget is safe for concurrent use, and several processes may share
+// a root (pods on one volume, replay or verify --repair beside a worker):
+// each temporary file is locked (flock(2)) by its writer until it is
+// renamed into place or removed, and Open removes only the temporary files
+// it can lock, those a killed process left. See
+// docs/adr/0032-the-embedded-store-is-locked-and-a-second-signal-stops-now.md.
 type FileTarget struct {
 	root    string
 	tmpDir  string
@@ -94,7 +96,7 @@ type Options struct {
 // steps named Sidecar happen only when the metadata is a sidecar file.
 const (
 	FaultObjectWritten   = "object-written"    // bytes (and attribute) written, nothing synced
-	FaultObjectSynced    = "object-synced"     // temporary object synced and closed
+	FaultObjectSynced    = "object-synced"     // temporary object synced, still open
 	FaultSidecarWritten  = "sidecar-written"   // temporary sidecar synced
 	FaultOldMetaRemoved  = "old-meta-removed"  // the key's previous sidecar removed durably
 	FaultObjectRenamed   = "object-renamed"    // object in place, its directory not yet synced
@@ -109,8 +111,9 @@ func Open(spec string) (*FileTarget, error) { return OpenWith(spec, nil) }
 
 // OpenWith opens the file target at spec, "file:///abs/dir" or a plain
 // path, creating the root and its reserved directories, and removes
-// temporary files a crash left behind. It finds out once whether the file
-// system takes the metadata attribute.
+// temporary files a crash left behind (those no live writer holds locked;
+// another process's Puts in progress are left alone). It finds out once
+// whether the file system takes the metadata attribute.
 func OpenWith(spec string, o *Options) (*FileTarget, error) {
 	root, err := parseSpec(spec)
 	if err != nil {
@@ -129,14 +132,8 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 			return nil, fmt.Errorf("open target: %w", err)
 		}
 	}
-	entries, err := os.ReadDir(t.tmpDir)
-	if err != nil {
-		return nil, fmt.Errorf("open target: %w", err)
-	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(t.tmpDir, e.Name())); err != nil {
-			return nil, fmt.Errorf("open target: remove stale temporary file: %w", err)
-		}
+	if _, _, err := sweepTemps(t.tmpDir); err != nil {
+		return nil, fmt.Errorf("open target: remove stale temporary file: %w", err)
 	}
 	if t.xattrs, err = t.probeXattr(); err != nil {
 		return nil, fmt.Errorf("open target: %w", err)
@@ -359,9 +356,8 @@ func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want E
 	if err := f.sync(); err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
-	if err := f.close(); err != nil {
-		return Meta{}, fmt.Errorf("put %q: %w", key, err)
-	}
+	// f stays open, and locked, until it is renamed: a sweep by another
+	// process opening this root must not take it for a crash's leftover.
 	t.fault(FaultObjectSynced)
 
 	obj, meta := t.objectPath(key), t.metaPath(key)
@@ -407,6 +403,9 @@ func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want E
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
 	committed = true // the object is in place; its temp name is gone
+	if err := f.close(); err != nil {
+		return Meta{}, fmt.Errorf("put %q: %w", key, err)
+	}
 	t.fault(FaultObjectRenamed)
 	if err := t.dirSyncs.sync(filepath.Dir(obj)); err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
@@ -416,7 +415,11 @@ func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want E
 		if err := rename(metaTmp.name, meta); err != nil {
 			return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
 		}
+		err := metaTmp.close()
 		metaTmp = nil
+		if err != nil {
+			return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
+		}
 		t.fault(FaultSidecarRenamed)
 		if err := t.dirSyncs.sync(filepath.Dir(meta)); err != nil {
 			return Meta{}, fmt.Errorf("put %q: meta: %w", key, err)
@@ -485,7 +488,7 @@ func (t *FileTarget) Probe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("probe %s: %w", t.root, err)
 	}
-	if err := os.Remove(f.name); err != nil {
+	if err := f.remove(); err != nil {
 		return fmt.Errorf("probe %s: %w", t.root, err)
 	}
 	return nil
@@ -514,7 +517,9 @@ func (t *FileTarget) writeTemp(ctx context.Context, r io.Reader) (_ *tempFile, s
 	return f, hex.EncodeToString(h.Sum(nil)), size, nil
 }
 
-// writeTempBytes writes data to a new temporary file, synced and closed.
+// writeTempBytes writes data to a new temporary file, synced and still
+// open (so locked, see tempFile): the caller closes it once it is renamed
+// or removed.
 func (t *FileTarget) writeTempBytes(prefix string, data []byte) (_ *tempFile, err error) {
 	f, err := createTemp(t.tmpDir, prefix)
 	if err != nil {
@@ -531,7 +536,7 @@ func (t *FileTarget) writeTempBytes(prefix string, data []byte) (_ *tempFile, er
 	if err = f.sync(); err != nil {
 		return nil, err
 	}
-	return f, f.close()
+	return f, nil
 }
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, 128<<10); return &b }}

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -357,16 +358,159 @@ func TestOpenRemovesStaleTemps(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A live writer's file: locked the way a Put locks its own. The
+	// others are what a killed process leaves, files no one locks.
+	live := filepath.Join(tmp, "obj-live")
+	lf, err := os.OpenFile(live, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := mirror.Open("file://" + filepath.ToSlash(dir)); err != nil {
 		t.Fatal(err)
 	}
 	entries, err := os.ReadDir(tmp)
-	if err != nil || len(entries) != 0 {
-		t.Errorf("tmp after Open: %v, %v", entries, err)
+	if err != nil || len(entries) != 1 || entries[0].Name() != "obj-live" {
+		t.Errorf("tmp after Open: %v, %v; want only obj-live", entries, err)
+	}
+	// Its writer dies: the kernel drops the lock, and the next Open
+	// sweeps the file.
+	lf.Close()
+	if _, err := mirror.Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := os.ReadDir(tmp); err != nil || len(entries) != 0 {
+		t.Errorf("tmp after the writer died and Open: %v, %v", entries, err)
 	}
 	if _, err := ft.Stat(context.Background(), "kept"); err != nil {
 		t.Errorf("a stored object was disturbed: %v", err)
 	}
+}
+
+// TestOpenSparesAnotherWritersTemps opens a second FileTarget on a root
+// while the first is in the middle of a Put (reading the body, or paused
+// at a step with its temporary files written): the second's sweep must
+// leave those files, and the Put must complete. A killed writer's files
+// are swept (TestOpenRemovesStaleTemps, TestCrashDuringPut).
+func TestOpenSparesAnotherWritersTemps(t *testing.T) {
+	tests := []struct {
+		name    string
+		sidecar bool
+		at      string // the Put's step to open the second target at; "": while it reads the body
+		temps   int    // temporary files the Put has then
+	}{
+		{name: "reading the body", temps: 1},
+		{name: "object written", at: mirror.FaultObjectWritten, temps: 1},
+		{name: "object synced", at: mirror.FaultObjectSynced, temps: 1},
+		{name: "sidecar written", sidecar: true, at: mirror.FaultSidecarWritten, temps: 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			paused, resume := make(chan struct{}), make(chan struct{})
+			pause := func() { close(paused); <-resume }
+			o := &mirror.Options{Sidecar: tt.sidecar}
+			if tt.at != "" {
+				o.FaultHook = func(p string) {
+					if p == tt.at {
+						pause()
+					}
+				}
+			}
+			first, err := mirror.OpenWith(root, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := []byte("the first writer's object")
+			var r io.Reader = bytes.NewReader(body)
+			if tt.at == "" {
+				r = io.MultiReader(bytes.NewReader(body[:4]), pausingReader{pause}, bytes.NewReader(body[4:]))
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := first.Put(context.Background(), "k", r, mirror.Expect{}, mirror.Meta{})
+				done <- err
+			}()
+			select {
+			case <-paused:
+			case err := <-done:
+				t.Fatalf("Put ended before its pause: %v", err)
+			}
+
+			second, err := mirror.OpenWith(root, &mirror.Options{Sidecar: tt.sidecar})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, temps := files(t, root); len(temps) != tt.temps {
+				t.Errorf("the first writer's temporary files after the second Open: %v, want %d", temps, tt.temps)
+			}
+			close(resume)
+			if err := <-done; err != nil {
+				t.Fatalf("the first writer's Put: %v", err)
+			}
+			if m, err := second.Stat(context.Background(), "k"); err != nil || m.Size != int64(len(body)) {
+				t.Errorf("the second target's Stat of the first's object: %+v, %v", m, err)
+			}
+			if _, temps := files(t, root); len(temps) != 0 {
+				t.Errorf("temporary files after the Put: %v", temps)
+			}
+		})
+	}
+}
+
+// TestPutsSurviveRepeatedOpens races a writer's Puts against another
+// process's start-up sweeps, opened over and over on the same root: the
+// moment between a temporary file's creation and its lock must not lose
+// a Put either.
+func TestPutsSurviveRepeatedOpens(t *testing.T) {
+	root := t.TempDir()
+	writer, err := mirror.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const puts = 200
+	done := make(chan error, 1)
+	go func() {
+		for i := range puts {
+			key := fmt.Sprintf("d%d/k%d", i%4, i)
+			if _, err := writer.Put(context.Background(), key, strings.NewReader(key), mirror.Expect{}, mirror.Meta{}); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	opens := 0
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("a Put after %d Opens: %v", opens, err)
+			}
+			if visible, temps := files(t, root); len(visible) != puts || len(temps) != 0 {
+				t.Errorf("%d objects (want %d), temporary files %v", len(visible), puts, temps)
+			}
+			t.Logf("%d Puts beside %d Opens", puts, opens)
+			return
+		default:
+		}
+		if _, err := mirror.Open(root); err != nil {
+			t.Fatal(err)
+		}
+		opens++
+	}
+}
+
+// pausingReader calls pause at its first Read and then reports EOF, so
+// that an io.MultiReader goes on to the rest of the body.
+type pausingReader struct{ pause func() }
+
+func (p pausingReader) Read([]byte) (int, error) {
+	p.pause()
+	return 0, io.EOF
 }
 
 func TestOpenSpec(t *testing.T) {

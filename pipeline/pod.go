@@ -12,6 +12,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/facts"
+	"github.com/mirrorworker/mirrorworker/grant"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/policy"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -55,6 +56,9 @@ type Pod struct {
 	parts  *Parts
 	mgr    *cluster.Manager // nil with the shared consumer
 	follow Actor
+	// grants grants starts from the pod's pacer to other programs, for
+	// the authorities the pod serves (issue 37, docs/contract.md "Grants").
+	grants *grant.Server
 	policy *policy.Watcher // the live policy (MIRROR_POLICY)
 	replay []string        // the replay targets, in the status
 	log    zerolog.Logger
@@ -125,6 +129,19 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 		return nil, err
 	}
 	pod.policy.OnChange(pod.Worker.Repace) // jobs waiting on a floor just lowered ask again
+	pod.grants = grant.NewServer(js.Conn(), p.Pacer, &grant.Options{
+		// A grant is a start of this pacer like the worker's own, made only
+		// while the worker serves the authority's partition, fenced from its
+		// take-over like the worker's first request.
+		Owns: func(auth string) bool {
+			_, ok := pod.Worker.GrantOwns(time.Now(), auth)
+			return ok
+		},
+		// Live jobs first: a grant takes at most one start in four while
+		// the pod's live jobs for the authority wait (docs/adr/0025).
+		Defer: func(auth string) time.Duration { return pod.Worker.GrantLiveFirst(time.Now(), auth) },
+		ID:    o.PodID, Logger: o.Logger,
+	})
 	if pod.Partitions > 0 {
 		if pod.mgr, err = pod.newManager(ctx, o); err != nil {
 			pod.stopFollow()
@@ -184,6 +201,9 @@ func (pod *Pod) Run(ctx context.Context) error {
 		})
 		ro.Actors = append(ro.Actors, pod.follow)
 	}
+	grantCtx, stopGrants := context.WithCancel(context.Background())
+	defer stopGrants()
+	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.grants.Run(grantCtx) }, Interrupt: func(error) { stopGrants() }})
 	policyCtx, stopPolicy := context.WithCancel(context.Background())
 	defer stopPolicy()
 	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.policy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
@@ -283,6 +303,12 @@ func (h *podHooks) Acquired(ctx context.Context, p int, since time.Time) error {
 // that does not happen within ctx the lease is still given up; the facts
 // are published as soon as the link allows.
 func (h *podHooks) Release(ctx context.Context, p int) {
+	// Owns refuses p now, so no new grant is made for it; the grants still
+	// out are revoked (their starts, made before the lease goes, are
+	// covered by the next owner's take-over fence).
+	if n := h.pod.grants.Revoke(func(auth string) bool { return h.pod.Worker.PartitionOf(auth) == p }); n > 0 {
+		h.pod.log.Debug().Int("partition", p).Int("grants", n).Msg("grants revoked with the partition")
+	}
 	h.pod.Worker.RemovePartition(ctx, p)
 	if err := h.pod.parts.Sink.Flush(ctx); err != nil {
 		h.pod.log.Warn().Err(err).Int("partition", p).Msg("partition released with pacer facts not yet stored (they are published once the link allows)")

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 )
 
 // lastModified is the Last-Modified of every object: objects never change.
@@ -38,9 +40,13 @@ type problem struct {
 func (og *Origin) serve(s *shard, w http.ResponseWriter, r *http.Request) {
 	// The store's clock, never the request's Date header.
 	now := og.clk.Now()
+	arrived := now // for the gaps: the kernel's receive time where stamped
+	if og.kernel {
+		arrived = rxstamp.Arrival(r)
+	}
 	f := og.faults.Load()
 	c, tokenOK := og.identify(r)
-	d := s.admit(now, c, f.StoreDown && f.appliesTo(s.index), f.retryAfterFormat(s.index))
+	d := s.admit(now, arrived, c, f.StoreDown && f.appliesTo(s.index), f.retryAfterFormat(s.index))
 	if d.hold > 0 && !og.tarpit(r, d.hold) {
 		return // the caller gave up while held
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 )
 
 // Options configure an Origin. A nil *Options means the defaults.
@@ -58,14 +59,20 @@ type Options struct {
 type Origin struct {
 	profile *Profile
 	clk     clock.Clock
-	log     zerolog.Logger
-	start   time.Time
-	salt    []byte
-	quotas  map[string]*quotaSpec
-	shards  []*shard
-	faults  atomic.Pointer[Faults]
-	shutTO  time.Duration
-	reg     *prometheus.Registry // served on the admin /metrics
+	// kernel: arrivals are timed by the kernel's receive time for the
+	// gap statistics (the authorities' listeners are stamped, package
+	// rxstamp), as on the real clock only: a loaded machine delays a
+	// handler, not the bytes on the wire, so the handler's own time would
+	// show gaps below the floor that no client sent.
+	kernel bool
+	log    zerolog.Logger
+	start  time.Time
+	salt   []byte
+	quotas map[string]*quotaSpec
+	shards []*shard
+	faults atomic.Pointer[Faults]
+	shutTO time.Duration
+	reg    *prometheus.Registry // served on the admin /metrics
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -114,6 +121,7 @@ func New(p *Profile, o *Options) (*Origin, error) {
 	og := &Origin{
 		profile: p,
 		clk:     opt.Clock,
+		kernel:  isReal(opt.Clock),
 		log:     opt.Logger,
 		start:   opt.Clock.Now(),
 		quotas:  map[string]*quotaSpec{},
@@ -167,6 +175,13 @@ func New(p *Profile, o *Options) (*Origin, error) {
 		return nil, fmt.Errorf("stuborigin: %w", err)
 	}
 	return og, nil
+}
+
+// isReal says whether c is the real clock (arrivals then have kernel
+// receive times to be timed by).
+func isReal(c clock.Clock) bool {
+	_, ok := c.(clock.Real)
+	return ok
 }
 
 // Listen binds one listener per authority and returns their base URLs
@@ -301,7 +316,11 @@ func (og *Origin) begin(ctx context.Context) (func() error, error) {
 		}
 	}
 	for i, ln := range og.listeners {
-		all = append(all, srvLn{newServer(og.Handler(i)), ln})
+		srv := newServer(og.Handler(i))
+		if og.kernel {
+			ln = rxstamp.Serve(srv, ln)
+		}
+		all = append(all, srvLn{srv, ln})
 	}
 	if og.adminLn != nil {
 		all = append(all, srvLn{newServer(og.AdminHandler()), og.adminLn})

@@ -67,10 +67,12 @@ func (g *gapStats) add(d, floor time.Duration) {
 }
 
 // admit runs admission for c at now and records what the caller observed.
+// arrived is when the request arrived, for the gaps between arrivals (the
+// kernel's receive time where the origin has it; else now, which decides).
 // raFormat is the Retry-After format in force; the returned decision carries
 // the Retry-After header value ("" when absent), so that what /stats calls
 // "told to wait" is exactly what was sent.
-func (s *shard) admit(now time.Time, c caller, storeDown bool, raFormat string) decision {
+func (s *shard) admit(now, arrived time.Time, c caller, storeDown bool, raFormat string) decision {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	id := s.ids[c.key]
@@ -90,13 +92,13 @@ func (s *shard) admit(now time.Time, c caller, storeDown bool, raFormat string) 
 		s.early++
 	}
 	if !id.lastArrival.IsZero() {
-		id.gaps.add(now.Sub(id.lastArrival), s.floor)
+		id.gaps.add(arrived.Sub(id.lastArrival), s.floor)
 	}
-	id.lastArrival = now
+	id.lastArrival = arrived
 	if !s.last.IsZero() {
-		s.gaps.add(now.Sub(s.last), s.floor)
+		s.gaps.add(arrived.Sub(s.last), s.floor)
 	}
-	s.last = now
+	s.last = arrived
 
 	var (
 		d       decision

@@ -139,3 +139,50 @@ func (w *Worker) Parked() map[string]int64 {
 	w.lanes.addCounts(out)
 	return out
 }
+
+// GrantOwns reports whether this worker serves auth's partition now (with
+// the shared consumer: always), so that its pacer may grant a start to
+// another program (grant.Server, issue 37), and returns the partition. An
+// owned partition taken over from another pod fences auth first, as the
+// worker's own first request is fenced: a granted start is spaced from the
+// previous owner's last start (its own and its grants') like this pod's.
+func (w *Worker) GrantOwns(now time.Time, auth string) (int, bool) {
+	s := w.sched
+	p := s.partitionOf(auth)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.ownsLocked(p) {
+		return p, false
+	}
+	if _, added := s.since[p]; s.o.partitions > 0 && !added {
+		return p, false // leased, not yet served (its fence is not known yet)
+	}
+	s.fenceLocked(now, p, auth)
+	return p, true
+}
+
+// PartitionOf returns the partition auth's jobs (and grants) are served in
+// under the policy in force (0 with the shared consumer).
+func (w *Worker) PartitionOf(auth string) int { return w.sched.partitionOf(auth) }
+
+// GrantLiveFirst returns how long a grant for auth must wait so that live
+// jobs go first (0: it may go now): while live jobs of auth wait here, a
+// grant goes only after LiveFirstRun of them have started since the last
+// grant, as a replay job does (docs/adr/0025), so grants take at most one
+// start in LiveFirstRun+1. The wait is the spacing in force (at least
+// 50 ms): ask again after the next start.
+func (w *Worker) GrantLiveFirst(now time.Time, auth string) time.Duration {
+	s := w.sched
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a := s.auths[auth]
+	if a == nil {
+		return 0
+	}
+	if a.n-len(a.bg.q.jobs) > 0 && a.liveSinceGrant < LiveFirstRun {
+		_, spacing, _ := s.pacer.ReadyIn(now, auth)
+		return max(spacing, 50*time.Millisecond)
+	}
+	a.liveSinceGrant = 0
+	return 0
+}

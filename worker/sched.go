@@ -178,6 +178,9 @@ type authQ struct {
 	overRun, overEnded, overBlocked time.Time
 	// bg holds the authority's replay jobs, after its live ones (replayjob.go).
 	bg background
+	// liveSinceGrant counts its live jobs taken since the pod's pacer last
+	// granted a start to another program (Worker.GrantLiveFirst).
+	liveSinceGrant int
 }
 
 type fifo struct{ jobs []*heldJob }
@@ -575,6 +578,7 @@ func (s *scheduler) popLocked(a *authQ) *heldJob {
 		}
 		j := t.pop()
 		a.n--
+		a.liveSinceGrant++
 		s.underCapLocked(a)
 		if len(t.jobs) == 0 {
 			delete(a.tenants, name)

@@ -80,7 +80,7 @@ func TestTopLevelUsage(t *testing.T) {
 		{"help names a subcommand", []string{"help", "enqueue"}, 0, "", "", "usage: mirrorworker enqueue"},
 		{"a subcommand's -h", []string{"run", "-h"}, 0, "", "", "-floor duration"},
 		{"a subcommand's --help after a flag", []string{"status", "--json", "--help"}, 0, "", "", "usage: mirrorworker status"},
-		{"unknown subcommand lists them", []string{"start"}, 2, `unknown subcommand "start": want one of dlq, enqueue, loadtest, pause, policy, replay, resume, run, status, stub-origin, verify, version`, "", ""},
+		{"unknown subcommand lists them", []string{"start"}, 2, `unknown subcommand "start": want one of dlq, enqueue, get, loadtest, pause, policy, replay, resume, run, status, stub-origin, verify, version`, "", ""},
 		{"flag before the subcommand", []string{"--data-dir", "x", "run"}, 2, `"--data-dir" before the subcommand: flags go after it`, "", ""},
 		{"a flag error with -h is still an error", []string{"run", "--flor", "1s", "-h"}, 2, "unknown flag --flor: did you mean --floor?", "", ""},
 	}

@@ -101,6 +101,7 @@ func commands() map[string]command {
 		"loadtest":    {"run the whole system against the stub origin and report", cmdLoadtest},
 		"dlq":         {"list, show and requeue dead letters (list|show|requeue)", cmdDLQ},
 		"version":     {"print the version", cmdVersion},
+		"get":         {"fetch one URL in the cluster's pace (the pods grant its start)", cmdGet},
 		"pause":       {"stop every worker from sending requests to one authority for a while", cmdPause},
 		"resume":      {"end an operator's pause of an authority on every worker", cmdResume},
 		"status":      {"show the pods, their partitions and each busy authority's state", cmdStatus},

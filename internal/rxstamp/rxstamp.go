@@ -13,7 +13,9 @@
 // reach the host (a pod's request delayed on its way out) still counts.
 //
 // Linux only; where the option cannot be set, Arrival falls back to the
-// handler's time.Now(). It is for tests only.
+// handler's time.Now(). It is for test origins: the tests' own and the
+// stub origin's arrival gaps (package stuborigin), never for what a
+// worker decides.
 package rxstamp
 
 import (
