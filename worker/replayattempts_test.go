@@ -3,16 +3,15 @@ package worker_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"net/http"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mirrorworker/mirrorworker/deadletter"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
@@ -108,7 +107,14 @@ func TestAReplaysFailuresAreItsOwn(t *testing.T) {
 	if len(dls) != 1 || dls[0].Replay != "" || len(dls[0].Attempts) != budget || dls[0].Reason != jobs.ReasonBudgetExhausted {
 		t.Fatalf("MIRROR_DLQ holds %+v, want the live job's one dead letter with its %d attempts", dls, budget)
 	}
-	rdls := replayDeadLetters(t, e.js)
+	recs, err := deadletter.List(context.Background(), e.js, deadletter.Query{Replays: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rdls []jobs.DeadLetter
+	for _, r := range recs {
+		rdls = append(rdls, r.Record)
+	}
 	if len(rdls) != 1 || rdls[0].Replay != "r1" || len(rdls[0].Attempts) != budget {
 		t.Fatalf("the replays' stream holds %+v, want the copy's one dead letter with its %d attempts", rdls, budget)
 	}
@@ -117,31 +123,4 @@ func TestAReplaysFailuresAreItsOwn(t *testing.T) {
 			t.Errorf("the copy's dead letter holds an attempt of %s, before the copy was published (%s): the live job's", a.Time, copyAt)
 		}
 	}
-}
-
-// replayDeadLetters returns every record of the replays' dead-letter stream.
-func replayDeadLetters(t *testing.T, js jetstream.JetStream) []jobs.DeadLetter {
-	t.Helper()
-	ctx := context.Background()
-	s, err := js.Stream(ctx, replay.DeadLetterStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []jobs.DeadLetter
-	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var d jobs.DeadLetter
-		if err := json.Unmarshal(m.Data, &d); err != nil {
-			t.Fatalf("dead letter %s: %v", strconv.FormatUint(seq, 10), err)
-		}
-		out = append(out, d)
-	}
-	return out
 }

@@ -337,12 +337,10 @@ func (w *Worker) awaitFetches(done <-chan struct{}, cancel context.CancelFunc) {
 	}
 }
 
-func (w *Worker) handBackQueued() int {
-	js := w.sched.drain()
-	for _, j := range js {
+func (w *Worker) handBackQueued() {
+	for _, j := range w.sched.drain() {
 		w.settler.handBack(j)
 	}
-	return len(js)
 }
 
 // intakeLoop pulls c while fewer than MaxHeld jobs are held (across every
