@@ -118,6 +118,22 @@ func (l *logWatch) field(msg, key string) string {
 	return ""
 }
 
+// messages returns the lines whose message is msg.
+func (l *logWatch) messages(msg string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range l.lines {
+		var m struct {
+			Message string `json:"message"`
+		}
+		if json.Unmarshal([]byte(line), &m) == nil && m.Message == msg {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 func (l *logWatch) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
