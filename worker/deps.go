@@ -131,18 +131,50 @@ func DefaultConcurrency() int {
 	return min(max(16*runtime.GOMAXPROCS(0), 16), 128)
 }
 
+// Defaults of Options: a zero field takes these, and the command's flags
+// and their help read them, so that a default has one home.
+const (
+	// DefaultBackoffInitial and DefaultBackoffMax bound the delay of a
+	// retry after a transient failure; it doubles from the first to the
+	// second.
+	DefaultBackoffInitial = time.Second
+	DefaultBackoffMax     = 5 * time.Minute
+	// DefaultHoldMax is the longest wait a job spends in memory for its
+	// authority; a longer one goes back to the stream.
+	DefaultHoldMax = 2 * time.Second
+	// DefaultMaxHeld bounds the jobs held in memory; an authority's share
+	// is a quarter of it.
+	DefaultMaxHeld = 1000
+	// DefaultShutdownGrace is the time in-flight fetches have to finish
+	// after a stop is asked for (the --shutdown-grace flag's default). It
+	// is short of Kubernetes' default terminationGracePeriodSeconds (30 s),
+	// which must also cover handing the held jobs back and flushing acks.
+	DefaultShutdownGrace = 20 * time.Second
+	// DefaultDeferSpread is the horizon of the deferral calendar.
+	DefaultDeferSpread = 5 * time.Minute
+	// DefaultPullBatch and DefaultPullWait are one pull request's size and
+	// expiry.
+	DefaultPullBatch = 256
+	DefaultPullWait  = time.Second
+	// DefaultTargetProbeInitial and DefaultTargetProbeMax bound the delay
+	// between probes of a failed mirror target.
+	DefaultTargetProbeInitial = time.Second
+	DefaultTargetProbeMax     = time.Minute
+)
+
 // Options tune a Worker. A nil *Options, and every zero field, means the
 // default given on the field.
 type Options struct {
 	Concurrency    int           // fetch slots; DefaultConcurrency()
 	FailureBudget  int           // failed attempts before a job is dead-lettered; DefaultFailureBudget
-	BackoffInitial time.Duration // first retry delay; 1 s
-	BackoffMax     time.Duration // longest retry delay; 5 min
+	BackoffInitial time.Duration // first retry delay; DefaultBackoffInitial
+	BackoffMax     time.Duration // longest retry delay; DefaultBackoffMax
 	// HoldMax: a job whose authority can take it within HoldMax waits in
-	// memory; a longer wait defers it to the stream (NAK with delay). 2 s.
+	// memory; a longer wait defers it to the stream (NAK with delay).
+	// DefaultHoldMax.
 	HoldMax time.Duration
 	// MaxHeld bounds the jobs held in memory (queued, waiting, fetching);
-	// the worker pulls only below it. 1000.
+	// the worker pulls only below it. DefaultMaxHeld.
 	MaxHeld int
 	// MaxHeldPerAuthority bounds one authority's queue, so a hot authority
 	// cannot take all of MaxHeld; past it jobs are deferred, unless the
@@ -152,19 +184,22 @@ type Options struct {
 	// progress for that long (docs/adr/0014). MaxHeld/4.
 	MaxHeldPerAuthority int
 	// AckWait must match the consumer's; held jobs get an in-progress ack
-	// well before it runs out. 60 s.
+	// well before it runs out. jobs.DefaultAckWait.
 	AckWait time.Duration
 	// ShutdownGrace is how long in-flight fetches may finish after Run's
-	// context is cancelled before they are cancelled and handed back. 10 s.
+	// context is cancelled before they are cancelled and handed back.
+	// DefaultShutdownGrace.
 	ShutdownGrace time.Duration
 	// StopNow, when it closes during the grace (an operator's second
 	// Ctrl-C), ends the grace at once: in-flight fetches are cancelled and
 	// their jobs handed back for redelivery now. nil: the grace runs out.
 	StopNow <-chan struct{}
 	// DeferSpread is the horizon of the deferral calendar: no deferred job
-	// is sent further than this past its authority's earliest start. 5 min.
+	// is sent further than this past its authority's earliest start.
+	// DefaultDeferSpread.
 	DeferSpread time.Duration
-	// PullBatch bounds one pull request; 256. PullWait is its expiry; 1 s.
+	// PullBatch bounds one pull request; DefaultPullBatch. PullWait is its
+	// expiry; DefaultPullWait.
 	PullBatch int
 	PullWait  time.Duration
 	// Partitions > 0 selects partitioned mode (docs/adr/0007): jobs come
@@ -186,7 +221,8 @@ type Options struct {
 	// TargetProbeInitial is the first delay before the mirror target is
 	// probed after it failed (full, read-only, broken: mirror.FailureCode),
 	// and the delay of every job handed back meanwhile; the delay doubles
-	// up to TargetProbeMax. 1 s and 1 min.
+	// up to TargetProbeMax. DefaultTargetProbeInitial and
+	// DefaultTargetProbeMax.
 	TargetProbeInitial time.Duration
 	TargetProbeMax     time.Duration
 	WorkerID           string // in dead letters; DefaultWorkerID()
@@ -236,23 +272,23 @@ func (o *Options) withDefaults() Options {
 	}
 	defInt(&r.Concurrency, DefaultConcurrency())
 	defInt(&r.FailureBudget, DefaultFailureBudget)
-	defDur(&r.BackoffInitial, time.Second)
-	defDur(&r.BackoffMax, 5*time.Minute)
-	defDur(&r.HoldMax, 2*time.Second)
-	defInt(&r.MaxHeld, 1000)
+	defDur(&r.BackoffInitial, DefaultBackoffInitial)
+	defDur(&r.BackoffMax, DefaultBackoffMax)
+	defDur(&r.HoldMax, DefaultHoldMax)
+	defInt(&r.MaxHeld, DefaultMaxHeld)
 	defInt(&r.MaxHeldPerAuthority, max(r.MaxHeld/4, 1))
 	defDur(&r.AckWait, jobs.DefaultAckWait)
-	defDur(&r.ShutdownGrace, 10*time.Second)
-	defDur(&r.DeferSpread, 5*time.Minute)
-	defInt(&r.PullBatch, 256)
-	defDur(&r.PullWait, time.Second)
+	defDur(&r.ShutdownGrace, DefaultShutdownGrace)
+	defDur(&r.DeferSpread, DefaultDeferSpread)
+	defInt(&r.PullBatch, DefaultPullBatch)
+	defDur(&r.PullWait, DefaultPullWait)
 	defDur(&r.ParkAfter, DefaultParkAfter)
 	defInt(&r.ParkShare, DefaultParkShare)
 	if r.LaneBacklog == 0 {
 		r.LaneBacklog = DefaultLaneBacklog
 	}
-	defDur(&r.TargetProbeInitial, time.Second)
-	defDur(&r.TargetProbeMax, time.Minute)
+	defDur(&r.TargetProbeInitial, DefaultTargetProbeInitial)
+	defDur(&r.TargetProbeMax, DefaultTargetProbeMax)
 	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
 	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
 	if r.WorkerID == "" {

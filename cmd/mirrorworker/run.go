@@ -95,7 +95,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 		logFormat:         "json",
 		logLevel:          "info",
 	})
-	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", 20*time.Second, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
+	fs.DurationVar(&c.shutdownGrace, "shutdown-grace", worker.DefaultShutdownGrace, "on SIGTERM, time for in-flight jobs to finish before they are handed back")
 	fs.DurationVar(&c.jobsMaxAge, "jobs-max-age", jobs.DefaultJobsMaxAge, "MaxAge of the MIRROR_JOBS stream")
 	fs.Var(&c.jobsMaxBytes, "jobs-max-bytes", "MaxBytes of the MIRROR_JOBS stream, a `size` in bytes or with a unit (50GiB); 0: unlimited")
 	fs.IntVar(&c.partitions, "partitions", jobs.DefaultPartitions, "partitions of MIRROR_JOBS: authorities are split among them and each is served by one pod at a time, so that pods sharing a NATS keep one pace per origin; fixed once the stream has them, at most the useful number of pods. 0: the single shared consumer of earlier versions, for one pod only")
