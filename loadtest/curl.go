@@ -93,7 +93,7 @@ func (c *curlRun) fetchAll(ctx context.Context, client *http.Client, auth string
 				}
 			}
 			last = time.Now()
-			sent.record(auth, last)
+			sent.Record(auth, last)
 			c.requests.Add(1)
 			status, h, err := get(ctx, client, u)
 			if ctx.Err() != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/cluster"
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -40,7 +41,7 @@ const (
 // pod is one `mirrorworker run` process of the load test.
 type pod struct {
 	id         string
-	departures string // its DepartureLog file
+	departures string // its departure log (departlog.Log)
 
 	cmd    *exec.Cmd
 	exited chan struct{}
@@ -77,11 +78,11 @@ func podArgs(o *Options, id, natsURL, dataDir, mirrorDir string) []string {
 func podEnv(departures string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "MIRRORWORKER_") && !strings.HasPrefix(kv, DeparturesEnv+"=") {
+		if !strings.HasPrefix(kv, "MIRRORWORKER_") && !strings.HasPrefix(kv, departlog.Env+"=") {
 			env = append(env, kv)
 		}
 	}
-	return append(env, DeparturesEnv+"="+departures)
+	return append(env, departlog.Env+"="+departures)
 }
 
 // startPod starts one pod. Its log goes to log (at the level each line

@@ -13,6 +13,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -70,6 +71,8 @@ var _ Pacer = (*pacer.Pacer)(nil)
 type Msg interface {
 	Metadata() (*jetstream.MsgMetadata, error)
 	Data() []byte
+	// Headers may be nil: a job published without headers.
+	Headers() nats.Header
 	Subject() string
 	Ack() error
 	DoubleAck(ctx context.Context) error

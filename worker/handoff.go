@@ -96,10 +96,8 @@ func (h *handoffs) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError,
 func (h *handoffs) move(ctx context.Context, j *heldJob, m Msg, from int) {
 	cp := nats.NewMsg(jobs.PartitionedSubject(j.part, j.job.Tenant, j.job.Authority.Key()))
 	cp.Data = m.Data()
-	if hm, ok := m.(interface{ Headers() nats.Header }); ok {
-		for k, v := range hm.Headers() {
-			cp.Header[k] = slices.Clone(v)
-		}
+	for k, v := range m.Headers() {
+		cp.Header[k] = slices.Clone(v)
 	}
 	if cp.Header.Get(jobs.HeaderUnparked) == "" {
 		cp.Header.Set(jobs.HeaderUnparked, "moved")

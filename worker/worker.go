@@ -30,7 +30,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -441,23 +440,21 @@ func (w *Worker) yieldToOthers(ctx context.Context, got, parked int, took time.D
 func (w *Worker) intake(ctx context.Context, m Msg) {
 	now := w.clk.Now()
 	j := &heldJob{msg: m, data: m.Data(), received: now, delivered: 1}
-	if hm, ok := m.(interface{ Headers() nats.Header }); ok {
-		if h := hm.Headers(); h != nil {
-			if w.o.SkipCopies && jobs.IsCopy(h) {
-				// A replay: the submitted job itself is in the stream too.
-				w.settler.settle(j, Msg.Ack)
-				return
-			}
-			j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
-			if c := h.Get(jobs.HeaderContinues); c != "" {
-				j.origin = c
-				j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
-			}
-			if h.Get(jobs.HeaderUnparked) != "" {
-				defer func() { w.parking.arrived(j.auth) }()
-			}
-			j.replay = replayOf(h)
+	if h := m.Headers(); h != nil {
+		if w.o.SkipCopies && jobs.IsCopy(h) {
+			// A replay: the submitted job itself is in the stream too.
+			w.settler.settle(j, Msg.Ack)
+			return
 		}
+		j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
+		if c := h.Get(jobs.HeaderContinues); c != "" {
+			j.origin = c
+			j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
+		}
+		if h.Get(jobs.HeaderUnparked) != "" {
+			defer func() { w.parking.arrived(j.auth) }()
+		}
+		j.replay = replayOf(h)
 	}
 	if md, err := m.Metadata(); err == nil {
 		j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered

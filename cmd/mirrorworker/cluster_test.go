@@ -19,9 +19,9 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/loadtest"
 )
 
 // clusterOrigin is one origin with several authorities (loopback ports),
@@ -430,7 +430,7 @@ func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
 }
 
 // departureLogs starts worker processes that each log the instant their
-// pacer confirmed every request's start (loadtest.DepartureLog), for
+// pacer confirmed every request's start (departlog.Log), for
 // readDepartures; the order of files is the order of the pods started.
 type departureLogs struct {
 	dir   string
@@ -441,7 +441,7 @@ func (d *departureLogs) start(t *testing.T, args ...string) *workerProcess {
 	t.Helper()
 	f := filepath.Join(d.dir, fmt.Sprintf("departures-%d", len(d.files)))
 	d.files = append(d.files, f)
-	return startWorkerProcessEnv(t, []string{loadtest.DeparturesEnv + "=" + f}, args...)
+	return startWorkerProcessEnv(t, []string{departlog.Env + "=" + f}, args...)
 }
 
 // waitQueueEmpty waits until n files are in the mirror and nothing is left

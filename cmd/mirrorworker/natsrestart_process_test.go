@@ -19,9 +19,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/internal/testbin"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/loadtest"
 )
 
 // faultRig is an origin with five authorities (one answering every fifth
@@ -60,7 +60,7 @@ func newFaultRig(t *testing.T, natsURL string, perAuth int) *faultRig {
 func (r *faultRig) startPod(t *testing.T) *workerProcess {
 	dep := filepath.Join(t.TempDir(), fmt.Sprintf("departures-%d", len(r.departures)))
 	r.departures = append(r.departures, dep)
-	t.Setenv(loadtest.DeparturesEnv, dep)
+	t.Setenv(departlog.Env, dep)
 	p := startWorkerProcess(t, workerArgs(r.natsURL, t.TempDir(),
 		"--target", r.root, "--floor", rigFloor.String(), "--concurrency", "8", "--max-in-flight", "2",
 		"--lease-ttl", rigTTL.String(), "--ack-wait", "10s", "--log-level", "info")...)

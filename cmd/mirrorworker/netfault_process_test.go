@@ -25,8 +25,8 @@ import (
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/faultproxy"
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/loadtest"
 )
 
 // netFaultCase is one run: a fault struck on one pod's link, and when it
@@ -130,7 +130,7 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) time.Duration
 		t.Cleanup(func() { px.Close() })
 		proxies = append(proxies, px)
 		departures = append(departures, filepath.Join(t.TempDir(), fmt.Sprintf("departures-%d", i)))
-		pods = append(pods, startWorkerProcessEnv(t, []string{loadtest.DeparturesEnv + "=" + departures[i]}, workerArgs("nats://"+px.Addr(), t.TempDir(),
+		pods = append(pods, startWorkerProcessEnv(t, []string{departlog.Env + "=" + departures[i]}, workerArgs("nats://"+px.Addr(), t.TempDir(),
 			"--target", root, "--floor", floor.String(), "--concurrency", "8", "--max-in-flight", "2",
 			"--lease-ttl", ttl.String(), "--ack-wait", "10s", "--log-level", "info")...))
 	}
@@ -276,7 +276,7 @@ type departure struct {
 	pod int
 }
 
-// readDepartures reads each pod's departure log (loadtest.DepartureLog:
+// readDepartures reads each pod's departure log (departlog.Log:
 // "<unix ns> <authority>" per request), by authority, sorted.
 func readDepartures(t *testing.T, files []string) map[string][]departure {
 	t.Helper()

@@ -27,8 +27,8 @@ import (
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/dirlock"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
@@ -189,7 +189,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 // a mistake is one clear error; then it runs the admin endpoint and the
 // pipeline in one group until ctx is cancelled.
 func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
-	hooks := readTestHooks(os.Getenv)
+	hooks := readTestHooks(c.getenv)
 	dataDir, lock, target, err := openStore(ctx, c, hooks, log)
 	if err != nil {
 		return err
@@ -517,12 +517,12 @@ func (p *natsStage) run(ctx context.Context) error {
 	}
 	// The pods of `mirrorworker loadtest` record when each request leaves,
 	// so the load test can time departures across processes; nil otherwise.
-	departures, err := loadtest.OpenDepartureLog(p.hooks.departures)
+	depLog, err := departures.Open(p.hooks.departures)
 	if err != nil {
 		return err
 	}
-	defer departures.Close()
-	pod, err := parts.StartPod(ctx, p.podOptions(departures))
+	defer depLog.Close()
+	pod, err := parts.StartPod(ctx, p.podOptions(depLog))
 	if err != nil {
 		return stoppedOr(ctx, replicasHint(err, c.streamReplicas))
 	}
@@ -587,7 +587,7 @@ func (c *runConfig) consumerOptions() *jobs.ConsumerOptions {
 }
 
 // podOptions bind the worker as the flags say, with the test hooks.
-func (p *natsStage) podOptions(departures *loadtest.DepartureLog) *pipeline.PodOptions {
+func (p *natsStage) podOptions(depLog *departures.Log) *pipeline.PodOptions {
 	c := p.c
 	o := &pipeline.PodOptions{
 		Consumer: c.consumerOptions(), LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas,
@@ -596,7 +596,7 @@ func (p *natsStage) podOptions(departures *loadtest.DepartureLog) *pipeline.PodO
 		Logger: p.log,
 		Adjust: func(o *worker.Options, d *worker.Deps) {
 			o.StopNow = c.stopNow
-			departures.Wrap(d)
+			depLog.Wrap(d)
 			p.hooks.adjust(o, d)
 		},
 	}

@@ -4,7 +4,7 @@ import (
 	"os"
 	"syscall"
 
-	"github.com/mirrorworker/mirrorworker/loadtest"
+	"github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -21,13 +21,17 @@ type testHooks struct {
 	// fault kills the process at a named point (faultEnv); nil: never.
 	fault func(point string)
 	// departures is the file to which the load test's pods log when each
-	// request leaves (loadtest.DeparturesEnv); empty: none.
+	// request leaves (departures.Env); empty: none.
 	departures string
 }
 
-// readTestHooks reads the hooks from the environment.
+// readTestHooks reads the hooks from the environment run was given (nil:
+// an empty one, no hooks).
 func readTestHooks(getenv func(string) string) testHooks {
-	return testHooks{fault: faultHook(getenv(faultEnv)), departures: getenv(loadtest.DeparturesEnv)}
+	if getenv == nil {
+		return testHooks{}
+	}
+	return testHooks{fault: faultHook(getenv(faultEnv)), departures: getenv(departures.Env)}
 }
 
 // adjust puts the hooks into the worker (pipeline.PodOptions.Adjust).
