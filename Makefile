@@ -11,6 +11,11 @@ PKGS      := ./...
 # Their tests that shrink under the race detector (raceEnabled) run plain too, at full size.
 PLAIN_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list $(PKGS)))
 FULL_SIZE  := ^(TestParkingIsolationAtScale|TestSimulatedClusterKeepsOnePace|TestSimulatedClusterLinkFaults)$$
+# The end-to-end tier: tests of worker/ that run thousands of jobs through
+# real JetStream and wait on real cooldowns and redeliveries are in files
+# built with this tag, so that `go test ./worker/` stays fast (ADR 0024);
+# the race run and the full-size run build them in.
+E2E_TAGS  := e2e
 # Tests that mostly wait (floors, cooldowns, leases, real processes) call t.Parallel;
 # this many run at once (go test's default is GOMAXPROCS, 2 on a 2-core machine).
 PARALLEL  ?= 8
@@ -65,14 +70,15 @@ image:
 test-plain:
 	@rm -f $(SKIPPED)
 	@MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 25m -parallel $(PARALLEL) $(PLAIN_PKGS) & plain=$$!; \
-	$(GO) test -count=1 -timeout 15m -run '$(FULL_SIZE)' ./worker/ ./cluster/; full=$$?; \
+	$(GO) test -count=1 -timeout 15m -tags $(E2E_TAGS) -run '$(FULL_SIZE)' ./worker/ ./cluster/; full=$$?; \
 	wait $$plain && [ $$full -eq 0 ]
 
 test-race:
-	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -race -count=1 -timeout 15m -parallel $(PARALLEL) $(RACE_PKGS)
+	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) $(RACE_PKGS)
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags $(E2E_TAGS) ./worker/...
 	cd deploy && $(GO) vet ./...
 
 fmt-check:

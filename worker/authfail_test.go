@@ -25,6 +25,7 @@ import (
 // end), the parked jobs come back, and every job is stored, none
 // dead-lettered.
 func TestAuthHoldParksAndLifts(t *testing.T) {
+	t.Parallel()
 	const n = 12
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
@@ -65,7 +66,7 @@ func TestAuthHoldParksAndLifts(t *testing.T) {
 	w, err := worker.New(worker.Deps{JS: e.js, Fetcher: f, Target: e.target, Pacer: testPacer(50*time.Millisecond, 2, nil, 0, nil),
 		Owns: func(int) bool { return true }},
 		&worker.Options{Partitions: parts, ParkAfter: time.Second, Registerer: reg, Logger: testLogger(t),
-			Auth: worker.AuthRule{Hold: hold}})
+			PullWait: testPullWait(0), Auth: worker.AuthRule{Hold: hold}})
 	if err != nil {
 		t.Fatal(err)
 	}

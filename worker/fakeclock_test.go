@@ -22,6 +22,7 @@ import (
 // memory meanwhile. (TestFloorHoldsAtTheOrigin
 // checks the same on the wall clock, at the origin.)
 func TestFloorOnTheFakeClock(t *testing.T) {
+	t.Parallel()
 	const (
 		floor   = time.Minute
 		spacing = floor + pacer.MaxStartGuard // the guard is min(floor/50, 2 ms)

@@ -82,6 +82,7 @@ func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
 // waits in the cooling authority's queue, as a continuation, and is
 // fetched there once the cooldown ends. The first hop is asked once.
 func TestRedirectToACoolingAuthorityContinuesThere(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	from, to := newOrigin(t), newOrigin(t)
 	from.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {

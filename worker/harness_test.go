@@ -229,6 +229,17 @@ func (r *running) stop(t testing.TB) {
 	}
 }
 
+// testPullWait is the pull expiry (worker.Options.PullWait) of the tests'
+// workers unless a test sets one (d): a worker's Run waits for its pull to
+// expire before it returns, and at the default (1 s) every test's stop
+// took a second.
+func testPullWait(d time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return 100 * time.Millisecond
+}
+
 func testLogger(t testing.TB) zerolog.Logger {
 	if testing.Verbose() {
 		return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel)

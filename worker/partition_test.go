@@ -47,6 +47,7 @@ func (e *env) startServing(p worker.Pacer, o worker.Options, legacy jetstream.Co
 	o.Registerer = reg
 	o.Logger = testLogger(e.t)
 	o.Partitions = parts
+	o.PullWait = testPullWait(o.PullWait)
 	pw := &partitioned{owned: make([]atomic.Bool, parts)}
 	f := fetch.New(&fetch.Options{AllowPrivate: true})
 	w, err := worker.New(worker.Deps{JS: e.js, Fetcher: f, Target: e.target, Pacer: p,

@@ -65,7 +65,7 @@ func TestAReplaysFailuresAreItsOwn(t *testing.T) {
 	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.cons, Fetcher: f, Target: e.target, Pacer: p,
 		ReplayTarget: func(context.Context, string, string) (worker.Target, error) { return replayTarget, nil },
 	}, &worker.Options{FailureBudget: budget, BackoffInitial: time.Second, BackoffMax: 3 * time.Second,
-		Registerer: reg, Logger: testLogger(t)})
+		Registerer: reg, Logger: testLogger(t), PullWait: testPullWait(0)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,7 +60,7 @@ func TestStoredObjectsAreLogged(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	f := fetch.New(&fetch.Options{AllowPrivate: true})
 	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.cons, Fetcher: f, Target: e.target, Pacer: testPacer(0, 2, nil, 0, nil)},
-		&worker.Options{Concurrency: 2, Registerer: reg, Logger: zerolog.New(&logs).Level(zerolog.DebugLevel)})
+		&worker.Options{Concurrency: 2, PullWait: testPullWait(0), Registerer: reg, Logger: zerolog.New(&logs).Level(zerolog.DebugLevel)})
 	if err != nil {
 		t.Fatal(err)
 	}

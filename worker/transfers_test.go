@@ -17,6 +17,7 @@ import (
 // fetched_bytes_total has moved by those bytes before the body ends; once
 // stored, the fetch is gone and the counter holds the whole body.
 func TestFetchInFlightShowsProgress(t *testing.T) {
+	t.Parallel()
 	const size, half = 1 << 20, 1 << 19
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)

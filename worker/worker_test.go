@@ -270,6 +270,7 @@ func TestTargetConflictIsDeadLetteredAtOnce(t *testing.T) {
 }
 
 func TestShutdownHandsHeldJobsBack(t *testing.T) {
+	t.Parallel()
 	const ackWait = 30 * time.Second
 	e := newEnv(t, ackWait)
 	o := newOrigin(t)
@@ -379,6 +380,7 @@ func TestHeldJobsOutliveTheAckWait(t *testing.T) {
 }
 
 func TestRedirectToACoolingAuthorityDefers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
 	from, to := newOrigin(t), newOrigin(t)
 	from.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
