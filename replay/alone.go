@@ -16,6 +16,12 @@ import (
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
+// LoneGrace is how long the fetches in flight of a replay that paces its
+// own requests may finish when it stops or hands its jobs to the pods
+// (its worker's Options.ShutdownGrace), well within the 30 s a starting pod
+// waits for that hand-over.
+const LoneGrace = 10 * time.Second
+
 // A replay that finds no live pod does the work itself, with a pacer of its
 // own (docs/adr/0025). It stays one pace with any pod that starts while it
 // runs: its entry in jobs.ReplaysBucket says it paces alone; a pod that

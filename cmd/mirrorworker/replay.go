@@ -421,7 +421,7 @@ func (l *loneReplay) alone() *replay.Lone {
 	local := func(ctx context.Context, cons jetstream.Consumer) error {
 		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
 		// parking, or moved into a partition) are not submitted jobs.
-		w, err := l.parts.NewWorker(cons, l.target, 0, func(o *worker.Options, d *worker.Deps) {
+		w, err := l.parts.NewWorker(cons, l.target, replay.LoneGrace, func(o *worker.Options, d *worker.Deps) {
 			o.SkipCopies, o.OnOutcome = true, l.tally.Add
 			// Its failures are not the live pipeline's: neither its
 			// dead letters nor its failed attempts (their budget).
