@@ -7,7 +7,7 @@
 // jobs), the load-test profile format (a stub origin profile plus the
 // politeness policy and time scale the strategies run with), the Report,
 // written as report.json and a self-contained report.html, and the
-// DepartureLog the pods write.
+// reading of the departure logs the pods write (internal/departures).
 //
 // The HostPacer runs as W `mirrorworker run` processes (pods) on the
 // partitioned cluster layout, as a deployment runs it, unless
