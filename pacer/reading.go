@@ -54,8 +54,8 @@ type reading struct {
 	// refusal's short answer overtaking a body) belongs to the blast.
 	blastEnd int64
 	// tight is whether the last reading's two bounds were within
-	// tightReading of each other: the rate is known, and the creep
-	// below it (Limits.Decay) slows by tightCreep.
+	// tightReading of each other: the rate is known, the pace is the
+	// lower bound, and the interval does not creep below it.
 	tight bool
 	// dropped is whether admissions since the last escalation fell out of
 	// at: the window may then have lost the bucket's last empty instant,
@@ -64,11 +64,12 @@ type reading struct {
 }
 
 // A reading whose lower bound is at least tightReading of its upper one
-// knows the origin's rate to a few percent; the creep below it then slows
-// tightCreep times, since each rejection costs a whole Retry-After.
+// knows the origin's rate to a few percent: the pace holds at its lower
+// bound, since each rejection a creep provokes costs a whole Retry-After.
+// A looser one's middle errs either way by up to half the spread: the
+// creep from it is looseCreep times faster (ADR 0029).
 const (
 	tightReading = 0.9
-	tightCreep   = 8
 	looseCreep   = 4
 )
 
