@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/mirrorworker/mirrorworker/stuborigin/limitreq"
 )
 
 // judged is one request in a judge test: its URL, what came back, and how
@@ -261,7 +262,7 @@ func TestLimiter503SettlesLikeA429(t *testing.T) {
 		var evs []pacer.Event
 		p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1}},
 			StartGuard: -1, Rand: func() float64 { return 0 }, OnEvent: func(ev pacer.Event) { evs = append(evs, ev) }})
-		b := &leakyBucket{rate: 2, burst: 5}
+		b := &limitreq.Limiter{Limit: limitreq.Limit{Rate: 2, Burst: 5}}
 		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 		now := t0
 		for i := 0; i < files; {
@@ -276,7 +277,7 @@ func TestLimiter503SettlesLikeA429(t *testing.T) {
 				t.Fatalf("file %d at +%s: %v", i, now.Sub(t0), err)
 			}
 			r := pacer.Response{Status: 200, URL: fmt.Sprintf("/f/%d", i)}
-			if !b.admit(now) {
+			if !b.Admit(now) {
 				r = refuse
 				r.URL = fmt.Sprintf("/f/%d", i)
 				refusals++

@@ -944,13 +944,19 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 		return false
 	}
 	top := max(p.maxInterval, e.floor)
+	if e.rd != nil {
+		e.rd.blastEnd = 0 // a later escalation: the blast is counted
+	}
 	switch {
 	case e.rd == nil:
 		// The first refusal: the admissions before it, from a cold
-		// start, were the origin's burst and one more.
+		// start, were what an empty bucket takes in a row (nginx's
+		// burst and one more); one still in flight that started before
+		// it is counted when answered (reading.admitted).
 		e.rd = &reading{}
 		if e.answered > 0 && e.answered <= maxBlast {
-			e.rd.burst = e.answered - 1
+			e.rd.burst = e.answered
+			e.rd.blastEnd = started
 		}
 	case e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt:
 		// Two readings of the answers since the last escalation, for a
@@ -972,7 +978,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 		}
 		e.pace = min(max(pace, e.floor), top)
 	}
-	e.rd.n = 0
+	e.rd.n, e.rd.dropped = 0, false
 	e.escAt, e.answered = n, 0
 	iv := min(max(2*e.interval, p.firstStepFor(e), e.floor), top)
 	if iv != e.interval {
@@ -1010,13 +1016,22 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		iv = target
 	} else if iv > target {
 		iv = max(target, iv/2)
+	} else if e.rd != nil && e.rd.tight {
+		// A tight reading's pace is its lower bound: the origin
+		// admits at least that, and a creep past it would buy at most
+		// the bounds' spread for a refusal that costs a Retry-After.
+		iv = max(target, iv)
 	} else {
 		steps := int64(e.decaySteps)
 		if steps <= 0 {
 			steps = DefaultDecay
 		}
-		if e.rd != nil && e.rd.tight {
-			steps *= tightCreep
+		if e.rd != nil && e.pace > 0 {
+			// A loose reading (its bounds more than tightReading
+			// apart) errs either way by up to half their spread: the
+			// creep from it is faster, so that a slow one costs less
+			// and a refusal comes soon to tighten it.
+			steps = max(1, steps/looseCreep)
 		}
 		iv = max(e.floor, int64(float64(iv)*math.Exp2(-1/float64(steps))))
 	}

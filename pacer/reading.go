@@ -22,13 +22,16 @@ package pacer
 //
 // Windows where the worker sent slower than the origin add nothing to
 // either maximum, so idle capacity no longer biases the reading. The
-// burst is read from the first blast: the admissions in a row from a cold
-// start before the first refusal, less one (nginx admits burst + 1).
+// burst is read from the first blast: the admissions from a cold start
+// that started before the first refused request. nginx admits burst + 1 in
+// a row into an empty bucket (its excess is clamped at 0 after the request
+// is added, limitreq), so that count, not one less, is the depth b of the
+// bounds below.
 
 // readingSize is how many of the latest admissions a reading keeps: the
 // bound's window is where the worker sent faster than the origin, a few
 // bursts long.
-const readingSize = 32
+const readingSize = 64
 
 // maxBlast is the most admissions before a first refusal still read as a
 // blast into an empty bucket: more say the client was not sending faster
@@ -39,28 +42,46 @@ const maxBlast = readingSize
 // escalation; nil until the first throttling answer, so an authority never
 // throttled pays one pointer for it.
 type reading struct {
-	at    [readingSize]int64 // start instants of the latest admissions, ascending
-	n     int32              // how many of at hold admissions
-	burst int32              // the origin's burst as the first blast read it
+	at [readingSize]int64 // start instants of the latest admissions, ascending
+	n  int32              // how many of at hold admissions
+	// burst is how many admissions an empty bucket takes in a row, as the
+	// first blast read it: nginx's burst= plus one (limitreq), which is
+	// the bucket's depth in the bounds below. 0: unknown.
+	burst int32
+	// blastEnd is the start of the first refused request while the
+	// blast is still being counted (0 after): an admission started
+	// before it and answered after the refusal (two in flight, the
+	// refusal's short answer overtaking a body) belongs to the blast.
+	blastEnd int64
 	// tight is whether the last reading's two bounds were within
-	// tightReading of each other: the rate is known, and the creep
-	// below it (Limits.Decay) slows by tightCreep.
+	// tightReading of each other: the rate is known, the pace is the
+	// lower bound, and the interval does not creep below it.
 	tight bool
+	// dropped is whether admissions since the last escalation fell out of
+	// at: the window may then have lost the bucket's last empty instant,
+	// and the upper bound, which needs it, is not read.
+	dropped bool
 }
 
 // A reading whose lower bound is at least tightReading of its upper one
-// knows the origin's rate to a few percent; the creep below it then slows
-// tightCreep times, since each rejection costs a whole Retry-After.
+// knows the origin's rate to a few percent: the pace holds at its lower
+// bound, since each rejection a creep provokes costs a whole Retry-After.
+// A looser one's middle errs either way by up to half the spread: the
+// creep from it is looseCreep times faster (ADR 0029).
 const (
 	tightReading = 0.9
-	tightCreep   = 8
+	looseCreep   = 4
 )
 
 // admitted records an admission started at start.
 func (rd *reading) admitted(start int64) {
+	if start < rd.blastEnd && rd.burst < maxBlast {
+		rd.burst++
+	}
 	if rd.n == readingSize {
 		copy(rd.at[:], rd.at[1:])
 		rd.n--
+		rd.dropped = true
 	}
 	i := rd.n
 	for ; i > 0 && rd.at[i-1] > start; i-- {
@@ -96,13 +117,19 @@ func (rd *reading) rate(t int64) float64 {
 		}
 	}
 	rd.tight = false
+	if rd.dropped {
+		up = 0
+	}
 	switch {
 	case up <= 0:
-		return 0
+		return lo
 	case lo <= 0 || lo >= up:
 		return up * 0.9
 	}
 	rd.tight = lo >= tightReading*up
+	if rd.tight {
+		return lo
+	}
 	return (lo + up) / 2
 }
 

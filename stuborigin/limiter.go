@@ -2,6 +2,8 @@ package stuborigin
 
 import (
 	"time"
+
+	"github.com/mirrorworker/mirrorworker/stuborigin/limitreq"
 )
 
 // bucketSpec is a token bucket: capacity tokens, one more every interval.
@@ -174,8 +176,8 @@ type identity struct {
 	early            int64
 	gaps             gapStats
 	pen              penaltyState
-	leaky            leakyState // limit_req profiles
-	rate             rateState  // stick_table profiles
+	leaky            limitreq.Bucket // limit_req profiles
+	rate             rateState       // stick_table profiles
 }
 
 // Counts are requests and their outcomes.

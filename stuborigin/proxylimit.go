@@ -6,6 +6,8 @@ import (
 	"math"
 	"net/http"
 	"time"
+
+	"github.com/mirrorworker/mirrorworker/stuborigin/limitreq"
 )
 
 // LimitReq is a limiter that behaves like nginx's ngx_http_limit_req_module
@@ -16,13 +18,12 @@ import (
 // with a LimitReq needs no quotas, and sends no rate-limit headers (nginx
 // sends none).
 //
-// The algorithm is nginx's leaky bucket, in its own units: each caller
-// keeps an excess in milli-requests and the millisecond of its last
-// accounted request. A request computes excess = last excess - rate x
-// elapsed ms + 1000 (never below 0); it is refused when that exceeds
-// burst x 1000, and the state is then left as it was (a refused request
-// costs nothing, so a client retrying early is refused only while the
-// bucket is full). An admitted request stores the excess. With NoDelay it
+// The admission is nginx's leaky bucket as package limitreq models it (the
+// one model the project's tests share): each caller keeps an excess, a
+// request is refused when excess - rate x elapsed + 1 (never below 0)
+// exceeds the burst, a refusal costs nothing (a client retrying early is
+// refused only while the bucket is full), and after a pause the bucket
+// admits burst + 1 in a row. With NoDelay an admitted request
 // is served at once; without, a request whose excess is above Delay x 1000
 // is held (excess - Delay x 1000) / rate before it is served, as nginx
 // delays it; Delay 0 without NoDelay is nginx's plain `burst=B`.
@@ -94,8 +95,11 @@ func (s *StickTable) status() int {
 	return s.Status
 }
 
+// limit is l's rate and burst in limitreq's terms.
+func (l *LimitReq) limit() limitreq.Limit { return limitreq.Limit{Rate: l.Rate, Burst: l.Burst} }
+
 // rateMilli is nginx's ctx->rate: milli-requests per second, whole.
-func (l *LimitReq) rateMilli() int64 { return int64(math.Round(l.Rate * 1000)) }
+func (l *LimitReq) rateMilli() int64 { return l.limit().RateMilli() }
 
 func validRetryAfter(d time.Duration) bool {
 	return d >= 0 && d%time.Second == 0 && d <= 24*time.Hour
@@ -165,46 +169,16 @@ func (s *StickTable) validate() error {
 	return errors.Join(errs...)
 }
 
-// leakyState is one caller's nginx limit_req node: excess in
-// milli-requests, last in milliseconds (nginx's ngx_current_msec), and
-// whether the node exists yet.
-type leakyState struct {
-	excess int64
-	last   int64
-	seen   bool
-}
-
-// admit is ngx_http_limit_req_lookup and _account for one limit at now:
-// whether the request is admitted and, if so, how long nginx would delay
-// it before serving it.
-func (ls *leakyState) admit(l *LimitReq, now time.Time) (ok bool, delay time.Duration) {
-	ms := now.UnixMilli()
-	rate := l.rateMilli()
-	var excess int64
-	if ls.seen {
-		elapsed := ms - ls.last
-		switch {
-		case elapsed < -60000:
-			elapsed = 1
-		case elapsed < 0:
-			elapsed = 0
-		}
-		excess = max(ls.excess-rate*elapsed/1000+1000, 0)
-		if excess > l.Burst*1000 {
-			return false, 0
-		}
-		ls.excess = excess
-		if elapsed != 0 {
-			ls.last = ms
-		}
-	} else {
-		// A new node: excess 0, the request admitted.
-		*ls = leakyState{excess: 0, last: ms, seen: true}
+// admitLimitReq is ngx_http_limit_req_lookup and _account for one limit at
+// now, on one caller's bucket (the arithmetic is limitreq's, shared with the
+// tests that model nginx): whether the request is admitted and, if so, how
+// long nginx would delay it before serving it.
+func admitLimitReq(b *limitreq.Bucket, l *LimitReq, now time.Time) (ok bool, delay time.Duration) {
+	ok, excess := b.Admit(l.limit(), now)
+	if !ok || l.NoDelay || excess <= l.Delay*1000 {
+		return ok, 0
 	}
-	if l.NoDelay || excess <= l.Delay*1000 {
-		return true, 0
-	}
-	return true, time.Duration((excess-l.Delay*1000)*1000/rate) * time.Millisecond
+	return true, time.Duration((excess-l.Delay*1000)*1000/l.rateMilli()) * time.Millisecond
 }
 
 // rateState is one caller's HAProxy freq_ctr: the current period's start
@@ -250,7 +224,7 @@ func (s *shard) admitProxyLocked(id *identity, now time.Time) decision {
 	)
 	switch {
 	case s.limitReq != nil:
-		ok, delay = id.leaky.admit(s.limitReq, now)
+		ok, delay = admitLimitReq(&id.leaky, s.limitReq, now)
 		status, reason, ra = s.limitReq.status(), ReasonLimitReq, s.limitReq.RetryAfter.Duration
 	default:
 		ok = id.rate.track(s.stick.Period.Duration, now) <= s.stick.Limit
@@ -277,7 +251,7 @@ func (s *shard) admitProxyLocked(id *identity, now time.Time) decision {
 func (p *Profile) ProxyAllowance(d time.Duration) float64 {
 	switch {
 	case p.LimitReq != nil:
-		return float64(p.LimitReq.Burst+1) + p.LimitReq.Rate*d.Seconds()
+		return p.LimitReq.limit().Allowance(d)
 	case p.StickTable != nil:
 		per := p.StickTable.Period.Seconds()
 		return float64(p.StickTable.Limit) * (1 + d.Seconds()/per)

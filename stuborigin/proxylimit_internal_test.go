@@ -3,6 +3,8 @@ package stuborigin
 import (
 	"testing"
 	"time"
+
+	"github.com/mirrorworker/mirrorworker/stuborigin/limitreq"
 )
 
 // step is one request of a limiter script: at offset from the start, the
@@ -87,9 +89,9 @@ func TestLeakyBucketIsNginxLimitReq(t *testing.T) {
 			if err := tt.l.validate(); err != nil {
 				t.Fatal(err)
 			}
-			var ls leakyState
+			var ls limitreq.Bucket
 			for i, s := range tt.steps {
-				ok, delay := ls.admit(&tt.l, start.Add(s.at))
+				ok, delay := admitLimitReq(&ls, &tt.l, start.Add(s.at))
 				if ok != s.ok || delay != s.delay {
 					t.Fatalf("request %d at %v: admitted %v held %v, want %v held %v (state %+v)", i, s.at, ok, delay, s.ok, s.delay, ls)
 				}

@@ -800,6 +800,14 @@ func (s *scheduler) finished(now time.Time, j *heldJob, took time.Duration, requ
 		a.notBefore, a.waitRelease = time.Time{}, false
 	} else {
 		s.dropLocked(j)
+		if a.n > 0 {
+			// An answer can bring the authority's interval down (ADR
+			// 0029: after a throttle each answer shortens it, and the
+			// first may jump from the 2 s step to a learned pace of
+			// 100 ms): the jobs held on the wait the last refusal gave
+			// ask again now. One Acquire per answer, never a spin.
+			a.notBefore, a.waitRelease = time.Time{}, false
+		}
 	}
 	s.releasedLocked(a, now)
 	s.forgetLocked(a, now)

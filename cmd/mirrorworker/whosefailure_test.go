@@ -17,6 +17,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/stuborigin/limitreq"
 )
 
 // judgedOrigin is one authority on loopback whose answer to each request
@@ -248,29 +249,20 @@ func TestProcessOneBrokenURLDoesNotBackOffItsOrigin(t *testing.T) {
 	}
 }
 
-// nginxLimiter is nginx's limit_req with nodelay as its documentation
-// describes it (a leaky bucket per key): a request is admitted when the
-// bucket's excess, leaked at rate since the last admitted request, stays
-// within burst after it is added; otherwise it is refused at once with 503
-// and no Retry-After (limit_req_status's default), and changes nothing.
+// nginxLimiter is nginx's limit_req with nodelay (limitreq's model, the
+// stub's): a refused request is answered at once with 503 and no
+// Retry-After (limit_req_status's default), and changes nothing. The judged
+// origin calls admit one request at a time.
 type nginxLimiter struct {
-	rate   float64 // requests per second
-	burst  float64
-	excess float64
-	last   time.Time
-	nos    atomic.Int32
+	lim limitreq.Limiter
+	nos atomic.Int32
 }
 
 func (l *nginxLimiter) admit(at time.Time) bool {
-	e := 0.0
-	if !l.last.IsZero() {
-		e = max(0, l.excess-l.rate*at.Sub(l.last).Seconds()) + 1
-	}
-	if e > l.burst {
+	if !l.lim.Admit(at) {
 		l.nos.Add(1)
 		return false
 	}
-	l.excess, l.last = e, at
 	return true
 }
 
@@ -289,7 +281,7 @@ func TestProcessLimiter503IsThrottling(t *testing.T) {
 	}
 	t.Parallel()
 	const n = 40
-	lim := &nginxLimiter{rate: 10, burst: 5}
+	lim := &nginxLimiter{lim: limitreq.Limiter{Limit: limitreq.Limit{Rate: 10, Burst: 5}}}
 	origin := newJudgedOrigin(t, func(_ string, at time.Time) int {
 		if !lim.admit(at) {
 			return http.StatusServiceUnavailable
