@@ -21,10 +21,10 @@ func (s *scheduler) repace(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, a := range s.auths {
-		if a.n == 0 || a.inReady || !a.notBefore.After(now) {
+		if a.n == 0 || a.inReady || !a.armed.After(now) {
 			continue
 		}
-		a.notBefore, a.waitRelease = time.Time{}, false
+		a.armed, a.waitRelease = time.Time{}, false
 		s.wakeLocked(a, now)
 	}
 }

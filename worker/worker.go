@@ -671,7 +671,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		case errors.As(err, &re):
 			// A redirect hop's authority cannot take it soon: defer on
 			// that authority's calendar, without using the budget.
-			delay := w.sched.deferFor(w.clk.Now(), re.Authority, reasonOf(re.Reason), re.Wait, re.Interval)
+			delay := w.sched.deferFor(w.clk.Now(), re.Authority, re.Wait, re.Interval)
 			w.settler.deferJob(deferral{job: j, delay: delay, reason: redirectReason(re.Reason)})
 		case ctx.Err() != nil:
 			w.settler.handBack(j)
