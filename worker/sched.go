@@ -399,11 +399,10 @@ func (s *scheduler) tryDefer(now time.Time, j *heldJob) (deferral, bool) {
 func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (deferral, bool) {
 	if a.part != j.part && s.o.partitions > 0 {
 		// The job was moved into its authority's new pace's partition
-		// (a politeness group changed); the queue still counts requests of
-		// the old pace. It takes the new partition once those have ended;
-		// meanwhile the job comes back a little later.
-		if a.n > 0 || a.inflight > 0 {
-			return deferral{job: j, delay: regroupDelay, reason: reasonRegrouped}, true
+		// (a politeness group changed): the queue takes the new partition
+		// once the old pace's requests have ended (decideHold).
+		if h, why := decideHold(holdFacts{settling: a.n > 0 || a.inflight > 0}); h == holdDefer {
+			return deferral{job: j, delay: regroupDelay, reason: why}, true
 		}
 		a.part, a.fenced = j.part, time.Time{}
 	}
@@ -890,7 +889,7 @@ func ewma(avg, x time.Duration) time.Duration {
 // has answered), so that jobs coming back never arrive as a burst.
 func startable(readyIn readyInFunc, holdMax time.Duration, now time.Time, auth string, want int) (int, bool) {
 	wait, spacing, reason := readyIn(now, auth)
-	if wait > holdMax {
+	if h, _ := decideHold(holdFacts{wait: wait, reason: reasonOf(reason), holdMax: holdMax}); h == holdDefer {
 		return 0, false
 	}
 	if spacing > 0 {
