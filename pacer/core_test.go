@@ -135,3 +135,37 @@ func refusal(t *testing.T, err error) (a struct {
 	a.reason, a.wait = re.Reason, re.Wait
 	return a
 }
+
+// TestChangedClosesOnEveryPolicyChange: the channel Changed gives closes
+// at the next SetPolicy, not before, and the next one asked for waits for
+// the change after that.
+func TestChangedClosesOnEveryPolicyChange(t *testing.T) {
+	p := newPacer(t, time.Second, nil)
+	closed := func(c <-chan struct{}) bool {
+		select {
+		case <-c:
+			return true
+		default:
+			return false
+		}
+	}
+	c1 := p.Changed()
+	if c1 != p.Changed() {
+		t.Fatal("two channels before a change")
+	}
+	if closed(c1) {
+		t.Fatal("closed before any change")
+	}
+	p.SetPolicyAt(t0, pacer.DefaultPolicy().WithDefaultFloor(200*time.Millisecond))
+	if !closed(c1) {
+		t.Fatal("not closed by SetPolicy")
+	}
+	c2 := p.Changed()
+	if closed(c2) {
+		t.Fatal("the channel asked for after the change is closed already")
+	}
+	p.SetPolicyAt(t0, pacer.DefaultPolicy())
+	if !closed(c2) {
+		t.Fatal("the second change did not close the second channel")
+	}
+}

@@ -166,6 +166,34 @@ type Pacer struct {
 	guard      int64
 	guardAuto  bool
 	awaitSends bool // Options.AwaitSends
+
+	// changeMu guards changed, the channel the next SetPolicy closes
+	// (Changed); nil until someone asks for it.
+	changeMu sync.Mutex
+	changed  chan struct{}
+}
+
+// Changed returns a channel that the next policy change (SetPolicy) closes:
+// a caller holding a wait the pacer told it (a timer armed on a refusal)
+// asks again when it closes, since a lowered floor shortens every wait told
+// before it. Ask for a new channel after each close.
+func (p *Pacer) Changed() <-chan struct{} {
+	p.changeMu.Lock()
+	defer p.changeMu.Unlock()
+	if p.changed == nil {
+		p.changed = make(chan struct{})
+	}
+	return p.changed
+}
+
+// changedNow closes the channel Changed gave out, if any.
+func (p *Pacer) changedNow() {
+	p.changeMu.Lock()
+	defer p.changeMu.Unlock()
+	if p.changed != nil {
+		close(p.changed)
+		p.changed = nil
+	}
 }
 
 // shard is one lock and the entries it guards; the padding keeps two shards'

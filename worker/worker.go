@@ -535,6 +535,9 @@ func (w *Worker) dispatchLoop(ctx, fctx context.Context) {
 	t := w.clk.NewTimer(time.Hour)
 	t.Stop()
 	defer t.Stop()
+	// Asked for once and again only after it closed, so that a change
+	// while the scheduler runs is seen by the select below.
+	changed := w.d.Pacer.Changed()
 	for {
 		grants, defers, wake := w.sched.next(w.clk.Now())
 		for _, g := range grants {
@@ -562,6 +565,12 @@ func (w *Worker) dispatchLoop(ctx, fctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-w.kick:
+		case <-changed:
+			// A policy change: the queues waiting on a refusal's timer
+			// ask again, since a lowered floor shortens their waits. The
+			// next change closes the channel asked for first.
+			changed = w.d.Pacer.Changed()
+			w.sched.repace(w.clk.Now())
 		case <-tc:
 		}
 	}
