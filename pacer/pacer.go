@@ -623,7 +623,10 @@ func (p *Pacer) decideLocked(e *entry, n int64, q ask) decision {
 	}
 	sp := d.spacing + p.guardFor(e)
 	d.start = max(n, q.at)
-	if q.from != 0 {
+	if q.from != 0 && (sp > 0 || q.seq == 0) {
+		// A granted permit is spaced from the others' starts only when
+		// there is spacing to keep: its reservation (q.at) holds the
+		// rest, a fence's included.
 		d.start = max(d.start, q.from+sp)
 	}
 	if e.unsent != 0 && e.unsent != q.seq {
