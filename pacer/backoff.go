@@ -99,16 +99,6 @@ func (p *Pacer) healthLocked(e *entry, auth string, n int64, r Response, oc outc
 	}
 }
 
-// backoffLocked refuses a request to an authority backed off for failing.
-// The entry's lock must be held.
-func backoffLocked(e *entry, auth string, n int64) *RefusedError {
-	if e.failUntil <= n {
-		return nil
-	}
-	return &RefusedError{Authority: auth, Reason: ReasonBackoff, Wait: time.Duration(e.failUntil - n),
-		Interval: time.Duration(e.interval), Until: time.Unix(0, e.failUntil)}
-}
-
 // applyHealthLocked applies another pod's (or a replayed) backoff fact.
 func (p *Pacer) applyHealthLocked(e *entry, ev Event, n, at int64) {
 	switch ev.Type {

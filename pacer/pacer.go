@@ -166,6 +166,34 @@ type Pacer struct {
 	guard      int64
 	guardAuto  bool
 	awaitSends bool // Options.AwaitSends
+
+	// changeMu guards changed, the channel the next SetPolicy closes
+	// (Changed); nil until someone asks for it.
+	changeMu sync.Mutex
+	changed  chan struct{}
+}
+
+// Changed returns a channel that the next policy change (SetPolicy) closes:
+// a caller holding a wait the pacer told it (a timer armed on a refusal)
+// asks again when it closes, since a lowered floor shortens every wait told
+// before it. Ask for a new channel after each close.
+func (p *Pacer) Changed() <-chan struct{} {
+	p.changeMu.Lock()
+	defer p.changeMu.Unlock()
+	if p.changed == nil {
+		p.changed = make(chan struct{})
+	}
+	return p.changed
+}
+
+// changedNow closes the channel Changed gave out, if any.
+func (p *Pacer) changedNow() {
+	p.changeMu.Lock()
+	defer p.changeMu.Unlock()
+	if p.changed != nil {
+		close(p.changed)
+		p.changed = nil
+	}
 }
 
 // shard is one lock and the entries it guards; the padding keeps two shards'
@@ -487,70 +515,138 @@ func (p *Pacer) decayDue(e *entry, n int64) bool {
 	return e.interval > e.floor && p.quiet > 0 && n-e.decayRef >= p.quiet
 }
 
-// acquireLocked is Acquire for auth, whose pace key is key and entry e.
+// acquireLocked is Acquire for auth, whose pace key is key and entry e: the
+// core's answer (decideLocked) for a request not yet granted, committed as
+// a grant.
 func (p *Pacer) acquireLocked(s *shard, e *entry, auth, key string, now time.Time, n int64, maxWait time.Duration) (Permit, *RefusedError) {
 	noteMemberLocked(e, key, auth)
-	if re := pausedLocked(e, auth, n); re != nil {
-		return Permit{}, re
-	}
-	probe := false
-	if e.until != 0 {
-		if n < e.until {
-			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonCooling, Wait: time.Duration(e.until - n),
-				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until)}
-		}
-		if e.probeSeq != 0 {
-			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonProbing, Wait: time.Duration(p.probeWait), Interval: time.Duration(e.interval)}
-		}
-		probe = true
-	}
-	if re := backoffLocked(e, auth, n); re != nil {
-		return Permit{}, re
-	}
-	// The spacing: the interval, or the announced policy's pace when a
-	// quota is down to its last request (budget.go).
-	spacing, over := e.interval, false
-	if e.bud != nil {
-		var pace int64
-		over, pace = e.bud.limits(n, e.bud.sentAfter(e.bud.readSeq, 0))
-		spacing = max(spacing, pace)
-	}
-	var gap int64
-	if e.lastStart != 0 {
-		gap = e.lastStart + spacing + p.guardFor(e) - n
-	}
-	if e.unsent != 0 {
-		// A request not yet written: it is written at now at the earliest.
-		gap = max(gap, spacing+p.guardFor(e))
-	}
-	if e.inFlight >= e.maxFlight || over {
-		// Over the announced budget, as at the cap, the next response
-		// (a fresh reading) is what frees a place.
-		w := max(gap, spacing, p.inFlightMinWait)
-		return Permit{}, &RefusedError{Authority: auth, Reason: ReasonInFlight, Wait: time.Duration(w), Interval: time.Duration(spacing)}
-	}
-	start := n
-	if gap > 0 {
-		if gap > int64(maxWait) {
-			return Permit{}, &RefusedError{Authority: auth, Reason: ReasonSpacing, Wait: time.Duration(gap), Interval: time.Duration(spacing)}
-		}
-		start += gap
+	d := p.decideLocked(e, n, ask{at: n, from: e.lastStart, maxWait: max(0, int64(maxWait))})
+	if d.reason != "" {
+		return Permit{}, d.refused(auth)
 	}
 	s.seq++
 	if e.bud != nil {
 		e.bud.granted(s.seq)
 	}
-	e.lastStart = start
-	if start == n {
+	e.lastStart = d.start
+	if d.start == n {
 		// A start at now is an actual start; start >= e.started here, since
 		// e.lastStart >= e.started always.
 		e.startedOther, e.started, e.startedSeq = e.started, n, s.seq
 	}
 	e.inFlight++
-	if probe {
+	if d.probe {
 		e.probeSeq = s.seq
 	}
-	return Permit{Authority: auth, Start: now.Add(time.Duration(start - n)), Probe: probe, Interval: time.Duration(spacing), seq: s.seq, key: key}, nil
+	return Permit{Authority: auth, Start: now.Add(time.Duration(d.start - n)), Probe: d.probe, Interval: time.Duration(d.spacing), seq: s.seq, key: key}, nil
+}
+
+// ask is what a decision path asks the core (decideLocked), as
+// golang.org/x/time/rate's reserveN is asked by Allow, Reserve and Wait:
+// Acquire asks for a request not yet granted, Confirm for a granted permit
+// about to start, ReadyIn for a request it will not make.
+type ask struct {
+	// seq is the permit asking (Confirm); 0 for a request not yet granted,
+	// which needs an in-flight place of its own.
+	seq uint64
+	// at is the earliest start asked: the permit's Start, or now.
+	at int64
+	// from is the start the spacing counts from (0: none): the latest
+	// start granted for a new request, the latest actual start of another
+	// permit for a confirmed one (a permit is never spaced from itself).
+	from int64
+	// maxWait refuses a start further than this from now (ReasonSpacing);
+	// negative: any start is answered (Confirm moves the permit's Start).
+	maxWait int64
+	// noCap leaves the in-flight cap and the announced budget aside
+	// (ReadyIn: they free with a response, not with time).
+	noCap bool
+}
+
+// decision is the core's answer: a refusal (reason set) or the earliest
+// start the rules allow.
+type decision struct {
+	reason  Reason // why the request may not start; "" if it may, at start
+	wait    int64  // a refusal's wait: until the authority could take it
+	until   int64  // a pause's, cooldown's or backoff's deadline (0: none)
+	probe   bool   // the request would be (or is) the cooldown's probe
+	spacing int64  // the interval in force, or an announced policy's pace if slower
+	start   int64  // the earliest start: at, spaced from from and from an unwritten request
+}
+
+// refused is d's refusal as Acquire and Confirm return it.
+func (d decision) refused(auth string) *RefusedError {
+	return &RefusedError{Authority: auth, Reason: d.reason, Wait: time.Duration(d.wait),
+		Interval: time.Duration(d.spacing), Until: unixOrZero(d.until)}
+}
+
+// holdLocked is the first half of the core, the holds in docs/contract.md
+// section 3's order: an operator's pause, a cooldown, the probe after it
+// (one request, seq's if it is the probe already), the failure backoff. It
+// reports a request that would be the probe even when the backoff holds
+// it (State says probing). The entry's lock must be held.
+func (p *Pacer) holdLocked(e *entry, n int64, seq uint64) decision {
+	iv := p.decayedInterval(e, n)
+	switch {
+	case e.paused > n:
+		return decision{reason: ReasonPaused, wait: e.paused - n, until: e.paused, spacing: iv}
+	case e.until != 0 && n < e.until:
+		return decision{reason: ReasonCooling, wait: e.until - n, until: e.until, spacing: iv}
+	case e.until != 0 && e.probeSeq != 0 && e.probeSeq != seq:
+		return decision{reason: ReasonProbing, wait: p.probeWait, spacing: iv}
+	}
+	d := decision{probe: e.until != 0, spacing: iv}
+	if e.failUntil > n {
+		d.reason, d.wait, d.until = ReasonBackoff, e.failUntil-n, e.failUntil
+	}
+	return d
+}
+
+// decideLocked is the one core every decision path calls (Acquire,
+// Confirm, ReadyIn; State reads its holds): the holds (holdLocked), then
+// the spacing (the interval, or an announced policy's pace when a quota is
+// down to its last request, plus the start guard, from q.from and from a
+// request confirmed but not yet written), then the in-flight cap and the
+// announced budget, which only the next response frees, then q.maxWait.
+// It changes nothing: each path commits the answer its own way. The
+// entry's lock must be held.
+func (p *Pacer) decideLocked(e *entry, n int64, q ask) decision {
+	d := p.holdLocked(e, n, q.seq)
+	if d.reason != "" {
+		return d
+	}
+	over := false
+	if e.bud != nil && !q.noCap {
+		var pace int64
+		over, pace = e.bud.limits(n, e.bud.sentAfter(e.bud.readSeq, q.seq))
+		d.spacing = max(d.spacing, pace)
+	}
+	sp := d.spacing + p.guardFor(e)
+	d.start = max(n, q.at)
+	if q.from != 0 && (sp > 0 || q.seq == 0) {
+		// A granted permit is spaced from the others' starts only when
+		// there is spacing to keep: its reservation (q.at) holds the
+		// rest, a fence's included.
+		d.start = max(d.start, q.from+sp)
+	}
+	if e.unsent != 0 && e.unsent != q.seq {
+		// A request not yet written (Options.AwaitSends): it is written at
+		// now at the earliest, and this one waits one spacing from then.
+		d.start = max(d.start, n+sp)
+	}
+	held := e.inFlight // a granted permit holds its place already
+	if q.seq == 0 {
+		held++
+	}
+	switch gap := d.start - n; {
+	case !q.noCap && (held > e.maxFlight || over):
+		// Over the announced budget, as at the cap (or a cap lowered
+		// since the grant, SetPolicy), the next response frees a place.
+		d.reason, d.wait = ReasonInFlight, max(gap, d.spacing, p.inFlightMinWait)
+	case q.maxWait >= 0 && gap > q.maxWait:
+		d.reason, d.wait = ReasonSpacing, gap
+	}
+	return d
 }
 
 // Confirm re-checks a granted Permit immediately before its request starts,
@@ -614,70 +710,31 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		return pm, nil
 	}
 	p.spentLocked(e, n)
-	if re := pausedLocked(e, pm.Authority, n); re != nil {
-		return pm, re
-	}
-	if e.inFlight > e.maxFlight {
-		// The cap was lowered (SetPolicy) since the grant: the permits
-		// held, this one included, outnumber it. Revoked until they do
-		// not, so no start puts more requests in flight than the cap.
-		return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonInFlight,
-			Wait: time.Duration(max(p.decayedInterval(e, n), p.inFlightMinWait)), Interval: time.Duration(e.interval)}
-	}
-	if e.until != 0 && (pm.seq != e.probeSeq || n < e.until) {
-		if n < e.until {
-			return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonCooling, Wait: time.Duration(e.until - n),
-				Interval: time.Duration(e.interval), Until: time.Unix(0, e.until)}
-		}
-		if e.probeSeq != 0 {
-			return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonProbing, Wait: time.Duration(p.probeWait), Interval: time.Duration(e.interval)}
-		}
-		e.probeSeq = pm.seq
-		pm.Probe = true
-	}
-	if re := backoffLocked(e, pm.Authority, n); re != nil {
-		// A failure learned since the grant: this request waits the
-		// backoff out like every other.
-		if pm.Probe && pm.seq == e.probeSeq {
-			e.probeSeq = 0
-			pm.Probe = false
-		}
-		return pm, re
-	}
-	spacing := p.decayedInterval(e, n)
-	if e.bud != nil {
-		// A reading learned since the grant counts the other permits out;
-		// this one must not take more than remains, nor start faster than
-		// a quota down to its last request allows.
-		over, pace := e.bud.limits(n, e.bud.sentAfter(e.bud.readSeq, pm.seq))
-		if over {
-			return pm, &RefusedError{Authority: pm.Authority, Reason: ReasonInFlight,
-				Wait: time.Duration(max(spacing, pace, p.inFlightMinWait)), Interval: time.Duration(max(spacing, pace))}
-		}
-		spacing = max(spacing, pace)
-	}
-	start := max(n, pm.Start.UnixNano())
 	other := e.started
 	if pm.seq == e.startedSeq {
 		other = e.startedOther
 	}
-	sp := spacing + p.guardFor(e)
-	if other != 0 && sp > 0 {
-		start = max(start, other+sp)
+	d := p.decideLocked(e, n, ask{seq: pm.seq, at: pm.Start.UnixNano(), from: other, maxWait: -1})
+	if d.reason != "" {
+		if d.reason == ReasonBackoff && pm.seq == e.probeSeq {
+			// A failure learned since the grant: this request waits the
+			// backoff out like every other, and is no longer the probe.
+			e.probeSeq = 0
+			pm.Probe = false
+		}
+		return pm, d.refused(pm.Authority)
 	}
-	if e.unsent != 0 && e.unsent != pm.seq && sp > 0 {
-		// Another request is started but not yet written: it will be
-		// written at now at the earliest, and this one waits one spacing
-		// from that write (Sent).
-		start = max(start, n+sp)
+	if d.probe {
+		e.probeSeq = pm.seq
+		pm.Probe = true
 	}
-	if start > n {
-		pm.Start = now.Add(time.Duration(start - n))
-		e.lastStart = max(e.lastStart, start)
+	if d.start > n {
+		pm.Start = now.Add(time.Duration(d.start - n))
+		e.lastStart = max(e.lastStart, d.start)
 		return pm, nil
 	}
 	p.startedLocked(e, pm.seq, n)
-	if p.awaitSends && sp > 0 && !p.unspaced(pm) {
+	if p.awaitSends && d.spacing+p.guardFor(e) > 0 && !p.unspaced(pm) {
 		e.unsent = pm.seq
 	}
 	return pm, nil
@@ -1174,16 +1231,6 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 	}
 }
 
-// pausedLocked refuses a request to an authority an operator paused. The
-// entry's lock must be held.
-func pausedLocked(e *entry, auth string, n int64) *RefusedError {
-	if e.paused <= n {
-		return nil
-	}
-	return &RefusedError{Authority: auth, Reason: ReasonPaused, Wait: time.Duration(e.paused - n),
-		Interval: time.Duration(e.interval), Until: time.Unix(0, e.paused)}
-}
-
 // Fence tells the pacer that another worker may have started a request to
 // auth as late as at (a cluster hand-over: the authority's previous owner
 // stopped serving it before at). The next start is spaced from at by the
@@ -1221,34 +1268,15 @@ func (p *Pacer) ReadyIn(now time.Time, auth string) (wait, spacing time.Duration
 		return 0, 0, ""
 	}
 	p.spentLocked(e, n)
-	sp := p.decayedInterval(e, n) + p.guardFor(e)
-	if e.paused > n {
-		return time.Duration(e.paused - n), time.Duration(sp), ReasonPaused
+	d := p.decideLocked(e, n, ask{at: n, from: e.lastStart, noCap: true})
+	sp := time.Duration(d.spacing + p.guardFor(e))
+	switch {
+	case d.reason != "":
+		return time.Duration(d.wait), sp, d.reason
+	case d.probe:
+		return 0, sp, ReasonProbing
 	}
-	if e.until != 0 {
-		switch {
-		case n < e.until:
-			return time.Duration(e.until - n), time.Duration(sp), ReasonCooling
-		case e.probeSeq != 0:
-			return time.Duration(p.probeWait), time.Duration(sp), ReasonProbing
-		default:
-			return 0, time.Duration(sp), ReasonProbing
-		}
-	}
-	if e.failUntil > n {
-		return time.Duration(e.failUntil - n), time.Duration(sp), ReasonBackoff
-	}
-	var gap int64
-	if e.lastStart != 0 {
-		gap = e.lastStart + sp - n
-	}
-	if e.unsent != 0 {
-		gap = max(gap, sp) // a request not yet written (Options.AwaitSends)
-	}
-	if gap > 0 {
-		return time.Duration(gap), time.Duration(sp), ReasonSpacing
-	}
-	return 0, time.Duration(sp), ""
+	return 0, sp, ""
 }
 
 // Snapshot returns every tracked authority, sorted by authority, as
@@ -1286,14 +1314,14 @@ func (p *Pacer) Counts(now time.Time) map[string]int {
 
 func (p *Pacer) stateName(e *entry, n int64) string {
 	iv := p.decayedInterval(e, n)
-	switch {
-	case e.paused > n:
+	switch h := p.holdLocked(e, n, 0); {
+	case h.reason == ReasonPaused:
 		return StatePaused
-	case e.until != 0 && n < e.until:
+	case h.reason == ReasonCooling:
 		return StateCooling
-	case e.until != 0:
+	case h.reason == ReasonProbing || h.probe:
 		return StateProbing
-	case e.failUntil > n:
+	case h.reason == ReasonBackoff:
 		return StateBackoff
 	case iv > e.floor:
 		return StateEscalated

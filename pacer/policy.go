@@ -385,4 +385,5 @@ func (p *Pacer) SetPolicyAt(now time.Time, q *Policy) {
 	if len(old.Groups) > 0 || len(q.Groups) > 0 {
 		p.regroup(now, old, q)
 	}
+	p.changedNow()
 }

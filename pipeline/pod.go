@@ -128,7 +128,6 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 		pod.stopFollow()
 		return nil, err
 	}
-	pod.policy.OnChange(pod.Worker.Repace) // jobs waiting on a floor just lowered ask again
 	pod.grants = grant.NewServer(js.Conn(), p.Pacer, &grant.Options{
 		// A grant is a start of this pacer like the worker's own, made only
 		// while the worker serves the authority's partition, fenced from its

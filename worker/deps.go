@@ -63,6 +63,10 @@ type Pacer interface {
 	// ("group:NAME") or auth itself. An authority's jobs are served in the
 	// partition of its pace key, so that one pod paces a whole group.
 	PaceKey(auth string) string
+	// Changed is closed by the next policy change: the queues waiting on
+	// a refusal's timer ask again (a lowered floor shortens their waits).
+	// A pacer whose policy never changes returns nil.
+	Changed() <-chan struct{}
 }
 
 var _ Pacer = (*pacer.Pacer)(nil)

@@ -172,9 +172,11 @@ func (h *hopSet) lastStatus() int {
 	return 0
 }
 
-// acquire admits a redirect hop: it waits in the slot for up to HoldMax
-// (spacing, in-flight cap) and returns the pacer's refusal when the wait
-// would be longer, so that the job is deferred.
+// acquire admits a redirect hop: it waits in the slot while decideHold
+// says to, for up to HoldMax in all (spacing, in-flight cap: no completion
+// of another job wakes a fetch slot), and returns the pacer's refusal when
+// the wait would be longer, so that the job is deferred; pacer.Wait then
+// owns the wait from the grant to the start.
 func (d *hopDeps) acquire(ctx context.Context, auth string) (pacer.Permit, error) {
 	deadline := d.clk.Now().Add(d.holdMax)
 	for {
@@ -188,7 +190,7 @@ func (d *hopDeps) acquire(ctx context.Context, auth string) (pacer.Permit, error
 			return pacer.Permit{}, err
 		}
 		wait := max(re.Wait, time.Millisecond)
-		if now.Add(wait).After(deadline) {
+		if h, _ := decideHold(holdFacts{wait: wait, reason: reasonOf(re.Reason), holdMax: deadline.Sub(now)}); h == holdDefer {
 			return pacer.Permit{}, re
 		}
 		if !clock.Sleep(d.clk, wait, ctx.Done()) {

@@ -82,15 +82,20 @@ var holdNames = [...]string{holdQueue: "queue", holdTimer: "timer", holdRelease:
 
 func (h hold) String() string { return holdNames[h] }
 
-// holdFacts are what decideHold decides from: at admission (a job
-// delivered) from the authority's last refusal, remembered as a hint; at
-// dispatch from the pacer's refusal of the queue's head.
+// holdFacts are what decideHold decides from: the pacer's live answers (at
+// admission and when parked or laned jobs come back, ReadyIn; at dispatch
+// and for a redirect hop, Acquire's refusal) and the scheduler's own state.
 type holdFacts struct {
-	gone      bool          // the job's partition is no longer this pod's (its lease is gone or being given back)
-	regrouped bool          // the authority's pace is now another partition's (a politeness group changed)
-	wait      time.Duration // until the authority can take a request (0: now)
-	release   bool          // the wait ends when one of its requests ends (the in-flight cap), not at a time
-	reason    reason        // why it waits (the pacer's refusal)
+	gone      bool // the job's partition is no longer this pod's (its lease is gone or being given back)
+	regrouped bool // the authority's pace is now another partition's (a politeness group changed)
+	// settling: the job was moved into its authority's new pace's
+	// partition (admission only), and the authority's queue still holds
+	// or runs requests of the old pace: the job comes back after
+	// regroupDelay, when they have ended.
+	settling bool
+	wait     time.Duration // until the authority can take a request (0: now)
+	release  bool          // the wait ends when one of its requests ends (the in-flight cap), not at a time
+	reason   reason        // why it waits (the pacer's refusal)
 	// full: the job would queue past the authority's share of memory
 	// (admission only); drainIn is how long the queue ahead takes to be
 	// served, and drains that the authority makes progress and has not
@@ -103,8 +108,10 @@ type holdFacts struct {
 	overHorizon time.Duration // how long a queue past its share may take: max(HoldMax, ParkAfter)
 }
 
-// decideHold is the one rule of whether a job waits in memory: not when its
-// partition is another pod's now (handed over at once); not when its
+// decideHold is the one rule of whether a job waits in memory (or, for a
+// redirect hop, in its fetch slot; for parked and laned jobs, whether they
+// come back): not when its partition is another pod's now (handed over at
+// once), nor while its authority's queue settles a regroup; not when its
 // authority cannot take a request within HoldMax (unless only a request in
 // flight holds it: a completion may come any moment); past the authority's
 // share only while the queue ahead is served within the horizon, else it
@@ -114,7 +121,7 @@ func decideHold(f holdFacts) (hold, reason) {
 	switch {
 	case f.gone:
 		return holdDefer, reasonHandover
-	case f.regrouped:
+	case f.regrouped, f.settling:
 		return holdDefer, reasonRegrouped
 	case !f.release && f.wait > f.holdMax:
 		return holdDefer, f.reason

@@ -56,6 +56,7 @@ func TestDecideHold(t *testing.T) {
 		{"a handover comes before any wait", with(func(h *holdFacts) { h.gone, h.release, h.wait = true, true, time.Hour }), holdDefer, reasonHandover},
 		{"a queue whose authority changed pace partition is regrouped", with(func(h *holdFacts) { h.regrouped, h.release = true, true }), holdDefer, reasonRegrouped},
 		{"a handover comes before a regroup", with(func(h *holdFacts) { h.gone, h.regrouped = true, true }), holdDefer, reasonHandover},
+		{"a moved job waits while its queue settles the old pace", with(func(h *holdFacts) { h.settling = true }), holdDefer, reasonRegrouped},
 		{"a wait within HoldMax waits for its timer", with(func(h *holdFacts) { h.wait, h.reason = holdMax, reasonSpacing }), holdTimer, reasonSpacing},
 		{"a wait past HoldMax defers with the pacer's reason", with(func(h *holdFacts) { h.wait, h.reason = holdMax+1, reasonCooling }), holdDefer, reasonCooling},
 		{"the in-flight cap waits for a completion however long", with(func(h *holdFacts) { h.wait, h.release, h.reason = time.Hour, true, reasonInFlight }), holdRelease, reasonInFlight},

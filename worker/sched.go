@@ -153,14 +153,13 @@ type authQ struct {
 	gap      time.Duration // EWMA of the time between completions while busy
 	lastDone time.Time
 	granted  time.Time // when its last permit was granted
-	// notBefore is a hint from the last refusal: the head does not ask the
-	// pacer again before it. Zero: ask at once.
-	notBefore time.Time
-	// waitRelease: refused for the in-flight cap; a completion wakes it.
+	// armed is when the head asks the pacer again (its timer in the heap),
+	// after a refusal; zero: at once. It is when to ask, not the pacer's
+	// answer: admissions ask the pacer (ReadyIn), which has the last word.
+	armed time.Time
+	// waitRelease: refused for the in-flight cap; a completion wakes it
+	// (armed is the fallback).
 	waitRelease bool
-	interval    time.Duration // spacing in force at the last refusal
-	reason      reason        // the last refusal's reason
-	armed       time.Time     // the wake-up time in the heap, if any
 	cal         calendar
 	inReady     bool
 	// over: the queue was let past maxPerAuth because the authority serves
@@ -326,7 +325,7 @@ func (s *scheduler) pipeline(auth string) int {
 
 // forgetLocked drops an authority that holds nothing worth keeping.
 func (s *scheduler) forgetLocked(a *authQ, now time.Time) {
-	if s.auths[a.name] == a && a.n == 0 && a.inflight == 0 && !a.inReady && !a.notBefore.After(now) && a.cal.passed(now) {
+	if s.auths[a.name] == a && a.n == 0 && a.inflight == 0 && !a.inReady && !a.armed.After(now) && a.cal.passed(now) {
 		delete(s.auths, a.name)
 	}
 }
@@ -400,32 +399,25 @@ func (s *scheduler) tryDefer(now time.Time, j *heldJob) (deferral, bool) {
 func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (deferral, bool) {
 	if a.part != j.part && s.o.partitions > 0 {
 		// The job was moved into its authority's new pace's partition
-		// (a politeness group changed); the queue still counts requests of
-		// the old pace. It takes the new partition once those have ended;
-		// meanwhile the job comes back a little later.
-		if a.n > 0 || a.inflight > 0 {
-			return deferral{job: j, delay: regroupDelay, reason: reasonRegrouped}, true
+		// (a politeness group changed): the queue takes the new partition
+		// once the old pace's requests have ended (decideHold).
+		if h, why := decideHold(holdFacts{settling: a.n > 0 || a.inflight > 0}); h == holdDefer {
+			return deferral{job: j, delay: regroupDelay, reason: why}, true
 		}
 		a.part, a.fenced = j.part, time.Time{}
 	}
-	f := holdFacts{release: a.waitRelease, reason: a.reason, holdMax: s.o.holdMax, overHorizon: s.o.overHorizon}
-	if !a.waitRelease {
-		f.wait = max(a.notBefore.Sub(now), 0)
-		if f.wait > s.o.holdMax {
-			// The hint may be stale: a pause resumed, or a recovery learned
-			// from another pod. The pacer has the last word (ReadyIn
-			// changes nothing).
-			if pw, _, _ := s.pacer.ReadyIn(now, a.name); pw <= s.o.holdMax {
-				a.notBefore, f.wait = time.Time{}, 0
-			}
-		}
-	}
+	// The pacer's live answer (ReadyIn changes nothing), not one remembered
+	// from a refusal: a pause resumed, a floor lowered or a recovery learned
+	// from another pod count at once. The in-flight cap is the queue's own
+	// state: a completion wakes a head refused for it.
+	wait, spacing, refused := s.pacer.ReadyIn(now, a.name)
+	f := holdFacts{wait: wait, release: a.waitRelease, reason: reasonOf(refused), holdMax: s.o.holdMax, overHorizon: s.o.overHorizon}
 	var per time.Duration
 	if a.n >= s.o.maxPerAuth && (f.release || f.wait <= s.o.holdMax) {
 		// The queue ahead takes about n×perJob; that estimate rests on the
 		// interval in force, which may decay, so it is capped by the spread
 		// like every calendar offset.
-		per = a.perJob()
+		per = a.perJob(spacing)
 		ahead := time.Duration(a.n) * per
 		if s.o.spread > 0 {
 			ahead = min(ahead, s.o.spread)
@@ -440,7 +432,7 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 	h, why := decideHold(f)
 	switch h {
 	case holdDefer:
-		wait, step := f.wait, a.interval
+		wait, step := f.wait, spacing
 		if why == reasonOverflow {
 			wait, step = f.drainIn, per
 		}
@@ -530,8 +522,8 @@ func later(a, b time.Time) time.Time {
 // perJob estimates how long the authority takes per job: the spacing in
 // force, or the observed gap between completions while it was busy (which
 // includes every other cost of a job: slots, the target's writes).
-func (a *authQ) perJob() time.Duration {
-	per := a.interval
+func (a *authQ) perJob(spacing time.Duration) time.Duration {
+	per := spacing
 	switch {
 	case a.gap > 0:
 		per = max(per, a.gap)
@@ -604,16 +596,10 @@ func (s *scheduler) peekLocked(a *authQ) *heldJob {
 
 // wakeLocked puts a on the ready ring if it has work and nothing holds it.
 func (s *scheduler) wakeLocked(a *authQ, now time.Time) {
-	if a.inReady || a.n == 0 {
+	if a.inReady || a.n == 0 || a.armed.After(now) {
 		return
 	}
-	if a.notBefore.After(now) {
-		if !a.armed.Equal(a.notBefore) {
-			s.armLocked(a, a.notBefore)
-		}
-		return
-	}
-	a.notBefore, a.waitRelease = time.Time{}, false
+	a.armed, a.waitRelease = time.Time{}, false
 	a.inReady = true
 	s.ready = append(s.ready, a)
 }
@@ -628,13 +614,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 	for len(s.timers) > 0 && !s.timers[0].at.After(now) {
 		w := heap.Pop(&s.timers).(wakeAt)
 		a := w.a
-		if a.armed.Equal(w.at) {
-			a.armed = time.Time{}
-		}
-		if !a.notBefore.After(now) {
-			a.notBefore, a.waitRelease = time.Time{}, false
-		}
-		s.wakeLocked(a, now) // re-arms if a later refusal moved notBefore
+		s.wakeLocked(a, now) // nothing if a later refusal armed it again
 		s.forgetLocked(a, now)
 	}
 	// An authority granted a slot goes to the back of the ring, so every
@@ -675,7 +655,6 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 		if err == nil {
 			j := s.popLocked(a)
 			s.setStateLocked(j, stateWaiting)
-			a.interval = pm.Interval
 			a.inflight++
 			a.granted = now
 			a.maxSeen = max(a.maxSeen, a.inflight)
@@ -693,8 +672,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 			// A pacer that fails otherwise is a bug; retry later rather than spin.
 			re = &pacer.RefusedError{Authority: a.name, Reason: pacer.ReasonSpacing, Wait: s.o.inflightRe}
 		}
-		a.interval, a.reason = re.Interval, reasonOf(re.Reason)
-		h, why := decideHold(holdFacts{wait: re.Wait, release: re.Reason == pacer.ReasonInFlight, reason: a.reason,
+		h, why := decideHold(holdFacts{wait: re.Wait, release: re.Reason == pacer.ReasonInFlight, reason: reasonOf(re.Reason),
 			holdMax: s.o.holdMax, overHorizon: s.o.overHorizon})
 		switch h {
 		case holdRelease:
@@ -707,7 +685,6 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 		default:
 			// The authority cannot take a request within HoldMax: every job
 			// queued for it goes back to the stream, spread by the calendar.
-			a.notBefore = now.Add(re.Wait)
 			for a.n > 0 {
 				j := s.popLocked(a)
 				s.dropLocked(j)
@@ -724,7 +701,7 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 }
 
 func (s *scheduler) armLocked(a *authQ, at time.Time) {
-	a.notBefore, a.armed = at, at
+	a.armed = at
 	heap.Push(&s.timers, wakeAt{at: at, a: a})
 }
 
@@ -746,14 +723,12 @@ func (s *scheduler) deferDelayLocked(now time.Time, a *authQ, wait, step time.Du
 
 // deferFor returns the delay for a job deferred outside the dispatcher (a
 // redirect hop refused, a throttled answer) using the refused authority's
-// calendar.
-func (s *scheduler) deferFor(now time.Time, auth string, r reason, wait, step time.Duration) time.Duration {
+// calendar. The refusal is the pacer's: the authority's next admissions
+// hear it from the pacer (ReadyIn), not from here.
+func (s *scheduler) deferFor(now time.Time, auth string, wait, step time.Duration) time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	a := s.authLocked(auth)
-	if wait > s.o.holdMax && now.Add(wait).After(a.notBefore) {
-		a.notBefore, a.interval, a.reason = now.Add(wait), step, r
-	}
 	d := s.deferDelayLocked(now, a, wait, step)
 	s.forgetLocked(a, now)
 	return d
@@ -796,8 +771,8 @@ func (s *scheduler) finished(now time.Time, j *heldJob, took time.Duration, requ
 		s.enqueueLocked(a, j, true)
 		// A throttled answer: ask the pacer at once, which now knows the
 		// wait. A long one defers (parks) the queue instead of holding the
-		// job in memory until a stale hint's timer fires.
-		a.notBefore, a.waitRelease = time.Time{}, false
+		// job in memory until an earlier refusal's timer fires.
+		a.armed, a.waitRelease = time.Time{}, false
 	} else {
 		s.dropLocked(j)
 		if a.n > 0 {
@@ -826,8 +801,7 @@ func (s *scheduler) released(now time.Time, auth string) {
 
 func (s *scheduler) releasedLocked(a *authQ, now time.Time) {
 	if a.waitRelease {
-		a.waitRelease = false
-		a.notBefore = time.Time{}
+		a.armed, a.waitRelease = time.Time{}, false
 	}
 	s.wakeLocked(a, now)
 }
@@ -923,7 +897,7 @@ func ewma(avg, x time.Duration) time.Duration {
 // has answered), so that jobs coming back never arrive as a burst.
 func startable(readyIn readyInFunc, holdMax time.Duration, now time.Time, auth string, want int) (int, bool) {
 	wait, spacing, reason := readyIn(now, auth)
-	if wait > holdMax {
+	if h, _ := decideHold(holdFacts{wait: wait, reason: reasonOf(reason), holdMax: holdMax}); h == holdDefer {
 		return 0, false
 	}
 	if spacing > 0 {

@@ -532,6 +532,9 @@ func (w *Worker) dispatchLoop(ctx, fctx context.Context) {
 	t := w.clk.NewTimer(time.Hour)
 	t.Stop()
 	defer t.Stop()
+	// Asked for once and again only after it closed, so that a change
+	// while the scheduler runs is seen by the select below.
+	changed := w.d.Pacer.Changed()
 	for {
 		grants, defers, wake := w.sched.next(w.clk.Now())
 		for _, g := range grants {
@@ -559,6 +562,12 @@ func (w *Worker) dispatchLoop(ctx, fctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-w.kick:
+		case <-changed:
+			// A policy change: the queues waiting on a refusal's timer
+			// ask again, since a lowered floor shortens their waits. The
+			// next change closes the channel asked for first.
+			changed = w.d.Pacer.Changed()
+			w.sched.repace(w.clk.Now())
 		case <-tc:
 		}
 	}
@@ -668,7 +677,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		case errors.As(err, &re):
 			// A redirect hop's authority cannot take it soon: defer on
 			// that authority's calendar, without using the budget.
-			delay := w.sched.deferFor(w.clk.Now(), re.Authority, reasonOf(re.Reason), re.Wait, re.Interval)
+			delay := w.sched.deferFor(w.clk.Now(), re.Authority, re.Wait, re.Interval)
 			w.settler.deferJob(deferral{job: j, delay: delay, reason: redirectReason(re.Reason)})
 		case ctx.Err() != nil:
 			w.settler.handBack(j)

@@ -459,6 +459,9 @@ func (p *phasedPacer) ReadyIn(now time.Time, _ string) (time.Duration, time.Dura
 	return 0, 0, ""
 }
 
+// Changed is never closed: the phases are the pacer's whole rule.
+func (p *phasedPacer) Changed() <-chan struct{} { return nil }
+
 // Fence changes nothing: the phases are the pacer's whole rule.
 func (p *phasedPacer) Fence(time.Time, string, time.Time) {}
 

@@ -432,8 +432,6 @@ func (l *loneReplay) alone() *replay.Lone {
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
-		l.policy.OnChange(w.Repace) // jobs waiting on a floor just lowered ask again
-		defer l.policy.OnChange(nil)
 		return w.Run(ctx)
 	}
 	return replay.Alone(l.kv, replay.AloneOptions{
