@@ -781,7 +781,7 @@ func (s *scheduler) finished(now time.Time, j *heldJob, took time.Duration, requ
 			// first may jump from the 2 s step to a learned pace of
 			// 100 ms): the jobs held on the wait the last refusal gave
 			// ask again now. One Acquire per answer, never a spin.
-			a.notBefore, a.waitRelease = time.Time{}, false
+			a.armed, a.waitRelease = time.Time{}, false
 		}
 	}
 	s.releasedLocked(a, now)
