@@ -142,6 +142,14 @@ func (p *Paced) waiting(now time.Time, auth string) *pacer.RefusedError {
 // grant confirms the permit (start now); a wait moves its start later,
 // or, past Hold, refuses it.
 func (p *Paced) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
+	p.mu.Lock()
+	_, granted := p.grants[pm]
+	p.mu.Unlock()
+	if granted {
+		// Confirmed again by pacer.Wait (its start, the grant's arrival, is
+		// after the instant Wait read before asking): the request starts.
+		return pm, nil
+	}
 	if re := p.waiting(now, pm.Authority); re != nil {
 		return pm, re
 	}
@@ -152,6 +160,10 @@ func (p *Paced) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
 	a, err := p.c.Ask(p.ctx, pm.Authority)
 	switch {
 	case err == nil && a.Granted():
+		// The request starts when the grant arrives, not when the local
+		// pacer allowed the ask: a caller that times its starts from the
+		// confirm (the load test's departure log) sees the real one.
+		cpm.Start = p.o.Clock.Now()
 		p.mu.Lock()
 		p.grants[cpm] = a
 		p.mu.Unlock()
