@@ -5,8 +5,9 @@
 // Retry-After, a rate-limit family, a 5xx) as from its own requests.
 //
 // It provides the messages and subjects (docs/contract.md, "Grants"), a
-// Server that answers them from a *pacer.Pacer, and a Client with the one
-// loop that waits for a start (Client.Wait).
+// Server that answers them from a *pacer.Pacer, a Client with the one
+// loop that waits for a start (Client.Wait), and Paced, a worker's pacer
+// whose every start the owner grants (a replay beside pods, docs/adr/0031).
 //
 // It does not fetch, and it does not decide who serves an authority: a
 // Server answers the asks its Options.Owns accepts and stays silent on the

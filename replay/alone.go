@@ -21,9 +21,10 @@ import (
 // runs: its entry in jobs.ReplaysBucket says it paces alone; a pod that
 // starts announces itself in jobs.PodsBucket and then waits until no entry
 // says so; the replay, polling the pods, stops starting requests as soon as
-// one appears, lets its requests in flight end, and hands the rest of its
-// jobs to the pods (Handover) after writing when it stopped and its last
-// request starts, from which the pods space their first requests.
+// one appears, lets its requests in flight end, writes when it stopped and
+// its last request starts, from which the pods space their first requests,
+// and goes on in the pods' pace (Handover: its starts granted by them,
+// docs/adr/0031).
 //
 // Replays that find no pod pace one at a time: one whose entry came later
 // (jobs.ReplayRun.Order) waits, its entry saying Alone, while an earlier

@@ -584,7 +584,7 @@ func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *repla
 		parts[i] = fmt.Sprintf("%s %d", r, reasons[r])
 	}
 	fmt.Fprintf(w, "  by reason: %s\n", strings.Join(parts, ", "))
-	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate && run == "" { // the pods' flags are theirs
+	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate { // the replay fetches with its own flags, beside pods too
 		fmt.Fprintf(w, "  %d %s refused as loopback or private destinations: if the live worker runs with --allow-private-networks, pass it to the replay too\n",
 			n, plural(n, "was", "were"))
 	}
