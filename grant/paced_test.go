@@ -3,6 +3,7 @@ package grant_test
 import (
 	"errors"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,3 +114,30 @@ func TestPacedRefusesALongWait(t *testing.T) {
 }
 
 func asRefused(err error, re **pacer.RefusedError) bool { return errors.As(err, re) }
+
+// TestPacedAsksTheNewOwner: while no server owns the authority (a
+// partition between pods) an ask goes unanswered and the start waits; once
+// a server owns it, the same permit is asked again and granted by it.
+func TestPacedAsksTheNewOwner(t *testing.T) {
+	var owns atomic.Bool
+	s, nc := serve(t, testPacer(0, 4), &grant.Options{Owns: func(a string) bool { return a != auth || owns.Load() }})
+	base := s.Outstanding() // serve's own probe
+	var waits atomic.Int32
+	p := grant.NewPaced(brokertest.Context(t), grant.PacedLocal(4), grant.NewClient(nc, "test", 100*time.Millisecond, nil),
+		&grant.PacedOptions{OnWait: func(_ string, a grant.Answer) {
+			if a.Reason == "no_owner" && waits.Add(1) == 1 {
+				owns.Store(true) // the partition's new owner takes it
+			}
+		}})
+	pm := confirmed(t, p)
+	if waits.Load() == 0 {
+		t.Fatal("granted without an owner")
+	}
+	if n := s.Outstanding() - base; n != 1 {
+		t.Fatalf("the new owner holds %d grants, want 1", n)
+	}
+	p.Done(time.Now(), pm, pacer.Response{Status: 200})
+	if n := s.Outstanding() - base; n != 0 {
+		t.Fatalf("the new owner holds %d grants after the report, want 0", n)
+	}
+}
