@@ -31,6 +31,9 @@ import (
 const (
 	AskPrefix    = "mirror.grant.ask."
 	ReportPrefix = "mirror.grant.report."
+	// SentPrefix + the key carries a Sent: one-way (core NATS publish, no
+	// reply), so that it costs no round trip.
+	SentPrefix = "mirror.grant.sent."
 )
 
 // AskSubject returns the subject of an ask for auth ("host:port").
@@ -38,6 +41,19 @@ func AskSubject(auth string) string { return AskPrefix + authority.KeyOf(auth) }
 
 // ReportSubject returns the subject of a report for auth ("host:port").
 func ReportSubject(auth string) string { return ReportPrefix + authority.KeyOf(auth) }
+
+// SentSubject returns the subject of a Sent for auth ("host:port").
+func SentSubject(auth string) string { return SentPrefix + authority.KeyOf(auth) }
+
+// Sent says that the request of a grant was written to its connection:
+// the owner spaces its next start from when it receives this (pacer.Sent),
+// not only from its answer, so that the answer's way to the client and the
+// client's way to its socket do not bring the next request closer than the
+// floor at the origin.
+type Sent struct {
+	Grant     string `json:"grant"`
+	Authority string `json:"authority"`
+}
 
 // Ask asks for a start of one request to Authority ("host:port", as
 // authority.Authority.String gives it).

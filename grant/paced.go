@@ -192,6 +192,19 @@ func (p *Paced) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
 	return cpm, &re
 }
 
+// Sent tells the owner when a granted request was written (Client.Sent),
+// so that its next start is spaced from the write as from its own
+// requests'; the local pacer is told too.
+func (p *Paced) Sent(now time.Time, pm pacer.Permit) {
+	p.Local.Sent(now, pm)
+	p.mu.Lock()
+	g, ok := p.grants[pm]
+	p.mu.Unlock()
+	if ok {
+		_ = p.c.Sent(pm.Authority, g) // best effort: the owner spaced from its answer already
+	}
+}
+
 // Done reports the answer of a granted request to its owner and returns
 // the owner's verdict; the local pacer frees the permit's place, learning
 // the answer only when the owner did not.

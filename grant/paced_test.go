@@ -3,6 +3,7 @@ package grant_test
 import (
 	"errors"
 	"net/http"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -139,5 +140,45 @@ func TestPacedAsksTheNewOwner(t *testing.T) {
 	p.Done(time.Now(), pm, pacer.Response{Status: 200})
 	if n := s.Outstanding() - base; n != 0 {
 		t.Fatalf("the new owner holds %d grants after the report, want 0", n)
+	}
+}
+
+// TestASentSpacesTheOwnersNextStart: the owner spaces its next start from
+// a grant's Sent (the request written, received later than the answer),
+// not only from its answer, so that the answer's way to the client does
+// not bring the next request closer than the floor at the origin.
+func TestASentSpacesTheOwnersNextStart(t *testing.T) {
+	const floor = 200 * time.Millisecond
+	t0 := time.Now()
+	clk := clock.NewFake(t0)
+	owner := testPacer(floor, 4)
+	_, nc := serve(t, owner, &grant.Options{Clock: clk})
+	c := grant.NewClient(nc, "test", 0, nil)
+	ctx := brokertest.Context(t)
+	g, err := c.Ask(ctx, auth)
+	if err != nil || !g.Granted() {
+		t.Fatalf("ask: %+v, %v", g, err)
+	}
+	next := func() time.Time {
+		for _, st := range owner.Snapshot(clk.Now()) {
+			if st.Authority == auth {
+				return st.NextSlot
+			}
+		}
+		return time.Time{}
+	}
+	if got := next(); got.Before(t0.Add(floor)) || !got.Before(t0.Add(floor+50*time.Millisecond)) {
+		t.Fatalf("next slot %v after the grant, want a floor after its answer", got.Sub(t0))
+	}
+	clk.Advance(50 * time.Millisecond) // the answer's way, the client's write
+	if err := c.Sent(auth, g); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for next().Before(t0.Add(50*time.Millisecond + floor)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("next slot %v after the Sent 50 ms after the answer, want at least %v", next().Sub(t0), 50*time.Millisecond+floor)
+		}
+		runtime.Gosched()
 	}
 }
