@@ -80,7 +80,7 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 	t.Parallel()
 	const (
 		partitions = jobs.DefaultPartitions
-		perAuth    = 10
+		perAuth    = 20 // more than a quarter of the live window, so that live first is what keeps the replay out of it
 		live       = 60
 		floor      = 300 * time.Millisecond
 	)
