@@ -108,3 +108,14 @@ func (c *Client) Report(ctx context.Context, auth string, g Answer, r pacer.Resp
 	}
 	return v, nil
 }
+
+// Sent tells the owner that the request of grant g was written (a one-way
+// publish; see Sent): call it when the request's headers leave, as the
+// worker's trace does (Paced.Sent).
+func (c *Client) Sent(auth string, g Answer) error {
+	b, _ := json.Marshal(Sent{Grant: g.Grant, Authority: auth})
+	if err := c.nc.Publish(SentSubject(auth), b); err != nil {
+		return fmt.Errorf("grant: sent for %s: %w", auth, err)
+	}
+	return nil
+}

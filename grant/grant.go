@@ -5,8 +5,9 @@
 // Retry-After, a rate-limit family, a 5xx) as from its own requests.
 //
 // It provides the messages and subjects (docs/contract.md, "Grants"), a
-// Server that answers them from a *pacer.Pacer, and a Client with the one
-// loop that waits for a start (Client.Wait).
+// Server that answers them from a *pacer.Pacer, a Client with the one
+// loop that waits for a start (Client.Wait), and Paced, a worker's pacer
+// whose every start the owner grants (a replay beside pods, docs/adr/0031).
 //
 // It does not fetch, and it does not decide who serves an authority: a
 // Server answers the asks its Options.Owns accepts and stays silent on the
@@ -30,6 +31,9 @@ import (
 const (
 	AskPrefix    = "mirror.grant.ask."
 	ReportPrefix = "mirror.grant.report."
+	// SentPrefix + the key carries a Sent: one-way (core NATS publish, no
+	// reply), so that it costs no round trip.
+	SentPrefix = "mirror.grant.sent."
 )
 
 // AskSubject returns the subject of an ask for auth ("host:port").
@@ -37,6 +41,19 @@ func AskSubject(auth string) string { return AskPrefix + authority.KeyOf(auth) }
 
 // ReportSubject returns the subject of a report for auth ("host:port").
 func ReportSubject(auth string) string { return ReportPrefix + authority.KeyOf(auth) }
+
+// SentSubject returns the subject of a Sent for auth ("host:port").
+func SentSubject(auth string) string { return SentPrefix + authority.KeyOf(auth) }
+
+// Sent says that the request of a grant was written to its connection:
+// the owner spaces its next start from when it receives this (pacer.Sent),
+// not only from its answer, so that the answer's way to the client and the
+// client's way to its socket do not bring the next request closer than the
+// floor at the origin.
+type Sent struct {
+	Grant     string `json:"grant"`
+	Authority string `json:"authority"`
+}
 
 // Ask asks for a start of one request to Authority ("host:port", as
 // authority.Authority.String gives it).

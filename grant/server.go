@@ -99,6 +99,11 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("grant: subscribe: %w", err)
 	}
 	defer reports.Unsubscribe()
+	sent, err := s.nc.Subscribe(SentPrefix+"*", s.sent)
+	if err != nil {
+		return fmt.Errorf("grant: subscribe: %w", err)
+	}
+	defer sent.Unsubscribe()
 	if err := s.nc.Flush(); err != nil {
 		return fmt.Errorf("grant: subscribe: %w", err)
 	}
@@ -212,6 +217,22 @@ func (s *Server) report(m *nats.Msg) {
 	}
 	v := s.p.Done(s.clk.Now(), h.pm, resp)
 	s.reply(m, Verdict{Throttled: v.Throttled, Reason: v.Reason, Until: v.Until})
+}
+
+// sent takes a Sent: the grant's request was written, at the latest now;
+// the pacer spaces the next start from now (pacer.Sent moves a write
+// later), as it does for the pod's own requests.
+func (s *Server) sent(m *nats.Msg) {
+	var r Sent
+	if json.Unmarshal(m.Data, &r) != nil {
+		return
+	}
+	s.mu.Lock()
+	h := s.grants[r.Grant]
+	s.mu.Unlock()
+	if h != nil {
+		s.p.Sent(s.clk.Now(), h.pm)
+	}
 }
 
 // lapse does the grants not reported by now as cancelled (every one, for

@@ -18,12 +18,12 @@ import (
 // it found no pod (docs/adr/0025): the pod announces itself in
 // jobs.PodsBucket, then, before it takes any work, waits until no entry of
 // jobs.ReplaysBucket says a replay paces alone (the replay sees the pod,
-// stops starting requests, lets those in flight end and hands the rest
-// over), at most LoneReplayPatience; then it spaces its first request to
+// stops starting requests, lets those in flight end and goes
+// on in the pods' pace), at most LoneReplayPatience; then it spaces its first request to
 // each authority such a replay started recently from that start
 // (pacer.Fence). A pod of the shared consumer (no partitions, no lease
 // manager to announce it) announces itself here for as long as it runs, so
-// that a replay beside it hands its jobs over too.
+// that a replay beside it asks it for its starts too (docs/adr/0031).
 
 // LoneReplayPatience bounds how long a starting pod waits for replays that
 // pace alone to stop: longer than a replay takes to notice the pod (half a

@@ -27,9 +27,10 @@ const LoneGrace = 10 * time.Second
 // runs: its entry in jobs.ReplaysBucket says it paces alone; a pod that
 // starts announces itself in jobs.PodsBucket and then waits until no entry
 // says so; the replay, polling the pods, stops starting requests as soon as
-// one appears, lets its requests in flight end, and hands the rest of its
-// jobs to the pods (Handover) after writing when it stopped and its last
-// request starts, from which the pods space their first requests.
+// one appears, lets its requests in flight end, writes when it stopped and
+// its last request starts, from which the pods space their first requests,
+// and goes on in the pods' pace (Handover: its starts granted by them,
+// docs/adr/0031).
 //
 // Replays that find no pod pace one at a time: one whose entry came later
 // (jobs.ReplayRun.Order) waits, its entry saying Alone, while an earlier
@@ -66,9 +67,12 @@ type AloneOptions struct {
 	Flush func(ctx context.Context) error
 	// Done, if set, is how many jobs are finished, for the entry.
 	Done func() int64
-	// Handover returns the work that hands the rest to pods, with the
-	// entry it must keep (Alone false, AloneUntil and LastStarts set);
-	// an error (the pods do not take Target) ends the replay with it.
+	// Handover returns the work that does the rest beside the pods, each
+	// request's start granted by the pod that owns its authority (grant,
+	// docs/adr/0031), given the entry that says the replay no longer paces
+	// alone (AloneUntil and LastStarts set); the replay keeps that entry
+	// while the work runs and deletes it when the work ends. An error ends
+	// the replay with it.
 	Handover func(pods map[string][]string, base jobs.ReplayRun) (Work, error)
 	// Fence, if set, spaces the local worker's first request to auth from
 	// at (pacer.Fence), for the last starts of the replays it waited for;
@@ -198,7 +202,45 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 		a.end(ctx)
 		return err
 	}
-	return work(ctx, c)
+	a.entry = base
+	return a.granted(ctx, c, work)
+}
+
+// granted runs work, the replay's requests granted by the pods
+// (AloneOptions.Handover), keeping the run's entry fresh meanwhile (no
+// longer Alone: the pods take work beside it), and deletes the entry when
+// it ends.
+func (a *alone) granted(ctx context.Context, c jetstream.Consumer, work Work) error {
+	if err := a.put(ctx); err != nil && ctx.Err() == nil {
+		a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
+	}
+	stop := make(chan struct{})
+	refreshed := make(chan struct{})
+	go func() {
+		defer close(refreshed)
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				a.entry.Done = a.done()
+				if err := a.put(ctx); err != nil && ctx.Err() == nil {
+					a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
+				}
+			}
+		}
+	}()
+	err := work(ctx, c)
+	close(stop)
+	<-refreshed
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if derr := a.kv.Delete(dctx, a.o.Run); derr != nil {
+		a.o.Logger.Warn().Err(derr).Msg("replay: delete the run's entry (it expires by itself)")
+	}
+	return err
 }
 
 // others are the other replays' entries, each with its order

@@ -11,13 +11,15 @@
 //     handled, reporting progress on the way;
 //   - dry runs (Count): how many jobs a replay would re-drive, per authority
 //     key, without fetching anything;
-//   - the hand-over to live pods (Handover, docs/adr/0025), at once when pods
-//     are live, or mid-way (Alone) when one starts while the replay paces
-//     its own requests.
+//   - pacing alone and giving way to pods (Alone): a replay that finds no
+//     pod paces its own requests until one starts, then goes on in the
+//     pods' pace, each start granted by the owner (package grant's Paced,
+//     docs/adr/0031), as does a replay that finds pods at once.
 //
-// It does not fetch, store or pace: a replay runs the same worker, pacer and
-// mirror target as live jobs (cmd/mirrorworker wires them), so it is never a
-// politeness bypass. It publishes no new jobs: the replayed jobs are the
-// messages already in the stream, and a hand-over's copies are theirs. Like every package in this module it is
-// not a stable public API.
+// It does not fetch, store or pace: a replay runs the same worker, fetch
+// client and mirror target as live jobs, and the pods' pacers grant its
+// starts (cmd/mirrorworker wires them), so it is never a politeness bypass.
+// It publishes no new jobs: the replayed jobs are the messages already in
+// the stream. Like every package in this module it is not a stable public
+// API.
 package replay

@@ -42,6 +42,7 @@ type originAuth struct {
 	wait     time.Duration
 	n        int
 	arrivals []time.Time
+	paths    []string  // each arrival's path, same index
 	until    time.Time // told to wait until
 	probing  bool      // the first request after until is running
 	cooled   bool      // a cooldown was told and its probe has not come yet
@@ -95,6 +96,7 @@ func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Requ
 	now, arrived := time.Now(), rxstamp.Arrival(r)
 	o.mu.Lock()
 	a.arrivals = append(a.arrivals, arrived)
+	a.paths = append(a.paths, r.URL.Path)
 	a.inflight++
 	a.maxIn = max(a.maxIn, a.inflight)
 	at := fmt.Sprintf("%s %s at %.3fs", a.name, r.URL.Path, arrived.Sub(o.start).Seconds())

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
@@ -23,7 +24,9 @@ import (
 	"github.com/mirrorworker/mirrorworker/deadletter"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/grant"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/policy"
@@ -230,15 +233,12 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	if err := replay.EnsureDeadLetterStream(ctx, js, c.streamReplicas); err != nil {
 		return replicasHint(err, c.streamReplicas)
 	}
-	// With live pods, they do the work (docs/adr/0025).
-	pods, err := replay.WaitForPods(ctx, js, 2*jobs.DefaultLeaseTTL)
-	if err != nil {
+	// While partitions are leased but no pod is announced (a pod between
+	// lease rounds), the replay waits to see it rather than pace alone.
+	if _, err := replay.WaitForPods(ctx, js, 2*jobs.DefaultLeaseTTL); err != nil {
 		return err
 	}
-	if len(pods) > 0 {
-		return replayThroughPods(ctx, js, c, plan, target, pods, log, stdout, stderr)
-	}
-	return replayJobs(ctx, js, c, plan, target, policy, log, stdout, stderr)
+	return replayJobs(ctx, nc, js, c, plan, target, policy, log, stdout, stderr)
 }
 
 func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, allowPrivate bool, stdout io.Writer) error {
@@ -304,10 +304,12 @@ func probeDefaultNATS(ctx context.Context, natsURL string) error {
 	return conn.Close()
 }
 
-// replayJobs is a replay that found no live pod: it does the work itself,
-// with a worker and a pacer of its own, until a pod starts; then it stops
-// its own requests and hands the rest to the pods (replay.Alone).
-func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, plan replayPlan,
+// replayJobs is a replay: it fetches and stores its jobs itself, always
+// (docs/adr/0031). With no live pod it paces its own requests, with a
+// pacer of its own; beside live pods, or once one starts, each request's
+// start is granted by the pod that owns its authority (grant.Paced), so
+// that the origin sees the pods' one pace (replay.Alone).
+func replayJobs(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, c *replayConfig, plan replayPlan,
 	target storeTarget, policy *pacer.Policy, log zerolog.Logger, stdout, stderr io.Writer) error {
 	// Metrics stay private (a nil registerer); the summary is counted by
 	// the worker's OnOutcome hook, and by the pods' reports once they work
@@ -338,7 +340,7 @@ func replayJobs(ctx context.Context, js jetstream.JetStream, c *replayConfig, pl
 	if err != nil {
 		return replicasHint(err, c.streamReplicas)
 	}
-	lone := &loneReplay{js: js, kv: kv, c: c, parts: parts, policy: watch, spec: pipeline.TargetSpec(target.Root()), target: target,
+	lone := &loneReplay{nc: nc, js: js, kv: kv, c: c, parts: parts, policy: watch, spec: pipeline.TargetSpec(target.Root()), target: target,
 		run: strings.ToLower(nuid.Next()), tally: &tally, log: log, stderr: stderr}
 	// The event sink runs until the replay has returned, so that its last
 	// facts are published (pipeline.Run's stop order).
@@ -402,6 +404,7 @@ func followLivePolicy(ctx context.Context, js jetstream.JetStream, c *replayConf
 // loneReplay is what a replay without pods needs to hand over to pods that
 // start while it runs.
 type loneReplay struct {
+	nc         *nats.Conn // the grants' asks and reports
 	js         jetstream.JetStream
 	kv         jetstream.KeyValue
 	c          *replayConfig
@@ -445,28 +448,56 @@ func (l *loneReplay) alone() *replay.Lone {
 		},
 		Done: func() int64 { s := l.tally.Summary(); return s.Stored + s.Unchanged + s.DeadLettered },
 		Handover: func(pods map[string][]string, base jobs.ReplayRun) (replay.Work, error) {
-			if err := replay.CheckPods(pods, l.spec); err != nil {
-				return nil, fmt.Errorf("replay stopped its own requests after %d jobs, as %d %s started: %w; then run it again to finish (objects already stored cost a conditional request each)",
-					base.Done, len(pods), plural(len(pods), "pod", "pods"), err)
+			if base.Done > 0 {
+				fmt.Fprintf(l.stderr, "replay %s: %d %s started after %d jobs: the replay goes on in their pace, each request's start granted by the pod that owns its authority, after their live jobs\n",
+					l.run, len(pods), plural(len(pods), "pod", "pods"), base.Done)
+			} else {
+				fmt.Fprintf(l.stderr, "replay %s: beside %d live %s: the replay fetches and stores its jobs itself, each request's start granted by the pod that owns its authority, after their live jobs; 'mirrorworker status' shows it\n",
+					l.run, len(pods), plural(len(pods), "pod", "pods"))
 			}
-			fmt.Fprintf(l.stderr, "replay %s: %d %s started: the replay stopped its own requests after %d jobs; the pods do the rest, after their live jobs\n",
-				l.run, len(pods), plural(len(pods), "pod", "pods"), base.Done)
 			notePacingFlags(l.c, l.stderr)
 			l.handedOver = true
-			return replay.Handover(l.js, l.kv, replay.HandoverOptions{
-				Run: l.run, Target: l.spec, AckWait: l.c.ackWait, Logger: l.log, Base: &base,
-				OnDone: func(d jobs.ReplayDone) { l.tally.Add(d.Outcome) },
-			}), nil
+			return l.granted, nil
 		},
 	})
 }
 
+// granted is the replay's work beside live pods: its own worker, fetch
+// client and target, every request's start granted by the pod that owns
+// its authority (grant.Paced; docs/adr/0031), so that the pods' floor,
+// in-flight cap, cooldowns, probe and live jobs first hold for its
+// requests as for theirs. Its failures stay its own, as alone.
+func (l *loneReplay) granted(ctx context.Context, cons jetstream.Consumer) error {
+	client := grant.NewClient(l.nc, l.c.workerID, max(l.c.nats.timeout, grant.DefaultTimeout), nil) // longer than an ask is held
+	paced := grant.NewPaced(ctx, grant.PacedLocal(grant.DefaultAsksInFlight), client, &grant.PacedOptions{
+		OnUnreported: func(auth string, err error) {
+			l.log.Warn().Err(err).Str("authority", auth).Msg("replay: an answer was not reported to the pod that granted it; the replay learned it itself")
+		},
+	})
+	departures, err := loadtest.OpenDepartureLog(readTestHooks(os.Getenv).departures)
+	if err != nil {
+		return err
+	}
+	defer departures.Close()
+	w, err := l.parts.NewWorker(cons, l.target, 0, func(o *worker.Options, d *worker.Deps) {
+		o.SkipCopies, o.OnOutcome = true, l.tally.Add
+		o.Replay = l.run
+		d.JS = replay.SeparateDeadLetters(d.JS)
+		d.Pacer = paced
+		departures.Wrap(d)
+	})
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	return w.Run(ctx)
+}
+
 // pacingFlags are the replay's flags that set its pace: beside pods they
-// do not apply, the pods' policy does.
+// do not apply, the pods' policy does (they grant each start).
 var pacingFlags = []string{"floor", "max-in-flight", "policy", "max-bandwidth"}
 
 // notePacingFlags says, in one line on stderr, that the pacing flags given
-// do not apply to the jobs the pods do, and what does.
+// do not apply beside pods, and what does.
 func notePacingFlags(c *replayConfig, stderr io.Writer) {
 	var given []string
 	for _, f := range pacingFlags {
@@ -477,7 +508,7 @@ func notePacingFlags(c *replayConfig, stderr io.Writer) {
 	if len(given) == 0 {
 		return
 	}
-	fmt.Fprintf(stderr, "replay: %s %s not apply to the jobs the pods do: the pods' policy does (their --policy and the live policy: 'mirrorworker policy list' shows it, 'mirrorworker policy set' changes it)\n",
+	fmt.Fprintf(stderr, "replay: %s %s not apply beside the pods: they grant each request's start, in their policy (their --policy and the live policy: 'mirrorworker policy list' shows it, 'mirrorworker policy set' changes it)\n",
 		strings.Join(given, ", "), map[bool]string{true: "does", false: "do"}[len(given) == 1])
 }
 
@@ -551,7 +582,7 @@ func explainReplayFailures(ctx context.Context, js jetstream.JetStream, c *repla
 		parts[i] = fmt.Sprintf("%s %d", r, reasons[r])
 	}
 	fmt.Fprintf(w, "  by reason: %s\n", strings.Join(parts, ", "))
-	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate && run == "" { // the pods' flags are theirs
+	if n := reasons[jobs.ReasonDestinationRefused]; n > 0 && !c.allowPrivate { // the replay fetches with its own flags, beside pods too
 		fmt.Fprintf(w, "  %d %s refused as loopback or private destinations: if the live worker runs with --allow-private-networks, pass it to the replay too\n",
 			n, plural(n, "was", "were"))
 	}

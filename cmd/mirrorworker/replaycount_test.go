@@ -64,7 +64,7 @@ func TestProcessReplayCountsJobsAfterAPodIsKilled(t *testing.T) {
 	}
 
 	podArgs := func() []string {
-		return workerArgs(natsURL, t.TempDir(), "--target", root, "--replay-target", newRoot,
+		return workerArgs(natsURL, t.TempDir(), "--target", root,
 			"--floor", floor.String(), "--max-in-flight", "1", "--lease-ttl", "2s", "--ack-wait", "3s")
 	}
 	pod := startWorkerProcess(t, podArgs()...)
@@ -72,7 +72,7 @@ func TestProcessReplayCountsJobsAfterAPodIsKilled(t *testing.T) {
 		pods, err := replay.LivePods(ctx, js)
 		return err == nil && len(pods) == 1
 	})
-	done := runReplayIn(ctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "lines")
+	done := runReplayIn(ctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "lines", "--allow-private-networks")
 	waitFor(t, 60*time.Second, "objects stored by the replay", func() bool { return len(mirrorFiles(t, newRoot)) >= 8 })
 	if _, err := pod.signalAndWait(t, syscall.SIGKILL, 10*time.Second); err == nil {
 		t.Log("the pod exited 0 after SIGKILL")
@@ -102,7 +102,7 @@ func TestProcessReplayCountsJobsAfterAPodIsKilled(t *testing.T) {
 	if out := cmd("replay", "--nats-url", natsURL, "--dry-run"); !strings.Contains(out, wantDry) {
 		t.Errorf("dry run after the replay:\n%s", out)
 	}
-	r = <-runReplayIn(ctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "lines")
+	r = <-runReplayIn(ctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "lines", "--allow-private-networks")
 	if r.err != nil {
 		t.Fatalf("replay run again: %v\n%s\n%s", r.err, r.stdout, r.stderr)
 	}

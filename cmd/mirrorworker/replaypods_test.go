@@ -8,7 +8,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"regexp"
+	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/replay"
 )
 
@@ -58,21 +60,27 @@ func publishJob(t *testing.T, js jetstream.JetStream, url, target string) {
 	}
 }
 
-// TestProcessReplayBesideLivePods is issue 27's scenario: two `mirrorworker
+// TestProcessReplayBesideLivePods is issue 37's scenario: two `mirrorworker
 // run` pods at a 300 ms floor, two authorities (one answering 429 with
-// Retry-After now and then), jobs stored; then a replay into a new
-// directory and 60 new live jobs at the same moment. The replay hands its
-// jobs to the pods, so that, as the origin times them: no gap below the
-// floor, no request while told to wait, no request beside a probe; every
-// live job in the live mirror and every replayed one in the new one,
-// byte-exact.
+// Retry-After now and then), jobs stored; then a replay into a directory
+// only it writes (the pods have no --replay-target) and 60 new live jobs at
+// the same moment. The replay fetches and stores its jobs itself, each
+// start granted by the owner pod (docs/adr/0031), so that, judged on the
+// pods' and the replay's requests together: no gap below the floor as the
+// pods' and the replay's pacers started them (departure logs) nor as the
+// origin timed them (with the usual slack), no request while told to
+// wait, no request beside a probe, at most 2 in flight; live jobs first
+// (while live jobs wait, at most one replay request in four, with slack
+// for a cooldown's edges); every live job in the live mirror and every
+// replayed one in the new one, byte-exact.
 func TestProcessReplayBesideLivePods(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	t.Parallel()
 	const (
 		partitions = jobs.DefaultPartitions
-		perAuth    = 10
+		perAuth    = 20 // more than a quarter of the live window, so that live first is what keeps the replay out of it
 		live       = 60
 		floor      = 300 * time.Millisecond
 	)
@@ -89,22 +97,33 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 	targets, urls := origin.urls(perAuth)
 	publishURLs(t, natsURL, targets, urls)
 	root, newRoot := t.TempDir(), t.TempDir()
+	deps := &departureLogs{dir: t.TempDir()}
 	args := func() []string {
-		return workerArgs(natsURL, t.TempDir(), "--target", root, "--replay-target", newRoot, "--floor", floor.String(),
+		return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(),
 			"--max-in-flight", "2", "--lease-ttl", "2s", "--ack-wait", "3s", "--log-level", "info")
 	}
-	pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+	pods := []*workerProcess{deps.start(t, args()...), deps.start(t, args()...)}
 	waitQueueEmpty(t, natsURL, root, len(urls), 90*time.Second, multiLog(pods))
+	first := map[string]int{} // each authority's requests before the replay
+	origin.mu.Lock()
+	for n, a := range origin.auths {
+		first[n] = len(a.arrivals)
+	}
+	origin.mu.Unlock()
 
 	js, closeConn := connectJS(t, natsURL)
 	defer closeConn()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	// A process of its own, so that this one (the origin's clock) stays light.
-	rp, rout := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--progress", "lines")
+	// A process of its own, so that this one (the origin's clock) stays
+	// light; it logs its departures as the pods do.
+	replayDeps := filepath.Join(deps.dir, "departures-replay")
+	rp, rout := startReplayProcessEnv(t, []string{loadtest.DeparturesEnv + "=" + replayDeps},
+		"--nats-url", natsURL, "--target", newRoot, "--progress", "lines", "--allow-private-networks")
 	waitFor(t, 30*time.Second, "the replay's entry", func() bool { return len(replayRuns(t, js)) == 1 })
 	liveTargets := map[string]string{}
 	names := []string{origin.named("plain"), origin.named("429")}
+	liveAt := time.Now() // every live job waits from here
 	for i := range live {
 		n := names[i%2]
 		b := origin.auths[n].behave
@@ -112,30 +131,20 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 		liveTargets[u] = fmt.Sprintf("%s/live-%d", b, i)
 		publishJob(t, js, u, liveTargets[u])
 	}
-	// status shows the replay while the pods work for it, and the
-	// requests of both classes the pods started in the last minute.
+	// status shows the replay while it runs.
 	var out, errOut bytes.Buffer
-	byClass := regexp.MustCompile(`Requests in the last minute, all pods: (\d+) live, (\d+) replay: (\d+)% replay\.`)
-	waitFor(t, 30*time.Second, "status showing live and replay requests", func() bool {
-		out.Reset()
-		errOut.Reset()
-		if err := run(ctx, []string{"status", "--nats-url", natsURL}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut); err != nil {
-			t.Fatalf("status: %v\n%s", err, errOut.String())
-		}
-		m := byClass.FindStringSubmatch(out.String())
-		return m != nil && m[1] != "0" && m[2] != "0"
-	})
-	t.Logf("status: %s", byClass.FindString(out.String()))
+	if err := run(ctx, []string{"status", "--nats-url", natsURL}, func(string) string { return "" }, strings.NewReader(""), &out, &errOut); err != nil {
+		t.Fatalf("status: %v\n%s", err, errOut.String())
+	}
 	run0 := replayRuns(t, js)
-	if len(run0) != 1 || !strings.Contains(out.String(), "REPLAY") || !strings.Contains(out.String(), run0[0].Run) ||
-		!strings.Contains(out.String(), "at most 1 request in 4") {
+	if len(run0) != 1 || !strings.Contains(out.String(), "REPLAY") || !strings.Contains(out.String(), run0[0].Run) {
 		t.Errorf("status during the replay:\n%s", out.String())
 	}
 	if err := rp.Wait(); err != nil {
 		t.Fatalf("replay: %v\n%s", err, rout)
 	}
 	if s := rout.String(); !strings.Contains(s, fmt.Sprintf("replayed %d jobs", len(urls))) || !strings.Contains(s, fmt.Sprintf("%d stored", len(urls))) ||
-		!strings.Contains(s, "the live pods do its jobs (") {
+		!strings.Contains(s, "beside 2 live pods: the replay fetches and stores its jobs itself") {
 		t.Errorf("replay output:\n%s", s)
 	}
 	all := map[string]string{}
@@ -152,10 +161,75 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 		}
 	}
 	checkClusterMirror(t, root, all)
+	// Only the replay wrote the new directory: it holds the replayed jobs
+	// and nothing else.
 	checkClusterMirror(t, newRoot, targets)
-	origin.check(t, floor, 2, nil)
+	if n, want := len(mirrorFiles(t, newRoot)), len(targets); n != want {
+		t.Errorf("%d files in the replay's directory, want %d", n, want)
+	}
+	d := readDepartures(t, append(append([]string(nil), deps.files...), replayDeps))
+	replayed := 0
+	for _, ds := range d {
+		for _, x := range ds {
+			if x.pod == len(deps.files) {
+				replayed++
+			}
+		}
+	}
+	if replayed < len(urls) {
+		t.Errorf("the replay logged %d departures, want at least %d (its own requests)", replayed, len(urls))
+	}
+	origin.check(t, floor, 2, d)
+	checkLiveFirst(t, origin, first, liveAt)
 	if runs := replayRuns(t, js); len(runs) != 0 {
 		t.Errorf("the replay left its entry behind: %+v", runs)
+	}
+}
+
+// checkLiveFirst judges, at each authority, the requests after the first
+// ones (before the replay): from the moment the live jobs were enqueued
+// (liveAt) to the last live request, the replay's requests (paths without
+// "live-") are at most one in four, as the owners grant them
+// (docs/contract.md, "Grants"), with two more for the asks already held
+// for a slot then and a cooldown's edges. Measured: 9 of 20 replay
+// requests in that window at each authority, against 30 live ones; with
+// the owners' live first switched off (grant.Options.Defer returning 0),
+// all 20 were, and the check fails.
+func checkLiveFirst(t *testing.T, o *clusterOrigin, first map[string]int, liveAt time.Time) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for n, a := range o.auths {
+		idx := make([]int, 0, len(a.arrivals))
+		for i := first[n]; i < len(a.arrivals); i++ {
+			idx = append(idx, i)
+		}
+		sort.Slice(idx, func(i, j int) bool { return a.arrivals[idx[i]].Before(a.arrivals[idx[j]]) })
+		lo, hi := -1, -1
+		for k, i := range idx {
+			if lo < 0 && !a.arrivals[i].Before(liveAt) {
+				lo = k
+			}
+			if strings.Contains(a.paths[i], "live-") {
+				hi = k
+			}
+		}
+		if lo < 0 || hi < lo {
+			t.Errorf("%s: no live request", n)
+			continue
+		}
+		lives, replays := 0, 0
+		for _, i := range idx[lo : hi+1] {
+			if strings.Contains(a.paths[i], "live-") {
+				lives++
+			} else {
+				replays++
+			}
+		}
+		t.Logf("%s: %d live requests, %d replay requests among them (%d replay requests in all)", n, lives, replays, len(idx)-lives)
+		if replays > lives/3+2 {
+			t.Errorf("%s: %d replay requests among %d live ones: want at most one in four", n, replays, lives)
+		}
 	}
 }
 
@@ -239,7 +313,7 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 	const (
 		n     = 60
 		live  = 10
-		floor = 100 * time.Millisecond
+		floor = liveFloor
 	)
 	rs := startReplayBesideAPod(t, n, floor)
 	natsURL, js, origin, root, newRoot, pod, began, done, stop, want := rs.natsURL, rs.js, rs.origin, rs.root, rs.newRoot, rs.pod, rs.began, rs.done, rs.stop, rs.want
@@ -260,13 +334,13 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the replay's entry gone", func() bool { return len(replayRuns(t, js)) == 0 })
 	waitQueueEmpty(t, natsURL, root, n+live, 30*time.Second, pod.log)
-	if after := countPrefix(origin.since(stopped), "/old/"); after > replay.DefaultWindow+1 {
-		t.Errorf("%d replay requests after Ctrl-C; want at most the window, %d", after, replay.DefaultWindow)
+	if after := countPrefix(origin.since(stopped), "/old/"); after > 1 {
+		t.Errorf("%d replay requests after the replay returned from Ctrl-C; want at most the one the pod's cap let be in flight", after)
 	}
 
 	// SIGKILL mid-way, then run again to the end.
 	killAt := len(mirrorFiles(t, newRoot)) + 8
-	rp, _ := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--progress", "none")
+	rp, _ := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--progress", "none", "--allow-private-networks")
 	waitFor(t, 30*time.Second, "objects stored by the second replay", func() bool { return len(mirrorFiles(t, newRoot)) >= killAt })
 	if err := rp.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -279,7 +353,7 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 	waitQueueEmpty(t, natsURL, root, n+live, 30*time.Second, pod.log)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	r = <-runReplayIn(ctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "none", "--from-seq", "1")
+	r = <-runReplayIn(ctx, "--nats-url", natsURL, "--target", newRoot, "--progress", "none", "--from-seq", "1", "--allow-private-networks")
 	if r.err != nil {
 		t.Fatalf("replay run again: %v\n%s\n%s", r.err, r.stdout, r.stderr)
 	}
@@ -348,7 +422,7 @@ func startReplayBesideAPod(t *testing.T, n int, floor time.Duration) *replayBesi
 	if _, err := first.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Fatalf("first pod: %v", err)
 	}
-	rs.pod = startWorkerProcess(t, workerArgs(rs.natsURL, t.TempDir(), "--target", rs.root, "--replay-target", rs.newRoot,
+	rs.pod = startWorkerProcess(t, workerArgs(rs.natsURL, t.TempDir(), "--target", rs.root,
 		"--floor", floor.String(), "--max-in-flight", "1", "--log-level", "info")...)
 	rs.began = rs.origin.count()
 	waitFor(t, 30*time.Second, "the pod announced", func() bool {
@@ -360,7 +434,7 @@ func startReplayBesideAPod(t *testing.T, n int, floor time.Duration) *replayBesi
 	rctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
 	rs.stop = stop
-	rs.done = runReplayIn(rctx, "--nats-url", rs.natsURL, "--target", rs.newRoot, "--progress", "none")
+	rs.done = runReplayIn(rctx, "--nats-url", rs.natsURL, "--target", rs.newRoot, "--progress", "none", "--allow-private-networks")
 	waitFor(t, 60*time.Second, "the replay's first requests", func() bool {
 		select {
 		case r := <-rs.done:
@@ -399,10 +473,20 @@ func liveJobsFirst(t *testing.T, js jetstream.JetStream, origin *classOrigin, na
 				before++
 			}
 		}
+		if i == 0 {
+			// The owner puts live jobs first once they are in its memory: the
+			// first one after the pod idled comes in with its intake's next
+			// pull (worker.Options.PullWait, 1 s), and the grants the owner
+			// made meanwhile went before it (ADR 0031, consequences).
+			before = max(0, before-int(time.Second/liveFloor))
+		}
 		worst = max(worst, before)
 	}
 	return worst, longest
 }
+
+// liveFloor is the floor of the pod in the tests of liveJobsFirst.
+const liveFloor = 100 * time.Millisecond
 
 // TestProcessReplayOf2000JobsYieldsToLiveJobs is issue 27's priority test
 // at its size: a replay of 2,000 jobs for one authority at floor 100 ms
@@ -419,7 +503,7 @@ func TestProcessReplayOf2000JobsYieldsToLiveJobs(t *testing.T) {
 	const (
 		n     = 2000
 		live  = 20
-		floor = 100 * time.Millisecond
+		floor = liveFloor
 	)
 	rs := startReplayBesideAPod(t, n, floor)
 	natsURL, js, origin, root, pod, began, done, stop := rs.natsURL, rs.js, rs.origin, rs.root, rs.pod, rs.began, rs.done, rs.stop
@@ -440,8 +524,8 @@ func TestProcessReplayOf2000JobsYieldsToLiveJobs(t *testing.T) {
 	stopped := origin.count()
 	waitFor(t, 30*time.Second, "the replay's entry gone", func() bool { return len(replayRuns(t, js)) == 0 })
 	waitQueueEmpty(t, natsURL, root, n+live, 60*time.Second, pod.log)
-	if after := countPrefix(origin.since(stopped), "/old/"); after > replay.DefaultWindow+1 {
-		t.Errorf("%d replay requests after Ctrl-C; want at most the window, %d", after, replay.DefaultWindow)
+	if after := countPrefix(origin.since(stopped), "/old/"); after > 1 {
+		t.Errorf("%d replay requests after the replay returned from Ctrl-C; want at most the one the pod's cap let be in flight", after)
 	}
 	if _, err := pod.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Errorf("pod exit: %v", err)
@@ -452,8 +536,15 @@ func TestProcessReplayOf2000JobsYieldsToLiveJobs(t *testing.T) {
 // stdout and stderr go to the writer returned.
 func startReplayProcess(t *testing.T, args ...string) (*exec.Cmd, *syncBuffer) {
 	t.Helper()
+	return startReplayProcessEnv(t, nil, args...)
+}
+
+// startReplayProcessEnv is startReplayProcess with extra environment
+// variables ("NAME=value").
+func startReplayProcessEnv(t *testing.T, extra []string, args ...string) (*exec.Cmd, *syncBuffer) {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], append([]string{"replay"}, args...)...)
-	env := []string{asMainEnv + "=1"}
+	env := append([]string{asMainEnv + "=1"}, extra...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "MIRRORWORKER_") {
 			env = append(env, kv)

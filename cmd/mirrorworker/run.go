@@ -84,7 +84,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
 	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", targetHelp+" (default file://<data-dir>/mirror)")
-	fs.Var(&c.replayTargets, "replay-target", "a mirror `target` besides --target that 'mirrorworker replay' may have this pod store replayed jobs into, as --target takes it (repeatable, or comma-separated); opened at start. A replay into the pod's own target needs none")
+	fs.Var(&c.replayTargets, "replay-target", "deprecated: a replay stores its jobs itself, in the pods' pace (docs/adr/0031), and needs none; kept, for one release, for the replay jobs of replays of earlier versions: a mirror `target` besides --target that this pod may store them into (repeatable, or comma-separated)")
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
 
 	c.workerFlags.register(fs, workerDefaults{
@@ -311,9 +311,14 @@ func lockDataDir(dataDir string) (*dirlock.Lock, error) {
 
 // openReplayTargets opens every --replay-target, as --target is opened
 // (proved writable or reachable), keyed by its canonical spec, with the
-// pod's own target (docs/adr/0025).
+// pod's own target: for the replay jobs of replays of earlier versions
+// (docs/adr/0025), which handed their jobs to the pods. Deprecated
+// (docs/adr/0031).
 func openReplayTargets(ctx context.Context, c *runConfig, hooks testHooks, own storeTarget, log zerolog.Logger) (*pipeline.ReplayTargets, error) {
 	r := &pipeline.ReplayTargets{Own: pipeline.TargetSpec(own.Root()), OwnT: own, Allowed: map[string]worker.Target{}}
+	if len(c.replayTargets) > 0 {
+		log.Warn().Strs("replay_targets", c.replayTargets).Msg("--replay-target is deprecated: a replay of this version stores its jobs itself, each start granted by the pods, and needs no pod to reach its target (docs/adr/0031); the flag serves only replays of earlier versions, and goes in the next release")
+	}
 	for _, spec := range c.replayTargets {
 		t, err := c.s3.openTarget(ctx, spec, hooks.fault, log)
 		if err != nil {

@@ -46,25 +46,28 @@ func readReplayRuns(ctx context.Context, kv jetstream.KeyValue) ([]jobs.ReplayRu
 	return out, nil
 }
 
-// writeReplays prints each replay running (one pacing alone says so) and
-// each the pods work for: done, waiting in the
-// pods' queues, still held by the replay, the ETA, the busiest
-// authorities; then the requests the pods started in the last minute by
-// class, the share replays had, and the rule that bounds it.
+// writeReplays prints each replay running: done, whose pace it keeps (the
+// pods', which grant its starts, or its own with no pod; docs/adr/0031),
+// the ETA, the busiest authorities (and, for a replay of an earlier
+// version that hands its jobs to the pods, the jobs in their queues); then
+// the requests the pods started in the last minute by class, and the rule
+// that puts live jobs first.
 func writeReplays(w io.Writer, runs []jobs.ReplayRun, pods []worker.PodStatus, now time.Time) error {
 	if len(runs) == 0 {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw)
-	fmt.Fprintln(tw, "REPLAY\tTARGET\tDONE\tIN PODS' QUEUES\tETA\tUPDATED")
+	fmt.Fprintln(tw, "REPLAY\tTARGET\tDONE\tPACE\tETA\tUPDATED")
 	for _, r := range runs {
 		eta := "-"
 		if r.ETA > 0 {
 			eta = r.ETA.String()
 		}
-		queued := fmt.Sprint(r.Waiting)
+		queued := "the pods' (they grant its starts)"
 		switch {
+		case r.Waiting > 0:
+			queued = fmt.Sprintf("the pods' (%d in their queues)", r.Waiting)
 		case r.Alone && r.WaitingFor != "":
 			queued = "- (no pod: it waits for replay " + r.WaitingFor + ", which paces alone; replays with no pod run one at a time)"
 		case r.Alone:
@@ -95,7 +98,7 @@ func writeReplays(w io.Writer, runs []jobs.ReplayRun, pods []worker.PodStatus, n
 	if n := sum.Live + sum.Replay; n > 0 {
 		share = fmt.Sprintf("%d live, %d replay: %.0f%% replay", sum.Live, sum.Replay, 100*float64(sum.Replay)/float64(n))
 	}
-	_, err := fmt.Fprintf(w, "Requests in the last minute, all pods: %s. Replay jobs go after live ones: while live jobs of an authority wait, its replay jobs get at most 1 request in %d.\n",
+	_, err := fmt.Fprintf(w, "Requests in the last minute, all pods: %s (a replay's own requests are not counted here). Replays go after live jobs: while live jobs of an authority wait, replays get at most 1 request in %d.\n",
 		share, worker.LiveFirstRun+1)
 	return err
 }
