@@ -21,6 +21,7 @@ type Local interface {
 	Fence(now time.Time, auth string, at time.Time)
 	Apply(now time.Time, ev pacer.Event)
 	PaceKey(auth string) string
+	Changed() <-chan struct{}
 }
 
 var _ Local = (*pacer.Pacer)(nil)
@@ -121,6 +122,10 @@ func (p *Paced) ReadyIn(now time.Time, auth string) (time.Duration, time.Duratio
 	}
 	return p.Local.ReadyIn(now, auth)
 }
+
+// Changed is the local pacer's: the owner's waits come with its answers,
+// and a held job asks again when its refusal's wait ends.
+func (p *Paced) Changed() <-chan struct{} { return p.Local.Changed() }
 
 // waiting is the refusal of the owner's wait in force for auth, if any.
 func (p *Paced) waiting(now time.Time, auth string) *pacer.RefusedError {

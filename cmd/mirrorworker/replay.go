@@ -25,8 +25,8 @@ import (
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/grant"
+	"github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
 	"github.com/mirrorworker/mirrorworker/policy"
@@ -474,17 +474,17 @@ func (l *loneReplay) granted(ctx context.Context, cons jetstream.Consumer) error
 			l.log.Warn().Err(err).Str("authority", auth).Msg("replay: an answer was not reported to the pod that granted it; the replay learned it itself")
 		},
 	})
-	departures, err := loadtest.OpenDepartureLog(readTestHooks(os.Getenv).departures)
+	depLog, err := departures.Open(readTestHooks(os.Getenv).departures)
 	if err != nil {
 		return err
 	}
-	defer departures.Close()
+	defer depLog.Close()
 	w, err := l.parts.NewWorker(cons, l.target, 0, func(o *worker.Options, d *worker.Deps) {
 		o.SkipCopies, o.OnOutcome = true, l.tally.Add
 		o.Replay = l.run
 		d.JS = replay.SeparateDeadLetters(d.JS)
 		d.Pacer = paced
-		departures.Wrap(d)
+		depLog.Wrap(d)
 	})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)

@@ -18,8 +18,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
-	"github.com/mirrorworker/mirrorworker/loadtest"
 	"github.com/mirrorworker/mirrorworker/replay"
 )
 
@@ -118,7 +118,7 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 	// A process of its own, so that this one (the origin's clock) stays
 	// light; it logs its departures as the pods do.
 	replayDeps := filepath.Join(deps.dir, "departures-replay")
-	rp, rout := startReplayProcessEnv(t, []string{loadtest.DeparturesEnv + "=" + replayDeps},
+	rp, rout := startReplayProcessEnv(t, []string{departures.Env + "=" + replayDeps},
 		"--nats-url", natsURL, "--target", newRoot, "--progress", "lines", "--allow-private-networks")
 	waitFor(t, 30*time.Second, "the replay's entry", func() bool { return len(replayRuns(t, js)) == 1 })
 	liveTargets := map[string]string{}
