@@ -144,6 +144,13 @@ func publishBacklog(b testing.TB, dataDir string, n int, job func(i int) (url, t
 	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
 		b.Fatal(err)
 	}
+	publishJobs(b, js, n, job)
+}
+
+// publishJobs publishes n jobs (job(i) gives each one's URL and target) to
+// MIRROR_JOBS through js and waits for their acks.
+func publishJobs(b testing.TB, js jetstream.JetStream, n int, job func(i int) (url, target string)) {
+	b.Helper()
 	for i := range n {
 		u, t := job(i)
 		m, _, err := jobs.NewMsg(jobs.Job{ID: "j" + strconv.Itoa(i), URL: u, Target: t})

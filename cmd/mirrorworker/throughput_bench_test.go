@@ -51,7 +51,10 @@ import (
 // MW_BENCH_JOBS sets the measured jobs per configuration (default: 10,000,
 // and 20,000 at 10,000 authorities); MW_BENCH_WORKER_ARGS adds flags to
 // the worker (e.g. "--concurrency 64"); MW_BENCH_ONLY=worker (or raw) runs
-// one pipeline alone, for -cpuprofile or strace. ns/op is meaningless here: each
+// one pipeline alone, for -cpuprofile or strace. MW_BENCH_PROCS=1 runs
+// each side of each round as a process of its own on a nats-server process
+// of its own, with a store and mirror deleted after the round (CPU is then
+// the pipeline's and its nats-server's), as issue 40 measured it. ns/op is meaningless here: each
 // configuration runs once per -count, whatever b.N.
 func BenchmarkThroughput(b *testing.B) {
 	for _, c := range []struct {
@@ -90,6 +93,15 @@ func BenchmarkThroughput(b *testing.B) {
 				b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
 				return
 			}
+			runRawSide, runWorkerSide := runRawPipeline, runWorkerPipeline
+			if os.Getenv(benchProcsEnv) != "" {
+				// Each side of each round a process of its own, on a
+				// nats-server process of its own (throughput_procs_bench_test.go).
+				runRawSide = func(b *testing.B, bl benchBacklog, g int) pipelineResult { return runProcRound(b, bl, true, g, nil) }
+				runWorkerSide = func(b *testing.B, bl benchBacklog, args []string) pipelineResult {
+					return runProcRound(b, bl, false, 0, args)
+				}
+			}
 			rounds := 3
 			if v, err := strconv.Atoi(os.Getenv("MW_BENCH_ROUNDS")); err == nil && v > 0 {
 				rounds = v
@@ -102,11 +114,11 @@ func BenchmarkThroughput(b *testing.B) {
 			for r := range rounds {
 				var raw, wk pipelineResult
 				if r%2 == 0 {
-					raw = runRawPipeline(b, bl, c.raw)
-					wk = runWorkerPipeline(b, bl, args)
+					raw = runRawSide(b, bl, c.raw)
+					wk = runWorkerSide(b, bl, args)
 				} else {
-					wk = runWorkerPipeline(b, bl, args)
-					raw = runRawPipeline(b, bl, c.raw)
+					wk = runWorkerSide(b, bl, args)
+					raw = runRawSide(b, bl, c.raw)
 				}
 				raws, wks = append(raws, raw), append(wks, wk)
 				ratios = append(ratios, wk.rate()/raw.rate())
@@ -197,6 +209,9 @@ type ackWatch struct {
 	// sequence: the first warm acks are the warm-up, the next measured
 	// are timed.
 	anyJob bool
+	// cpuNow reads the CPU time the pipeline has used (nil: this
+	// process's, processCPU).
+	cpuNow func() time.Duration
 
 	mu         sync.Mutex
 	acked      map[uint64]uint64 // stream sequence -> NumDelivered of its ack
@@ -270,7 +285,7 @@ func (a *ackWatch) handle(m *nats.Msg) {
 	case seq <= a.warm:
 		a.nWarm++
 		if a.nWarm == a.warm {
-			a.tWarm, a.cpuWarm = now, processCPU()
+			a.tWarm, a.cpuWarm = now, a.cpuTime()
 			if a.onWarm != nil {
 				a.onWarm()
 			}
@@ -279,13 +294,20 @@ func (a *ackWatch) handle(m *nats.Msg) {
 		a.nMeasured++
 		a.deliveries += delivered
 		if a.nMeasured == a.measured {
-			a.tEnd, a.cpuEnd = now, processCPU()
+			a.tEnd, a.cpuEnd = now, a.cpuTime()
 		}
 	}
 	if a.nWarm == a.warm && a.nMeasured == a.measured && a.done != nil {
 		close(a.done)
 		a.done = nil
 	}
+}
+
+// isDone reports whether every job is acked.
+func (a *ackWatch) isDone() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.nWarm == a.warm && a.nMeasured == a.measured
 }
 
 // wait waits until every job is acked and returns the measured time.
@@ -317,6 +339,14 @@ func (a *ackWatch) cpu() time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.cpuEnd - a.cpuWarm
+}
+
+// cpuTime is the pipeline's CPU time so far.
+func (a *ackWatch) cpuTime() time.Duration {
+	if a.cpuNow != nil {
+		return a.cpuNow()
+	}
+	return processCPU()
 }
 
 // processCPU is the user and system time this process has used.
@@ -373,53 +403,106 @@ func rawGet(hc *http.Client, url string) (*http.Response, error) {
 // GET, temp file, fsync, rename, fsync of the directory, ack.
 func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 	return runRaw(b, bl, g, "raw pipeline", func(dir string, hc *http.Client) func(rawJob) error {
-		root := filepath.Join(dir, "mirror")
-		tmp := filepath.Join(root, ".tmp")
-		if err := os.MkdirAll(tmp, 0o755); err != nil {
+		store, err := rawFileStore(dir, hc)
+		if err != nil {
 			b.Fatal(err)
 		}
-		var dirs sync.Map // directories known to exist
-		return func(j rawJob) error {
-			resp, err := rawGet(hc, j.URL)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			f, err := os.CreateTemp(tmp, "obj-*")
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, resp.Body)
-			if err == nil {
-				err = f.Sync()
-			}
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				os.Remove(f.Name())
-				return err
-			}
-			dst := filepath.Join(root, filepath.FromSlash(j.Target))
-			parent := filepath.Dir(dst)
-			if _, ok := dirs.Load(parent); !ok {
-				if err := os.MkdirAll(parent, 0o755); err != nil {
-					return err
-				}
-				dirs.Store(parent, true)
-			}
-			if err := os.Rename(f.Name(), dst); err != nil {
-				return err
-			}
-			d, err := os.Open(parent)
-			if err != nil {
-				return err
-			}
-			err = d.Sync()
-			d.Close()
+		return store
+	})
+}
+
+// rawFileStore is the raw pipeline's store under dir/mirror: GET, temp
+// file, fsync, rename, fsync of the directory.
+func rawFileStore(dir string, hc *http.Client) (func(rawJob) error, error) {
+	root := filepath.Join(dir, "mirror")
+	tmp := filepath.Join(root, ".tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return nil, err
+	}
+	var dirs sync.Map // directories known to exist
+	return func(j rawJob) error {
+		resp, err := rawGet(hc, j.URL)
+		if err != nil {
 			return err
 		}
-	})
+		defer resp.Body.Close()
+		f, err := os.CreateTemp(tmp, "obj-*")
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, resp.Body)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(f.Name())
+			return err
+		}
+		dst := filepath.Join(root, filepath.FromSlash(j.Target))
+		parent := filepath.Dir(dst)
+		if _, ok := dirs.Load(parent); !ok {
+			if err := os.MkdirAll(parent, 0o755); err != nil {
+				return err
+			}
+			dirs.Store(parent, true)
+		}
+		if err := os.Rename(f.Name(), dst); err != nil {
+			return err
+		}
+		d, err := os.Open(parent)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		d.Close()
+		return err
+	}, nil
+}
+
+// rawHTTPClient is the raw pipelines' HTTP client for g goroutines.
+func rawHTTPClient(g int) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		MaxIdleConns: 0, MaxIdleConnsPerHost: g, IdleConnTimeout: 90 * time.Second, DisableCompression: true,
+	}}
+}
+
+// rawConsume runs g goroutines that take the consumer's messages, store
+// each with store and ack it (a NAK on failure, reported to failed),
+// until stop is called; stop returns once every goroutine has.
+func rawConsume(cons jetstream.Consumer, g int, store func(rawJob) error, failed func(error)) (stop func(), err error) {
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * g))
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				m, err := it.Next()
+				if err != nil {
+					return // stopped
+				}
+				var j rawJob
+				if err := json.Unmarshal(m.Data(), &j); err != nil {
+					failed(err)
+					m.Term()
+					continue
+				}
+				if err := store(j); err != nil {
+					failed(err)
+					m.Nak()
+					continue
+				}
+				m.Ack()
+			}
+		}()
+	}
+	return func() { it.Stop(); wg.Wait() }, nil
 }
 
 // runRaw drains bl with g goroutines of no project code, each storing a
@@ -479,46 +562,20 @@ func runRaw(b *testing.B, bl benchBacklog, g int, name string, newStore func(dir
 	if err != nil {
 		b.Fatal(err)
 	}
-	hc := &http.Client{Transport: &http.Transport{
-		MaxIdleConns: 0, MaxIdleConnsPerHost: g, IdleConnTimeout: 90 * time.Second, DisableCompression: true,
-	}}
+	hc := rawHTTPClient(g)
 	defer hc.CloseIdleConnections()
 	store := newStore(dir, hc)
 
-	it, err := cons.Messages(jetstream.PullMaxMessages(2 * g))
+	var failed atomic.Int64
+	stop, err := rawConsume(cons, g, store, func(err error) {
+		failed.Add(1)
+		b.Log(err)
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	var failed atomic.Int64
-	var wg sync.WaitGroup
-	for range g {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				m, err := it.Next()
-				if err != nil {
-					return // stopped
-				}
-				var j rawJob
-				if err := json.Unmarshal(m.Data(), &j); err != nil {
-					failed.Add(1)
-					m.Term()
-					continue
-				}
-				if err := store(j); err != nil {
-					failed.Add(1)
-					b.Log(err)
-					m.Nak()
-					continue
-				}
-				m.Ack()
-			}
-		}()
-	}
 	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
-	it.Stop()
-	wg.Wait()
+	stop()
 	if failed.Load() > 0 || naks > 0 {
 		b.Fatalf("%s: %d jobs failed", name, failed.Load())
 	}
