@@ -157,7 +157,7 @@ func publishJobs(b testing.TB, js jetstream.JetStream, n int, job func(i int) (u
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := js.PublishMsgAsync(m); err != nil {
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -269,13 +269,13 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 	{
 		// Where the CPU went, over the whole run (warm-up included).
 		pu, ps := p.cpuSplit()
-		nu, ns := ns.cpuSplit()
+		nu, nsys := ns.cpuSplit()
 		side := "worker"
 		if raw {
 			side = "raw"
 		}
 		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(bl.total()) }
-		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run)", side, per(pu), per(ps), per(nu), per(ns))
+		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run)", side, per(pu), per(ps), per(nu), per(nsys))
 	}
 	if raw && naks > 0 {
 		b.Fatalf("raw pipeline: %d NAKs; output:\n%s", naks, p.out)
@@ -297,7 +297,9 @@ func publishRawBacklog(b testing.TB, js jetstream.JetStream, bl benchBacklog) {
 	for i := range bl.total() {
 		u, t := bl.job(i)
 		data, _ := json.Marshal(rawJob{URL: u, Target: t})
-		if _, err := js.PublishAsync("raw.jobs."+strconv.Itoa(i%bl.authorities), data); err != nil {
+		// A loaded machine's server may be slower than the default
+		// stall wait (200 ms) to make room.
+		if _, err := js.PublishAsync("raw.jobs."+strconv.Itoa(i%bl.authorities), data, jetstream.WithStallWait(time.Minute)); err != nil {
 			b.Fatal(err)
 		}
 	}
