@@ -226,7 +226,8 @@ func runWorkerOn(b testing.TB, dataDir string, bl benchBacklog, args []string, a
 			f.Close()
 		}
 	}
-	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu()}
+	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu(),
+		whole: watch.whole(), early: watch.earlyAcks()}
 	wjs, err := jetstream.New(wnc)
 	if err != nil {
 		b.Fatal(err)

@@ -122,8 +122,9 @@ func BenchmarkThroughput(b *testing.B) {
 				}
 				raws, wks = append(raws, raw), append(wks, wk)
 				ratios = append(ratios, wk.rate()/raw.rate())
-				b.Logf("round %d: raw %.0f jobs/s (%.0f µs CPU/job), worker %.0f jobs/s (%.0f µs CPU/job), ratio %.3f",
-					r+1, raw.rate(), raw.cpuPerJob(), wk.rate(), wk.cpuPerJob(), ratios[r])
+				b.Logf("round %d: raw %.0f jobs/s (%.0f µs CPU/job), worker %.0f jobs/s (%.0f µs CPU/job), ratio %.3f; first ack to last: raw %.0f, worker %.0f jobs/s, ratio %.3f; measured jobs acked before the warm-up's last: raw %d, worker %d",
+					r+1, raw.rate(), raw.cpuPerJob(), wk.rate(), wk.cpuPerJob(), ratios[r],
+					raw.wholeRate(bl.total()), wk.wholeRate(bl.total()), wk.wholeRate(bl.total())/raw.wholeRate(bl.total()), raw.early, wk.early)
 			}
 			raw, wk := medianResult(raws), medianResult(wks)
 			b.ReportMetric(raw.rate(), "raw_jobs/s")
@@ -185,9 +186,14 @@ type pipelineResult struct {
 	naks       int
 	parked     uint64
 	cpu        time.Duration // this process's CPU time over the measured window
+	whole      time.Duration // first ack to last, warm-up included
+	early      uint64        // measured jobs acked before the last warm-up job
 }
 
 func (r pipelineResult) rate() float64 { return float64(r.measured) / r.elapsed.Seconds() }
+
+// wholeRate is the jobs per second from the first ack to the last.
+func (r pipelineResult) wholeRate(total int) float64 { return float64(total) / r.whole.Seconds() }
 func (r pipelineResult) cpuPerJob() float64 {
 	return float64(r.cpu.Microseconds()) / float64(r.measured)
 }
@@ -223,6 +229,9 @@ type ackWatch struct {
 	tEnd       time.Time
 	cpuWarm    time.Duration // processCPU when the warm-up was acked
 	cpuEnd     time.Duration // and when the last measured job was
+	early      uint64        // measured jobs acked before the warm-up ended
+	tFirst     time.Time     // the first ack of any job
+	tLast      time.Time     // the last ack of a warm-up or measured job
 	done       chan struct{}
 }
 
@@ -278,6 +287,10 @@ func (a *ackWatch) handle(m *nats.Msg) {
 		return
 	}
 	a.acked[seq] = delivered
+	if a.tFirst.IsZero() {
+		a.tFirst = now
+	}
+	a.tLast = now
 	if a.anyJob {
 		seq = uint64(len(a.acked)) // the order of arrival
 	}
@@ -285,7 +298,7 @@ func (a *ackWatch) handle(m *nats.Msg) {
 	case seq <= a.warm:
 		a.nWarm++
 		if a.nWarm == a.warm {
-			a.tWarm, a.cpuWarm = now, a.cpuTime()
+			a.tWarm, a.cpuWarm, a.early = now, a.cpuTime(), a.nMeasured
 			if a.onWarm != nil {
 				a.onWarm()
 			}
@@ -332,6 +345,23 @@ func (a *ackWatch) wait(b testing.TB, timeout time.Duration) (elapsed time.Durat
 		b.Fatal("ackWatch: no warm-up")
 	}
 	return a.tEnd.Sub(start), a.deliveries, a.naks
+}
+
+// whole is the time from the first ack to the last, warm-up included: the
+// rate of a run whose measured jobs overlap its warm-up (earlyAcks) is
+// better read from it.
+func (a *ackWatch) whole() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.tLast.Sub(a.tFirst)
+}
+
+// earlyAcks is how many measured jobs were acked before the last warm-up
+// job was: done before the clock started, they flatter the rate.
+func (a *ackWatch) earlyAcks() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.early
 }
 
 // cpu is this process's CPU time over the measured window (after wait).
@@ -579,7 +609,8 @@ func runRaw(b *testing.B, bl benchBacklog, g int, name string, newStore func(dir
 	if failed.Load() > 0 || naks > 0 {
 		b.Fatalf("%s: %d jobs failed", name, failed.Load())
 	}
-	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu()}
+	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu(),
+		whole: watch.whole(), early: watch.earlyAcks()}
 }
 
 // runWorkerPipeline drains bl with `mirrorworker run` in-process: the

@@ -275,12 +275,14 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 			side = "raw"
 		}
 		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(bl.total()) }
-		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run)", side, per(pu), per(ps), per(nu), per(nsys))
+		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run)",
+			side, per(pu), per(ps), per(nu), per(nsys))
 	}
 	if raw && naks > 0 {
 		b.Fatalf("raw pipeline: %d NAKs; output:\n%s", naks, p.out)
 	}
-	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu()}
+	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu(),
+		whole: watch.whole(), early: watch.earlyAcks()}
 	if !raw {
 		if s, err := js.Stream(ctx, jobs.ParkStream); err == nil {
 			if info, err := s.Info(ctx); err == nil {
