@@ -316,13 +316,6 @@ func (a *ackWatch) handle(m *nats.Msg) {
 	}
 }
 
-// isDone reports whether every job is acked.
-func (a *ackWatch) isDone() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.nWarm == a.warm && a.nMeasured == a.measured
-}
-
 // wait waits until every job is acked and returns the measured time.
 func (a *ackWatch) wait(b testing.TB, timeout time.Duration) (elapsed time.Duration, deliveries uint64, naks int) {
 	b.Helper()

@@ -257,13 +257,9 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 	defer func() {
 		stdin.Close()
 		p.stop(b)
-	}()
-	go func() {
-		<-p.exited
-		if watch.isDone() {
-			return
+		if b.Failed() {
+			b.Logf("output of the pipeline:\n%s", p.out)
 		}
-		b.Logf("pipeline exited early:\n%s", p.out)
 	}()
 	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
 	{
