@@ -17,6 +17,10 @@ import (
 // entry lives only while a Put waits on it, so the map stays as small as
 // the number of Puts in flight.
 type dirSyncs struct {
+	// fsync makes a directory's entries durable: syncDir, or a test's
+	// stand-in. Set before first use.
+	fsync func(dir string) error
+
 	mu   sync.Mutex
 	dirs map[string]*dirSync
 }
@@ -59,7 +63,11 @@ func (s *dirSyncs) sync(dir string) error {
 		}
 		s.mu.Unlock()
 	}()
-	return d.sync(func() error { return syncDir(dir) })
+	fsync := s.fsync
+	if fsync == nil {
+		fsync = syncDir
+	}
+	return d.sync(func() error { return fsync(dir) })
 }
 
 func (d *dirSync) sync(fsync func() error) error {

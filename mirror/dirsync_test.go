@@ -2,6 +2,10 @@ package mirror
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,5 +89,72 @@ func TestDirSyncSharesTheError(t *testing.T) {
 	fail.Store(false)
 	if err := d.sync(fsync); err != nil {
 		t.Errorf("after the failure, a new fsync: %v", err)
+	}
+}
+
+// TestNewDirectoriesShareTheirParentsFsync: Puts that each create a
+// directory under one parent (a new authority each) make their
+// directories at once and share fsyncs of the parent; none waits for
+// another's fsync to make its own directory, and each returns only after
+// an fsync of the parent that started once its directory existed.
+func TestNewDirectoriesShareTheirParentsFsync(t *testing.T) {
+	root := t.TempDir()
+	ft, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	var fsyncs atomic.Int64
+	var synced [n]atomic.Bool // directory i existed when an fsync of root started
+	started, release := make(chan struct{}), make(chan struct{})
+	var releaseOnce sync.Once
+	defer releaseOnce.Do(func() { close(release) })
+	ft.dirSyncs.fsync = func(dir string) error {
+		if dir == root {
+			for i := range n {
+				if _, err := os.Lstat(filepath.Join(root, fmt.Sprintf("a%d", i))); err == nil {
+					synced[i].Store(true)
+				}
+			}
+		}
+		if fsyncs.Add(1) == 1 {
+			close(started)
+			<-release // a slow disk: the first fsync lasts until every directory exists
+		}
+		return syncDir(dir)
+	}
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- ft.mkdirs(root, filepath.Join(root, fmt.Sprintf("a%d", i))) }()
+	}
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no fsync of the parent through dirSyncs")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for i := 0; i < n; {
+		if _, err := os.Lstat(filepath.Join(root, fmt.Sprintf("a%d", i))); err == nil {
+			i++
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("directory a%d not made while the first fsync of the parent was under way: creators take turns", i)
+		}
+		runtime.Gosched()
+	}
+	releaseOnce.Do(func() { close(release) })
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		if !synced[i].Load() {
+			t.Errorf("mkdirs of a%d returned before an fsync of the parent that started after it existed", i)
+		}
+	}
+	if got := fsyncs.Load(); got >= n {
+		t.Errorf("%d fsyncs for %d new directories under one parent, want them shared", got, n)
 	}
 }

@@ -783,3 +783,26 @@ func BenchmarkPutSmallParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkPutNewDirectories is BenchmarkPutSmallParallel with every Put
+// into a directory of its own, new under one parent: a worker's first job
+// for each of many authorities. New directories share their parent's fsync
+// (ADR 0036).
+func BenchmarkPutNewDirectories(b *testing.B) {
+	ft := open(b)
+	ctx := context.Background()
+	body := bytes.Repeat([]byte("m"), 4<<10)
+	b.SetBytes(int64(len(body)))
+	b.SetParallelism(16)
+	var n atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			key := fmt.Sprintf("a%d/obj-%d", i, i)
+			if _, err := ft.Put(ctx, key, bytes.NewReader(body), mirror.Expect{}, mirror.Meta{URL: "https://host/" + key}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

@@ -144,13 +144,20 @@ func publishBacklog(b testing.TB, dataDir string, n int, job func(i int) (url, t
 	if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
 		b.Fatal(err)
 	}
+	publishJobs(b, js, n, job)
+}
+
+// publishJobs publishes n jobs (job(i) gives each one's URL and target) to
+// MIRROR_JOBS through js and waits for their acks.
+func publishJobs(b testing.TB, js jetstream.JetStream, n int, job func(i int) (url, target string)) {
+	b.Helper()
 	for i := range n {
 		u, t := job(i)
 		m, _, err := jobs.NewMsg(jobs.Job{ID: "j" + strconv.Itoa(i), URL: u, Target: t})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := js.PublishMsgAsync(m); err != nil {
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -219,7 +226,8 @@ func runWorkerOn(b testing.TB, dataDir string, bl benchBacklog, args []string, a
 			f.Close()
 		}
 	}
-	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu()}
+	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu(),
+		whole: watch.whole(), early: watch.earlyAcks()}
 	wjs, err := jetstream.New(wnc)
 	if err != nil {
 		b.Fatal(err)

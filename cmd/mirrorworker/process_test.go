@@ -49,6 +49,13 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
+	if spec := os.Getenv(benchRawEnv); spec != "" {
+		if err := rawChildMain(spec); err != nil {
+			fmt.Fprintln(os.Stderr, "raw pipeline:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if spec := os.Getenv(benchOriginEnv); spec != "" {
 		if err := benchOriginMain(spec); err != nil {
 			fmt.Fprintln(os.Stderr, "bench origin:", err)

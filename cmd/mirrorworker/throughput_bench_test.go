@@ -51,7 +51,10 @@ import (
 // MW_BENCH_JOBS sets the measured jobs per configuration (default: 10,000,
 // and 20,000 at 10,000 authorities); MW_BENCH_WORKER_ARGS adds flags to
 // the worker (e.g. "--concurrency 64"); MW_BENCH_ONLY=worker (or raw) runs
-// one pipeline alone, for -cpuprofile or strace. ns/op is meaningless here: each
+// one pipeline alone, for -cpuprofile or strace. MW_BENCH_PROCS=1 runs
+// each side of each round as a process of its own on a nats-server process
+// of its own, with a store and mirror deleted after the round (CPU is then
+// the pipeline's and its nats-server's), as issue 40 measured it. ns/op is meaningless here: each
 // configuration runs once per -count, whatever b.N.
 func BenchmarkThroughput(b *testing.B) {
 	for _, c := range []struct {
@@ -90,6 +93,15 @@ func BenchmarkThroughput(b *testing.B) {
 				b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
 				return
 			}
+			runRawSide, runWorkerSide := runRawPipeline, runWorkerPipeline
+			if os.Getenv(benchProcsEnv) != "" {
+				// Each side of each round a process of its own, on a
+				// nats-server process of its own (throughput_procs_bench_test.go).
+				runRawSide = func(b *testing.B, bl benchBacklog, g int) pipelineResult { return runProcRound(b, bl, true, g, nil) }
+				runWorkerSide = func(b *testing.B, bl benchBacklog, args []string) pipelineResult {
+					return runProcRound(b, bl, false, 0, args)
+				}
+			}
 			rounds := 3
 			if v, err := strconv.Atoi(os.Getenv("MW_BENCH_ROUNDS")); err == nil && v > 0 {
 				rounds = v
@@ -102,16 +114,17 @@ func BenchmarkThroughput(b *testing.B) {
 			for r := range rounds {
 				var raw, wk pipelineResult
 				if r%2 == 0 {
-					raw = runRawPipeline(b, bl, c.raw)
-					wk = runWorkerPipeline(b, bl, args)
+					raw = runRawSide(b, bl, c.raw)
+					wk = runWorkerSide(b, bl, args)
 				} else {
-					wk = runWorkerPipeline(b, bl, args)
-					raw = runRawPipeline(b, bl, c.raw)
+					wk = runWorkerSide(b, bl, args)
+					raw = runRawSide(b, bl, c.raw)
 				}
 				raws, wks = append(raws, raw), append(wks, wk)
 				ratios = append(ratios, wk.rate()/raw.rate())
-				b.Logf("round %d: raw %.0f jobs/s (%.0f µs CPU/job), worker %.0f jobs/s (%.0f µs CPU/job), ratio %.3f",
-					r+1, raw.rate(), raw.cpuPerJob(), wk.rate(), wk.cpuPerJob(), ratios[r])
+				b.Logf("round %d: raw %.0f jobs/s (%.0f µs CPU/job), worker %.0f jobs/s (%.0f µs CPU/job), ratio %.3f; first ack to last: raw %.0f, worker %.0f jobs/s, ratio %.3f; measured jobs acked before the warm-up's last: raw %d, worker %d",
+					r+1, raw.rate(), raw.cpuPerJob(), wk.rate(), wk.cpuPerJob(), ratios[r],
+					raw.wholeRate(bl.total()), wk.wholeRate(bl.total()), wk.wholeRate(bl.total())/raw.wholeRate(bl.total()), raw.early, wk.early)
 			}
 			raw, wk := medianResult(raws), medianResult(wks)
 			b.ReportMetric(raw.rate(), "raw_jobs/s")
@@ -173,9 +186,14 @@ type pipelineResult struct {
 	naks       int
 	parked     uint64
 	cpu        time.Duration // this process's CPU time over the measured window
+	whole      time.Duration // first ack to last, warm-up included
+	early      uint64        // measured jobs acked before the last warm-up job
 }
 
 func (r pipelineResult) rate() float64 { return float64(r.measured) / r.elapsed.Seconds() }
+
+// wholeRate is the jobs per second from the first ack to the last.
+func (r pipelineResult) wholeRate(total int) float64 { return float64(total) / r.whole.Seconds() }
 func (r pipelineResult) cpuPerJob() float64 {
 	return float64(r.cpu.Microseconds()) / float64(r.measured)
 }
@@ -197,6 +215,9 @@ type ackWatch struct {
 	// sequence: the first warm acks are the warm-up, the next measured
 	// are timed.
 	anyJob bool
+	// cpuNow reads the CPU time the pipeline has used (nil: this
+	// process's, processCPU).
+	cpuNow func() time.Duration
 
 	mu         sync.Mutex
 	acked      map[uint64]uint64 // stream sequence -> NumDelivered of its ack
@@ -208,6 +229,9 @@ type ackWatch struct {
 	tEnd       time.Time
 	cpuWarm    time.Duration // processCPU when the warm-up was acked
 	cpuEnd     time.Duration // and when the last measured job was
+	early      uint64        // measured jobs acked before the warm-up ended
+	tFirst     time.Time     // the first ack of any job
+	tLast      time.Time     // the last ack of a warm-up or measured job
 	done       chan struct{}
 }
 
@@ -263,6 +287,10 @@ func (a *ackWatch) handle(m *nats.Msg) {
 		return
 	}
 	a.acked[seq] = delivered
+	if a.tFirst.IsZero() {
+		a.tFirst = now
+	}
+	a.tLast = now
 	if a.anyJob {
 		seq = uint64(len(a.acked)) // the order of arrival
 	}
@@ -270,7 +298,7 @@ func (a *ackWatch) handle(m *nats.Msg) {
 	case seq <= a.warm:
 		a.nWarm++
 		if a.nWarm == a.warm {
-			a.tWarm, a.cpuWarm = now, processCPU()
+			a.tWarm, a.cpuWarm, a.early = now, a.cpuTime(), a.nMeasured
 			if a.onWarm != nil {
 				a.onWarm()
 			}
@@ -279,7 +307,7 @@ func (a *ackWatch) handle(m *nats.Msg) {
 		a.nMeasured++
 		a.deliveries += delivered
 		if a.nMeasured == a.measured {
-			a.tEnd, a.cpuEnd = now, processCPU()
+			a.tEnd, a.cpuEnd = now, a.cpuTime()
 		}
 	}
 	if a.nWarm == a.warm && a.nMeasured == a.measured && a.done != nil {
@@ -312,11 +340,36 @@ func (a *ackWatch) wait(b testing.TB, timeout time.Duration) (elapsed time.Durat
 	return a.tEnd.Sub(start), a.deliveries, a.naks
 }
 
+// whole is the time from the first ack to the last, warm-up included: the
+// rate of a run whose measured jobs overlap its warm-up (earlyAcks) is
+// better read from it.
+func (a *ackWatch) whole() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.tLast.Sub(a.tFirst)
+}
+
+// earlyAcks is how many measured jobs were acked before the last warm-up
+// job was: done before the clock started, they flatter the rate.
+func (a *ackWatch) earlyAcks() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.early
+}
+
 // cpu is this process's CPU time over the measured window (after wait).
 func (a *ackWatch) cpu() time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.cpuEnd - a.cpuWarm
+}
+
+// cpuTime is the pipeline's CPU time so far.
+func (a *ackWatch) cpuTime() time.Duration {
+	if a.cpuNow != nil {
+		return a.cpuNow()
+	}
+	return processCPU()
 }
 
 // processCPU is the user and system time this process has used.
@@ -373,53 +426,106 @@ func rawGet(hc *http.Client, url string) (*http.Response, error) {
 // GET, temp file, fsync, rename, fsync of the directory, ack.
 func runRawPipeline(b *testing.B, bl benchBacklog, g int) pipelineResult {
 	return runRaw(b, bl, g, "raw pipeline", func(dir string, hc *http.Client) func(rawJob) error {
-		root := filepath.Join(dir, "mirror")
-		tmp := filepath.Join(root, ".tmp")
-		if err := os.MkdirAll(tmp, 0o755); err != nil {
+		store, err := rawFileStore(dir, hc)
+		if err != nil {
 			b.Fatal(err)
 		}
-		var dirs sync.Map // directories known to exist
-		return func(j rawJob) error {
-			resp, err := rawGet(hc, j.URL)
-			if err != nil {
-				return err
-			}
-			defer resp.Body.Close()
-			f, err := os.CreateTemp(tmp, "obj-*")
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, resp.Body)
-			if err == nil {
-				err = f.Sync()
-			}
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				os.Remove(f.Name())
-				return err
-			}
-			dst := filepath.Join(root, filepath.FromSlash(j.Target))
-			parent := filepath.Dir(dst)
-			if _, ok := dirs.Load(parent); !ok {
-				if err := os.MkdirAll(parent, 0o755); err != nil {
-					return err
-				}
-				dirs.Store(parent, true)
-			}
-			if err := os.Rename(f.Name(), dst); err != nil {
-				return err
-			}
-			d, err := os.Open(parent)
-			if err != nil {
-				return err
-			}
-			err = d.Sync()
-			d.Close()
+		return store
+	})
+}
+
+// rawFileStore is the raw pipeline's store under dir/mirror: GET, temp
+// file, fsync, rename, fsync of the directory.
+func rawFileStore(dir string, hc *http.Client) (func(rawJob) error, error) {
+	root := filepath.Join(dir, "mirror")
+	tmp := filepath.Join(root, ".tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return nil, err
+	}
+	var dirs sync.Map // directories known to exist
+	return func(j rawJob) error {
+		resp, err := rawGet(hc, j.URL)
+		if err != nil {
 			return err
 		}
-	})
+		defer resp.Body.Close()
+		f, err := os.CreateTemp(tmp, "obj-*")
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(f, resp.Body)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(f.Name())
+			return err
+		}
+		dst := filepath.Join(root, filepath.FromSlash(j.Target))
+		parent := filepath.Dir(dst)
+		if _, ok := dirs.Load(parent); !ok {
+			if err := os.MkdirAll(parent, 0o755); err != nil {
+				return err
+			}
+			dirs.Store(parent, true)
+		}
+		if err := os.Rename(f.Name(), dst); err != nil {
+			return err
+		}
+		d, err := os.Open(parent)
+		if err != nil {
+			return err
+		}
+		err = d.Sync()
+		d.Close()
+		return err
+	}, nil
+}
+
+// rawHTTPClient is the raw pipelines' HTTP client for g goroutines.
+func rawHTTPClient(g int) *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		MaxIdleConns: 0, MaxIdleConnsPerHost: g, IdleConnTimeout: 90 * time.Second, DisableCompression: true,
+	}}
+}
+
+// rawConsume runs g goroutines that take the consumer's messages, store
+// each with store and ack it (a NAK on failure, reported to failed),
+// until stop is called; stop returns once every goroutine has.
+func rawConsume(cons jetstream.Consumer, g int, store func(rawJob) error, failed func(error)) (stop func(), err error) {
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * g))
+	if err != nil {
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	for range g {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				m, err := it.Next()
+				if err != nil {
+					return // stopped
+				}
+				var j rawJob
+				if err := json.Unmarshal(m.Data(), &j); err != nil {
+					failed(err)
+					m.Term()
+					continue
+				}
+				if err := store(j); err != nil {
+					failed(err)
+					m.Nak()
+					continue
+				}
+				m.Ack()
+			}
+		}()
+	}
+	return func() { it.Stop(); wg.Wait() }, nil
 }
 
 // runRaw drains bl with g goroutines of no project code, each storing a
@@ -479,50 +585,25 @@ func runRaw(b *testing.B, bl benchBacklog, g int, name string, newStore func(dir
 	if err != nil {
 		b.Fatal(err)
 	}
-	hc := &http.Client{Transport: &http.Transport{
-		MaxIdleConns: 0, MaxIdleConnsPerHost: g, IdleConnTimeout: 90 * time.Second, DisableCompression: true,
-	}}
+	hc := rawHTTPClient(g)
 	defer hc.CloseIdleConnections()
 	store := newStore(dir, hc)
 
-	it, err := cons.Messages(jetstream.PullMaxMessages(2 * g))
+	var failed atomic.Int64
+	stop, err := rawConsume(cons, g, store, func(err error) {
+		failed.Add(1)
+		b.Log(err)
+	})
 	if err != nil {
 		b.Fatal(err)
 	}
-	var failed atomic.Int64
-	var wg sync.WaitGroup
-	for range g {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				m, err := it.Next()
-				if err != nil {
-					return // stopped
-				}
-				var j rawJob
-				if err := json.Unmarshal(m.Data(), &j); err != nil {
-					failed.Add(1)
-					m.Term()
-					continue
-				}
-				if err := store(j); err != nil {
-					failed.Add(1)
-					b.Log(err)
-					m.Nak()
-					continue
-				}
-				m.Ack()
-			}
-		}()
-	}
 	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
-	it.Stop()
-	wg.Wait()
+	stop()
 	if failed.Load() > 0 || naks > 0 {
 		b.Fatalf("%s: %d jobs failed", name, failed.Load())
 	}
-	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu()}
+	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu(),
+		whole: watch.whole(), early: watch.earlyAcks()}
 }
 
 // runWorkerPipeline drains bl with `mirrorworker run` in-process: the

@@ -1,0 +1,309 @@
+package main
+
+// BenchmarkThroughput's process mode (MW_BENCH_PROCS=1): each side of each
+// round is a process of its own on a nats-server process of its own, with
+// a fresh store and mirror that are deleted when the round ends, as issue
+// 40's rounds were measured. The in-process mode shares one process, its
+// heap and its scheduler across every round and both sides; this one
+// leaves only the file system and the origins shared between rounds.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mirrorworker/mirrorworker/internal/testbin"
+	"github.com/mirrorworker/mirrorworker/jobs"
+)
+
+// benchProcsEnv selects the process mode of BenchmarkThroughput.
+const benchProcsEnv = "MW_BENCH_PROCS"
+
+// benchRawEnv makes the test binary run the raw pipeline as a process of
+// its own: "natsURL,dir,goroutines". It stops when stdin closes.
+const benchRawEnv = "MW_BENCH_RAW"
+
+// rawChildMain is the raw pipeline of the process mode: no project code,
+// the same loop as runRawPipeline's, on the consumer "raw" of the stream
+// RAW at natsURL.
+func rawChildMain(spec string) error {
+	f := strings.Split(spec, ",")
+	if len(f) != 3 {
+		return fmt.Errorf("%s=%q: want natsURL,dir,goroutines", benchRawEnv, spec)
+	}
+	g, err := strconv.Atoi(f[2])
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(f[0])
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := js.Consumer(context.Background(), "RAW", "raw")
+	if err != nil {
+		return err
+	}
+	hc := rawHTTPClient(g)
+	store, err := rawFileStore(f[1], hc)
+	if err != nil {
+		return err
+	}
+	stop, err := rawConsume(cons, g, store, func(err error) { fmt.Fprintln(os.Stderr, "raw:", err) })
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, os.Stdin)
+	stop()
+	return nil
+}
+
+// benchProc is a child process of the process mode.
+type benchProc struct {
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	exited chan struct{}
+}
+
+func startBenchProc(b testing.TB, cmd *exec.Cmd) *benchProc {
+	b.Helper()
+	p := &benchProc{cmd: cmd, out: &syncBuffer{}, exited: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if cmd.Stdin == nil {
+		cmd.Stdin = strings.NewReader("") // no pipe unless the caller set one
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(p.exited) }()
+	return p
+}
+
+// stop sends SIGTERM and waits for the exit.
+func (p *benchProc) stop(b testing.TB) {
+	b.Helper()
+	select {
+	case <-p.exited:
+		return
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(time.Minute):
+		p.cmd.Process.Kill()
+		<-p.exited
+		b.Errorf("%s did not stop on SIGTERM; output:\n%s", p.cmd.Path, p.out)
+	}
+}
+
+// cpu is the process's user and system time so far (from /proc, in clock
+// ticks of 10 ms).
+func (p *benchProc) cpu() time.Duration {
+	u, s := p.cpuSplit()
+	return u + s
+}
+
+// cpuSplit is the process's user and system time so far.
+func (p *benchProc) cpuSplit() (user, sys time.Duration) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0
+	}
+	// Fields after the command's name, which is in parentheses: the
+	// 12th and 13th of those are utime and stime.
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut) * 10 * time.Millisecond, time.Duration(st) * 10 * time.Millisecond
+}
+
+// startBenchNATS starts a fresh nats-server process with JetStream storing
+// under dir, listening on a free loopback port.
+func startBenchNATS(b testing.TB, dir string) (*benchProc, string) {
+	b.Helper()
+	port := testbin.FreePorts(b, 1)[0]
+	conf := filepath.Join(dir, "nats.conf")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	text := fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 8MB\njetstream { store_dir: %q, max_memory_store: 256MB }\n", port, filepath.Join(dir, "js"))
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	p := startBenchProc(b, exec.Command(testbin.Binary(b, natsServer), "-c", conf))
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		js, closeConn, err := tryConnectJS(url)
+		if err == nil {
+			_, err = js.AccountInfo(context.Background())
+			closeConn()
+			if err == nil {
+				return p, url
+			}
+		}
+		select {
+		case <-p.exited:
+			b.Fatalf("nats-server exited:\n%s", p.out)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			p.stop(b)
+			b.Fatalf("nats-server not answering after 30s:\n%s", p.out)
+		}
+	}
+}
+
+// runProcRound runs one side of one round of the process mode: a fresh
+// nats-server process and directory, the backlog published to it, then
+// the pipeline's process until every job is acked. CPU is the pipeline's
+// and its nats-server's. The directory is deleted when the round ends.
+func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string) pipelineResult {
+	b.Helper()
+	ctx := context.Background()
+	dir, err := os.MkdirTemp(b.TempDir(), "round-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir) // the next round meets the file system after these deletions
+	ns, url := startBenchNATS(b, filepath.Join(dir, "nats"))
+	defer ns.stop(b)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		b.Fatal(err)
+	}
+	stream := jobs.JobsStream
+	if raw {
+		stream = "RAW"
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "RAW", Subjects: []string{"raw.>"}, Storage: jetstream.FileStorage}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := js.CreateOrUpdateConsumer(ctx, "RAW", jetstream.ConsumerConfig{
+			Durable: "raw", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, MaxAckPending: 20000,
+		}); err != nil {
+			b.Fatal(err)
+		}
+		publishRawBacklog(b, js, bl)
+	} else {
+		if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+			b.Fatal(err)
+		}
+		publishJobs(b, js, bl.total(), bl.job)
+	}
+
+	var pipe atomic.Pointer[benchProc]
+	bl.origin.reset(b, bl.warm)
+	watch := newAckWatch(bl.warm, bl.measured, nil)
+	watch.cpuNow = func() time.Duration {
+		if p := pipe.Load(); p != nil {
+			return p.cpu() + ns.cpu()
+		}
+		return 0
+	}
+	watch.subscribe(b, nc, stream)
+
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var cmd *exec.Cmd
+	if raw {
+		cmd = exec.Command(exe)
+		cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%s,%d", benchRawEnv, url, dir, g))
+	} else {
+		full := append([]string{"run", "--nats-url", url, "--data-dir", filepath.Join(dir, "worker"),
+			"--admin-addr", "127.0.0.1:0", "--floor", "0", "--allow-private-networks"}, args...)
+		cmd = exec.Command(exe, full...)
+		cmd.Env = []string{asMainEnv + "=1"}
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "MIRRORWORKER_") && !strings.HasPrefix(kv, "MW_BENCH_") {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := startBenchProc(b, cmd)
+	pipe.Store(p)
+	defer func() {
+		stdin.Close()
+		p.stop(b)
+		if b.Failed() {
+			b.Logf("output of the pipeline:\n%s", p.out)
+		}
+	}()
+	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
+	{
+		// Where the CPU went, over the whole run (warm-up included).
+		pu, ps := p.cpuSplit()
+		nu, nsys := ns.cpuSplit()
+		side := "worker"
+		if raw {
+			side = "raw"
+		}
+		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(bl.total()) }
+		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run)",
+			side, per(pu), per(ps), per(nu), per(nsys))
+	}
+	if raw && naks > 0 {
+		b.Fatalf("raw pipeline: %d NAKs; output:\n%s", naks, p.out)
+	}
+	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu(),
+		whole: watch.whole(), early: watch.earlyAcks()}
+	if !raw {
+		if s, err := js.Stream(ctx, jobs.ParkStream); err == nil {
+			if info, err := s.Info(ctx); err == nil {
+				res.parked = info.State.LastSeq
+			}
+		}
+	}
+	return res
+}
+
+// publishRawBacklog publishes bl's jobs to the raw pipelines' stream.
+func publishRawBacklog(b testing.TB, js jetstream.JetStream, bl benchBacklog) {
+	b.Helper()
+	for i := range bl.total() {
+		u, t := bl.job(i)
+		data, _ := json.Marshal(rawJob{URL: u, Target: t})
+		// A loaded machine's server may be slower than the default
+		// stall wait (200 ms) to make room.
+		if _, err := js.PublishAsync("raw.jobs."+strconv.Itoa(i%bl.authorities), data, jetstream.WithStallWait(time.Minute)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		b.Fatal("raw publish acks did not arrive")
+	}
+}
