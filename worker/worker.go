@@ -81,6 +81,9 @@ type Worker struct {
 	parking *parking
 	lanes   *laneSet
 	settler *settler
+
+	keys    keyLocks    // a key's stores and deletes, one at a time (delete.go)
+	deletes deleteLimit // Options.MaxDeletesPerMinute (deletelimit.go)
 }
 
 // New checks d and returns a Worker; nil o means the defaults.
@@ -115,6 +118,7 @@ func New(d Deps, o *Options) (*Worker, error) {
 		space:   make(chan struct{}, 1),
 		started: make(chan struct{}),
 	}
+	w.deletes.max = max(r.MaxDeletesPerMinute, 0)
 	w.sched = newScheduler(d.Pacer, schedOptions{
 		slots:   r.Concurrency,
 		holdMax: r.HoldMax,
@@ -510,6 +514,11 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	if !w.openReplay(ctx, j) {
 		return
 	}
+	if job.IsDelete() {
+		// A delete asks nothing of the origin: no pacer, no queue.
+		w.startDelete(ctx, j)
+		return
+	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
 		w.settler.deferJob(d)
 		return
@@ -739,7 +748,25 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		size = want.Size
 	}
 	tr.body(w.clk.Now(), resp.Header.Get("Content-Length"), size)
+	enq := enqueuedOf(w.sched.msgOf(j))
+	guard, superseded, err := w.guardStore(ctx, j, enq)
+	switch {
+	case superseded:
+		discard(resp.Body)
+		resp.Body.Close()
+		w.superseded(j, "a delete enqueued after the fetch removed the key")
+		return
+	case err != nil:
+		resp.Body.Close()
+		if ctx.Err() != nil {
+			w.settler.handBack(j)
+			return
+		}
+		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
+		return
+	}
 	meta := mirror.Meta{
+		Enqueued:     enq,
 		Key:          j.job.Target,
 		URL:          authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
 		ETag:         resp.Header.Get("ETag"),
@@ -750,7 +777,8 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	body := &countingReader{r: resp.Body, tr: tr, fetched: w.m.FetchedBytes}
 	src, done := readAhead(body)
-	_, err := w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
+	_, err = w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
+	guard.done(ctx, err == nil)
 	done()
 	resp.Body.Close()
 	if err == nil {
