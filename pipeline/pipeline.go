@@ -67,6 +67,8 @@ type Config struct {
 	CredentialsReload time.Duration
 	// Auth is worker.Options.Auth, the handling of 401 and 403.
 	Auth worker.AuthRule
+	// MaxDeletes is worker.Options.MaxDeletesPerMinute (negative: no limit).
+	MaxDeletes int
 	// Registerer gets the worker's and the sink's metrics; nil keeps them
 	// on a private registry.
 	Registerer prometheus.Registerer
@@ -165,15 +167,16 @@ func (p *Parts) Close() { p.Fetch.CloseIdleConnections() }
 func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration, adjust ...func(*worker.Options, *worker.Deps)) (*worker.Worker, error) {
 	d := worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.Fetch, Target: target, Pacer: p.Pacer}
 	o := &worker.Options{
-		Concurrency:   p.cfg.Concurrency,
-		FailureBudget: p.cfg.FailureBudget,
-		AckWait:       p.cfg.AckWait,
-		ShutdownGrace: shutdownGrace,
-		WorkerID:      p.cfg.WorkerID,
-		Clock:         clock.Real{},
-		Logger:        p.cfg.Logger,
-		Metrics:       p.Metrics,
-		Auth:          p.cfg.Auth,
+		Concurrency:         p.cfg.Concurrency,
+		FailureBudget:       p.cfg.FailureBudget,
+		MaxDeletesPerMinute: p.cfg.MaxDeletes,
+		AckWait:             p.cfg.AckWait,
+		ShutdownGrace:       shutdownGrace,
+		WorkerID:            p.cfg.WorkerID,
+		Clock:               clock.Real{},
+		Logger:              p.cfg.Logger,
+		Metrics:             p.Metrics,
+		Auth:                p.cfg.Auth,
 	}
 	for _, f := range adjust {
 		f(o, &d)

@@ -9,9 +9,10 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
-	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
 )
 
 // This file is the delete job (jobs.OpDelete) and the order of a key's
@@ -23,18 +24,6 @@ import (
 // so one pod owns them all; the enqueue instant, carried by every copy of a
 // job, keeps the order across redeliveries, parking and restarts.
 
-// Outcomes of delete jobs, and of a fetch that a later delete overtook.
-const (
-	// OutcomeDeleted: a delete job removed its key (or found nothing to
-	// remove) and left a tombstone.
-	OutcomeDeleted = "deleted"
-	// OutcomeSuperseded: the job was acked undone because the key's state
-	// comes from a job enqueued after it: a fetch whose key a later delete
-	// removed (it would bring the key back), or a delete of a key a later
-	// fetch stored.
-	OutcomeSuperseded = "superseded"
-)
-
 // Deleter is what a target needs for delete jobs: removal with a
 // tombstone (mirror.FileTarget and bucket.Target). A Target without it
 // dead-letters delete jobs delete_unsupported.
@@ -42,21 +31,6 @@ type Deleter interface {
 	Delete(ctx context.Context, key string, ts mirror.Tombstone) error
 	Tombstone(ctx context.Context, key string) (mirror.Tombstone, error)
 	ClearTombstone(ctx context.Context, key string) error
-}
-
-// enqueuedOf is when the submitted job behind delivery m was stored in
-// MIRROR_JOBS: the instant a copy carries (jobs.HeaderEnqueued), else the
-// delivery's own stream timestamp; zero when m is not from a stream.
-func enqueuedOf(m Msg) time.Time {
-	var h nats.Header
-	if hm, ok := m.(interface{ Headers() nats.Header }); ok {
-		h = hm.Headers()
-	}
-	var stored time.Time
-	if md, err := m.Metadata(); err == nil {
-		stored = md.Timestamp
-	}
-	return jobs.EnqueuedOf(h, stored)
 }
 
 // keyLocks serialise the stores and deletes of one target key in this pod.
@@ -103,10 +77,30 @@ func (k *keyLocks) drop(key string, l *keyLock) {
 	}
 }
 
+// deletes carries out delete jobs and guards the stores of fetches: a
+// key's stores and deletes happen one at a time in this pod (keys), in
+// the order of their jobs' enqueue instants, and deletes within the pod's
+// limit (limit). Safe for concurrent use.
+type deletes struct {
+	clk        clock.Clock
+	log        zerolog.Logger
+	m          *Metrics
+	sched      *scheduler
+	settler    *settler
+	health     *targetHealth
+	slots      *sync.WaitGroup       // the Worker's: Run waits for deletes as for fetches
+	target     func(*heldJob) Target // where a job is stored (its replay's target, or the worker's)
+	inProgress func(*heldJob)        // extends a job's ack wait unless it is settled
+	ackWait    time.Duration
+
+	keys  keyLocks
+	limit deleteLimit
+}
+
 // storeGuard is a fetch's hold on its key while it stores: release it
 // with done, telling whether the object was stored.
 type storeGuard struct {
-	w       *Worker
+	d       *deletes
 	j       *heldJob
 	unlock  func()
 	cleared bool // a tombstone older than the job lies on the key
@@ -115,13 +109,13 @@ type storeGuard struct {
 // guardStore takes j's key for its store. superseded is true when a delete
 // enqueued after j removed the key: j must not bring it back, and is
 // acked as superseded by the caller (the key's lock is released then).
-func (w *Worker) guardStore(ctx context.Context, j *heldJob, enq time.Time) (g *storeGuard, superseded bool, err error) {
+func (w *deletes) guardStore(ctx context.Context, j *heldJob, enq time.Time) (g *storeGuard, superseded bool, err error) {
 	unlock, err := w.keys.lock(ctx, j.job.Target)
 	if err != nil {
 		return nil, false, err
 	}
-	g = &storeGuard{w: w, j: j, unlock: unlock}
-	d, ok := w.targetOf(j).(Deleter)
+	g = &storeGuard{d: w, j: j, unlock: unlock}
+	d, ok := w.target(j).(Deleter)
 	if !ok {
 		return g, false, nil
 	}
@@ -148,15 +142,15 @@ func (g *storeGuard) done(ctx context.Context, stored bool) {
 	if !stored || !g.cleared {
 		return
 	}
-	if err := g.w.targetOf(g.j).(Deleter).ClearTombstone(ctx, g.j.job.Target); err != nil {
+	if err := g.d.target(g.j).(Deleter).ClearTombstone(ctx, g.j.job.Target); err != nil {
 		// The object is newer than the tombstone (Meta.Enqueued): readers
 		// take the object; a later fetch clears it.
-		g.w.log.Warn().Err(err).Str("job", g.j.job.ID).Str("key", g.j.job.Target).Msg("clear the tombstone of a key stored again")
+		g.d.log.Warn().Err(err).Str("job", g.j.job.ID).Str("key", g.j.job.Target).Msg("clear the tombstone of a key stored again")
 	}
 }
 
 // superseded acks a job that a job enqueued after it made moot.
-func (w *Worker) superseded(j *heldJob, why string) {
+func (w *deletes) superseded(j *heldJob, why string) {
 	w.m.Deletes.WithLabelValues(OutcomeSuperseded).Inc()
 	w.log.Info().Str("job", j.job.ID).Str("key", j.job.Target).Str("op", cmp.Or(j.job.Op, jobs.OpFetch)).
 		Msg("job superseded: " + why)
@@ -167,15 +161,15 @@ func (w *Worker) superseded(j *heldJob, why string) {
 // limit it runs at once, in its own goroutine (it may wait for its key's
 // lock while a fetch stores); past the limit it waits in the stream,
 // unacked and not failed (a NAK with delay), while fetches go on.
-func (w *Worker) startDelete(ctx context.Context, j *heldJob) {
+func (w *deletes) start(ctx context.Context, j *heldJob) {
 	now := w.clk.Now()
-	wait, ok, first := w.deletes.take(now)
+	wait, ok, first := w.limit.take(now)
 	if !ok {
 		w.m.DeleteLimitReached.Set(1)
 		w.m.Deletes.WithLabelValues("limited").Inc()
 		if first {
-			w.log.Warn().Int("max_deletes_per_minute", w.deletes.max).Str("job", j.job.ID).
-				Msgf("delete limit reached: %d deletes in the last minute; further deletes wait in the stream (fetches go on). If these deletes are expected, raise --max-deletes-per-minute (0: no limit); if not, stop the producer and purge its delete jobs", w.deletes.max)
+			w.log.Warn().Int("max_deletes_per_minute", w.limit.max).Str("job", j.job.ID).
+				Msgf("delete limit reached: %d deletes in the last minute; further deletes wait in the stream (fetches go on). If these deletes are expected, raise --max-deletes-per-minute (0: no limit); if not, stop the producer and purge its delete jobs", w.limit.max)
 		}
 		w.settler.nakDeferred(deferral{job: j, delay: wait, reason: reasonDeleteLimit})
 		return
@@ -183,15 +177,15 @@ func (w *Worker) startDelete(ctx context.Context, j *heldJob) {
 	w.slots.Add(1)
 	go func() {
 		defer w.slots.Done()
-		w.runDelete(ctx, j)
+		w.run(ctx, j)
 	}()
 }
 
 // runDelete carries out one delete job under its key's lock.
-func (w *Worker) runDelete(ctx context.Context, j *heldJob) {
+func (w *deletes) run(ctx context.Context, j *heldJob) {
 	key := j.job.Target
 	enq := enqueuedOf(w.sched.msgOf(j))
-	tgt := w.targetOf(j)
+	tgt := w.target(j)
 	d, ok := tgt.(Deleter)
 	if !ok {
 		w.settler.deadLetter(ctx, j, jobs.ReasonDeleteUnsupported, "the mirror target keeps no tombstones", 0, nil)
@@ -210,7 +204,7 @@ func (w *Worker) runDelete(ctx context.Context, j *heldJob) {
 		w.superseded(j, "a fetch enqueued after the delete stored the key")
 		return
 	} else if err != nil && !errors.Is(err, mirror.ErrNotFound) {
-		w.deleteFailed(ctx, j, err)
+		w.failed(ctx, j, err)
 		return
 	}
 	ts := mirror.Tombstone{URL: authority.StripUserinfo(j.job.URL), JobID: j.job.ID, Enqueued: enq, DeletedAt: w.clk.Now().UTC()}
@@ -218,7 +212,7 @@ func (w *Worker) runDelete(ctx context.Context, j *heldJob) {
 		ts = old // a later delete's tombstone stays
 	}
 	if err := d.Delete(ctx, key, ts); err != nil {
-		w.deleteFailed(ctx, j, err)
+		w.failed(ctx, j, err)
 		return
 	}
 	w.m.Deletes.WithLabelValues(OutcomeDeleted).Inc()
@@ -227,7 +221,7 @@ func (w *Worker) runDelete(ctx context.Context, j *heldJob) {
 }
 
 // deleteFailed settles a delete the target could not carry out.
-func (w *Worker) deleteFailed(ctx context.Context, j *heldJob, err error) {
+func (w *deletes) failed(ctx context.Context, j *heldJob, err error) {
 	switch {
 	case ctx.Err() != nil:
 		w.settler.handBack(j)
@@ -244,8 +238,8 @@ func (w *Worker) deleteFailed(ctx context.Context, j *heldJob, err error) {
 
 // keepInProgress extends j's ack wait until ctx ends: a delete waiting for
 // its key's lock is in no scheduler queue, which the heartbeat covers.
-func (w *Worker) keepInProgress(ctx context.Context, j *heldJob) {
-	period := max(w.o.AckWait/4, 10*time.Millisecond)
+func (w *deletes) keepInProgress(ctx context.Context, j *heldJob) {
+	period := max(w.ackWait/4, 10*time.Millisecond)
 	for {
 		t := w.clk.NewTimer(period)
 		select {
@@ -275,9 +269,9 @@ type DeleteStatus struct {
 }
 
 // deleteStatus returns the delete limit's state at now.
-func (w *Worker) deleteStatus(now time.Time) DeleteStatus {
-	n, at := w.deletes.state(now)
-	st := DeleteStatus{Limit: max(w.deletes.max, 0), LastMinute: n}
+func (w *deletes) status(now time.Time) DeleteStatus {
+	n, at := w.limit.state(now)
+	st := DeleteStatus{Limit: max(w.limit.max, 0), LastMinute: n}
 	if !at.IsZero() {
 		at = at.UTC()
 		st.ReachedSince = &at

@@ -27,7 +27,7 @@ func TestDeleteLimitSlidingWindow(t *testing.T) {
 			// further (one limit's worth of backlog ahead of it).
 			{at: 30 * time.Second, wait: 30*time.Second + 30*time.Second},
 			{at: 60 * time.Second, ok: true}, // the first delete left the window
-			{at: 65 * time.Second, wait: 5 * time.Second + time.Minute},
+			{at: 65 * time.Second, wait: 5*time.Second + time.Minute},
 			{at: 70 * time.Second, ok: true},
 		}},
 		{name: "episode ends after a quiet minute", max: 1, steps: []step{

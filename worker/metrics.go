@@ -27,6 +27,14 @@ const (
 	// OutcomeMoved: a job moved into the partition of its authority's
 	// politeness group (or back out of it), where it is served (handoff.go).
 	OutcomeMoved = "moved"
+	// OutcomeDeleted: a delete job removed its key (or found nothing to
+	// remove) and left a tombstone (delete.go).
+	OutcomeDeleted = "deleted"
+	// OutcomeSuperseded: the job was acked undone because the key's state
+	// comes from a job enqueued after it: a fetch whose key a later delete
+	// removed (it would bring the key back), or a delete of a key a later
+	// fetch stored (delete.go).
+	OutcomeSuperseded = "superseded"
 )
 
 // DefaultHostLabelLimit is how many distinct (host, port) pairs get their

@@ -79,7 +79,7 @@ func (w *Worker) Status(pod, version string, partitions []int, states []pacer.St
 		}
 		return a.Authority < b.Authority
 	})
-	st.Deletes = w.deleteStatus(now)
+	st.Deletes = w.deletes.status(now)
 	st.Fetches = w.Fetches(now)
 	if len(st.Fetches) > MaxStatusFetches {
 		st.Fetches = st.Fetches[:MaxStatusFetches]

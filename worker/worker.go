@@ -82,8 +82,7 @@ type Worker struct {
 	lanes   *laneSet
 	settler *settler
 
-	keys    keyLocks    // a key's stores and deletes, one at a time (delete.go)
-	deletes deleteLimit // Options.MaxDeletesPerMinute (deletelimit.go)
+	deletes *deletes // delete jobs, and the order of a key's stores and deletes (delete.go)
 }
 
 // New checks d and returns a Worker; nil o means the defaults.
@@ -118,7 +117,6 @@ func New(d Deps, o *Options) (*Worker, error) {
 		space:   make(chan struct{}, 1),
 		started: make(chan struct{}),
 	}
-	w.deletes.max = max(r.MaxDeletesPerMinute, 0)
 	w.sched = newScheduler(d.Pacer, schedOptions{
 		slots:   r.Concurrency,
 		holdMax: r.HoldMax,
@@ -155,6 +153,9 @@ func New(d Deps, o *Options) (*Worker, error) {
 	w.handoffs = &handoffs{js: d.JS, partitions: r.Partitions, skipCopies: r.SkipCopies, log: w.log, sched: w.sched, settler: w.settler}
 	w.health.d = healthDeps{target: d.Target, pacer: d.Pacer, clk: w.clk, log: w.log, m: m, settler: w.settler,
 		probeFirst: r.TargetProbeInitial, probeMax: r.TargetProbeMax, resume: w.wakeIntake}
+	w.deletes = &deletes{clk: w.clk, log: w.log, m: m, sched: w.sched, settler: w.settler, health: &w.health,
+		slots: &w.slots, target: w.targetOf, inProgress: w.inProgress, ackWait: r.AckWait}
+	w.deletes.limit.max = max(r.MaxDeletesPerMinute, 0)
 	w.auth.d = authDeps{rule: r.Auth, pacer: d.Pacer, clk: w.clk, log: w.log, settler: w.settler}
 	return w, nil
 }
@@ -516,7 +517,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	}
 	if job.IsDelete() {
 		// A delete asks nothing of the origin: no pacer, no queue.
-		w.startDelete(ctx, j)
+		w.deletes.start(ctx, j)
 		return
 	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
@@ -749,12 +750,12 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	tr.body(w.clk.Now(), resp.Header.Get("Content-Length"), size)
 	enq := enqueuedOf(w.sched.msgOf(j))
-	guard, superseded, err := w.guardStore(ctx, j, enq)
+	guard, superseded, err := w.deletes.guardStore(ctx, j, enq)
 	switch {
 	case superseded:
 		discard(resp.Body)
 		resp.Body.Close()
-		w.superseded(j, "a delete enqueued after the fetch removed the key")
+		w.deletes.superseded(j, "a delete enqueued after the fetch removed the key")
 		return
 	case err != nil:
 		resp.Body.Close()
