@@ -130,9 +130,14 @@ func TestProcessDeleteRacesFetch(t *testing.T) {
 	enqueueOK(t, natsURL, "--delete", second)
 	enqueueOK(t, natsURL, second)
 
-	waitFor(t, 20*time.Second, "both keys settled", func() bool {
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	waitFor(t, 20*time.Second, "every job settled", func() bool {
 		_, err := os.Stat(filepath.Join(root, filepath.FromSlash(secondKey)))
-		return err == nil && len(w.log.messages("deleted"))+strings.Count(w.log.String(), `"job superseded`) >= 3
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		q, qerr := readQueue(ctx, js)
+		return err == nil && qerr == nil && q.pending == 0 && q.ackPending == 0
 	})
 	ft, err := mirror.Open(root)
 	if err != nil {
