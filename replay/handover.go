@@ -328,6 +328,9 @@ func (h *handover) publishCopy(ctx context.Context, m jetstream.Msg) error {
 	cp.Header.Set(jobs.HeaderReplay, h.o.Run)
 	cp.Header.Set(jobs.HeaderReplayTarget, h.o.Target)
 	cp.Header.Set(jobs.HeaderReplayOf, seq)
+	// The replayed job's own enqueue instant, so that a replayed fetch
+	// never undoes a delete enqueued after the job it replays.
+	jobs.SetEnqueued(cp.Header, jobs.EnqueuedOf(m.Headers(), md.Timestamp))
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, err = h.js.PublishMsg(pctx, cp)
