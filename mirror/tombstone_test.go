@@ -118,3 +118,15 @@ func TestListTombstonesOfNone(t *testing.T) {
 		t.Errorf("ListTombstones = %d, %v", n, err)
 	}
 }
+
+// BenchmarkTombstoneMiss is what every store of a file target now pays
+// before its Put: the lookup of a tombstone that is not there.
+func BenchmarkTombstoneMiss(b *testing.B) {
+	ft := open(b)
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := ft.Tombstone(ctx, "h/pkg/some-artifact-1.2.3.tar.gz"); !errors.Is(err, mirror.ErrNotFound) {
+			b.Fatal(err)
+		}
+	}
+}
