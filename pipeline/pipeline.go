@@ -167,17 +167,17 @@ func (p *Parts) Close() { p.Fetch.CloseIdleConnections() }
 func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdownGrace time.Duration, adjust ...func(*worker.Options, *worker.Deps)) (*worker.Worker, error) {
 	d := worker.Deps{JS: p.js, Consumer: cons, Fetcher: p.Fetch, Target: target, Pacer: p.Pacer}
 	o := &worker.Options{
-		Concurrency:         p.cfg.Concurrency,
-		FailureBudget:       p.cfg.FailureBudget,
-		MaxDeletesPerMinute: p.cfg.MaxDeletes,
-		AckWait:             p.cfg.AckWait,
-		ShutdownGrace:       shutdownGrace,
-		WorkerID:            p.cfg.WorkerID,
-		Clock:               clock.Real{},
-		Logger:              p.cfg.Logger,
-		Metrics:             p.Metrics,
-		Auth:                p.cfg.Auth,
+		Concurrency:   p.cfg.Concurrency,
+		FailureBudget: p.cfg.FailureBudget,
+		AckWait:       p.cfg.AckWait,
+		ShutdownGrace: shutdownGrace,
+		WorkerID:      p.cfg.WorkerID,
+		Clock:         clock.Real{},
+		Logger:        p.cfg.Logger,
+		Metrics:       p.Metrics,
+		Auth:          p.cfg.Auth,
 	}
+	o.MaxDeletesPerMinute = p.cfg.MaxDeletes
 	for _, f := range adjust {
 		f(o, &d)
 	}
