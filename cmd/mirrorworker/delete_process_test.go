@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/mirror/bucket/buckettest"
 )
 
 // gatedOrigin serves "body of <path>" for every path on loopback; a path
@@ -96,7 +97,8 @@ func enqueueOK(t *testing.T, natsURL string, args ...string) {
 }
 
 // TestProcessDeleteRacesFetch is issue 39's "a delete racing a fetch of the
-// same key, in both orders", with a real `mirrorworker run`:
+// same key, in both orders", with a real `mirrorworker run`, on a file
+// target and on a bucket (the real versitygw):
 //
 //   - fetch first: the fetch of /first is in flight at the origin when the
 //     delete of its key is enqueued; the fetch finishes after the delete
@@ -108,57 +110,74 @@ func TestProcessDeleteRacesFetch(t *testing.T) {
 		t.Skip("starts worker processes")
 	}
 	t.Parallel()
-	natsURL := externalNATS(t)
-	origin := newGatedOrigin(t, "/first")
-	dataDir := t.TempDir()
-	w := startWorkerProcess(t, workerArgs(natsURL, dataDir)...)
-	root := w.start.Mirror
-	first, second := origin.URL+"/first", origin.URL+"/second"
-	firstKey := strings.TrimPrefix(strings.ReplaceAll(first, ":", "_"), "http_//")
-	secondKey := strings.TrimPrefix(strings.ReplaceAll(second, ":", "_"), "http_//")
+	for _, kind := range []string{"file", "s3"} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			natsURL := externalNATS(t)
+			origin := newGatedOrigin(t, "/first")
+			dataDir := t.TempDir()
+			args := workerArgs(natsURL, dataDir)
+			var env []string
+			var objPath, tombPath func(key string) string
+			if kind == "s3" {
+				srv := buckettest.Start(t)
+				srv.CreateBucket(t, "mirror")
+				args = append(args, s3Args(srv, "s3://mirror/m")...)
+				env = srv.Env()
+				objPath = func(key string) string { return filepath.Join(srv.Root, "mirror", "m", filepath.FromSlash(key)) }
+				tombPath = func(key string) string {
+					return filepath.Join(srv.Root, "mirror", "m", mirror.ReservedDir, mirror.TombstoneDir, filepath.FromSlash(key))
+				}
+			}
+			w := startWorkerProcessEnv(t, env, args...)
+			if kind == "file" {
+				root := w.start.Mirror
+				objPath = func(key string) string { return filepath.Join(root, filepath.FromSlash(key)) }
+				tombPath = func(key string) string {
+					return filepath.Join(root, mirror.ReservedDir, mirror.TombstoneDir, filepath.FromSlash(key)+".json")
+				}
+			}
+			first, second := origin.URL+"/first", origin.URL+"/second"
+			firstKey := strings.TrimPrefix(strings.ReplaceAll(first, ":", "_"), "http_//")
+			secondKey := strings.TrimPrefix(strings.ReplaceAll(second, ":", "_"), "http_//")
 
-	// Fetch first, held at the origin; then its delete.
-	enqueueOK(t, natsURL, first)
-	waitFor(t, 20*time.Second, "the fetch of /first at the origin", func() bool { return origin.requests("/first") == 1 })
-	enqueueOK(t, natsURL, "--delete", first)
-	waitFor(t, 20*time.Second, "the delete taken by the worker", func() bool {
-		return len(w.log.messages("deleted")) == 1 || strings.Contains(w.log.String(), `"job superseded`)
-	})
-	origin.open("/first")
+			// Fetch first, held at the origin; then its delete.
+			enqueueOK(t, natsURL, first)
+			waitFor(t, 20*time.Second, "the fetch of /first at the origin", func() bool { return origin.requests("/first") == 1 })
+			enqueueOK(t, natsURL, "--delete", first)
+			waitFor(t, 20*time.Second, "the delete taken by the worker", func() bool {
+				return len(w.log.messages("deleted")) == 1 || strings.Contains(w.log.String(), `"job superseded`)
+			})
+			origin.open("/first")
 
-	// Delete first, then the fetch of the same key.
-	enqueueOK(t, natsURL, "--delete", second)
-	enqueueOK(t, natsURL, second)
+			// Delete first, then the fetch of the same key.
+			enqueueOK(t, natsURL, "--delete", second)
+			enqueueOK(t, natsURL, second)
 
-	js, closeConn := connectJS(t, natsURL)
-	defer closeConn()
-	waitFor(t, 20*time.Second, "every job settled", func() bool {
-		_, err := os.Stat(filepath.Join(root, filepath.FromSlash(secondKey)))
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		q, qerr := readQueue(ctx, js)
-		return err == nil && qerr == nil && q.pending == 0 && q.ackPending == 0
-	})
-	ft, err := mirror.Open(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(firstKey))); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("%s was deleted but is there: a fetch enqueued before the delete brought it back (%v)", firstKey, err)
-	}
-	if ts, err := ft.Tombstone(ctx, firstKey); err != nil || ts.Enqueued.IsZero() {
-		t.Errorf("tombstone of %s: %+v, %v", firstKey, ts, err)
-	}
-	got, err := os.ReadFile(filepath.Join(root, filepath.FromSlash(secondKey)))
-	if err != nil || string(got) != "body of /second" {
-		t.Errorf("%s = %q, %v; the fetch enqueued after the delete must win", secondKey, got, err)
-	}
-	if m, err := ft.Stat(ctx, secondKey); err != nil || m.Enqueued.IsZero() {
-		t.Errorf("meta of %s: %+v, %v; want its enqueue instant", secondKey, m, err)
-	}
-	if _, err := w.signalAndWait(t, syscall.SIGTERM, 15*time.Second); err != nil {
-		t.Fatalf("worker exit: %v", err)
+			js, closeConn := connectJS(t, natsURL)
+			defer closeConn()
+			waitFor(t, 30*time.Second, "every job settled", func() bool {
+				_, err := os.Stat(objPath(secondKey))
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				q, qerr := readQueue(ctx, js)
+				return err == nil && qerr == nil && q.pending == 0 && q.ackPending == 0
+			})
+			if _, err := os.Stat(objPath(firstKey)); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("%s was deleted but is there: a fetch enqueued before the delete brought it back (%v)", firstKey, err)
+			}
+			data, err := os.ReadFile(tombPath(firstKey))
+			if ts, derr := mirror.DecodeTombstone(data); err != nil || derr != nil || ts.Enqueued.IsZero() {
+				t.Errorf("tombstone of %s: %+v, %v, %v", firstKey, ts, err, derr)
+			}
+			got, err := os.ReadFile(objPath(secondKey))
+			if err != nil || string(got) != "body of /second" {
+				t.Errorf("%s = %q, %v; the fetch enqueued after the delete must win", secondKey, got, err)
+			}
+			if _, err := w.signalAndWait(t, syscall.SIGTERM, 15*time.Second); err != nil {
+				t.Fatalf("worker exit: %v", err)
+			}
+		})
 	}
 }
 
