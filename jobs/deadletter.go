@@ -35,6 +35,9 @@ const (
 	ReasonSizeMismatch   = "size_mismatch"   // other bytes than the job's size
 	ReasonDigestMismatch = "digest_mismatch" // other bytes than the job's sha256
 	ReasonTargetWrite    = "target_write"    // the mirror failed to store the object for another cause
+	// ReasonDeleteUnsupported: a delete job for a target that keeps no
+	// tombstones (only file and S3 targets do).
+	ReasonDeleteUnsupported = "delete_unsupported"
 )
 
 // HTTPReason returns the reason code of a permanent HTTP status: "http_404".

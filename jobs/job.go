@@ -29,7 +29,29 @@ import (
 )
 
 // Version is the newest job format version this package understands.
-const Version = 1
+// Version 2 adds the delete job ("op": "delete"); a fetch job is still
+// written as version 1, so that a worker of an earlier version reads it,
+// while a delete is written as version 2, so that such a worker refuses it
+// (unsupported_version) rather than reading it as a fetch of the same URL.
+const Version = 2
+
+// Job operations (the "op" field). A job without "op" is a fetch.
+const (
+	// OpFetch copies the URL into the target key (the default).
+	OpFetch = "fetch"
+	// OpDelete removes the target key and leaves a tombstone
+	// (docs/adr/0033-deletes-ordered-by-enqueue-time-and-tombstones.md).
+	OpDelete = "delete"
+)
+
+// VersionOf is the format version a job with op is written as: 1 for a
+// fetch, 2 for a delete.
+func VersionOf(op string) int {
+	if op == OpDelete {
+		return 2
+	}
+	return 1
+}
 
 // Limits of the job format (docs/contract.md section 2), and the bounds this package adds
 // so that no input can make validation expensive.
@@ -69,6 +91,7 @@ const ReservedPrefix = mirror.ReservedDir + "/"
 // Headers map is shared by copies.
 type Job struct {
 	V       int               `json:"v,omitempty"`
+	Op      string            `json:"op,omitempty"` // "" (a fetch) or OpDelete
 	ID      string            `json:"id"`
 	URL     string            `json:"url"`
 	Target  string            `json:"target"`
@@ -171,12 +194,33 @@ func parse(data []byte) (Job, error) {
 	var j Job
 	// The version comes first: a newer format may have other rules, so its
 	// other fields are not judged by these.
+	v := 0
 	if raw, ok := present(fields, "v"); ok {
-		if err := checkVersion(raw); err != nil {
+		var err error
+		if v, err = checkVersion(raw); err != nil {
 			return Job{}, err
 		}
 	}
-	j.V = Version
+	op, ok, err := stringField(fields, "op")
+	if err != nil {
+		return Job{}, err
+	}
+	switch {
+	case !ok, op == OpFetch:
+		op = ""
+	case op == OpDelete:
+		if v == 1 {
+			return Job{}, invalid("op", "%q needs \"v\": 2 (a version 1 reader would fetch the URL instead)", OpDelete)
+		}
+		for _, f := range []string{"sha256", "size", "headers"} {
+			if _, ok := present(fields, f); ok {
+				return Job{}, invalid(f, "is not allowed on a delete job")
+			}
+		}
+	default:
+		return Job{}, invalid("op", "must be %q or %q", OpFetch, OpDelete)
+	}
+	j.Op, j.V = op, VersionOf(op)
 
 	rawURL, ok, err := stringField(fields, "url")
 	if err != nil {
@@ -212,6 +256,8 @@ func parse(data []byte) (Job, error) {
 		if !validID(id) {
 			return Job{}, invalid("id", "must be 1 to %d characters from A-Z a-z 0-9 . _ : -", MaxIDLen)
 		}
+	} else if j.Op == OpDelete {
+		id = DefaultDeleteID(j.URL, j.Target)
 	} else {
 		id = DefaultID(j.URL, j.Target)
 	}
@@ -289,6 +335,17 @@ func DefaultID(rawURL, target string) string {
 	return hex.EncodeToString(sum[:])[:32]
 }
 
+// DefaultDeleteID is the id of a delete job that does not give one: like
+// DefaultID, over "delete", a newline, url, a newline and target, so that a
+// delete is never taken for a duplicate of the fetch of the same key.
+func DefaultDeleteID(rawURL, target string) string {
+	sum := sha256.Sum256([]byte(OpDelete + "\n" + rawURL + "\n" + target))
+	return hex.EncodeToString(sum[:])[:32]
+}
+
+// IsDelete reports whether j is a delete job.
+func (j Job) IsDelete() bool { return j.Op == OpDelete }
+
 // present returns a field's raw value unless it is absent or null.
 func present(fields map[string]json.RawMessage, name string) (json.RawMessage, bool) {
 	raw, ok := fields[name]
@@ -310,24 +367,25 @@ func stringField(fields map[string]json.RawMessage, name string) (string, bool, 
 	return s, true, nil
 }
 
-func checkVersion(raw json.RawMessage) error {
+// checkVersion returns the version raw gives, or why it is refused.
+func checkVersion(raw json.RawMessage) (int, error) {
 	var num json.Number // accepts a quoted number too, hence the check of raw[0]
 	if err := json.Unmarshal(raw, &num); err != nil || raw[0] == '"' {
-		return invalid("v", "must be an integer")
+		return 0, invalid("v", "must be an integer")
 	}
 	s := string(num)
 	if strings.ContainsAny(s, ".eE") {
-		return invalid("v", "must be an integer")
+		return 0, invalid("v", "must be an integer")
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	switch {
 	case err != nil && strings.HasPrefix(s, "-"), err == nil && n < 1:
-		return invalid("v", "must be %d", Version)
+		return 0, invalid("v", "must be 1 to %d", Version)
 	case err != nil, n > Version: // a number too large for int64 is a (far) newer version too
-		return &InvalidError{Code: CodeUnsupportedVersion, Field: "v",
+		return 0, &InvalidError{Code: CodeUnsupportedVersion, Field: "v",
 			Msg: fmt.Sprintf("version %s is newer than the supported version %d", Truncate(s, 32), Version)}
 	}
-	return nil
+	return int(n), nil
 }
 
 func checkURL(rawURL string) (*url.URL, authority.Authority, error) {

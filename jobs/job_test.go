@@ -150,7 +150,7 @@ func TestParseRejected(t *testing.T) {
 		{name: "invalid UTF-8", in: "{\"url\":\"http://h.example/\xff\"}", msg: "UTF-8"},
 		{name: "too large", in: `{"url":"http://h.example/x","pad":"` + strings.Repeat("p", jobs.MaxJobLen) + `"}`, msg: "more than"},
 
-		{name: "v too new", in: `{"v":2,"url":"http://h.example/x"}`, code: jobs.CodeUnsupportedVersion, field: "v", msg: "newer"},
+		{name: "v too new", in: `{"v":3,"url":"http://h.example/x"}`, code: jobs.CodeUnsupportedVersion, field: "v", msg: "newer"},
 		{name: "v too new wins over other errors", in: `{"v":3,"url":"ftp://x"}`, code: jobs.CodeUnsupportedVersion, field: "v"},
 		{name: "v huge", in: `{"v":123456789012345678901234567890,"url":"http://h.example/x"}`, code: jobs.CodeUnsupportedVersion, field: "v"},
 		{name: "v zero", in: `{"v":0,"url":"http://h.example/x"}`, field: "v"},

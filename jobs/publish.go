@@ -17,7 +17,7 @@ import (
 // returned Job is the normalised one.
 func NewMsg(j Job) (*nats.Msg, Job, error) {
 	b, err := json.Marshal(sparseJob{
-		V: j.V, ID: j.ID, URL: j.URL, Target: j.Target, SHA256: j.SHA256,
+		V: j.V, Op: j.Op, ID: j.ID, URL: j.URL, Target: j.Target, SHA256: j.SHA256,
 		Size: j.Size, Tenant: j.Tenant, Kind: j.Kind, Headers: j.Headers,
 	})
 	if err != nil {
@@ -55,6 +55,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, j Job) (*jetstream.Pub
 // a Job built by hand is absent, and Parse fills in its default.
 type sparseJob struct {
 	V       int               `json:"v,omitempty"`
+	Op      string            `json:"op,omitempty"`
 	ID      string            `json:"id,omitempty"`
 	URL     string            `json:"url,omitempty"`
 	Target  string            `json:"target,omitempty"`

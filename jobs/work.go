@@ -84,7 +84,32 @@ const (
 	// HeaderHops is the redirects a continuation's fetch followed before
 	// its URL: they count against the redirect limit.
 	HeaderHops = "Mirror-Hops"
+	// HeaderEnqueued is when the submitted job was stored in MIRROR_JOBS
+	// (RFC 3339 with nanoseconds, the stream's own timestamp), carried by
+	// every copy the workers make of it (parked, moved, continued,
+	// replayed): the order of a key's fetches and deletes
+	// (docs/adr/0033-deletes-ordered-by-enqueue-time-and-tombstones.md).
+	HeaderEnqueued = "Mirror-Enqueued"
 )
+
+// EnqueuedOf returns the enqueue instant a copy carries (HeaderEnqueued),
+// else stored, the delivered message's own stream timestamp.
+func EnqueuedOf(h nats.Header, stored time.Time) time.Time {
+	if h != nil {
+		if t, err := time.Parse(time.RFC3339Nano, h.Get(HeaderEnqueued)); err == nil {
+			return t
+		}
+	}
+	return stored
+}
+
+// SetEnqueued sets HeaderEnqueued on a copy of a job enqueued at t (nothing
+// for a zero t).
+func SetEnqueued(h nats.Header, t time.Time) {
+	if !t.IsZero() {
+		h.Set(HeaderEnqueued, t.UTC().Format(time.RFC3339Nano))
+	}
+}
 
 // IsCopy reports whether a MIRROR_JOBS message with headers h is a copy the
 // workers wrote (a parked job brought back, a job moved into its

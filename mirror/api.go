@@ -22,6 +22,10 @@ type Meta struct {
 	Size         int64     `json:"size"`
 	FetchedAt    time.Time `json:"fetched_at"`
 	JobID        string    `json:"job_id"`
+	// Enqueued is when the job that stored the object was stored in the
+	// job stream: the order against the key's deletes (Supersedes). Zero
+	// for objects stored by earlier versions.
+	Enqueued time.Time `json:"enqueued,omitzero"`
 }
 
 // Expect is what the job says the bytes must be; zero fields are not checked.

@@ -703,15 +703,24 @@ func (t *FileTarget) Remove(ctx context.Context, key string) error {
 	mu := &t.keyMu[stripe(key)]
 	mu.Lock()
 	defer mu.Unlock()
-	if err := t.removeSidecar(t.metaPath(key), false); err != nil {
+	if err := t.removeLocked(key); err != nil {
 		return fmt.Errorf("remove %q: %w", key, err)
+	}
+	return nil
+}
+
+// removeLocked removes key's sidecar and object, durably; the key's keyMu
+// stripe is held (Remove, Delete).
+func (t *FileTarget) removeLocked(key string) error {
+	if err := t.removeSidecar(t.metaPath(key), false); err != nil {
+		return err
 	}
 	obj := t.objectPath(key)
 	if err := os.Remove(obj); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove %q: %w", key, err)
+		return err
 	}
 	if err := t.dirSyncs.sync(filepath.Dir(obj)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove %q: %w", key, err)
+		return err
 	}
 	return nil
 }

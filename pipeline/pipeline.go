@@ -67,6 +67,8 @@ type Config struct {
 	CredentialsReload time.Duration
 	// Auth is worker.Options.Auth, the handling of 401 and 403.
 	Auth worker.AuthRule
+	// MaxDeletes is worker.Options.MaxDeletesPerMinute (negative: no limit).
+	MaxDeletes int
 	// Registerer gets the worker's and the sink's metrics; nil keeps them
 	// on a private registry.
 	Registerer prometheus.Registerer
@@ -175,6 +177,7 @@ func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdow
 		Metrics:       p.Metrics,
 		Auth:          p.cfg.Auth,
 	}
+	o.MaxDeletesPerMinute = p.cfg.MaxDeletes
 	for _, f := range adjust {
 		f(o, &d)
 	}

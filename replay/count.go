@@ -23,6 +23,9 @@ type Counts struct {
 	Messages int
 	// DeadLettered counts the jobs whose latest message was dead-lettered.
 	DeadLettered int
+	// Deletes counts the delete jobs among Total (jobs.OpDelete): a replay
+	// applies them in stream order, removing their keys from its target.
+	Deletes int
 	// ByAuthority counts per authority, keyed as people write it
 	// ("files.example.org:443", "[::1]:8080"); a message that is not a valid
 	// job is counted under InvalidJobs.
@@ -35,6 +38,8 @@ type Counts struct {
 // AuthorityCount is one authority's share of a dry run.
 type AuthorityCount struct {
 	Jobs, Messages, DeadLettered int
+	// Deletes counts the delete jobs among Jobs.
+	Deletes int
 	// Reasons counts the dead-lettered jobs by reason code.
 	Reasons map[string]int
 }
@@ -109,9 +114,9 @@ func scanJobs(ctx context.Context, js jetstream.JetStream, start Start, subjects
 		if jobs.IsCopy(m.Headers()) {
 			return nil // a copy the workers wrote, not a submitted job
 		}
-		auth, id := InvalidJobs, ""
+		auth, id, del := InvalidJobs, "", false
 		if j, err := jobs.Parse(m.Data()); err == nil && jobs.CheckSubject(j, m.Subject()) == nil {
-			auth, id = j.Authority.String(), j.ID
+			auth, id, del = j.Authority.String(), j.ID, j.IsDelete()
 		}
 		if a, ok := auths[auth]; ok {
 			auth = a
@@ -130,6 +135,10 @@ func scanJobs(ctx context.Context, js jetstream.JetStream, start Start, subjects
 			byID[id] = &scannedJob{auth: auth, lastSeq: s}
 			a.Jobs++
 			c.Total++
+			if del {
+				a.Deletes++
+				c.Deletes++
+			}
 		}
 		c.ByAuthority[auth] = a
 		if c.FirstSeq == 0 {

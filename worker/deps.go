@@ -260,6 +260,11 @@ type Options struct {
 	Registerer     prometheus.Registerer
 	HostLabelLimit int      // distinct (host, port) label pairs; DefaultHostLabelLimit
 	Auth           AuthRule // 401/403 handling (authfail.go); zero: the defaults
+	// MaxDeletesPerMinute bounds the delete jobs this pod carries out in
+	// any minute; past it, delete jobs wait in the stream (NAK with delay,
+	// no failure) while fetches go on. 0: DefaultMaxDeletesPerMinute;
+	// negative: no limit.
+	MaxDeletesPerMinute int
 }
 
 func (o *Options) withDefaults() Options {
@@ -298,6 +303,9 @@ func (o *Options) withDefaults() Options {
 	defDur(&r.TargetProbeMax, DefaultTargetProbeMax)
 	r.TargetProbeMax = max(r.TargetProbeMax, r.TargetProbeInitial)
 	defInt(&r.HostLabelLimit, DefaultHostLabelLimit)
+	if r.MaxDeletesPerMinute == 0 {
+		r.MaxDeletesPerMinute = DefaultMaxDeletesPerMinute
+	}
 	if r.WorkerID == "" {
 		r.WorkerID = DefaultWorkerID()
 	}

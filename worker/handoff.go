@@ -68,6 +68,7 @@ func (h *handoffs) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError,
 	m.Header.Set(jobs.HeaderContinues, authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)))
 	m.Header.Set(jobs.HeaderHops, strconv.Itoa(ge.Hop))
 	m.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(h.sched.deliveries(j), 10))
+	jobs.SetEnqueued(m.Header, enqueuedOf(h.sched.msgOf(j)))
 	j.replay.copyTo(m.Header)
 	pctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err = h.js.PublishMsg(pctx, m)
@@ -102,6 +103,7 @@ func (h *handoffs) move(ctx context.Context, j *heldJob, m Msg, from int) {
 	if cp.Header.Get(jobs.HeaderUnparked) == "" {
 		cp.Header.Set(jobs.HeaderUnparked, "moved")
 	}
+	jobs.SetEnqueued(cp.Header, enqueuedOf(m))
 	cp.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(j.prior+j.delivered, 10))
 	cp.Header.Set(jetstream.MsgIDHeader, "move:"+strconv.FormatUint(j.seq, 10)+":"+strconv.Itoa(j.part))
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)

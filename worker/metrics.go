@@ -27,6 +27,14 @@ const (
 	// OutcomeMoved: a job moved into the partition of its authority's
 	// politeness group (or back out of it), where it is served (handoff.go).
 	OutcomeMoved = "moved"
+	// OutcomeDeleted: a delete job removed its key (or found nothing to
+	// remove) and left a tombstone (delete.go).
+	OutcomeDeleted = "deleted"
+	// OutcomeSuperseded: the job was acked undone because the key's state
+	// comes from a job enqueued after it: a fetch whose key a later delete
+	// removed (it would bring the key back), or a delete of a key a later
+	// fetch stored (delete.go).
+	OutcomeSuperseded = "superseded"
 )
 
 // DefaultHostLabelLimit is how many distinct (host, port) pairs get their
@@ -67,6 +75,12 @@ type Metrics struct {
 	// ClassRequests counts requests started by job class (live, replay):
 	// a replay's share of an authority's pace (docs/adr/0025).
 	ClassRequests *prometheus.CounterVec // {class}
+	// Deletes counts delete jobs by result: deleted, superseded (a job
+	// made moot by a later one of its key, fetches included), limited (a
+	// delete sent back to wait by the delete limit). DeleteLimitReached is
+	// 1 while the pod's delete limit holds deletes back (delete.go).
+	Deletes            *prometheus.CounterVec // {result}
+	DeleteLimitReached prometheus.Gauge
 
 	hosts hostLimiter
 }
@@ -175,6 +189,14 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		Namespace: ns, Name: "requests_by_class_total",
 		Help: "Requests started, by job class (live, replay): while live jobs wait, replay jobs get at most one request in four.",
 	}, []string{"class"})).(*prometheus.CounterVec)
+	m.Deletes = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "deletes_total",
+		Help: "Delete jobs by result: deleted (the key removed, a tombstone left), superseded (a job, fetch or delete, acked undone because a later job of its key decided the key), limited (sent back to wait by --max-deletes-per-minute).",
+	}, []string{"result"})).(*prometheus.CounterVec)
+	m.DeleteLimitReached = reg1(prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Name: "delete_limit_reached",
+		Help: "1 while the pod's --max-deletes-per-minute holds delete jobs back (they wait in the stream; fetches go on).",
+	})).(prometheus.Gauge)
 	if err != nil {
 		return nil, err
 	}
@@ -198,9 +220,12 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 // with their first event. TestDashboardSeriesExportedAtStart holds the
 // dashboard to it.
 func (m *Metrics) exportAtZero() {
-	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved} {
+	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved, OutcomeDeleted, OutcomeSuperseded} {
 		m.Jobs.WithLabelValues(o)
 		m.JobDuration.WithLabelValues(o)
+	}
+	for _, r := range []string{OutcomeDeleted, OutcomeSuperseded, "limited"} {
+		m.Deletes.WithLabelValues(r)
 	}
 	for _, c := range []string{"live", "replay"} { // jobClass
 		m.ClassRequests.WithLabelValues(c)

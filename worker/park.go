@@ -147,6 +147,7 @@ func (p *parking) park(d deferral) {
 		m.Header.Set(jobs.HeaderSeq, strconv.FormatUint(j.seq, 10))
 	}
 	setContinuation(m.Header, j)
+	jobs.SetEnqueued(m.Header, enqueuedOf(w.sched.msgOf(j)))
 	p.started.Add(1)
 	fut, err := w.js.PublishMsgAsync(m)
 	if err != nil {
@@ -406,7 +407,7 @@ func (p *parking) unparkNext(ctx context.Context, auth string, pa *parkedAuth, c
 	}
 	m := nats.NewMsg(jobs.PartitionedSubject(part, tenant, akey))
 	m.Data = rm.Data
-	for _, k := range []string{jobs.HeaderDeliveries, jobs.HeaderContinues, jobs.HeaderHops} {
+	for _, k := range []string{jobs.HeaderDeliveries, jobs.HeaderContinues, jobs.HeaderHops, jobs.HeaderEnqueued} {
 		if v := rm.Header.Get(k); v != "" {
 			m.Header.Set(k, v)
 		}

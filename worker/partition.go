@@ -101,6 +101,7 @@ func (w *Worker) moveLegacy(ctx context.Context, c jetstream.Consumer) {
 			cp.Header.Set(jobs.HeaderUnparked, "moved")
 			if md, err := m.Metadata(); err == nil {
 				cp.Header.Set(jobs.HeaderDeliveries, strconv.FormatUint(md.NumDelivered, 10))
+				jobs.SetEnqueued(cp.Header, md.Timestamp)
 			}
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			_, err = w.d.JS.PublishMsg(pctx, cp)

@@ -62,7 +62,7 @@ func sameSet(t *testing.T, what string, documented, code []string) {
 // deferral reasons against the constants of route.go.
 func TestContractListsTheDeferralReasons(t *testing.T) {
 	var code []string
-	for _, r := range append(slices.Clone(pacerReasons), reasonOverflow, reasonHandover, reasonHandoff, reasonAuthHold, reasonRegrouped) {
+	for _, r := range append(slices.Clone(pacerReasons), reasonOverflow, reasonHandover, reasonHandoff, reasonAuthHold, reasonRegrouped, reasonDeleteLimit) {
 		code = append(code, string(r))
 	}
 	for _, r := range pacerReasons {
@@ -100,7 +100,7 @@ func TestContractListsTheRetryAndDeadLetterReasons(t *testing.T) {
 	dead := []string{
 		jobs.ReasonInvalidJob, jobs.ReasonUnsupportedVersion, jobs.ReasonBudgetExhausted, jobs.ReasonDestinationRefused,
 		jobs.ReasonTooManyRedirects, jobs.ReasonBodyTooLarge, jobs.ReasonContentMismatch, jobs.ReasonInvalidTarget,
-		jobs.ReasonTargetConflict, fetch.ReasonCode(fetch.ErrInvalidURL, 0), httpCode,
+		jobs.ReasonTargetConflict, jobs.ReasonDeleteUnsupported, fetch.ReasonCode(fetch.ErrInvalidURL, 0), httpCode,
 	}
 	// fetch's permanent errors name the jobs' reasons.
 	for _, err := range []error{&fetch.RefusedError{}, fetch.ErrTooManyRedirects, fetch.ErrBodyTooLarge} {

@@ -36,6 +36,9 @@ const (
 	// partition), and a moved job that finds its authority's queue still
 	// busy with the old pace's requests comes back after regroupDelay.
 	reasonRegrouped reason = "regrouped"
+	// reasonDeleteLimit: the pod's delete limit is reached
+	// (Options.MaxDeletesPerMinute); the delete waits in the stream.
+	reasonDeleteLimit reason = "delete_limit"
 	// redirectPrefix + a pacer reason: a redirect hop's authority refused.
 	redirectPrefix = "redirect_"
 )

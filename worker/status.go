@@ -30,6 +30,9 @@ type PodStatus struct {
 	// Fetches are the fetches in flight, the longest running first: URL,
 	// bytes so far of expected, rate (see MaxStatusFetches).
 	Fetches []fetch.Progress `json:"fetches,omitempty"`
+	// Deletes is the pod's delete limit: its value, the deletes of the
+	// last minute, and since when it holds deletes back (delete.go).
+	Deletes DeleteStatus `json:"deletes"`
 }
 
 // MaxStatusFetches bounds the fetches in flight of one PodStatus, the
@@ -76,6 +79,7 @@ func (w *Worker) Status(pod, version string, partitions []int, states []pacer.St
 		}
 		return a.Authority < b.Authority
 	})
+	st.Deletes = w.deletes.status(now)
 	st.Fetches = w.Fetches(now)
 	if len(st.Fetches) > MaxStatusFetches {
 		st.Fetches = st.Fetches[:MaxStatusFetches]

@@ -80,6 +80,8 @@ type Worker struct {
 	parking *parking
 	lanes   *laneSet
 	settler *settler
+
+	deletes *deletes // delete jobs, and the order of a key's stores and deletes (delete.go)
 }
 
 // New checks d and returns a Worker; nil o means the defaults.
@@ -150,6 +152,9 @@ func New(d Deps, o *Options) (*Worker, error) {
 	w.handoffs = &handoffs{js: d.JS, partitions: r.Partitions, skipCopies: r.SkipCopies, log: w.log, sched: w.sched, settler: w.settler}
 	w.health.d = healthDeps{target: d.Target, pacer: d.Pacer, clk: w.clk, log: w.log, m: m, settler: w.settler,
 		probeFirst: r.TargetProbeInitial, probeMax: r.TargetProbeMax, resume: w.wakeIntake}
+	w.deletes = &deletes{clk: w.clk, log: w.log, m: m, sched: w.sched, settler: w.settler, health: &w.health,
+		slots: &w.slots, target: w.targetOf, inProgress: w.inProgress, ackWait: r.AckWait}
+	w.deletes.limit.max = max(r.MaxDeletesPerMinute, 0)
 	w.auth.d = authDeps{rule: r.Auth, pacer: d.Pacer, clk: w.clk, log: w.log, settler: w.settler}
 	return w, nil
 }
@@ -507,6 +512,11 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	if !w.openReplay(ctx, j) {
 		return
 	}
+	if job.IsDelete() {
+		// A delete asks nothing of the origin: no pacer, no queue.
+		w.deletes.start(ctx, j)
+		return
+	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
 		w.settler.deferJob(d)
 		return
@@ -745,7 +755,25 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		size = want.Size
 	}
 	tr.body(w.clk.Now(), resp.Header.Get("Content-Length"), size)
+	enq := enqueuedOf(w.sched.msgOf(j))
+	guard, superseded, err := w.deletes.guardStore(ctx, j, enq)
+	switch {
+	case superseded:
+		discard(resp.Body)
+		resp.Body.Close()
+		w.deletes.superseded(j, "a delete enqueued after the fetch removed the key")
+		return
+	case err != nil:
+		resp.Body.Close()
+		if ctx.Err() != nil {
+			w.settler.handBack(j)
+			return
+		}
+		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
+		return
+	}
 	meta := mirror.Meta{
+		Enqueued:     enq,
 		Key:          j.job.Target,
 		URL:          authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
 		ETag:         resp.Header.Get("ETag"),
@@ -756,7 +784,8 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	body := &countingReader{r: resp.Body, tr: tr, fetched: w.m.FetchedBytes}
 	src, done := readAhead(body)
-	_, err := w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
+	_, err = w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
+	guard.done(ctx, err == nil)
 	done()
 	resp.Body.Close()
 	if err == nil {

@@ -196,7 +196,7 @@ func TestPermanentAndInvalidJobsAreDeadLettered(t *testing.T) {
 		{subj, "\xff\x00{garbage", jobs.ReasonInvalidJob},
 		{subj, "", jobs.ReasonInvalidJob},
 		{subj, `{"url":"ftp://example.org/x"}`, jobs.ReasonInvalidJob},
-		{subj, `{"v":2,"url":"` + o.url("/v2") + `"}`, jobs.ReasonUnsupportedVersion},
+		{subj, `{"v":3,"url":"` + o.url("/v2") + `"}`, jobs.ReasonUnsupportedVersion},
 		{"mirror.jobs.other." + a.Key(), `{"url":"` + o.url("/tenant") + `"}`, jobs.ReasonInvalidJob},
 		{"mirror.jobs.default.elsewhere_80", `{"url":"` + o.url("/akey") + `"}`, jobs.ReasonInvalidJob},
 		{"mirror.jobs.x", `{"url":"` + o.url("/short-subject") + `"}`, jobs.ReasonInvalidJob},

@@ -256,6 +256,10 @@ func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, pa
 	if free := partitions - len(leases); free > 0 {
 		fmt.Fprintf(tw, "(unowned)\t%d\t\t\n", free)
 	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	writeDeleteLimits(w, pods, now)
 	fmt.Fprintln(tw)
 	fmt.Fprintln(tw, "AUTHORITY\tSTATE\tUNTIL\tINTERVAL\tFLOOR (POLICY)\tIN FLIGHT\tBANDWIDTH\tQUEUED\tPARKED\tSERVED BY")
 	for _, r := range rows {
@@ -346,4 +350,19 @@ func describeConvergence(st pacer.State) string {
 		s += ", pace " + st.Pace.String()
 	}
 	return s
+}
+
+// writeDeleteLimits says, for each pod whose delete limit holds deletes
+// back, since when and how to raise it: a producer gone wrong shows here
+// before it costs the mirror more than a minute's worth of objects.
+func writeDeleteLimits(w io.Writer, pods []worker.PodStatus, now time.Time) {
+	for _, ps := range pods {
+		d := ps.Deletes
+		if d.ReachedSince == nil {
+			continue
+		}
+		fmt.Fprintf(w, "delete limit reached on %s for %s: %d deletes in the last minute (--max-deletes-per-minute %d); "+
+			"further deletes wait in the stream and fetches go on. Expected deletes: raise --max-deletes-per-minute (0: no limit). "+
+			"Unexpected: stop their producer.\n", ps.Pod, now.Sub(*d.ReachedSince).Round(time.Second), d.LastMinute, d.Limit)
+	}
 }

@@ -265,15 +265,21 @@ func dash(s string) string {
 	return s
 }
 
-// jobURL is the job's URL without its query string, as logs show URLs.
+// jobURL is the job's URL without its query string, as logs show URLs;
+// a delete job's is marked "delete ", so that a failed delete is not read
+// as a failed fetch.
 func jobURL(d jobs.DeadLetter) string {
 	var j struct {
 		URL string `json:"url"`
+		Op  string `json:"op"`
 	}
 	if json.Unmarshal(d.Job, &j) != nil {
 		return ""
 	}
 	u, _, _ := strings.Cut(j.URL, "?")
+	if j.Op == jobs.OpDelete && u != "" {
+		u = jobs.OpDelete + " " + u
+	}
 	return u
 }
 

@@ -269,3 +269,19 @@ func tableRow(t *testing.T, table string, seq uint64) []string {
 	t.Fatalf("no row for dead letter %d in:\n%s", seq, table)
 	return nil
 }
+
+func TestJobURLMarksDeletes(t *testing.T) {
+	for _, tc := range []struct {
+		name, job, want string
+	}{
+		{name: "fetch", job: `{"url":"http://h.example/a?x=1"}`, want: "http://h.example/a"},
+		{name: "delete", job: `{"v":2,"op":"delete","url":"http://h.example/a"}`, want: "delete http://h.example/a"},
+		{name: "not a job", job: `nope`, want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := jobURL(jobs.DeadLetter{Job: []byte(tc.job)}); got != tc.want {
+				t.Errorf("jobURL(%s) = %q, want %q", tc.job, got, tc.want)
+			}
+		})
+	}
+}

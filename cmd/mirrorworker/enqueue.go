@@ -26,13 +26,14 @@ const enqueueWindow = 256
 // jobFlags describe the job of a URL argument. They are read from the
 // command line only: MIRRORWORKER_TARGET, for one, configures the worker's
 // mirror target and must not become every enqueued job's target key.
-var jobFlags = []string{"tenant", "kind", "target", "id"}
+var jobFlags = []string{"tenant", "kind", "target", "id", "delete"}
 
 // enqueueFlags are the flags of `mirrorworker enqueue`.
 type enqueueFlags struct {
 	nats                 natsFlags
 	tenant, kind, target string
 	id                   string
+	delete               bool // the URL arguments are delete jobs
 	dryRun               bool
 	replicas             int
 	inputs               []string // URL arguments and "-", in order
@@ -49,11 +50,13 @@ func (f *enqueueFlags) register(stderr io.Writer) *flag.FlagSet {
 	fs.StringVar(&f.kind, "kind", "", "`kind` of the URL arguments: artifact (default), metadata or companion; command line only")
 	fs.StringVar(&f.target, "target", "", "mirror target `key` of the single URL argument (default <host>/<path>, with ':' as '_': 127.0.0.1_8000/a.txt); required for a URL with a query string; command line only")
 	fs.StringVar(&f.id, "id", "", "job `id` of the single URL argument (default: derived from the URL and target, so the same job enqueued twice within the stream's duplicate window is one job); command line only")
+	fs.BoolVar(&f.delete, "delete", false, "enqueue delete jobs: remove from the mirror the key each URL argument's fetch stores into (its default key, or --target), leaving a tombstone; the URL is needed because its authority's queue orders the key's fetches and deletes. Command line only")
 	fs.BoolVar(&f.dryRun, "dry-run", false, "validate only; connect to nothing and publish nothing")
 	registerReplicasFlag(fs, &f.replicas)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: mirrorworker enqueue [flags] [URL...]")
 		fmt.Fprintln(stderr, "       mirrorworker enqueue [flags] < jobs.jsonl   (one JSON job per line, or '-' as an argument)")
+		fmt.Fprintln(stderr, "       mirrorworker enqueue --delete [flags] URL...   (remove the keys these URLs are stored under)")
 		fmt.Fprintln(stderr)
 		fmt.Fprintln(stderr, "Flags may come before or after the URLs:")
 		fmt.Fprintln(stderr, "  mirrorworker enqueue 'https://go.dev/VERSION?m=text' --target go/VERSION")
@@ -94,8 +97,8 @@ func (f *enqueueFlags) check(fs *flag.FlagSet, getenv func(string) string) error
 	switch {
 	case stdinCount > 1:
 		return usageError{"enqueue: '-' (standard input) may be given once"}
-	case f.stdin && (f.tenant != "" || f.kind != "" || f.target != "" || f.id != ""):
-		return usageError{"enqueue: --tenant, --kind, --target and --id apply to URL arguments, not to JSON lines (put the fields in the JSON)"}
+	case f.stdin && (f.tenant != "" || f.kind != "" || f.target != "" || f.id != "" || f.delete):
+		return usageError{"enqueue: --tenant, --kind, --target, --id and --delete apply to URL arguments, not to JSON lines (put the fields in the JSON: \"op\": \"delete\", \"v\": 2 for a delete)"}
 	case f.target != "" && f.urls != 1:
 		return usageError{fmt.Sprintf("enqueue: --target needs exactly one URL argument, got %d (enqueue the URLs one by one, or as JSON lines with a \"target\" each)", f.urls)}
 	case f.id != "" && f.urls != 1:
@@ -111,6 +114,9 @@ func (f *enqueueFlags) argJob(url string) ([]byte, error) {
 		if v != "" {
 			fields[k] = v
 		}
+	}
+	if f.delete {
+		fields["op"] = jobs.OpDelete
 	}
 	return json.Marshal(fields)
 }
@@ -197,7 +203,9 @@ func (e *enqueuer) publishInputs(ctx context.Context, f *enqueueFlags, stdin io.
 		if in != "-" {
 			argN++
 			if j, ok := e.argJobs[argN]; ok {
-				e.warnUnreachable("argument "+strconv.Itoa(argN), j)
+				if !j.IsDelete() { // a delete asks nothing of the origin
+					e.warnUnreachable("argument "+strconv.Itoa(argN), j)
+				}
 				if err := e.publish(ctx, "argument "+strconv.Itoa(argN), j); err != nil {
 					return err
 				}
@@ -373,7 +381,9 @@ func (e *enqueuer) add(ctx context.Context, label string, data []byte) error {
 		e.reject(label, err)
 		return nil
 	}
-	e.warnUnreachable(label, j)
+	if !j.IsDelete() {
+		e.warnUnreachable(label, j)
+	}
 	return e.publish(ctx, label, j)
 }
 

@@ -181,7 +181,7 @@ func TestEnqueueStdinLines(t *testing.T) {
 		`   `,
 		`{"url":"https://h.example/three",`,
 		"{\"url\":\"https://h.example/four\",\"sha256\":\"" + strings.Repeat("AB", 32) + "\"}\r",
-		`{"v":2,"url":"https://h.example/five"}`,
+		`{"v":3,"url":"https://h.example/five"}`,
 		`{"url":"https://h.example/a/%2e%2e/%2e%2e/etc/passwd"}`,
 		`{"url":"https://h.example/one","tenant":"acme"}`, // a duplicate of line 1 in the same run
 		`{"url":"http://h.example/six"}`,                  // no final newline
@@ -196,7 +196,7 @@ func TestEnqueueStdinLines(t *testing.T) {
 	wantStderr := []string{
 		"line 3: url: must be an absolute http or https URL",
 		"line 5: malformed JSON",
-		"line 7: v: version 2 is newer",
+		"line 7: v: version 3 is newer",
 		`line 8: target: the default "h.example/a/../../etc/passwd"`,
 		"line 9: duplicate of job ",
 		`note: a duplicate is a job id enqueued within the last 2m0s (the stream's duplicate window): it is not queued again, and if it was stored already nothing is fetched. To fetch it again now, give the job a new "id"; or wait 2m0s`,

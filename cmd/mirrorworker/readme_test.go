@@ -52,6 +52,8 @@ var readmeRuns = map[string]readmeRun{
 	"cat ./data/mirror/127.0.0.1_18765/pub/hello.txt":                                                                                            {before: "[ -s ./data/mirror/127.0.0.1_18765/pub/hello.txt ]", want: "hello"},
 	"go run ./cmd/mirrorworker get --allow-private-networks -o /tmp/hello.txt http://127.0.0.1:18765/pub/hello.txt && cat /tmp/hello.txt":        {want: "hello"},
 	"mirrorworker enqueue --tenant acme https://files.example.org/a.tar.gz":                                                                      {want: "accepted 1"},
+	"mirrorworker enqueue --delete https://files.example.org/pub/a.tar.gz":                                                                       {want: "accepted 1"},
+	"mirrorworker enqueue --delete https://files.example.org/pub/b.tar.gz --target pub/b.tar.gz":                                                 {want: "accepted 1"},
 	"mirrorworker enqueue < jobs.jsonl":                                                                                                          {want: "accepted 2"},
 	`mirrorworker pause  --authority files.example.org:443 --for 30m --reason "asked by their ops"`:                                              {want: "paused files.example.org:443"},
 	"mirrorworker resume --authority files.example.org:443":                                                                                      {want: "resumed files.example.org:443"},

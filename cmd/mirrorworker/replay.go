@@ -250,6 +250,9 @@ func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, allowP
 	if counts.Total > 0 {
 		fmt.Fprintf(stdout, ": %d stream %s, sequences %d to %d", counts.Messages, plural(counts.Messages, "message", "messages"), counts.FirstSeq, counts.LastSeq)
 	}
+	if counts.Deletes > 0 {
+		fmt.Fprintf(stdout, "; %d fetches and %d %s, applied in stream order", counts.Total-counts.Deletes, counts.Deletes, plural(counts.Deletes, "delete", "deletes"))
+	}
 	fmt.Fprintln(stdout)
 	keys := make([]string, 0, len(counts.ByAuthority))
 	for k := range counts.ByAuthority {
@@ -266,6 +269,9 @@ func dryRun(ctx context.Context, js jetstream.JetStream, plan replayPlan, allowP
 		line := fmt.Sprintf("  %-32s %d %s", k, a.Jobs, plural(a.Jobs, "job", "jobs"))
 		if a.Messages != a.Jobs {
 			line += fmt.Sprintf(" (%d messages: some enqueued more than once)", a.Messages)
+		}
+		if a.Deletes > 0 {
+			line += fmt.Sprintf(", %d %s", a.Deletes, plural(a.Deletes, "delete", "deletes"))
 		}
 		if a.DeadLettered > 0 {
 			reasons := make([]string, 0, len(a.Reasons))

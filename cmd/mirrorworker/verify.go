@@ -72,6 +72,10 @@ const (
 	// MIRROR_DLQ: it failed for good, and re-enqueued it fails again until
 	// its cause is fixed.
 	findingDead = "dead-lettered"
+	// findingUndeleted: the newest job of the key is a delete, and the
+	// object is still there: the delete waits (the delete limit), failed,
+	// or was never taken. --repair enqueues it again.
+	findingUndeleted = "undeleted"
 )
 
 type finding struct {
@@ -141,7 +145,7 @@ func cmdVerify(ctx context.Context, args []string, getenv func(string) string, _
 		return err
 	}
 	printFindings(stdout, target.Root(), res, len(want))
-	broken, nDead := res.count(findingMissing)+res.count(findingCorrupt), res.count(findingDead)
+	broken, nDead := res.count(findingMissing)+res.count(findingCorrupt)+res.count(findingUndeleted), res.count(findingDead)
 	if !c.repair && !c.repairDead {
 		if broken+nDead > 0 {
 			return verifyFailed(fmt.Sprintf("verify: %d objects missing or corrupt, %d dead-lettered (run again with --repair to re-enqueue the jobs of the missing and corrupt; "+
@@ -201,8 +205,12 @@ func printFindings(w io.Writer, root string, res auditResult, keys int) {
 		}
 		fmt.Fprintln(w, line)
 	}
-	fmt.Fprintf(w, "verified %s: %d objects, %d ok, %d corrupt, %d orphaned; %d keys in %s, %d missing, %d dead-lettered\n",
+	fmt.Fprintf(w, "verified %s: %d objects, %d ok, %d corrupt, %d orphaned; %d keys in %s, %d missing, %d dead-lettered",
 		root, res.objects, res.ok, res.count(findingCorrupt), res.count(findingOrphaned), keys, jobs.JobsStream, res.count(findingMissing), res.count(findingDead))
+	if res.deleted+res.count(findingUndeleted) > 0 {
+		fmt.Fprintf(w, ", %d deleted (%d with a tombstone), %d undeleted", res.deleted, res.tombstoned, res.count(findingUndeleted))
+	}
+	fmt.Fprintln(w)
 }
 
 // verifyFailed is verify's finding of damage: exit status 1, with no usage.
@@ -264,6 +272,10 @@ func jobsByKey(ctx context.Context, js jetstream.JetStream) (map[string]jobs.Job
 type auditResult struct {
 	objects, ok int
 	findings    []finding
+	// deleted are the keys whose newest job is a delete and which hold no
+	// object: not missing (tombstoned, the subset the target keeps a
+	// tombstone of).
+	deleted, tombstoned int
 }
 
 func (r auditResult) count(kind string) int {
@@ -355,6 +367,8 @@ func audit(ctx context.Context, t auditTarget, want map[string]jobs.Job, dead ma
 		}
 		prog.object()
 		switch {
+		case job != nil && job.IsDelete():
+			res.findings = append(res.findings, finding{kind: findingUndeleted, key: o.key, detail: "the newest job of the key is a delete, not carried out", job: job})
 		case job == nil:
 			// An orphan's own state matters less than that no job knows it.
 			res.findings = append(res.findings, finding{kind: findingOrphaned, key: o.key, detail: cmp.Or(detail, "intact") + "; no job in " + jobs.JobsStream + " names it"})
@@ -365,8 +379,23 @@ func audit(ctx context.Context, t auditTarget, want map[string]jobs.Job, dead ma
 		}
 	}
 	prog.done()
+	tombs := map[string]bool{}
+	if tl, ok := t.(interface {
+		ListTombstones(ctx context.Context, fn func(mirror.Tombstone) error) error
+	}); ok {
+		if err := tl.ListTombstones(ctx, func(ts mirror.Tombstone) error { tombs[ts.Key] = true; return nil }); err != nil {
+			return res, fmt.Errorf("verify %s: %w", t.Root(), err)
+		}
+	}
 	for key, j := range want {
 		if seen[key] {
+			continue
+		}
+		if j.IsDelete() {
+			res.deleted++
+			if tombs[key] {
+				res.tombstoned++
+			}
 			continue
 		}
 		if r, ok := dead[j.ID]; ok {

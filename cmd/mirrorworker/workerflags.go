@@ -53,6 +53,7 @@ type workerFlags struct {
 	proxyCreds    string
 	authHold      time.Duration
 	authHolds     int
+	maxDeletes    int
 
 	// getenv is the command's environment (HTTP_PROXY, HTTPS_PROXY,
 	// NO_PROXY); proxyConf is the proxy check made of it and the flags.
@@ -118,6 +119,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.StringVar(&w.credentials, "credentials", "", "per-authority credentials: a JSON `file`, or a directory of them (a mounted Secret), re-read every 10 s; a change that does not parse keeps the last good set (README: Private upstreams)")
 	fs.DurationVar(&w.credsReload, "credentials-reload", credentials.DefaultReloadInterval, "how often the --credentials files are re-read")
 	fs.DurationVar(&w.authHold, "auth-hold", worker.DefaultAuthHold, "first hold of an authority that answers 401/403 in a row (doubling with each hold; a change of its credential ends it)")
+	fs.IntVar(&w.maxDeletes, "max-deletes-per-minute", worker.DefaultMaxDeletesPerMinute, "delete jobs this process carries out in any minute; past it, deletes wait in the stream (fetches go on), and the log, status and mirrorworker_delete_limit_reached say so; 0: no limit")
 	fs.IntVar(&w.authHolds, "auth-holds", worker.DefaultAuthHolds, "holds without a success before a 401/403 dead-letters its job auth_failed")
 	fs.StringVar(&w.proxy, "proxy", "", "egress proxy `URL` (http://host:port) for every origin, over HTTP_PROXY and HTTPS_PROXY (NO_PROXY still applies); without user information: see --proxy-credentials")
 	fs.StringVar(&w.proxyCreds, "proxy-credentials", "", "`file` holding user:password for the egress proxy (Proxy-Authorization: Basic)")
@@ -213,6 +215,9 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 		if d.v <= 0 {
 			bad("--%s %s: want more than 0", d.name, d.v)
 		}
+	}
+	if w.maxDeletes < 0 || w.maxDeletes > worker.MaxDeletesPerMinuteLimit {
+		bad("--max-deletes-per-minute %d: want 0 (no limit) to %d", w.maxDeletes, worker.MaxDeletesPerMinuteLimit)
 	}
 	if w.failureBudget < 1 {
 		bad("--failure-budget %d: want at least 1", w.failureBudget)
@@ -314,7 +319,17 @@ func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Po
 		Credentials:       w.credentials,
 		CredentialsReload: w.credsReload,
 		Auth:              worker.AuthRule{Hold: w.authHold, Holds: w.authHolds},
+		MaxDeletes:        noLimitAsNegative(w.maxDeletes),
 		Registerer:        reg,
 		Logger:            log,
 	}
+}
+
+// noLimitAsNegative turns a flag's "0: no limit" into an option's "negative: no limit"
+// (an option's 0 is its default).
+func noLimitAsNegative(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

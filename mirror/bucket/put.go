@@ -34,6 +34,8 @@ const (
 	MetaJobID        = "mirrorworker-job-id"
 	MetaFetchedAt    = "mirrorworker-fetched-at"
 	MetaURL          = "mirrorworker-url"
+	// MetaEnqueued is mirror.Meta.Enqueued, the order against deletes.
+	MetaEnqueued = "mirrorworker-enqueued"
 )
 
 // maxMetaBytes is S3's limit of user metadata (keys and values), 2 KB.
@@ -54,6 +56,9 @@ func encodeMeta(m mirror.Meta) map[string]string {
 	md := map[string]string{
 		MetaJobID:     m.JobID,
 		MetaFetchedAt: m.FetchedAt.UTC().Format(time.RFC3339Nano),
+	}
+	if !m.Enqueued.IsZero() {
+		md[MetaEnqueued] = m.Enqueued.UTC().Format(time.RFC3339Nano)
 	}
 	set := func(k, v string) {
 		if v != "" {
@@ -112,6 +117,9 @@ func decodeMeta(md map[string]string) (m mirror.Meta, hasSize, ok bool) {
 	m = mirror.Meta{
 		ETag: get(MetaETag), LastModified: get(MetaLastModified), SHA256: get(MetaSHA256),
 		JobID: get(MetaJobID), URL: get(MetaURL), FetchedAt: at,
+	}
+	if e, err := time.Parse(time.RFC3339Nano, get(MetaEnqueued)); err == nil {
+		m.Enqueued = e
 	}
 	if s := get(MetaSize); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
