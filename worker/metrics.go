@@ -27,6 +27,10 @@ const (
 	// OutcomeMoved: a job moved into the partition of its authority's
 	// politeness group (or back out of it), where it is served (handoff.go).
 	OutcomeMoved = "moved"
+	// OutcomeCopied: a job whose sha256 the target held under another key,
+	// stored by a copy within the target with no request to its origin
+	// (copied.go).
+	OutcomeCopied = "copied"
 )
 
 // DefaultHostLabelLimit is how many distinct (host, port) pairs get their
@@ -198,7 +202,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 // with their first event. TestDashboardSeriesExportedAtStart holds the
 // dashboard to it.
 func (m *Metrics) exportAtZero() {
-	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved} {
+	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved, OutcomeCopied} {
 		m.Jobs.WithLabelValues(o)
 		m.JobDuration.WithLabelValues(o)
 	}

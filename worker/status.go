@@ -30,6 +30,9 @@ type PodStatus struct {
 	// Fetches are the fetches in flight, the longest running first: URL,
 	// bytes so far of expected, rate (see MaxStatusFetches).
 	Fetches []fetch.Progress `json:"fetches,omitempty"`
+	// Copied is how many jobs the pod stored by a copy within the target
+	// (the same bytes under another key), with no request, since it started.
+	Copied int64 `json:"copied,omitempty"`
 }
 
 // MaxStatusFetches bounds the fetches in flight of one PodStatus, the
@@ -76,6 +79,7 @@ func (w *Worker) Status(pod, version string, partitions []int, states []pacer.St
 		}
 		return a.Authority < b.Authority
 	})
+	st.Copied = w.Copied()
 	st.Fetches = w.Fetches(now)
 	if len(st.Fetches) > MaxStatusFetches {
 		st.Fetches = st.Fetches[:MaxStatusFetches]

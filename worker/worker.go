@@ -61,6 +61,7 @@ type Worker struct {
 	// transfers are the fetches in flight, with their bytes so far
 	// (transfers.go).
 	transfers transfers
+	copies    copies // jobs stored by a copy within the target (copied.go)
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -510,16 +511,34 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 	if !w.openReplay(ctx, j) {
 		return
 	}
+	// Stat before queueing, not between the pacer's grant and the request:
+	// the pacer spaces grants, so the request must follow its grant at once.
+	// A job that names a sha256 is looked at before its deferral is
+	// considered, since a copy may settle it at once.
+	var copied bool
+	stat := func() {
+		meta, err := w.targetOf(j).Stat(ctx, job.Target)
+		if err == nil {
+			j.etag, j.lastMo = meta.ETag, meta.LastModified
+		} else if !errors.Is(err, mirror.ErrNotFound) {
+			w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
+		}
+		// Bytes the target holds under another key are copied before the
+		// job is queued, even while its authority cools down: a copy takes
+		// nothing from the pacer (copied.go).
+		copied = w.copyKnown(ctx, j, meta, err == nil)
+	}
+	if job.SHA256 != "" {
+		if stat(); copied {
+			return
+		}
+	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
 		w.settler.deferJob(d)
 		return
 	}
-	// Stat before queueing, not between the pacer's grant and the request:
-	// the pacer spaces grants, so the request must follow its grant at once.
-	if meta, err := w.targetOf(j).Stat(ctx, job.Target); err == nil {
-		j.etag, j.lastMo = meta.ETag, meta.LastModified
-	} else if !errors.Is(err, mirror.ErrNotFound) {
-		w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
+	if job.SHA256 == "" {
+		stat()
 	}
 	if d, deferred := w.sched.admit(now, j); deferred {
 		w.settler.deferJob(d)

@@ -1,0 +1,90 @@
+package worker
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/mirror"
+)
+
+// Copier is a Target that can store a job's bytes by copying them from
+// another key of the same target that holds them (a local copy, or a
+// server-side CopyObject), found by their sha256; *sumindex.Target is one.
+// CopyKnown returns the key it copied from; an error wrapping
+// mirror.ErrNotFound says there is no such copy (no entry, or a stale
+// one), and the job is fetched. An optional feature of a Target, found by
+// a type assertion: a target without it fetches every job.
+type Copier interface {
+	CopyKnown(ctx context.Context, key string, want mirror.Expect, m mirror.Meta) (from string, stored mirror.Meta, err error)
+}
+
+// copies counts the jobs stored by a copy within the target, for the
+// pod's status. Safe for concurrent use.
+type copies struct{ n atomic.Int64 }
+
+// Copied returns how many jobs this worker stored by a copy within the
+// target, with no request to their origin, since it started.
+func (w *Worker) Copied() int64 { return w.copies.n.Load() }
+
+// copyKnown stores j, whose job names a sha256, by a copy within its
+// target when the target holds those bytes under another key, and settles
+// it (OutcomeCopied). It reports whether it did; false: the job goes on to
+// its fetch, as if there were no index. It runs at intake, before the job
+// is queued: a copied job never takes a grant from the pacer nor counts
+// as a request. stat is what the job's own key holds (ok false: nothing
+// with metadata).
+func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok bool) bool {
+	if j.job.SHA256 == "" || (ok && strings.EqualFold(stat.SHA256, j.job.SHA256)) {
+		// No digest to look up; or the key holds those bytes already, and
+		// its own conditional fetch (a 304) settles it.
+		return false
+	}
+	c, isCopier := w.targetOf(j).(Copier)
+	if !isCopier {
+		return false
+	}
+	want := mirror.Expect{SHA256: j.job.SHA256}
+	if j.job.Size != nil {
+		want.Size, want.HasSize = *j.job.Size, true
+	}
+	began := w.clk.Now()
+	meta := mirror.Meta{
+		Key:       j.job.Target,
+		URL:       authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
+		FetchedAt: began.UTC(),
+		JobID:     j.job.ID,
+	}
+	from, stored, err := c.CopyKnown(ctx, j.job.Target, want, meta)
+	if err != nil {
+		if !errors.Is(err, mirror.ErrNotFound) && ctx.Err() == nil {
+			w.log.Warn().Err(err).Str("job", j.job.ID).Str("key", j.job.Target).Msg("copy within the target failed; fetching instead")
+		}
+		return false
+	}
+	w.copies.n.Add(1)
+	w.settler.complete(j, OutcomeCopied)
+	w.settler.stored.copied(j, from, stored.Size, began)
+	return true
+}
+
+// copied records one object of j's job stored by a copy from the key
+// from, at debug ("object copied", with "from"), and in the summary.
+func (l *storedLog) copied(j *heldJob, from string, bytes int64, began time.Time) {
+	now := l.clk.Now()
+	l.log.Debug().Str("key", j.job.Target).Str("from", from).Int64("bytes", bytes).
+		Str("took", now.Sub(began).Round(time.Millisecond).String()).Str("job", j.job.ID).
+		Str("authority", j.auth).Msg("object copied")
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.objects == 0 {
+		l.since = now
+	}
+	l.objects++
+	l.copiedN++
+	l.bytes += bytes
+}
