@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,8 +25,76 @@ type Copier interface {
 }
 
 // copies counts the jobs stored by a copy within the target, for the
-// pod's status. Safe for concurrent use.
-type copies struct{ n atomic.Int64 }
+// pod's status, and keeps the digests being fetched. Safe for concurrent
+// use.
+type copies struct {
+	n atomic.Int64
+
+	mu sync.Mutex
+	// fetching maps a lowercase sha256 to the one held job that fetches
+	// those bytes now (from its admission to its settlement): a second
+	// job for the same bytes waits for it instead of fetching them too.
+	fetching map[string]*heldJob
+}
+
+// reasonSameBytes: the job's bytes are being fetched by another job of
+// this worker; it comes back once they are stored, and is copied.
+const reasonSameBytes reason = "same_bytes"
+
+// sameBytesWait is the first delay of a job whose bytes another job is
+// fetching; it doubles with each delivery, up to sameBytesWaitMax (below
+// the park threshold: the job waits in the stream, not in the parking lot).
+const (
+	sameBytesWait    = 500 * time.Millisecond
+	sameBytesWaitMax = 8 * time.Second
+)
+
+// lead makes j the job that fetches its bytes, or reports false when
+// another job does already.
+func (c *copies) lead(j *heldJob) bool {
+	sum := strings.ToLower(j.job.SHA256)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if other, ok := c.fetching[sum]; ok && other != j {
+		return false
+	}
+	if c.fetching == nil {
+		c.fetching = map[string]*heldJob{}
+	}
+	c.fetching[sum] = j
+	return true
+}
+
+// settled is told of every delivery settled: a leader's bytes are stored
+// (or it failed, or went back to the stream), and the next job for them
+// may copy or fetch them.
+func (c *copies) settled(j *heldJob) {
+	if j.job.SHA256 == "" {
+		return
+	}
+	sum := strings.ToLower(j.job.SHA256)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fetching[sum] == j {
+		delete(c.fetching, sum)
+	}
+}
+
+// waitSameBytes defers j, whose bytes another job of this worker is
+// fetching, if there is one (it reports true then); otherwise j becomes
+// that job. No failure budget is used, and nothing asked of the pacer.
+func (w *Worker) waitSameBytes(j *heldJob) bool {
+	if j.job.SHA256 == "" || j.replay != nil {
+		return false
+	}
+	if _, ok := w.targetOf(j).(Copier); !ok || w.copies.lead(j) {
+		return false
+	}
+	shift := min(max(int(j.delivered)-1, 0), 8)
+	delay := min(sameBytesWait<<shift, sameBytesWaitMax)
+	w.settler.deferJob(deferral{job: j, delay: delay, reason: reasonSameBytes})
+	return true
+}
 
 // Copied returns how many jobs this worker stored by a copy within the
 // target, with no request to their origin, since it started.

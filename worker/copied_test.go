@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -93,5 +95,49 @@ func TestCopiedFromAnotherKey(t *testing.T) {
 	}
 	if k, err := idx.Lookup(context.Background(), hexSHA(a)); err != nil || k != "c" {
 		t.Errorf("index names %q (%v) after the fetch, want c", k, err)
+	}
+}
+
+// TestSameBytesAtOnceFetchedOnce: jobs for the same bytes that arrive
+// together cost the origin one request: the first fetches them, the others
+// wait for it (deferred, no failure budget) and are copied.
+func TestSameBytesAtOnceFetchedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	shared := []byte(strings.Repeat("one artifact, many paths\n", 100))
+	o.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		w.Write(shared)
+		return true
+	})
+	idx, err := sumindex.OpenBolt(sumindex.BoltPath(e.root), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { idx.Close() })
+	p := &acquireCounter{Pacer: testPacer(0, 8, nil, 0, nil)}
+	r := e.startWith(p, worker.Options{Concurrency: 8}, fetch.New(&fetch.Options{AllowPrivate: true}), sumindex.Wrap(e.target, idx, zerolog.Nop()))
+	e.waitReady(r.w)
+	const n = 10
+	var js []jobs.Job
+	for i := range n {
+		k := fmt.Sprintf("path%d/artifact.tgz", i)
+		js = append(js, jobs.Job{ID: fmt.Sprintf("j%d", i), URL: o.url("/" + k), Target: k, SHA256: hexSHA(shared)})
+	}
+	e.publish(js...)
+	r.f.waitFor(t, n, func(f worker.Final) bool {
+		return f.Outcome == worker.OutcomeStored || f.Outcome == worker.OutcomeCopied
+	}, 60*time.Second)
+	for _, j := range js {
+		e.checkStored(j.Target, shared)
+	}
+	if got := len(o.log()); got != 1 {
+		t.Errorf("origin got %d requests for one body, want 1", got)
+	}
+	if got := r.f.count(isOutcome(worker.OutcomeCopied)); got != n-1 {
+		t.Errorf("%d copied, want %d", got, n-1)
+	}
+	if got := p.n.Load(); got != 1 {
+		t.Errorf("pacer asked for %d grants, want 1", got)
 	}
 }

@@ -139,7 +139,7 @@ func New(d Deps, o *Options) (*Worker, error) {
 	})
 	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
 		clk: w.clk, log: w.log,
-		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}}
+		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}, copies: &w.copies}
 	w.parking = newParking(parkDeps{
 		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
 		readyIn: d.Pacer.ReadyIn, parts: w.parts, fault: r.FaultHook,
@@ -529,7 +529,7 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		copied = w.copyKnown(ctx, j, meta, err == nil)
 	}
 	if job.SHA256 != "" {
-		if stat(); copied {
+		if stat(); copied || w.waitSameBytes(j) {
 			return
 		}
 	}

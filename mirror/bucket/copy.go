@@ -14,6 +14,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/mirrorworker/mirrorworker/mirror/sumindex"
 )
 
 // MaxCopySize is the largest object one CopyObject copies (S3's limit);
@@ -171,4 +172,40 @@ func (x *SumIndex) Entries(ctx context.Context, fn func(sum string) error) error
 		}
 	}
 	return nil
+}
+
+// Replace makes the index hold exactly entries (verify's rebuild): an
+// entry missing or naming another key is written, one no longer wanted is
+// deleted. It returns how many were added, dropped and changed. Pods that
+// store objects meanwhile may lose an entry, which costs one fetch.
+func (x *SumIndex) Replace(ctx context.Context, entries []sumindex.Entry) (added, dropped, changed int, err error) {
+	have := map[string]bool{}
+	if err := x.Entries(ctx, func(sum string) error { have[sum] = true; return nil }); err != nil {
+		return 0, 0, 0, err
+	}
+	want := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		want[e.Sum] = true
+		if have[e.Sum] {
+			if cur, err := x.Lookup(ctx, e.Sum); err == nil && cur == e.Key {
+				continue
+			}
+			changed++
+		} else {
+			added++
+		}
+		if err := x.Add(ctx, e.Sum, e.Key); err != nil {
+			return added, dropped, changed, err
+		}
+	}
+	for sum := range have {
+		if want[sum] {
+			continue
+		}
+		if _, err := x.t.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &x.t.bucket, Key: aws.String(x.entryKey(sum))}); err != nil && !isNotFound(err) {
+			return added, dropped, changed, fmt.Errorf("drop sha256 index entry %s: %w", sum, classify(err))
+		}
+		dropped++
+	}
+	return added, dropped, changed, nil
 }

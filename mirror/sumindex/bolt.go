@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -179,9 +180,16 @@ func (b *Bolt) Replace(ctx context.Context, entries []Entry) (added, dropped, ch
 		if err != nil {
 			return err
 		}
-		// Keys arrive in random order; bbolt fills pages best in order, but
-		// a rebuild is rare and its file is compacted by the next one.
-		for k, v := range want {
+		// In key order, with full pages: bbolt appends instead of
+		// splitting, and the rebuilt file is as small as it gets.
+		bk.FillPercent = 1
+		keys := make([]string, 0, len(want))
+		for k := range want {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			v := want[k]
 			if err := bk.Put([]byte(k), []byte(v)); err != nil {
 				return err
 			}
