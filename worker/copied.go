@@ -82,7 +82,8 @@ func (c *copies) settled(j *heldJob) {
 
 // waitSameBytes defers j, whose bytes another job of this worker is
 // fetching, if there is one (it reports true then); otherwise j becomes
-// that job. No failure budget is used, and nothing asked of the pacer.
+// that job until it is settled (stored, copied, deferred or failed). No
+// failure budget is used, and nothing asked of the pacer.
 func (w *Worker) waitSameBytes(j *heldJob) bool {
 	if j.job.SHA256 == "" || j.replay != nil {
 		return false

@@ -529,7 +529,13 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		copied = w.copyKnown(ctx, j, meta, err == nil)
 	}
 	if job.SHA256 != "" {
-		if stat(); copied || w.waitSameBytes(j) {
+		// Another job fetching these bytes is waited for before the index
+		// is read: it settles only once its entry is there, so this job
+		// sees either that job or the entry (copied.go).
+		if w.waitSameBytes(j) {
+			return
+		}
+		if stat(); copied {
 			return
 		}
 	}
