@@ -111,3 +111,7 @@ func byPaceKey[N int | int64](m map[string]N, key func(string) string) map[strin
 func (w *Worker) Fetches(now time.Time) []fetch.Progress {
 	return w.transfers.snapshot(now)
 }
+
+// Copied returns how many jobs this worker stored by a copy within the
+// target, with no request to their origin, since it started.
+func (w *Worker) Copied() int64 { return w.copies.n.Load() }

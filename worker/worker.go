@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -895,6 +896,64 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // about a tenth of its time in a slot, and healthy origins keep flowing
 // beside trickling ones.
 const SlowRetryFactor = 9
+
+// copyKnown stores j, whose job names a sha256, by a copy within its
+// target when the target holds those bytes under another key, and settles
+// it (OutcomeCopied). It reports whether it did; false: the job goes on to
+// its fetch, as if there were no index. It runs at intake, before the job
+// is queued: a copied job never takes a grant from the pacer nor counts
+// as a request. stat is what the job's own key holds (ok false: nothing
+// with metadata).
+func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok bool) bool {
+	if j.job.SHA256 == "" || (ok && strings.EqualFold(stat.SHA256, j.job.SHA256)) {
+		// No digest to look up; or the key holds those bytes already, and
+		// its own conditional fetch (a 304) settles it.
+		return false
+	}
+	c, isCopier := w.targetOf(j).(Copier)
+	if !isCopier {
+		return false
+	}
+	want := mirror.Expect{SHA256: j.job.SHA256}
+	if j.job.Size != nil {
+		want.Size, want.HasSize = *j.job.Size, true
+	}
+	began := w.clk.Now()
+	meta := mirror.Meta{
+		Key:       j.job.Target,
+		URL:       authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
+		FetchedAt: began.UTC(),
+		JobID:     j.job.ID,
+	}
+	from, stored, err := c.CopyKnown(ctx, j.job.Target, want, meta)
+	if err != nil {
+		if !errors.Is(err, mirror.ErrNotFound) && ctx.Err() == nil {
+			w.log.Warn().Err(err).Str("job", j.job.ID).Str("key", j.job.Target).Msg("copy within the target failed; fetching instead")
+		}
+		return false
+	}
+	w.copies.n.Add(1)
+	w.settler.complete(j, OutcomeCopied)
+	w.settler.stored.copied(j, from, stored.Size, began)
+	return true
+}
+
+// waitSameBytes defers j, whose bytes another job of this worker is
+// fetching, if there is one (it reports true then); otherwise j becomes
+// that job until it is settled (stored, copied, deferred or failed). No
+// failure budget is used, and nothing asked of the pacer.
+func (w *Worker) waitSameBytes(j *heldJob) bool {
+	if j.job.SHA256 == "" || j.replay != nil {
+		return false
+	}
+	if _, ok := w.targetOf(j).(Copier); !ok || w.copies.lead(j) {
+		return false
+	}
+	shift := min(max(int(j.delivered)-1, 0), 8)
+	delay := min(sameBytesWait<<shift, sameBytesWaitMax)
+	w.settler.deferJob(deferral{job: j, delay: delay, reason: reasonSameBytes})
+	return true
+}
 
 // targetOf is where j is stored: its replay's target, or the worker's.
 func (w *Worker) targetOf(j *heldJob) Target {
