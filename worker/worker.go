@@ -905,9 +905,10 @@ const SlowRetryFactor = 9
 // as a request. stat is what the job's own key holds (ok false: nothing
 // with metadata).
 func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok bool) bool {
-	if j.job.SHA256 == "" || (ok && strings.EqualFold(stat.SHA256, j.job.SHA256)) {
-		// No digest to look up; or the key holds those bytes already, and
-		// its own conditional fetch (a 304) settles it.
+	if j.job.SHA256 == "" || j.replay != nil || (ok && strings.EqualFold(stat.SHA256, j.job.SHA256)) {
+		// No digest to look up; a replay job, whose outcomes its replay
+		// tallies as fetches; or the key holds those bytes already, and its
+		// own conditional fetch (a 304) settles it.
 		return false
 	}
 	c, isCopier := w.targetOf(j).(Copier)
