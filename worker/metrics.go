@@ -35,6 +35,10 @@ const (
 	// removed (it would bring the key back), or a delete of a key a later
 	// fetch stored (delete.go).
 	OutcomeSuperseded = "superseded"
+	// OutcomeCopied: a job whose sha256 the target held under another key,
+	// stored by a copy within the target with no request to its origin
+	// (copied.go).
+	OutcomeCopied = "copied"
 )
 
 // DefaultHostLabelLimit is how many distinct (host, port) pairs get their
@@ -220,7 +224,7 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 // with their first event. TestDashboardSeriesExportedAtStart holds the
 // dashboard to it.
 func (m *Metrics) exportAtZero() {
-	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved, OutcomeDeleted, OutcomeSuperseded} {
+	for _, o := range []string{OutcomeStored, OutcomeUnchanged, OutcomeDeferred, OutcomeRetried, OutcomeDeadLettered, OutcomeHandedOff, OutcomeMoved, OutcomeDeleted, OutcomeSuperseded, OutcomeCopied} {
 		m.Jobs.WithLabelValues(o)
 		m.JobDuration.WithLabelValues(o)
 	}

@@ -62,7 +62,7 @@ func sameSet(t *testing.T, what string, documented, code []string) {
 // deferral reasons against the constants of route.go.
 func TestContractListsTheDeferralReasons(t *testing.T) {
 	var code []string
-	for _, r := range append(slices.Clone(pacerReasons), reasonOverflow, reasonHandover, reasonHandoff, reasonAuthHold, reasonRegrouped, reasonDeleteLimit) {
+	for _, r := range append(slices.Clone(pacerReasons), reasonOverflow, reasonHandover, reasonHandoff, reasonAuthHold, reasonRegrouped, reasonDeleteLimit, reasonSameBytes) {
 		code = append(code, string(r))
 	}
 	for _, r := range pacerReasons {

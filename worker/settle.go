@@ -34,6 +34,7 @@ type settler struct {
 	log     zerolog.Logger
 	onFinal func(Final) // test hook: every job's final outcome
 	stored  *storedLog  // the log of stored objects (stored.go)
+	copies  *copies     // the digests being fetched (copied.go)
 	// handedBack counts the deliveries handed back (NAK without delay),
 	// for the stop's handed_back.
 	handedBack atomic.Int64
@@ -62,6 +63,9 @@ func (s *settler) settle(j *heldJob, op func(Msg) error) error {
 	j.ackMu.Lock()
 	defer j.ackMu.Unlock()
 	j.settled = true
+	if s.copies != nil {
+		defer s.copies.settled(j) // after the ack: its bytes are stored (copied.go)
+	}
 	return op(s.sched.msgOf(j))
 }
 

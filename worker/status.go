@@ -33,6 +33,9 @@ type PodStatus struct {
 	// Deletes is the pod's delete limit: its value, the deletes of the
 	// last minute, and since when it holds deletes back (delete.go).
 	Deletes DeleteStatus `json:"deletes"`
+	// Copied is how many jobs the pod stored by a copy within the target
+	// (the same bytes under another key), with no request, since it started.
+	Copied int64 `json:"copied,omitempty"`
 }
 
 // MaxStatusFetches bounds the fetches in flight of one PodStatus, the
@@ -80,6 +83,7 @@ func (w *Worker) Status(pod, version string, partitions []int, states []pacer.St
 		return a.Authority < b.Authority
 	})
 	st.Deletes = w.deletes.status(now)
+	st.Copied = w.Copied()
 	st.Fetches = w.Fetches(now)
 	if len(st.Fetches) > MaxStatusFetches {
 		st.Fetches = st.Fetches[:MaxStatusFetches]
@@ -111,3 +115,7 @@ func byPaceKey[N int | int64](m map[string]N, key func(string) string) map[strin
 func (w *Worker) Fetches(now time.Time) []fetch.Progress {
 	return w.transfers.snapshot(now)
 }
+
+// Copied returns how many jobs this worker stored by a copy within the
+// target, with no request to their origin, since it started.
+func (w *Worker) Copied() int64 { return w.copies.n.Load() }

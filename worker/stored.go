@@ -29,6 +29,7 @@ type storedLog struct {
 	mu        sync.Mutex // guards the counts below
 	objects   int        // stored or unchanged since the last summary
 	unchanged int        // of which 304s
+	copiedN   int        // of which copies within the target (copied.go)
 	bytes     int64
 	since     time.Time // the start of the summary's period
 }
@@ -72,13 +73,17 @@ func (l *storedLog) run(ctx context.Context) {
 // summary logs the objects stored since the last summary, if any.
 func (l *storedLog) summary() {
 	l.mu.Lock()
-	n, unchanged, bytes, since := l.objects, l.unchanged, l.bytes, l.since
-	l.objects, l.unchanged, l.bytes = 0, 0, 0
+	n, unchanged, copied, bytes, since := l.objects, l.unchanged, l.copiedN, l.bytes, l.since
+	l.objects, l.unchanged, l.copiedN, l.bytes = 0, 0, 0, 0
 	l.mu.Unlock()
 	if n == 0 {
 		return
 	}
-	l.log.Info().Int("objects", n).Int("new", n-unchanged).Int("unchanged", unchanged).Int64("bytes", bytes).
+	e := l.log.Info().Int("objects", n).Int("new", n-unchanged-copied).Int("unchanged", unchanged)
+	if copied > 0 {
+		e = e.Int("copied", copied) // stored from another key, no request
+	}
+	e.Int64("bytes", bytes).
 		Str("period", l.clk.Now().Sub(since).Round(time.Millisecond).String()).
 		Msg("objects stored (each one is logged at debug)")
 }

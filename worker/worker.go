@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,7 @@ type Worker struct {
 	// transfers are the fetches in flight, with their bytes so far
 	// (transfers.go).
 	transfers transfers
+	copies    copies // jobs stored by a copy within the target (copied.go)
 
 	kick  chan struct{} // wakes the dispatcher
 	space chan struct{} // wakes the intake when held jobs drop
@@ -139,7 +141,7 @@ func New(d Deps, o *Options) (*Worker, error) {
 	})
 	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
 		clk: w.clk, log: w.log,
-		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}}
+		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}, copies: &w.copies}
 	w.parking = newParking(parkDeps{
 		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
 		readyIn: d.Pacer.ReadyIn, parts: w.parts, fault: r.FaultHook,
@@ -517,16 +519,40 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		w.deletes.start(ctx, j)
 		return
 	}
+	// Stat before queueing, not between the pacer's grant and the request:
+	// the pacer spaces grants, so the request must follow its grant at once.
+	// A job that names a sha256 is looked at before its deferral is
+	// considered, since a copy may settle it at once.
+	var copied bool
+	stat := func() {
+		meta, err := w.targetOf(j).Stat(ctx, job.Target)
+		if err == nil {
+			j.etag, j.lastMo = meta.ETag, meta.LastModified
+		} else if !errors.Is(err, mirror.ErrNotFound) {
+			w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
+		}
+		// Bytes the target holds under another key are copied before the
+		// job is queued, even while its authority cools down: a copy takes
+		// nothing from the pacer (copied.go).
+		copied = w.copyKnown(ctx, j, meta, err == nil)
+	}
+	if job.SHA256 != "" {
+		// Another job fetching these bytes is waited for before the index
+		// is read: it settles only once its entry is there, so this job
+		// sees either that job or the entry (copied.go).
+		if w.waitSameBytes(j) {
+			return
+		}
+		if stat(); copied {
+			return
+		}
+	}
 	if d, deferred := w.sched.tryDefer(now, j); deferred {
 		w.settler.deferJob(d)
 		return
 	}
-	// Stat before queueing, not between the pacer's grant and the request:
-	// the pacer spaces grants, so the request must follow its grant at once.
-	if meta, err := w.targetOf(j).Stat(ctx, job.Target); err == nil {
-		j.etag, j.lastMo = meta.ETag, meta.LastModified
-	} else if !errors.Is(err, mirror.ErrNotFound) {
-		w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
+	if job.SHA256 == "" {
+		stat()
 	}
 	if d, deferred := w.sched.admit(now, j); deferred {
 		w.settler.deferJob(d)
@@ -905,6 +931,78 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // about a tenth of its time in a slot, and healthy origins keep flowing
 // beside trickling ones.
 const SlowRetryFactor = 9
+
+// copyKnown stores j, whose job names a sha256, by a copy within its
+// target when the target holds those bytes under another key, and settles
+// it (OutcomeCopied). It reports whether it did; false: the job goes on to
+// its fetch, as if there were no index. It runs at intake, before the job
+// is queued: a copied job never takes a grant from the pacer nor counts
+// as a request. stat is what the job's own key holds (ok false: nothing
+// with metadata).
+func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok bool) bool {
+	if j.job.SHA256 == "" || j.replay != nil || (ok && strings.EqualFold(stat.SHA256, j.job.SHA256)) {
+		// No digest to look up; a replay job, whose outcomes its replay
+		// tallies as fetches; or the key holds those bytes already, and its
+		// own conditional fetch (a 304) settles it.
+		return false
+	}
+	c, isCopier := w.targetOf(j).(Copier)
+	if !isCopier {
+		return false
+	}
+	want := mirror.Expect{SHA256: j.job.SHA256}
+	if j.job.Size != nil {
+		want.Size, want.HasSize = *j.job.Size, true
+	}
+	// A copy is a store of the key: it waits for the key's delete and is
+	// superseded by one enqueued after it (delete.go), as a fetch's is.
+	enq := enqueuedOf(w.sched.msgOf(j))
+	guard, superseded, err := w.deletes.guardStore(ctx, j, enq)
+	switch {
+	case superseded:
+		w.deletes.superseded(j, "a delete enqueued after the job removed the key")
+		return true
+	case err != nil:
+		return false
+	}
+	began := w.clk.Now()
+	meta := mirror.Meta{
+		Enqueued:  enq,
+		Key:       j.job.Target,
+		URL:       authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
+		FetchedAt: began.UTC(),
+		JobID:     j.job.ID,
+	}
+	from, stored, err := c.CopyKnown(ctx, j.job.Target, want, meta)
+	guard.done(ctx, err == nil)
+	if err != nil {
+		if !errors.Is(err, mirror.ErrNotFound) && ctx.Err() == nil {
+			w.log.Warn().Err(err).Str("job", j.job.ID).Str("key", j.job.Target).Msg("copy within the target failed; fetching instead")
+		}
+		return false
+	}
+	w.copies.n.Add(1)
+	w.settler.complete(j, OutcomeCopied)
+	w.settler.stored.copied(j, from, stored.Size, began)
+	return true
+}
+
+// waitSameBytes defers j, whose bytes another job of this worker is
+// fetching, if there is one (it reports true then); otherwise j becomes
+// that job until it is settled (stored, copied, deferred or failed). No
+// failure budget is used, and nothing asked of the pacer.
+func (w *Worker) waitSameBytes(j *heldJob) bool {
+	if j.job.SHA256 == "" || j.replay != nil {
+		return false
+	}
+	if _, ok := w.targetOf(j).(Copier); !ok || w.copies.lead(j) {
+		return false
+	}
+	shift := min(max(int(j.delivered)-1, 0), 8)
+	delay := min(sameBytesWait<<shift, sameBytesWaitMax)
+	w.settler.deferJob(deferral{job: j, delay: delay, reason: reasonSameBytes})
+	return true
+}
 
 // targetOf is where j is stored: its replay's target, or the worker's.
 func (w *Worker) targetOf(j *heldJob) Target {

@@ -249,12 +249,14 @@ func statusRows(pods []worker.PodStatus, leases map[int]string, partitions int, 
 // writeStatus prints the pods table and the authorities table.
 func writeStatus(w io.Writer, pods []worker.PodStatus, leases map[int]string, partitions int, rows []statusRow, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tPARTITIONS\tHELD\tUPDATED")
+	// COPIED: jobs stored by a copy of the same bytes under another key,
+	// with no request, since the pod started (ADR 0034).
+	fmt.Fprintln(tw, "POD\tPARTITIONS\tHELD\tCOPIED\tUPDATED")
 	for _, ps := range pods {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s ago\n", ps.Pod, len(ps.Partitions), ps.Held, now.Sub(ps.Updated).Round(100*time.Millisecond))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s ago\n", ps.Pod, len(ps.Partitions), ps.Held, ps.Copied, now.Sub(ps.Updated).Round(100*time.Millisecond))
 	}
 	if free := partitions - len(leases); free > 0 {
-		fmt.Fprintf(tw, "(unowned)\t%d\t\t\n", free)
+		fmt.Fprintf(tw, "(unowned)\t%d\t\t\t\n", free)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -195,10 +195,16 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		return err
 	}
 	defer lock.Release() // after the embedded server is down (defers run last in, first out)
+	stored, closeIndex, err := indexTarget(target, log)
+	if err != nil {
+		return err
+	}
+	defer closeIndex() // after the worker's last Put
 	replayTargets, err := openReplayTargets(ctx, c, hooks, target, log)
 	if err != nil {
 		return err
 	}
+	replayTargets.OwnT = stored // replay jobs into the pod's own target keep its index too
 	policy, err := c.pacerPolicy()
 	if err != nil {
 		return err
@@ -234,7 +240,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		}
 	}
 	p := &natsStage{
-		c: c, log: log, reg: reg, conn: conn, target: target, replay: replayTargets, policy: policy,
+		c: c, log: log, reg: reg, conn: conn, target: target, stored: stored, replay: replayTargets, policy: policy,
 		embedded: embedded, state: &state, hooks: hooks,
 		startFields: func(e *zerolog.Event) *zerolog.Event {
 			e = e.Str("mirror", target.Root()).Str("admin_url", adm.URL())
@@ -480,6 +486,7 @@ type natsStage struct {
 	reg      prometheus.Registerer
 	conn     *broker.ConnCollector
 	target   storeTarget
+	stored   worker.Target // target, keeping its sha256 index (sumindex.go)
 	replay   *pipeline.ReplayTargets
 	policy   *pacer.Policy
 	embedded *broker.Embedded // nil: join c.nats.url
@@ -597,7 +604,7 @@ func (p *natsStage) podOptions(depLog *departures.Log) *pipeline.PodOptions {
 	o := &pipeline.PodOptions{
 		Consumer: c.consumerOptions(), LeaseTTL: c.leaseTTL, Replicas: c.streamReplicas,
 		ParkAfter: c.parkAfter, LaneBacklog: c.laneBacklog,
-		PodID: c.workerID, Version: version, Target: p.target, ReplayTargets: p.replay, ShutdownGrace: c.shutdownGrace,
+		PodID: c.workerID, Version: version, Target: p.stored, ReplayTargets: p.replay, ShutdownGrace: c.shutdownGrace,
 		Logger: p.log,
 		Adjust: func(o *worker.Options, d *worker.Deps) {
 			o.StopNow = c.stopNow

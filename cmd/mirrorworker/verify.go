@@ -20,6 +20,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/mirror/bucket"
+	"github.com/mirrorworker/mirrorworker/mirror/sumindex"
 	"github.com/mirrorworker/mirrorworker/pipeline"
 )
 
@@ -99,7 +100,8 @@ func cmdVerify(ctx context.Context, args []string, getenv func(string) string, _
 		fmt.Fprintln(fs.Output(), "target has nothing), dead-lettered ones (missing, their job given up, with its reason), corrupt ones")
 		fmt.Fprintln(fs.Output(), "(bytes or metadata wrong) and orphaned ones (no job names them). Run it when the queue is drained: a")
 		fmt.Fprintln(fs.Output(), "job not yet done counts as missing. Exit status 1 when objects are missing, dead-lettered or corrupt")
-		fmt.Fprintln(fs.Output(), "and not repaired (orphans are listed, never removed). Progress goes to stderr.")
+		fmt.Fprintln(fs.Output(), "and not repaired (orphans are listed, never removed). Progress goes to stderr. It rebuilds the target's")
+		fmt.Fprintln(fs.Output(), "sha256 index (which key holds which bytes, for copies instead of fetches) from the bytes it read.")
 		fmt.Fprintln(fs.Output())
 		fs.PrintDefaults()
 	}
@@ -145,6 +147,9 @@ func cmdVerify(ctx context.Context, args []string, getenv func(string) string, _
 		return err
 	}
 	printFindings(stdout, target.Root(), res, len(want))
+	if err := rebuildIndex(ctx, stdout, target, res.sums); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
 	broken, nDead := res.count(findingMissing)+res.count(findingCorrupt)+res.count(findingUndeleted), res.count(findingDead)
 	if !c.repair && !c.repairDead {
 		if broken+nDead > 0 {
@@ -276,6 +281,9 @@ type auditResult struct {
 	// object: not missing (tombstoned, the subset the target keeps a
 	// tombstone of).
 	deleted, tombstoned int
+	// sums are the sha256 index as the bytes read say it should be: each
+	// digest with the first key (in key order) found intact holding it.
+	sums []sumindex.Entry
 }
 
 func (r auditResult) count(kind string) int {
@@ -350,7 +358,7 @@ func audit(ctx context.Context, t auditTarget, want map[string]jobs.Job, dead ma
 		return res, fmt.Errorf("verify %s: %w", t.Root(), err)
 	}
 	prog.begin(len(objs), total)
-	seen := map[string]bool{}
+	seen, sums := map[string]bool{}, map[string]bool{}
 	for _, o := range objs {
 		res.objects++
 		seen[o.key] = true
@@ -366,6 +374,10 @@ func audit(ctx context.Context, t auditTarget, want map[string]jobs.Job, dead ma
 			}
 		}
 		prog.object()
+		if sum := strings.ToLower(o.meta.SHA256); detail == "" && sumindex.ValidSum(sum) && !sums[sum] {
+			sums[sum] = true
+			res.sums = append(res.sums, sumindex.Entry{Sum: sum, Key: o.key})
+		}
 		switch {
 		case job != nil && job.IsDelete():
 			res.findings = append(res.findings, finding{kind: findingUndeleted, key: o.key, detail: "the newest job of the key is a delete, not carried out", job: job})
