@@ -67,6 +67,11 @@ type Metrics struct {
 	// ClassRequests counts requests started by job class (live, replay):
 	// a replay's share of an authority's pace (docs/adr/0025).
 	ClassRequests *prometheus.CounterVec // {class}
+	// Resumes counts requests for the rest of a body kept from an earlier
+	// attempt, by result (Resume* in resume.go); ResumedBytes the bytes
+	// those kept starts spared the origin (206 answers only).
+	Resumes      *prometheus.CounterVec // {result}
+	ResumedBytes prometheus.Counter
 
 	hosts hostLimiter
 }
@@ -175,6 +180,14 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		Namespace: ns, Name: "requests_by_class_total",
 		Help: "Requests started, by job class (live, replay): while live jobs wait, replay jobs get at most one request in four.",
 	}, []string{"class"})).(*prometheus.CounterVec)
+	m.Resumes = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "resumes_total",
+		Help: "Requests for the rest of a body kept from a failed attempt (Range, If-Range), by result: resumed (206), whole (200: range ignored or object changed), unsatisfiable (416), range_mismatch, unchanged (304).",
+	}, []string{"result"})).(*prometheus.CounterVec)
+	m.ResumedBytes = reg1(prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "resumed_bytes_total",
+		Help: "Body bytes not fetched again because a retry resumed after them (the kept start of each 206 answer).",
+	})).(prometheus.Counter)
 	if err != nil {
 		return nil, err
 	}
