@@ -353,7 +353,7 @@ func (t *FileTarget) put(ctx context.Context, key string, f *tempFile, h hash.Ha
 		f.abort()
 		return Meta{}, err
 	}
-	sum, size, err := t.writeTemp(ctx, f, h, body, key, m)
+	sum, size, err := t.writeTemp(ctx, f, h, body, key, want, m)
 	if err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
@@ -533,13 +533,13 @@ func (t *FileTarget) Probe(ctx context.Context) error {
 // open and not yet synced. On error f is gone: removed, or, when r failed
 // after enough bytes of an answer that can be resumed (keepable), kept
 // for the next attempt at key.
-func (t *FileTarget) writeTemp(ctx context.Context, f *tempFile, h hash.Hash, r io.Reader, key string, m Meta) (sum string, size int64, err error) {
+func (t *FileTarget) writeTemp(ctx context.Context, f *tempFile, h hash.Hash, r io.Reader, key string, want Expect, m Meta) (sum string, size int64, err error) {
 	src := &readErr{r: ctxReader{ctx, r}}
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
 	_, err = io.CopyBuffer(io.MultiWriter(f, h), src, *bufp)
 	if err != nil {
-		if src.err != nil && errors.Is(err, src.err) && t.keepable(f.written, m) {
+		if src.err != nil && errors.Is(err, src.err) && t.keepable(f.written, want, m) {
 			rec := partialRecord{Key: key, URL: authority.StripUserinfo(m.URL), ETag: m.ETag, LastModified: m.LastModified, Size: f.written}
 			if kerr := t.keep(f, h, rec); kerr != nil {
 				return "", 0, fmt.Errorf("write: %w (and %v)", err, kerr)

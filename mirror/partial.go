@@ -129,11 +129,15 @@ func (t *FileTarget) partialPath(key string) string {
 }
 
 // keepable reports whether a failed transfer of size bytes with the
-// metadata m is kept for a retry.
-func (t *FileTarget) keepable(size int64, m Meta) bool {
+// metadata m is kept for a retry: not when it brought all the bytes the
+// job expects (or more), which no range can complete.
+func (t *FileTarget) keepable(size int64, want Expect, m Meta) bool {
 	minSize := t.opt.ResumeMin
 	if minSize == 0 {
 		minSize = DefaultResumeMin
+	}
+	if want.HasSize && size >= want.Size {
+		return false
 	}
 	return minSize > 0 && size >= minSize && ResumeValidator(m.ETag, m.LastModified) != ""
 }

@@ -59,6 +59,7 @@ func TestPutKeepsWhatAFailedBodyBrought(t *testing.T) {
 		{name: "no validator", meta: meta("", ""), cut: 80000, resumeAt: url},
 		{name: "below ResumeMin", meta: meta(`"v1"`, ""), cut: 1000, resumeAt: url},
 		{name: "another url", meta: meta(`"v1"`, ""), cut: 80000, resumeAt: "http://origin.test/other"},
+		{name: "every byte expected, then an error", meta: meta(`"v1"`, ""), cut: len(data), resumeAt: url},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/mirror"
+	"github.com/rs/zerolog"
 )
 
 // Resumer is a Target that keeps the start of a body whose transfer
@@ -33,17 +34,17 @@ const (
 	ResumeUnchanged     = "unchanged"      // 304: the stored object is current; the start is dropped
 )
 
-// keptFor is the start of j's body that an earlier attempt left in j's
-// target, taken for this attempt, or nil. A target that cannot say is
-// asked no more this attempt: the body comes whole.
-func (w *Worker) keptFor(ctx context.Context, j *heldJob) mirror.Kept {
-	r, ok := w.targetOf(j).(Resumer)
+// keptFor is the start of j's body that an earlier attempt left in t,
+// taken for this attempt, or nil. A target that cannot say is asked no
+// more this attempt: the body comes whole.
+func keptFor(ctx context.Context, t Target, j *heldJob, log zerolog.Logger) mirror.Kept {
+	r, ok := t.(Resumer)
 	if !ok {
 		return nil
 	}
 	k, err := r.Resume(ctx, j.job.Target, jobURL(j))
 	if err != nil {
-		w.log.Debug().Err(err).Str("job", j.job.ID).Msg("look for a kept start")
+		log.Debug().Err(err).Str("job", j.job.ID).Msg("look for a kept start")
 		return nil
 	}
 	if k != nil && k.Partial().IfRange() == "" {
@@ -57,11 +58,11 @@ func (w *Worker) keptFor(ctx context.Context, j *heldJob) mirror.Kept {
 // continuation of a redirect, without userinfo.
 func jobURL(j *heldJob) string { return authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)) }
 
-// resumed counts a resumed request's result, and for a 206 the bytes it
-// did not fetch again.
-func (w *Worker) resumed(result string, resp *fetch.Response) {
-	w.m.Resumes.WithLabelValues(result).Inc()
+// countResume counts a resumed request's result, and for a 206 the bytes
+// it did not fetch again.
+func countResume(m *Metrics, result string, resp *fetch.Response) {
+	m.Resumes.WithLabelValues(result).Inc()
 	if result == ResumeResumed && resp != nil {
-		w.m.ResumedBytes.Add(float64(resp.Offset))
+		m.ResumedBytes.Add(float64(resp.Offset))
 	}
 }

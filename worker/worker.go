@@ -656,7 +656,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			req.Header.Set(k, v)
 		}
 	}
-	kept := w.keptFor(ctx, j) // resume.go
+	kept := keptFor(ctx, w.targetOf(j), j, w.log) // resume.go
 	if kept != nil {
 		p := kept.Partial()
 		req.From, req.IfRange = p.Size, p.IfRange()
@@ -667,9 +667,9 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		}
 	}()
 	resp, err := w.d.Fetcher.Do(httptrace.WithClientTrace(ctx, hops.trace()), req, hops.gate)
-	if err != nil && errors.Is(err, fetch.ErrRangeMismatch) {
+	if err != nil && kept != nil && errors.Is(err, fetch.ErrRangeMismatch) {
 		// Not the rest of the body kept: dropped, the retry asks for it whole.
-		w.resumed(ResumeRangeMismatch, nil)
+		countResume(w.m, ResumeRangeMismatch, nil)
 		kept.Discard()
 		kept = nil
 	}
@@ -719,18 +719,18 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		case resp.Status == http.StatusRequestedRangeNotSatisfiable:
 			// The kept start is no start of what the origin holds now:
 			// dropped, and the retry asks for the whole body.
-			w.resumed(ResumeUnsatisfiable, resp)
+			countResume(w.m, ResumeUnsatisfiable, resp)
 			kept.Discard()
 			kept = nil
 			w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "the kept start of the body was dropped")
 			return false
 		case resp.Offset > 0:
-			w.resumed(ResumeResumed, resp)
+			countResume(w.m, ResumeResumed, resp)
 			class = fetch.ClassSuccess
 		case class == fetch.ClassSuccess:
-			w.resumed(ResumeWhole, resp)
+			countResume(w.m, ResumeWhole, resp)
 		case class == fetch.ClassNotModified:
-			w.resumed(ResumeUnchanged, resp)
+			countResume(w.m, ResumeUnchanged, resp)
 			kept.Discard()
 			kept = nil
 		}
