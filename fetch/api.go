@@ -33,6 +33,15 @@ type Request struct {
 	// fetch that handed the rest over (a continuation job): they count
 	// against MaxRedirects, and hop numbers go on from there.
 	Hops int
+	// From, when positive, asks for the body from byte From on (Range:
+	// bytes=From-), to resume a transfer of which the first From bytes
+	// are kept; IfRange is the validator they came with (a strong ETag or
+	// a Last-Modified date), sent as If-Range so that a changed object
+	// comes whole (200) rather than as the rest of another body. Without
+	// IfRange no range is asked for. Size stays the whole body's size.
+	// See Response.Offset.
+	From    int64
+	IfRange string
 }
 
 // Result is what one hop's request produced, reported to the Gate's done func.
@@ -113,6 +122,11 @@ type Response struct {
 	// CredentialVersion is the Version of the credential the final hop
 	// carried (Options.Credentials); 0: none.
 	CredentialVersion uint64
+	// Offset is where Body starts in the whole body: Request.From when the
+	// origin answered the range asked for (206 with a Content-Range from
+	// From to the end), else 0 (a whole body: the origin ignored the range
+	// or the If-Range validator no longer matches).
+	Offset int64
 }
 
 // Class is how a final status affects the job.
@@ -170,4 +184,9 @@ var (
 	// caller decides how often an origin may answer with other bytes than
 	// the job expects (docs/contract.md section 5: content_mismatch).
 	ErrSizeMismatch = errors.New("fetch: body size differs from the expected size")
+	// ErrRangeMismatch: a 206 answer to Request.From whose Content-Range is
+	// not the rest of the body from From (another start, an end short of
+	// the whole, another total than Request.Size). Transient: the caller
+	// drops what it kept and fetches the whole body.
+	ErrRangeMismatch = errors.New("fetch: partial content is not the range asked for")
 )

@@ -10,9 +10,10 @@ import (
 	"strconv"
 )
 
-// Classify says how a final status affects the job. 206 is permanent: no
-// range is ever asked for, and a partial body must never be stored as the
-// object.
+// Classify says how a final status affects the job. 206 is permanent: a
+// partial body must never be stored as the object. The one 206 that is
+// not, the rest of a body resumed (Request.From), the client checks and
+// reports as Response.Offset; its caller stores it after the bytes it kept.
 func Classify(status int) Class {
 	switch {
 	case status == http.StatusNotModified:
@@ -64,7 +65,7 @@ func IsPermanent(err error) bool {
 // ReasonCode returns a stable code for an outcome, for dead-letter records
 // and metrics: "http_<status>" when err is nil and status is set, else one
 // of "destination_refused", "too_many_redirects", "body_too_large",
-// "truncated", "size_mismatch", "too_slow", "invalid_url", "timeout",
+// "truncated", "size_mismatch", "range_mismatch", "too_slow", "invalid_url", "timeout",
 // "cancelled", "dns", "tls" or "network". It returns "" for a nil err with no status. A gate's own error
 // is the caller's to name.
 func ReasonCode(err error, status int) string {
@@ -90,6 +91,8 @@ func ReasonCode(err error, status int) string {
 		return "truncated"
 	case errors.Is(err, ErrSizeMismatch):
 		return "size_mismatch"
+	case errors.Is(err, ErrRangeMismatch):
+		return "range_mismatch"
 	case errors.Is(err, ErrTooSlow):
 		return "too_slow"
 	case errors.Is(err, ErrInvalidURL):

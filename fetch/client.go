@@ -22,6 +22,8 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
@@ -365,6 +367,12 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 	if r.LastModified != "" {
 		req.Header.Set("If-Modified-Since", r.LastModified)
 	}
+	if r.From > 0 && r.IfRange != "" {
+		// Evaluated after If-None-Match (RFC 9110 section 13.2.2): an
+		// unchanged stored object still answers 304, a changed one 200.
+		req.Header.Set("Range", "bytes="+strconv.FormatInt(r.From, 10)+"-")
+		req.Header.Set("If-Range", r.IfRange)
+	}
 	hc := c.hc
 	var cred *Credential
 	if c.opt.Credentials != nil {
@@ -434,6 +442,15 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 		b.drain()
 		return resp, nil
 	}
+	if hr.StatusCode == http.StatusPartialContent && r.From > 0 && r.IfRange != "" {
+		rest, err := checkRange(hr.Header.Get("Content-Range"), r)
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		// From here the size checks are the rest's.
+		resp.Offset, r.Size, r.HasSize = r.From, rest, true
+	}
 	// The expected size is checked before a byte of the body is read: an
 	// origin that announces other bytes than the job expects costs nothing.
 	if r.HasSize && hr.ContentLength >= 0 && hr.ContentLength != r.Size {
@@ -461,6 +478,38 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 	}
 	resp.Body = b
 	return resp, nil
+}
+
+// checkRange returns the length of the rest of the body that a 206 answer
+// to r carries, from its Content-Range: it must run from r.From to the
+// end of a body of known length, r.Size when the job gives it.
+func checkRange(cr string, r Request) (rest int64, err error) {
+	bad := func(why string) (int64, error) {
+		return 0, fmt.Errorf("content-range %q for bytes=%d-: %s: %w", cr, r.From, why, ErrRangeMismatch)
+	}
+	spec, ok := strings.CutPrefix(cr, "bytes ")
+	if !ok {
+		return bad("not a byte range")
+	}
+	rng, total, ok := strings.Cut(spec, "/")
+	first, last, ok2 := strings.Cut(rng, "-")
+	if !ok || !ok2 {
+		return bad("malformed")
+	}
+	s, err1 := strconv.ParseInt(first, 10, 64)
+	e, err2 := strconv.ParseInt(last, 10, 64)
+	n, err3 := strconv.ParseInt(total, 10, 64)
+	switch {
+	case err1 != nil || err2 != nil || err3 != nil || e < s:
+		return bad("malformed or of unknown length")
+	case s != r.From:
+		return bad("another start")
+	case e != n-1:
+		return bad("not up to the end")
+	case r.HasSize && n != r.Size:
+		return bad(fmt.Sprintf("a body of %d bytes, the job expects %d", n, r.Size))
+	}
+	return n - s, nil
 }
 
 // totalDeadline is base plus size bytes at rate bytes per second, capped so

@@ -1,12 +1,14 @@
 package mirror
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"hash/fnv"
 	"io"
 	"io/fs"
@@ -17,6 +19,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
 )
@@ -51,6 +54,7 @@ type FileTarget struct {
 	root    string
 	tmpDir  string
 	metaDir string
+	partDir string // kept starts of failed transfers (partial.go)
 	opt     Options
 
 	// xattrs: the metadata goes into an attribute of the object. Decided
@@ -94,6 +98,14 @@ type Options struct {
 	// FaultHook, if set, is called at the named steps of each Put (the
 	// Fault* constants), for crash tests that kill the process there.
 	FaultHook func(point string)
+	// ResumeMin is the fewest bytes a Put whose body fails must have
+	// received for the target to keep them, under
+	// <root>/.mirrorworker/partial/, for the next attempt to resume
+	// (Resume, PutResume). DefaultResumeMin; negative: nothing is kept.
+	ResumeMin int64
+	// PartialMaxAge: kept starts older than this are removed at Open.
+	// DefaultPartialMaxAge.
+	PartialMaxAge time.Duration
 }
 
 // The steps of a Put that Options.FaultHook is called at, in order. The
@@ -127,17 +139,21 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 		root:    root,
 		tmpDir:  filepath.Join(root, ReservedDir, "tmp"),
 		metaDir: filepath.Join(root, ReservedDir, "meta"),
+		partDir: filepath.Join(root, ReservedDir, "partial"),
 	}
 	if o != nil {
 		t.opt = *o
 	}
-	for _, d := range []string{t.tmpDir, t.metaDir} {
+	for _, d := range []string{t.tmpDir, t.metaDir, t.partDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("open target: %w", err)
 		}
 	}
 	if _, _, err := sweepTemps(t.tmpDir); err != nil {
 		return nil, fmt.Errorf("open target: remove stale temporary file: %w", err)
+	}
+	if _, err := sweepPartials(t.partDir, time.Now(), cmp.Or(t.opt.PartialMaxAge, DefaultPartialMaxAge)); err != nil {
+		return nil, fmt.Errorf("open target: remove old partial file: %w", err)
 	}
 	if t.xattrs, err = t.probeXattr(); err != nil {
 		return nil, fmt.Errorf("open target: %w", err)
@@ -319,11 +335,29 @@ func (t *FileTarget) Stat(ctx context.Context, key string) (Meta, error) {
 // before the new object is renamed into place, so a crash in between
 // leaves an object without metadata (fetched again unconditionally), never
 // metadata that vouches for other bytes.
+//
+// When the body fails (a read error, or ctx cancelled) after at least
+// Options.ResumeMin bytes of an answer with a validator to resume with
+// (ResumeValidator), the bytes are kept for the next attempt (Resume).
 func (t *FileTarget) Put(ctx context.Context, key string, body io.Reader, want Expect, m Meta) (Meta, error) {
 	if err := ValidateKey(key); err != nil {
 		return Meta{}, err
 	}
-	f, sum, size, err := t.writeTemp(ctx, body)
+	f, err := createTemp(t.tmpDir, "obj-")
+	if err != nil {
+		return Meta{}, fmt.Errorf("put %q: %w", key, err)
+	}
+	return t.put(ctx, key, f, sha256.New(), body, want, m)
+}
+
+// put is Put with the temporary file f and the hash h of what f holds
+// already (nothing, or the kept start of the body), appending body.
+func (t *FileTarget) put(ctx context.Context, key string, f *tempFile, h hash.Hash, body io.Reader, want Expect, m Meta) (Meta, error) {
+	if err := ValidateKey(key); err != nil {
+		f.abort()
+		return Meta{}, err
+	}
+	sum, size, err := t.writeTemp(ctx, f, h, body, key, want, m)
 	if err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
@@ -498,27 +532,43 @@ func (t *FileTarget) Probe(ctx context.Context) error {
 	return nil
 }
 
-// writeTemp streams r into a new temporary file and returns it still open
-// and not yet synced, with the hex sha256 and the size of the bytes. On
-// error nothing is left.
-func (t *FileTarget) writeTemp(ctx context.Context, r io.Reader) (_ *tempFile, sum string, size int64, err error) {
-	f, err := createTemp(t.tmpDir, "obj-")
-	if err != nil {
-		return nil, "", 0, err
-	}
-	defer func() {
-		if err != nil {
-			f.abort()
-		}
-	}()
-	h := sha256.New()
+// writeTemp appends r to the temporary file f, whose bytes so far hash
+// to h, and returns the hex sha256 and the size of all its bytes, f still
+// open and not yet synced. On error f is gone: removed, or, when r failed
+// after enough bytes of an answer that can be resumed (keepable), kept
+// for the next attempt at key.
+func (t *FileTarget) writeTemp(ctx context.Context, f *tempFile, h hash.Hash, r io.Reader, key string, want Expect, m Meta) (sum string, size int64, err error) {
+	src := &readErr{r: ctxReader{ctx, r}}
 	bufp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bufp)
-	size, err = io.CopyBuffer(io.MultiWriter(f, h), ctxReader{ctx, r}, *bufp)
+	_, err = io.CopyBuffer(io.MultiWriter(f, h), src, *bufp)
 	if err != nil {
-		return nil, "", 0, fmt.Errorf("write: %w", err)
+		if src.err != nil && errors.Is(err, src.err) && t.keepable(f.written, want, m) {
+			rec := partialRecord{Key: key, URL: authority.StripUserinfo(m.URL), ETag: m.ETag, LastModified: m.LastModified, Size: f.written}
+			if kerr := t.keep(f, h, rec); kerr != nil {
+				return "", 0, fmt.Errorf("write: %w (and %v)", err, kerr)
+			}
+			return "", 0, fmt.Errorf("write: %w (%d bytes kept to resume)", err, rec.Size)
+		}
+		f.abort()
+		return "", 0, fmt.Errorf("write: %w", err)
 	}
-	return f, hex.EncodeToString(h.Sum(nil)), size, nil
+	return hex.EncodeToString(h.Sum(nil)), f.written, nil
+}
+
+// readErr remembers its reader's error, to tell a failing body (whose
+// bytes so far may be kept) from a failing disk.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErr) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
 }
 
 // writeTempBytes writes data to a new temporary file, synced and still

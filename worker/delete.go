@@ -215,6 +215,13 @@ func (w *deletes) run(ctx context.Context, j *heldJob) {
 		w.failed(ctx, j, err)
 		return
 	}
+	// A start of the key's body that a failed fetch kept (resume.go) would
+	// otherwise wait out its 24 h: the key is gone, so are its bytes.
+	if r, ok := tgt.(Resumer); ok {
+		if k, err := r.Resume(ctx, key, jobURL(j)); err == nil && k != nil {
+			k.Discard()
+		}
+	}
 	w.m.Deletes.WithLabelValues(OutcomeDeleted).Inc()
 	w.log.Info().Str("job", j.job.ID).Str("key", key).Str("url", logURL(j.job.URL)).Msg("deleted")
 	w.settler.complete(j, OutcomeDeleted)

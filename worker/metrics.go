@@ -85,6 +85,11 @@ type Metrics struct {
 	// 1 while the pod's delete limit holds deletes back (delete.go).
 	Deletes            *prometheus.CounterVec // {result}
 	DeleteLimitReached prometheus.Gauge
+	// Resumes counts requests for the rest of a body kept from an earlier
+	// attempt, by result (Resume* in resume.go); ResumedBytes the bytes
+	// those kept starts spared the origin (206 answers only).
+	Resumes      *prometheus.CounterVec // {result}
+	ResumedBytes prometheus.Counter
 
 	hosts hostLimiter
 }
@@ -201,6 +206,14 @@ func NewMetrics(reg prometheus.Registerer, hostLimit int) (*Metrics, error) {
 		Namespace: ns, Name: "delete_limit_reached",
 		Help: "1 while the pod's --max-deletes-per-minute holds delete jobs back (they wait in the stream; fetches go on).",
 	})).(prometheus.Gauge)
+	m.Resumes = reg1(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Name: "resumes_total",
+		Help: "Requests for the rest of a body kept from a failed attempt (Range, If-Range), by result: resumed (206), whole (200: range ignored or object changed), unsatisfiable (416), range_mismatch, unchanged (304).",
+	}, []string{"result"})).(*prometheus.CounterVec)
+	m.ResumedBytes = reg1(prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Name: "resumed_bytes_total",
+		Help: "Body bytes not fetched again because a retry resumed after them (the kept start of each 206 answer).",
+	})).(prometheus.Counter)
 	if err != nil {
 		return nil, err
 	}

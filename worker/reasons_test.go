@@ -82,7 +82,7 @@ func TestContractListsTheDeferralReasons(t *testing.T) {
 func transportCodes() []string {
 	var codes []string
 	for _, err := range []error{
-		fetch.ErrTruncated, fetch.ErrTooSlow, fetch.ErrInvalidURL, fetch.ErrIdleTimeout, context.Canceled,
+		fetch.ErrTruncated, fetch.ErrTooSlow, fetch.ErrRangeMismatch, fetch.ErrInvalidURL, fetch.ErrIdleTimeout, context.Canceled,
 		&net.DNSError{Err: "no such host"}, &net.OpError{Op: "dial", Err: errors.New("connection refused")},
 		fmt.Errorf("handshake: %w", tls.AlertError(40)),
 	} {

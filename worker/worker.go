@@ -698,7 +698,23 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			req.Header.Set(k, v)
 		}
 	}
+	kept := keptFor(ctx, w.targetOf(j), j, w.log) // resume.go
+	if kept != nil {
+		p := kept.Partial()
+		req.From, req.IfRange = p.Size, p.IfRange()
+	}
+	defer func() {
+		if kept != nil { // this attempt got no body: the next may resume
+			kept.Release()
+		}
+	}()
 	resp, err := w.d.Fetcher.Do(httptrace.WithClientTrace(ctx, hops.trace()), req, hops.gate)
+	if err != nil && kept != nil && errors.Is(err, fetch.ErrRangeMismatch) {
+		// Not the rest of the body kept: dropped, the retry asks for it whole.
+		countResume(w.m, ResumeRangeMismatch, nil)
+		kept.Discard()
+		kept = nil
+	}
 	if err != nil {
 		var re *pacer.RefusedError
 		var ge *fetch.GateError
@@ -740,9 +756,31 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		})
 		return true
 	}
+	if kept != nil {
+		switch {
+		case resp.Status == http.StatusRequestedRangeNotSatisfiable:
+			// The kept start is no start of what the origin holds now:
+			// dropped, and the retry asks for the whole body.
+			countResume(w.m, ResumeUnsatisfiable, resp)
+			kept.Discard()
+			kept = nil
+			w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "the kept start of the body was dropped")
+			return false
+		case resp.Offset > 0:
+			countResume(w.m, ResumeResumed, resp)
+			class = fetch.ClassSuccess
+		case class == fetch.ClassSuccess:
+			countResume(w.m, ResumeWhole, resp)
+		case class == fetch.ClassNotModified:
+			countResume(w.m, ResumeUnchanged, resp)
+			kept.Discard()
+			kept = nil
+		}
+	}
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp, began, tr)
+		w.store(ctx, j, resp, began, tr, kept)
+		kept = nil // store's now
 	case fetch.ClassNotModified:
 		w.settler.complete(j, OutcomeUnchanged)
 		w.settler.stored.add(j, resp.Status, 0, began)
@@ -773,7 +811,9 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 // store writes a 2xx body to the target and acks once it is durable.
 // began is when the fetch started, for the retry delay of a slow transfer;
 // tr is its entry among the fetches in flight.
-func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, tr *transfer) {
+// kept, if not nil, is the start of the body an earlier attempt kept,
+// which resp's body goes on from (resp.Offset) or replaces.
+func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, tr *transfer, kept mirror.Kept) {
 	want := mirror.Expect{SHA256: j.job.SHA256}
 	size := int64(-1)
 	if j.job.Size != nil {
@@ -787,10 +827,16 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	case superseded:
 		discard(resp.Body)
 		resp.Body.Close()
+		if kept != nil { // the key is deleted: its start is moot
+			kept.Discard()
+		}
 		w.deletes.superseded(j, "a delete enqueued after the fetch removed the key")
 		return
 	case err != nil:
 		resp.Body.Close()
+		if kept != nil {
+			kept.Release()
+		}
 		if ctx.Err() != nil {
 			w.settler.handBack(j)
 			return
@@ -810,7 +856,11 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	}
 	body := &countingReader{r: resp.Body, tr: tr, fetched: w.m.FetchedBytes}
 	src, done := readAhead(body)
-	_, err = w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
+	if kept != nil {
+		_, err = w.targetOf(j).(Resumer).PutResume(ctx, j.job.Target, kept, resp.Offset, src, want, meta)
+	} else {
+		_, err = w.targetOf(j).Put(ctx, j.job.Target, src, want, meta)
+	}
 	guard.done(ctx, err == nil)
 	done()
 	resp.Body.Close()

@@ -83,3 +83,6 @@ func rebuildIndex(ctx context.Context, w io.Writer, t auditTarget, entries []sum
 
 // A target wrapped in its index still deletes (docs/adr/0033).
 var _ worker.Deleter = (*sumindex.Target)(nil)
+
+// A target wrapped in its index still resumes (docs/adr/0035).
+var _ worker.Resumer = (*sumindex.Target)(nil)

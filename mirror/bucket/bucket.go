@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -141,6 +142,11 @@ type Target struct {
 	log    zerolog.Logger
 	mem    *semaphore.Weighted
 	pace   *pace
+
+	// kept holds the uploads kept for retries to resume, by key
+	// (resume.go).
+	keptMu sync.Mutex
+	kept   map[string]*keptUpload
 }
 
 // ParseSpec splits "s3://BUCKET[/PREFIX]" into the bucket and the key

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"hash"
 	"io"
 	"mime"
 	"strconv"
@@ -237,7 +238,7 @@ func (t *Target) Put(ctx context.Context, key string, body io.Reader, want mirro
 		t.putPart(buf)
 		return mirror.Meta{}, fmt.Errorf("put %q: read: %w", key, err)
 	}
-	return t.putMultipart(ctx, key, buf, r, want, m)
+	return t.putMultipart(ctx, key, buf, r, want, m, nil)
 }
 
 // check compares the bytes' sha256 and size with want.
@@ -317,12 +318,20 @@ func (t *Target) putPart(b []byte) {
 }
 
 // putMultipart stores a body larger than one part: first is its first
-// part (a full buffer from getPart, which it gives back), r the rest.
-func (t *Target) putMultipart(ctx context.Context, key string, first []byte, r io.Reader, want mirror.Expect, m mirror.Meta) (_ mirror.Meta, err error) {
+// part (a full buffer from getPart, which it gives back), r the rest. With
+// res, the upload is res's, whose parts hold the body's first res.size
+// bytes; first is nil and r brings the rest. A body that fails after at
+// least one whole part keeps the upload for a retry (keepUpload).
+func (t *Target) putMultipart(ctx context.Context, key string, first []byte, r io.Reader, want mirror.Expect, m mirror.Meta, res *keptUpload) (_ mirror.Meta, err error) {
 	objKey := t.ObjectKey(key)
 	if want.HasSize && want.Size > t.opt.PartSize*maxParts {
-		t.putPart(first)
+		if first != nil {
+			t.putPart(first)
+		}
 		return mirror.Meta{}, fmt.Errorf("put %q: %d bytes is more than %d parts of %d bytes (raise --s3-part-size)", key, want.Size, maxParts, t.opt.PartSize)
+	}
+	if res != nil {
+		return t.uploadParts(ctx, key, objKey, res.uploadID, res.parts, res.h, res.size, nil, r, want, m)
 	}
 	// The metadata is fixed when the upload is created: it carries the
 	// job's sha256 and size, which the bytes must match before Complete.
@@ -349,31 +358,48 @@ func (t *Target) putMultipart(ctx context.Context, key string, first []byte, r i
 		return mirror.Meta{}, fmt.Errorf("put %q: create upload: %w", key, t.failed(err))
 	}
 	t.pace.ok()
-	uploadID := created.UploadId
+	t.fault(FaultUploadCreated)
+	return t.uploadParts(ctx, key, objKey, created.UploadId, nil, sha256.New(), 0, first, r, want, m)
+}
+
+// uploadParts goes on with the upload uploadID whose parts sent hold
+// the body's first total bytes, hashing to h; sent are those parts,: it sends first (if not nil)
+// and then r in parts, checks the whole body and completes the upload, or
+// aborts it, or keeps it for a retry when r failed (keepUpload).
+func (t *Target) uploadParts(ctx context.Context, key, objKey string, uploadID *string, sent []types.CompletedPart, h hash.Hash, total int64, first []byte, r io.Reader, want mirror.Expect, m mirror.Meta) (_ mirror.Meta, err error) {
 	completed := false
 	defer func() {
 		if !completed {
 			t.abort(ctx, objKey, uploadID)
 		}
 	}()
-	t.fault(FaultUploadCreated)
 
-	up := &uploader{t: t, objKey: objKey, uploadID: uploadID}
+	up := &uploader{t: t, objKey: objKey, uploadID: uploadID, parts: append([]types.CompletedPart(nil), sent...)}
 	up.ctx, up.cancel = context.WithCancel(ctx)
 	defer up.cancel()
 	up.inFlight = make(chan struct{}, t.opt.PartsInFlight)
 
-	h := sha256.New()
-	h.Write(first)
-	total := int64(len(first))
-	up.send(1, first, len(first))
+	num := int32(len(sent)) + 1
+	if first != nil {
+		h.Write(first)
+		total += int64(len(first))
+		up.send(num, first, len(first))
+		num++
+	}
 	var readErr error
-	for num := int32(2); up.ctx.Err() == nil; num++ {
+	for ; up.ctx.Err() == nil; num++ {
 		buf, err := t.getPart(up.ctx)
 		if err != nil {
 			break // up.ctx is done: a part failed, or ctx
 		}
 		n, err := io.ReadFull(r, buf)
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+			// The body failed: the bytes of this short part are dropped,
+			// so that the parts sent are whole ones a retry can go on from.
+			t.putPart(buf)
+			readErr = fmt.Errorf("read: %w", err)
+			break
+		}
 		if n > 0 {
 			if num > maxParts {
 				t.putPart(buf)
@@ -386,12 +412,8 @@ func (t *Target) putMultipart(ctx context.Context, key string, first []byte, r i
 		} else {
 			t.putPart(buf)
 		}
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			break
-		}
 		if err != nil {
-			readErr = fmt.Errorf("read: %w", err)
-			break
+			break // the end of the body
 		}
 	}
 	up.wg.Wait()
@@ -401,6 +423,10 @@ func (t *Target) putMultipart(ctx context.Context, key string, first []byte, r i
 	case up.err != nil:
 		return mirror.Meta{}, fmt.Errorf("put %q: upload part: %w", key, up.err)
 	case readErr != nil:
+		if t.keepUpload(key, objKey, uploadID, up.parts, h, total, want, m) {
+			completed = true // not aborted: kept
+			return mirror.Meta{}, fmt.Errorf("put %q: %w (%d bytes kept to resume)", key, readErr, total)
+		}
 		return mirror.Meta{}, fmt.Errorf("put %q: %w", key, readErr)
 	}
 	sum := hex.EncodeToString(h.Sum(nil))

@@ -3,6 +3,7 @@ package sumindex
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"github.com/mirrorworker/mirrorworker/mirror"
 )
@@ -53,4 +54,30 @@ func (t *Target) ClearTombstone(ctx context.Context, key string) error {
 		return err
 	}
 	return d.ClearTombstone(ctx, key)
+}
+
+type resumer interface {
+	Resume(ctx context.Context, key, url string) (mirror.Kept, error)
+	PutResume(ctx context.Context, key string, k mirror.Kept, from int64, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error)
+}
+
+// Resume is the Store's: the start of key's body an earlier attempt kept
+// (docs/adr/0035); nil, and no error, when the Store keeps none.
+func (t *Target) Resume(ctx context.Context, key, url string) (mirror.Kept, error) {
+	r, ok := t.Store.(resumer)
+	if !ok {
+		return nil, nil
+	}
+	return r.Resume(ctx, key, url)
+}
+
+// PutResume is the Store's, and records the stored object's digest as Put
+// does. Only a Kept that Resume returned reaches it.
+func (t *Target) PutResume(ctx context.Context, key string, k mirror.Kept, from int64, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error) {
+	r, ok := t.Store.(resumer)
+	if !ok {
+		return mirror.Meta{}, fmt.Errorf("sumindex: the target %T cannot resume", t.Store)
+	}
+	stored, err := r.PutResume(ctx, key, k, from, body, want, m)
+	return t.record(ctx, key, stored, err)
 }

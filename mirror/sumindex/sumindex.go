@@ -83,6 +83,12 @@ func (t *Target) Index() Index { return t.idx }
 // Put stores the object (Store.Put) and then records its digest.
 func (t *Target) Put(ctx context.Context, key string, body io.Reader, want mirror.Expect, m mirror.Meta) (mirror.Meta, error) {
 	stored, err := t.Store.Put(ctx, key, body, want, m)
+	return t.record(ctx, key, stored, err)
+}
+
+// record enters the digest of an object just stored under key (unless
+// err says it was not) and returns stored and err unchanged.
+func (t *Target) record(ctx context.Context, key string, stored mirror.Meta, err error) (mirror.Meta, error) {
 	if err != nil || stored.SHA256 == "" {
 		return stored, err
 	}
