@@ -54,6 +54,15 @@ func keptFor(ctx context.Context, t Target, j *heldJob, log zerolog.Logger) mirr
 	return k
 }
 
+// dropKept discards *k, if any: the start of a body no attempt will
+// resume (its job is dead-lettered), rather than keep it for the sweep.
+func dropKept(k *mirror.Kept) {
+	if *k != nil {
+		(*k).Discard()
+		*k = nil
+	}
+}
+
 // jobURL is the URL a job's object is recorded under: its origin's, for a
 // continuation of a redirect, without userinfo.
 func jobURL(j *heldJob) string { return authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)) }

@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -138,4 +142,62 @@ func (c *countingWriter) Flush() { c.ResponseWriter.(http.Flusher).Flush() }
 func hexSum(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
+}
+
+// TestKeptStartIsDroppedWithItsJob: the start of a cut body is kept for a
+// retry, and dropped when no retry will use it: when the retry is answered
+// 404 (the job is dead-lettered), and when a delete job removes the key.
+func TestKeptStartIsDroppedWithItsJob(t *testing.T) {
+	const size, cut = 2 << 20, 3 << 19
+	body := bytes.Repeat([]byte("version one\n"), size/12+1)[:size]
+	t.Run("dead-lettered", func(t *testing.T) {
+		e := newEnv(t, 30*time.Second)
+		o := newOrigin(t)
+		o.setBehave(func(w http.ResponseWriter, r *http.Request, n int) bool {
+			if n == 1 {
+				w.Header().Set("ETag", `"v1"`)
+				w.Header().Set("Content-Length", fmt.Sprint(size))
+				w.Write(body[:cut])
+				w.(http.Flusher).Flush()
+				panic(http.ErrAbortHandler)
+			}
+			if r.Header.Get("Range") == "" {
+				t.Errorf("request %d asked for no range: the start was not kept", n)
+			}
+			w.WriteHeader(http.StatusNotFound)
+			return true
+		})
+		r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{BackoffInitial: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
+		defer r.stop(t)
+		e.publish(jobs.Job{ID: "gone", URL: o.url("/gone.iso"), Target: "gone.iso"})
+		r.f.waitFor(t, 1, isOutcome(worker.OutcomeDeadLettered), 30*time.Second)
+		if k, err := e.target.Resume(t.Context(), "gone.iso", o.url("/gone.iso")); err != nil || k != nil {
+			t.Errorf("a start is still kept for a dead-lettered job (%v)", err)
+		}
+	})
+	t.Run("deleted", func(t *testing.T) {
+		e := newEnv(t, 30*time.Second)
+		o := newOrigin(t)
+		url := o.url("/old.iso")
+		// What a cut transfer leaves: the target keeps the start.
+		cutBody := io.MultiReader(bytes.NewReader(body[:cut]), iotest.ErrReader(errors.New("connection reset")))
+		if _, err := e.target.Put(t.Context(), "old.iso", cutBody, mirror.Expect{}, mirror.Meta{URL: url, ETag: `"v1"`}); err == nil {
+			t.Fatal("a cut body was stored")
+		}
+		k, err := e.target.Resume(t.Context(), "old.iso", url)
+		if err != nil || k == nil {
+			t.Fatalf("the cut body's start was not kept (%v)", err)
+		}
+		k.Release()
+		r := e.start(testPacer(0, 2, nil, 0, nil), worker.Options{})
+		defer r.stop(t)
+		e.publish(jobs.Job{Op: jobs.OpDelete, URL: url, Target: "old.iso"})
+		r.f.waitFor(t, 1, isOutcome(worker.OutcomeDeleted), 30*time.Second)
+		if k, err := e.target.Resume(t.Context(), "old.iso", url); err != nil || k != nil {
+			t.Errorf("a start is still kept for a deleted key (%v)", err)
+		}
+		if len(o.log()) != 0 {
+			t.Errorf("%d requests to the origin, want none", len(o.log()))
+		}
+	})
 }

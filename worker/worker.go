@@ -738,6 +738,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 			// was read.
 			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
 		case fetch.IsPermanent(err):
+			dropKept(&kept) // no attempt follows a dead letter
 			w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
 		default:
 			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
@@ -789,6 +790,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	case fetch.ClassAuthFailed:
 		w.auth.refused(ctx, j, resp) // authfail.go
 	default:
+		dropKept(&kept) // no attempt follows a dead letter
 		w.settler.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
 	}
 	return false
