@@ -306,13 +306,31 @@ func (w *Watcher) replace(vals map[string]Value, revs map[string]uint64, how str
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	changed := len(vals) != len(w.vals)
+	var moved []string // keys whose value is not the one applied so far
 	for a, r := range revs {
 		if w.revs[a] != r {
 			changed = true
+			moved = append(moved, a)
 		}
 	}
+	prev := w.revs
 	w.vals, w.revs = vals, revs
 	w.applyLocked()
+	if how != "loaded" {
+		// A change made while no watch ran (between Open's load and Run's
+		// watch, or while a lost watch was started again) arrives among
+		// the initial values: it is said as one that arrived alone.
+		sort.Strings(moved)
+		for _, a := range moved {
+			w.logChange(a, revs[a], vals[a])
+		}
+		for a, r := range prev {
+			if _, ok := revs[a]; !ok {
+				w.o.Logger.Info().Str("authority", a).Uint64("revision", r).
+					Msg("policy key deleted: the authority has the policy below it again")
+			}
+		}
+	}
 	if changed || how == "loaded" {
 		keys := make([]string, 0, len(vals))
 		for a := range vals {
@@ -349,11 +367,17 @@ func (w *Watcher) update(e jetstream.KeyValueEntry) {
 	}
 	w.m.changes.Inc()
 	w.applyLocked()
-	ev := w.o.Logger.Info().Str("authority", auth).Uint64("revision", e.Revision())
 	if !put {
-		ev.Msg("policy key deleted: the authority has the policy below it again")
+		w.o.Logger.Info().Str("authority", auth).Uint64("revision", e.Revision()).
+			Msg("policy key deleted: the authority has the policy below it again")
 		return
 	}
+	w.logChange(auth, e.Revision(), v)
+}
+
+// logChange says that auth's value v, at revision rev, is applied.
+func (w *Watcher) logChange(auth string, rev uint64, v Value) {
+	ev := w.o.Logger.Info().Str("authority", auth).Uint64("revision", rev)
 	if v.Floor != nil {
 		ev = ev.Str("floor", v.Floor.String())
 	}

@@ -1,8 +1,11 @@
 package policy_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,4 +163,53 @@ func TestWatcherLoadsFollowsEndsAndRewatches(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Run did not return")
 	}
+}
+
+// lockedBuffer is a log sink safe for the watcher's goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAChangeBeforeTheWatchIsSaid: a value changed after Open loaded the
+// bucket and before Run's watch started arrives among the watch's initial
+// values; it is applied and logged "policy changed" with its revision,
+// as a change that arrives alone is, so that an operator (and a test
+// waiting for every pod to apply a change) sees every pod take it.
+func TestAChangeBeforeTheWatchIsSaid(t *testing.T) {
+	js, _ := brokertest.JetStream(t, brokertest.Start(t, broker.EmbeddedOptions{}))
+	ctx := testContext(t)
+	kv, err := policy.EnsureBucket(ctx, js, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const a = "files.example.org:443"
+	put(t, kv, a, policy.Value{Floor: dur(time.Second), Reason: "first"})
+	base := &pacer.Policy{Default: pacer.Limits{Floor: time.Second, MaxInFlight: 2}}
+	pc := pacer.New(&pacer.Options{Policy: base})
+	var logs lockedBuffer
+	w, err := policy.Open(ctx, js, policy.Options{Base: base, Apply: pc.SetPolicy, Logger: zerolog.New(&logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, kv, a, policy.Value{Floor: dur(400 * time.Millisecond), Reason: "while no watch ran"})
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go w.Run(rctx)
+	eventually(t, nil, "the change applied", func() bool { return pc.Policy().Limits(a).Floor == 400*time.Millisecond })
+	eventually(t, nil, "the change logged", func() bool {
+		return strings.Contains(logs.String(), `"authority":"`+a+`","revision":2,"floor":"400ms","reason":"while no watch ran","message":"policy changed"`)
+	})
 }
