@@ -839,11 +839,17 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		if kept != nil {
 			kept.Release()
 		}
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			w.settler.handBack(j)
-			return
+		case mirror.FailureCode(err) != "":
+			// The tombstone could not be read because the target failed
+			// (down, full, read-only): as for a failed write, the worker's
+			// problem, not the job's (targethealth.go).
+			w.health.writeFailed(j, mirror.FailureCode(err), err)
+		default:
+			w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
 		}
-		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
 		return
 	}
 	meta := mirror.Meta{
