@@ -84,9 +84,10 @@ type Paced struct {
 	c   *Client
 	o   PacedOptions
 
-	mu     sync.Mutex
-	grants map[pacer.Permit]Answer // by the permit Confirm returned with the grant
-	waits  map[string]pacer.RefusedError
+	mu       sync.Mutex
+	grants   map[pacer.Permit]Answer // by the permit Confirm returned with the grant
+	waits    map[string]pacer.RefusedError
+	answered time.Time // the last answer an owner gave (to an ask or a report)
 }
 
 // NewPaced returns local paced by the owners, asking them through c until
@@ -163,6 +164,9 @@ func (p *Paced) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
 		return cpm, err
 	}
 	a, err := p.c.Ask(p.ctx, pm.Authority)
+	if err == nil {
+		p.heard()
+	}
 	switch {
 	case err == nil && a.Granted():
 		// The request starts when the grant arrives, not when the local
@@ -225,6 +229,9 @@ func (p *Paced) Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Ver
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.c.timeout)
 	defer cancel()
 	v, err := p.c.Report(rctx, pm.Authority, g, r)
+	if err == nil {
+		p.heard()
+	}
 	if err == nil && v.Unknown {
 		err = errUnknown
 	}
@@ -248,6 +255,27 @@ func (p *Paced) Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Ver
 // errUnknown is a report the owner answered Unknown: the grant lapsed or
 // was revoked (its partition moved).
 var errUnknown = errors.New("grant: the owner no longer held the grant (lapsed, or its partition moved)")
+
+// heard notes that an owner answered.
+func (p *Paced) heard() {
+	now := p.o.Clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.After(p.answered) {
+		p.answered = now
+	}
+}
+
+// LastAnswer returns when an owner last answered an ask or a report (a
+// grant, a wait or a verdict; zero if none ever did). An ask that no
+// server answered (ErrNoOwner) does not count: a replay whose owners have
+// all gone, and whose asks have gone unanswered since, paces alone again
+// (docs/adr/0031).
+func (p *Paced) LastAnswer() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.answered
+}
 
 // Outstanding returns the grants out, not yet reported.
 func (p *Paced) Outstanding() int {

@@ -182,3 +182,34 @@ func TestASentSpacesTheOwnersNextStart(t *testing.T) {
 		runtime.Gosched()
 	}
 }
+
+// TestPacedLastAnswerIsAnOwnersAnswer: an ask no server answers leaves
+// LastAnswer where it was (a replay beside pods that have all gone paces
+// alone again once its asks go unanswered, docs/adr/0031); a grant and a
+// report's verdict move it.
+func TestPacedLastAnswerIsAnOwnersAnswer(t *testing.T) {
+	var owns atomic.Bool
+	_, nc := serve(t, testPacer(0, 4), &grant.Options{Owns: func(a string) bool { return a != auth || owns.Load() }})
+	p := grant.NewPaced(brokertest.Context(t), grant.PacedLocal(4), grant.NewClient(nc, "test", 100*time.Millisecond, nil), nil)
+	pm, err := p.Acquire(time.Now(), auth, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpm, err := p.Confirm(time.Now(), pm); err != nil || !cpm.Start.After(time.Now()) {
+		t.Fatalf("confirm with no owner: %+v, %v; want a later start", cpm, err)
+	}
+	if at := p.LastAnswer(); !at.IsZero() {
+		t.Fatalf("LastAnswer %v after an ask nobody answered, want zero", at)
+	}
+	owns.Store(true)
+	before := time.Now()
+	pm = confirmed(t, p)
+	granted := p.LastAnswer()
+	if granted.Before(before) {
+		t.Fatalf("LastAnswer %v after a grant asked from %v", granted, before)
+	}
+	p.Done(time.Now(), pm, pacer.Response{Status: 304})
+	if at := p.LastAnswer(); at.Before(granted) {
+		t.Fatalf("LastAnswer %v after the report, before the grant's %v", at, granted)
+	}
+}
