@@ -60,7 +60,13 @@ type PacedOptions struct {
 	// report lost, or a grant revoked by a partition move): the local
 	// pacer learned it instead.
 	OnUnreported func(auth string, err error)
-	Clock        clock.Clock
+	// OnLearned, if set, is told the verdict the local pacer reached on
+	// each such answer, so that a caller that keeps a pacer of its own
+	// besides (a replay that paces alone again when its pods all go,
+	// docs/adr/0031) learns a cooldown the owner never heard of. It must be
+	// quick and safe for concurrent use.
+	OnLearned func(now time.Time, auth string, v pacer.Verdict)
+	Clock     clock.Clock
 }
 
 // Paced is a worker's pacer whose every start is granted by the pod that
@@ -239,7 +245,12 @@ func (p *Paced) Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Ver
 		if p.o.OnUnreported != nil {
 			p.o.OnUnreported(pm.Authority, err)
 		}
-		return p.Local.Done(p.o.Clock.Now(), pm, r)
+		at := p.o.Clock.Now()
+		v := p.Local.Done(at, pm, r)
+		if p.o.OnLearned != nil {
+			p.o.OnLearned(at, pm.Authority, v)
+		}
+		return v
 	}
 	p.Local.Done(p.o.Clock.Now(), pm, pacer.Response{Cancelled: true})
 	if v.Throttled && v.Until.After(now) {

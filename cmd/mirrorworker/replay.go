@@ -496,6 +496,13 @@ func (l *loneReplay) granted(ctx context.Context, cons jetstream.Consumer) error
 		OnUnreported: func(auth string, err error) {
 			l.log.Warn().Err(err).Str("authority", auth).Msg("replay: an answer was not reported to the pod that granted it; the replay learned it itself")
 		},
+		OnLearned: func(now time.Time, auth string, v pacer.Verdict) {
+			if v.Throttled && v.Until.After(now) {
+				// The replay's own pacer too: if the owner is gone for good,
+				// the replay paces alone with it, and must wait this out.
+				l.parts.Pacer.Apply(now, pacer.Event{Type: pacer.EventCooldown, Authority: auth, At: now, Reason: v.Reason, Until: v.Until})
+			}
+		},
 	})
 	l.paced.Store(paced)
 	depLog, err := departures.Open(readTestHooks(os.Getenv).departures)
