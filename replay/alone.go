@@ -360,6 +360,14 @@ func (a *alone) orphaned(ctx context.Context, gone time.Time) (map[string][]stri
 	if a.o.Orphaned != nil {
 		a.o.Orphaned(gone)
 	}
+	// The entry first, then the pods (see announce): a pod that started
+	// since the last poll and did not see the entry Alone is seen here,
+	// before the replay starts a request of its own.
+	if pods, err := a.o.Pods(ctx); err == nil && len(pods) > 0 {
+		return pods, nil
+	} else if err != nil && ctx.Err() == nil {
+		a.o.Logger.Warn().Err(err).Msg("replay: list the live pods")
+	}
 	return a.awaitEarlier(ctx)
 }
 

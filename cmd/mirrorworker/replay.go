@@ -436,6 +436,11 @@ func (l *loneReplay) alone() *replay.Lone {
 	starts := &replay.Starts{}
 	l.starts = starts
 	local := func(ctx context.Context, cons jetstream.Consumer) error {
+		depLog, err := departures.Open(readTestHooks(os.Getenv).departures)
+		if err != nil {
+			return err
+		}
+		defer depLog.Close()
 		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
 		// parking, or moved into a partition) are not submitted jobs.
 		w, err := l.parts.NewWorker(cons, l.target, replay.LoneGrace, func(o *worker.Options, d *worker.Deps) {
@@ -445,6 +450,7 @@ func (l *loneReplay) alone() *replay.Lone {
 			o.Replay = l.run
 			d.JS = replay.SeparateDeadLetters(d.JS)
 			starts.Wrap(d)
+			depLog.Wrap(d) // as pods and the granted worker log theirs
 		})
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/replay"
 )
 
@@ -18,8 +20,9 @@ import (
 // SIGKILLed mid-run. Once no pod runs and none answers its asks, the
 // replay paces alone with the cluster's last facts, its first requests
 // spaced from the pod's last grants, says so on stderr and in status, and
-// finishes: as the origin timed the arrivals (the pod's and the replay's),
-// no gap below the floor, across the switch too; every job requested once
+// finishes: as the pod's and the replay's pacers started their requests
+// (departure logs) and as the origin timed them, no gap below the floor,
+// across the switch too; every job requested once
 // after the replay began and stored byte-exact. Before the switch existed
 // the replay asked the dead pod once a second until killed: the test timed
 // out waiting for it.
@@ -42,7 +45,8 @@ func TestProcessReplayCarriesOnWhenThePodsGo(t *testing.T) {
 	newRoot := t.TempDir()
 	js, closeConn := connectJS(t, natsURL)
 	defer closeConn()
-	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root,
+	deps := &departureLogs{dir: t.TempDir()}
+	pod := deps.start(t, workerArgs(natsURL, t.TempDir(), "--target", root,
 		"--floor", floor.String(), "--max-in-flight", "2", "--log-level", "info")...)
 	waitFor(t, 30*time.Second, "the pod announced", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -52,7 +56,8 @@ func TestProcessReplayCarriesOnWhenThePodsGo(t *testing.T) {
 	})
 	// The replay's own pace, once alone, is its flags' (and the live
 	// policy's), as for a replay that started alone.
-	rp, rout := startReplayProcess(t, "--nats-url", natsURL, "--target", newRoot, "--floor", floor.String(), "--max-in-flight", "2",
+	replayDeps := filepath.Join(deps.dir, "departures-replay")
+	rp, rout := startReplayProcessEnv(t, []string{departures.Env + "=" + replayDeps}, "--nats-url", natsURL, "--target", newRoot, "--floor", floor.String(), "--max-in-flight", "2",
 		"--allow-private-networks", "--progress", "lines", "--log-level", "info")
 	waitFor(t, 30*time.Second, "the replay's granted requests", func() bool {
 		return strings.Contains(rout.String(), "beside 1 live pod") && origin.arrivalsSoFar() >= 4
@@ -125,5 +130,7 @@ func TestProcessReplayCarriesOnWhenThePodsGo(t *testing.T) {
 		}
 	}
 	origin.mu.Unlock()
-	origin.check(t, floor, 2, nil)
+	// As the pod's and the replay's pacers started them (granted, then
+	// alone) and as the origin timed them.
+	origin.check(t, floor, 2, readDepartures(t, append(append([]string(nil), deps.files...), replayDeps)))
 }
