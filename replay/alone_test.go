@@ -512,3 +512,68 @@ func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
 		t.Errorf("entry after the end: %+v (found %v); want it Ended, left to expire, as a lone replay's", r, ok)
 	}
 }
+
+// TestAloneGoesBackToThePodsWhenOneReturns: a replay that paces alone
+// again because its pods went hands the rest over once a pod returns, as
+// one that began alone: its own request stopped first, the entry handed
+// over with its last start and no PodsGone.
+func TestAloneGoesBackToThePodsWhenOneReturns(t *testing.T) {
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
+	const n = 3
+	for i := range n {
+		publishJobs(t, js, jobs.Job{URL: fmt.Sprintf("https://a.example/%d", i)})
+	}
+	kv, err := replay.EnsureReplaysBucket(ctx, js, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		running   atomic.Bool
+		handovers atomic.Int32
+		second    atomic.Pointer[jobs.ReplayRun]
+		acked     atomic.Int64
+	)
+	running.Store(true)
+	l := newLone("r4") // its local work holds its job until stopped
+	o := l.options(t, func() map[string][]string {
+		if running.Load() {
+			return map[string][]string{"pod-1": nil}
+		}
+		return nil
+	}, func(jobs.ReplayRun) {})
+	o.Handover = func(_ map[string][]string, base jobs.ReplayRun) (replay.Work, error) {
+		if handovers.Add(1) == 2 {
+			second.Store(&base)
+			return ackAll(&acked), nil
+		}
+		return func(ctx context.Context, c jetstream.Consumer) error {
+			running.Store(false) // the pods go before granting anything
+			<-ctx.Done()
+			return ctx.Err()
+		}, nil
+	}
+	o.Running = func(context.Context) (bool, error) { return running.Load(), nil }
+	o.Unanswered = func(time.Time) bool { return true }
+	w := replay.Alone(kv, o)
+	done := make(chan error, 1)
+	go func() {
+		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})
+		done <- err
+	}()
+	waitUntil(t, "the replay's own request after the pods went", func() bool { return l.ran.Load() != 0 })
+	running.Store(true) // a pod returns
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b := second.Load()
+	if handovers.Load() != 2 || b == nil || acked.Load() != n {
+		t.Fatalf("%d hand-overs, the second's entry %+v, %d acked after it: want 2, and all %d jobs done in the pods' pace", handovers.Load(), b, acked.Load(), n)
+	}
+	if b.Alone || !b.PodsGone.IsZero() || b.AloneUntil.Before(time.Unix(0, l.ran.Load())) || b.LastStarts["a.example:443"].IsZero() {
+		t.Errorf("the second hand-over's entry %+v: want not Alone, no PodsGone, AloneUntil after its own request, that request's start", b)
+	}
+	if _, ok := readRun(t, kv, "r4"); ok {
+		t.Error("the entry outlived a replay that ended in the pods' pace")
+	}
+}
