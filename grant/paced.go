@@ -60,7 +60,13 @@ type PacedOptions struct {
 	// report lost, or a grant revoked by a partition move): the local
 	// pacer learned it instead.
 	OnUnreported func(auth string, err error)
-	Clock        clock.Clock
+	// OnLearned, if set, is told the verdict the local pacer reached on
+	// each such answer, so that a caller that keeps a pacer of its own
+	// besides (a replay that paces alone again when its pods all go,
+	// docs/adr/0031) learns a cooldown the owner never heard of. It must be
+	// quick and safe for concurrent use.
+	OnLearned func(now time.Time, auth string, v pacer.Verdict)
+	Clock     clock.Clock
 }
 
 // Paced is a worker's pacer whose every start is granted by the pod that
@@ -84,9 +90,10 @@ type Paced struct {
 	c   *Client
 	o   PacedOptions
 
-	mu     sync.Mutex
-	grants map[pacer.Permit]Answer // by the permit Confirm returned with the grant
-	waits  map[string]pacer.RefusedError
+	mu       sync.Mutex
+	grants   map[pacer.Permit]Answer // by the permit Confirm returned with the grant
+	waits    map[string]pacer.RefusedError
+	answered time.Time // the last answer an owner gave (to an ask or a report)
 }
 
 // NewPaced returns local paced by the owners, asking them through c until
@@ -163,6 +170,9 @@ func (p *Paced) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
 		return cpm, err
 	}
 	a, err := p.c.Ask(p.ctx, pm.Authority)
+	if err == nil {
+		p.heard()
+	}
 	switch {
 	case err == nil && a.Granted():
 		// The request starts when the grant arrives, not when the local
@@ -225,6 +235,9 @@ func (p *Paced) Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Ver
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), p.c.timeout)
 	defer cancel()
 	v, err := p.c.Report(rctx, pm.Authority, g, r)
+	if err == nil {
+		p.heard()
+	}
 	if err == nil && v.Unknown {
 		err = errUnknown
 	}
@@ -232,7 +245,12 @@ func (p *Paced) Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Ver
 		if p.o.OnUnreported != nil {
 			p.o.OnUnreported(pm.Authority, err)
 		}
-		return p.Local.Done(p.o.Clock.Now(), pm, r)
+		at := p.o.Clock.Now()
+		v := p.Local.Done(at, pm, r)
+		if p.o.OnLearned != nil {
+			p.o.OnLearned(at, pm.Authority, v)
+		}
+		return v
 	}
 	p.Local.Done(p.o.Clock.Now(), pm, pacer.Response{Cancelled: true})
 	if v.Throttled && v.Until.After(now) {
@@ -248,6 +266,27 @@ func (p *Paced) Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Ver
 // errUnknown is a report the owner answered Unknown: the grant lapsed or
 // was revoked (its partition moved).
 var errUnknown = errors.New("grant: the owner no longer held the grant (lapsed, or its partition moved)")
+
+// heard notes that an owner answered.
+func (p *Paced) heard() {
+	now := p.o.Clock.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.After(p.answered) {
+		p.answered = now
+	}
+}
+
+// LastAnswer returns when an owner last answered an ask or a report (a
+// grant, a wait or a verdict; zero if none ever did). An ask that no
+// server answered (ErrNoOwner) does not count: a replay whose owners have
+// all gone, and whose asks have gone unanswered since, paces alone again
+// (docs/adr/0031).
+func (p *Paced) LastAnswer() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.answered
+}
 
 // Outstanding returns the grants out, not yet reported.
 func (p *Paced) Outstanding() int {

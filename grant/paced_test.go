@@ -1,6 +1,7 @@
 package grant_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"runtime"
@@ -180,5 +181,77 @@ func TestASentSpacesTheOwnersNextStart(t *testing.T) {
 			t.Fatalf("next slot %v after the Sent 50 ms after the answer, want at least %v", next().Sub(t0), 50*time.Millisecond+floor)
 		}
 		runtime.Gosched()
+	}
+}
+
+// TestPacedLastAnswerIsAnOwnersAnswer: an ask no server answers leaves
+// LastAnswer where it was (a replay beside pods that have all gone paces
+// alone again once its asks go unanswered, docs/adr/0031); a grant and a
+// report's verdict move it.
+func TestPacedLastAnswerIsAnOwnersAnswer(t *testing.T) {
+	var owns atomic.Bool
+	_, nc := serve(t, testPacer(0, 4), &grant.Options{Owns: func(a string) bool { return a != auth || owns.Load() }})
+	p := grant.NewPaced(brokertest.Context(t), grant.PacedLocal(4), grant.NewClient(nc, "test", 100*time.Millisecond, nil), nil)
+	pm, err := p.Acquire(time.Now(), auth, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cpm, err := p.Confirm(time.Now(), pm); err != nil || !cpm.Start.After(time.Now()) {
+		t.Fatalf("confirm with no owner: %+v, %v; want a later start", cpm, err)
+	}
+	if at := p.LastAnswer(); !at.IsZero() {
+		t.Fatalf("LastAnswer %v after an ask nobody answered, want zero", at)
+	}
+	owns.Store(true)
+	before := time.Now()
+	pm = confirmed(t, p)
+	granted := p.LastAnswer()
+	if granted.Before(before) {
+		t.Fatalf("LastAnswer %v after a grant asked from %v", granted, before)
+	}
+	p.Done(time.Now(), pm, pacer.Response{Status: 304})
+	if at := p.LastAnswer(); at.Before(granted) {
+		t.Fatalf("LastAnswer %v after the report, before the grant's %v", at, granted)
+	}
+}
+
+// TestPacedTellsWhatItLearnedAlone: an answer whose owner has gone before
+// its report (a pod killed mid-request) is learned by the local pacer, and
+// its verdict told to OnLearned, so that a replay that paces alone next
+// waits out a cooldown no owner heard of.
+func TestPacedTellsWhatItLearnedAlone(t *testing.T) {
+	_, nc := brokertest.Streams(t)
+	s := grant.NewServer(nc, testPacer(0, 4), nil)
+	sctx, stop := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Run(sctx) }()
+	t.Cleanup(stop)
+	var learned []pacer.Verdict
+	var unreported int
+	p := grant.NewPaced(brokertest.Context(t), grant.PacedLocal(4), grant.NewClient(nc, "test", 200*time.Millisecond, nil), &grant.PacedOptions{
+		OnUnreported: func(string, error) { unreported++ },
+		OnLearned:    func(_ time.Time, a string, v pacer.Verdict) { learned = append(learned, v) },
+	})
+	var pm pacer.Permit
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// The server has subscribed once an ask is granted.
+		var err error
+		if pm, err = p.Acquire(time.Now(), auth, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if pm, err = p.Confirm(time.Now(), pm); err == nil && !pm.Start.After(time.Now()) {
+			break
+		}
+		p.Done(time.Now(), pm, pacer.Response{Cancelled: true})
+		if time.Now().After(deadline) {
+			t.Fatal("no grant from the server")
+		}
+	}
+	stop() // the owner goes before the report
+	<-stopped
+	v := p.Done(time.Now(), pm, pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"30"}}})
+	if !v.Throttled || unreported != 1 || len(learned) != 1 || !learned[0].Throttled || learned[0].Until.Before(time.Now().Add(20*time.Second)) {
+		t.Fatalf("verdict %+v, %d unreported, learned %+v: want one throttled verdict of about 30 s told", v, unreported, learned)
 	}
 }

@@ -121,6 +121,11 @@ type ReplayRun struct {
 	// the one it waits for, empty once it paces.
 	Order      uint64 `json:"order,omitempty"`
 	WaitingFor string `json:"waiting_for,omitempty"`
+	// PodsGone is set on a replay that ran beside pods and paces alone
+	// again because they have all gone: since when no pod ran (none
+	// announced, no partition leased) and none answered its asks
+	// (docs/adr/0031). Cleared when it goes back to the pods' pace.
+	PodsGone time.Time `json:"pods_gone,omitzero"`
 }
 
 // ReplayAuthority is one authority of a ReplayRun.

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -82,8 +83,30 @@ type AloneOptions struct {
 	Sync  func(ctx context.Context) error
 	// Waiting, if set, is told once of each replay this one waits for.
 	Waiting func(earlier jobs.ReplayRun)
-	Logger  zerolog.Logger
+
+	// Beside pods, a replay whose pods have all gone paces alone again
+	// (docs/adr/0031): once none has run for GoneAfter (Running false on
+	// every poll) and no owner has answered its asks since none ran
+	// (Unanswered), it stops the hand-over's work, fences its own pacer
+	// from its last granted starts (Fence, from Starts), applies the
+	// facts (Sync), says so (Orphaned, with since when no pod ran) and
+	// goes on as it began, alone, until a pod appears. Without
+	// Unanswered it waits for the pods, however long.
+	//
+	// Running reports whether a pod runs; nil means Pods returns one.
+	// Unanswered reports whether no owner has answered an ask or a report
+	// since the instant given (grant.Paced.LastAnswer).
+	Running    func(ctx context.Context) (bool, error)
+	Unanswered func(since time.Time) bool
+	Orphaned   func(since time.Time)
+	Logger     zerolog.Logger
 }
+
+// GoneAfter is how long no pod must run, and no owner answer, before a
+// replay beside pods paces alone again: longer than a poll (a pod between
+// lease rounds is still seen by its leases), short beside the entry's TTL
+// a killed pod takes to disappear (jobs.DefaultLeaseTTL).
+const GoneAfter = time.Second
 
 // Lone is a replay that paces its own requests until a pod appears (see
 // above): Await, then Work.
@@ -165,14 +188,32 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 			return err
 		}
 	}
+	for {
+		gone, err := a.handOver(ctx, c, pods)
+		if gone.IsZero() {
+			return err
+		}
+		if pods, err = a.orphaned(ctx, gone); err != nil {
+			a.end(ctx)
+			return err
+		}
+	}
+}
+
+// handOver paces alone while pods is empty, until a pod appears, then
+// hands the rest to the pods' pace (granted). It returns since when no pod
+// ran if they have all gone meanwhile (the replay paces alone again), else
+// zero and the end of the replay.
+func (a *alone) handOver(ctx context.Context, c jetstream.Consumer, pods map[string][]string) (time.Time, error) {
 	lctx, stopLocal := context.WithCancel(ctx)
 	defer stopLocal()
 	local := make(chan error, 1)
+	var err error
 	if len(pods) == 0 {
 		go func() { local <- a.o.Local(lctx, c) }()
 		if pods, err = a.watch(ctx, local); pods == nil {
 			a.end(ctx)
-			return err
+			return time.Time{}, err
 		}
 	} else {
 		local <- nil
@@ -183,11 +224,11 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 	err = a.wait(ctx, local)
 	if ctx.Err() != nil {
 		a.end(ctx)
-		return ctx.Err()
+		return time.Time{}, ctx.Err()
 	}
 	if err != nil {
 		a.end(ctx)
-		return err
+		return time.Time{}, err
 	}
 	if a.o.Flush != nil {
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -200,7 +241,7 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 	work, err := a.o.Handover(pods, base)
 	if err != nil {
 		a.end(ctx)
-		return err
+		return time.Time{}, err
 	}
 	a.entry = base
 	return a.granted(ctx, c, work)
@@ -209,38 +250,125 @@ func (a *alone) run(ctx context.Context, c jetstream.Consumer) error {
 // granted runs work, the replay's requests granted by the pods
 // (AloneOptions.Handover), keeping the run's entry fresh meanwhile (no
 // longer Alone: the pods take work beside it), and deletes the entry when
-// it ends.
-func (a *alone) granted(ctx context.Context, c jetstream.Consumer, work Work) error {
+// it ends. If the pods all go (see AloneOptions.Unanswered) it stops work,
+// lets it end, keeps the entry and returns since when no pod ran.
+func (a *alone) granted(ctx context.Context, c jetstream.Consumer, work Work) (time.Time, error) {
 	if err := a.put(ctx); err != nil && ctx.Err() == nil {
 		a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
 	}
-	stop := make(chan struct{})
-	refreshed := make(chan struct{})
-	go func() {
-		defer close(refreshed)
-		t := time.NewTicker(2 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				a.entry.Done = a.done()
-				if err := a.put(ctx); err != nil && ctx.Err() == nil {
-					a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
-				}
-			}
+	wctx, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	done := make(chan error, 1)
+	go func() { done <- work(wctx, c) }()
+	gone, err := a.watchPods(ctx, done)
+	if !gone.IsZero() {
+		a.o.Logger.Info().Time("since", gone).Msg("replay: no pod runs and none answers its asks; stopping the granted requests to pace alone")
+		stopWork()
+		err = a.wait(ctx, done)
+		if ctx.Err() == nil && (err == nil || errors.Is(err, context.Canceled)) {
+			return gone, nil
 		}
-	}()
-	err := work(ctx, c)
-	close(stop)
-	<-refreshed
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if derr := a.kv.Delete(dctx, a.o.Run); derr != nil {
 		a.o.Logger.Warn().Err(derr).Msg("replay: delete the run's entry (it expires by itself)")
 	}
-	return err
+	return time.Time{}, err
+}
+
+// watchPods refreshes the entry until the granted work ends (zero, and its
+// error) or the pods have all gone and none answers (since when no pod
+// ran).
+func (a *alone) watchPods(ctx context.Context, done <-chan error) (time.Time, error) {
+	refresh := time.NewTicker(2 * time.Second)
+	defer refresh.Stop()
+	var poll <-chan time.Time
+	if a.o.Unanswered != nil {
+		t := time.NewTicker(a.o.Poll)
+		defer t.Stop()
+		poll = t.C
+	}
+	var none time.Time // since when no pod ran, as polled
+	for {
+		select {
+		case err := <-done:
+			return time.Time{}, err
+		case <-refresh.C:
+			a.entry.Done = a.done()
+			if err := a.put(ctx); err != nil && ctx.Err() == nil {
+				a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
+			}
+		case <-poll:
+			running, err := a.running(ctx)
+			switch {
+			case err != nil:
+				if ctx.Err() == nil {
+					a.o.Logger.Debug().Err(err).Msg("replay: list the live pods")
+				}
+			case running:
+				none = time.Time{}
+			case none.IsZero():
+				none = time.Now()
+			case time.Since(none) >= GoneAfter && a.o.Unanswered(none):
+				return none, nil
+			}
+		}
+	}
+}
+
+// running reports whether a pod runs (AloneOptions.Running).
+func (a *alone) running(ctx context.Context) (bool, error) {
+	if a.o.Running != nil {
+		return a.o.Running(ctx)
+	}
+	pods, err := a.o.Pods(ctx)
+	return len(pods) > 0, err
+}
+
+// orphaned takes the replay back to pacing alone after its pods have all
+// gone (no pod ran since gone): its own pacer fenced from the starts the
+// owners granted last (a start granted at T means none before T plus the
+// interval), the facts applied, its entry Alone again; then, as at its
+// start, it waits while an earlier replay paces alone. It returns the
+// pods if one appears meanwhile; it fails only when ctx ends.
+func (a *alone) orphaned(ctx context.Context, gone time.Time) (map[string][]string, error) {
+	if a.o.Sync != nil {
+		if err := a.o.Sync(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			a.o.Logger.Warn().Err(err).Msg("replay: apply the pacer facts the pods published")
+		}
+	}
+	n := 0
+	if a.o.Fence != nil {
+		for auth, at := range a.o.Starts.Recent(time.Now()) {
+			a.o.Fence(auth, at)
+			n++
+		}
+	}
+	a.entry.Alone, a.entry.PodsGone = true, gone.UTC()
+	a.entry.AloneUntil, a.entry.WaitingFor = time.Time{}, ""
+	if err := a.put(ctx); err != nil && ctx.Err() == nil {
+		a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
+	}
+	a.o.Logger.Info().Int("fenced", n).Time("pods_gone", gone).Msg("replay: the pods have gone; pacing alone, its first requests spaced from the last starts they granted")
+	if a.o.Orphaned != nil {
+		a.o.Orphaned(gone)
+	}
+	// The entry first, then the pods (see announce): a pod that started
+	// since the last poll and did not see the entry Alone is seen here,
+	// before the replay starts a request of its own.
+	if pods, err := a.o.Pods(ctx); err == nil && len(pods) > 0 {
+		return pods, nil
+	} else if err != nil && ctx.Err() == nil {
+		a.o.Logger.Warn().Err(err).Msg("replay: list the live pods")
+	}
+	return a.awaitEarlier(ctx)
 }
 
 // others are the other replays' entries, each with its order
@@ -405,7 +533,7 @@ func (a *alone) wait(ctx context.Context, local <-chan error) error {
 // stopped is the entry once the replay's own requests have ended.
 func (a *alone) stopped() jobs.ReplayRun {
 	e := a.entry
-	e.Alone, e.AloneUntil = false, time.Now().UTC()
+	e.Alone, e.AloneUntil, e.PodsGone = false, time.Now().UTC(), time.Time{}
 	e.LastStarts = a.o.Starts.Recent(e.AloneUntil)
 	e.Done = a.done()
 	return e

@@ -406,3 +406,174 @@ func consumers(t *testing.T, js jetstream.JetStream) int {
 	}
 	return info.State.Consumers
 }
+
+// TestAloneBesidePodsThatGoPacesAloneAgain: a replay beside pods keeps
+// the pods' pace while none runs but an owner still answers; once none
+// answers either, it stops the granted work, fences its own pacer from the
+// last start the pods granted, writes its entry Alone with PodsGone, says
+// so, and does the rest of the jobs itself.
+func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
+	const n = 4
+	for i := range n {
+		publishJobs(t, js, jobs.Job{URL: fmt.Sprintf("https://a.example/%d", i)})
+	}
+	kv, err := replay.EnsureReplaysBucket(ctx, js, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		running, silent  atomic.Bool // a pod runs; no owner answers
+		asked            atomic.Int32
+		grantedAcked     atomic.Int64
+		grantedAt        atomic.Int64 // unix nanoseconds of the granted request's start
+		orphaned         atomic.Int32
+		duringAlone      atomic.Pointer[jobs.ReplayRun]
+		localAckedBefore atomic.Int64
+	)
+	running.Store(true)
+	l := newLone("r3")
+	close(l.release)
+	o := l.options(t, func() map[string][]string {
+		if running.Load() {
+			return map[string][]string{"pod-1": nil}
+		}
+		return nil
+	}, func(jobs.ReplayRun) {})
+	granted := &worker.Deps{Fetcher: gateFetcher{}}
+	l.starts.Wrap(granted) // as the replay's granted worker records its starts
+	o.Handover = func(map[string][]string, jobs.ReplayRun) (replay.Work, error) {
+		return func(ctx context.Context, c jetstream.Consumer) error {
+			// One job granted and done; then the pods go, and the rest waits
+			// for grants nobody gives, until the work is stopped.
+			for grantedAcked.Load() == 0 && ctx.Err() == nil {
+				b, err := c.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond))
+				if err != nil {
+					continue
+				}
+				for m := range b.Messages() {
+					if _, err := granted.Fetcher.Do(ctx, fetch.Request{}, func(context.Context, int, authority.Authority) (func(fetch.Result), error) {
+						grantedAt.Store(time.Now().UnixNano())
+						return func(fetch.Result) {}, nil
+					}); err != nil {
+						t.Error(err)
+					}
+					m.Ack()
+					grantedAcked.Add(1)
+				}
+			}
+			running.Store(false)
+			<-ctx.Done()
+			return ctx.Err()
+		}, nil
+	}
+	o.Running = func(context.Context) (bool, error) { return running.Load(), nil }
+	o.Unanswered = func(time.Time) bool { asked.Add(1); return silent.Load() }
+	o.Orphaned = func(time.Time) { orphaned.Add(1) }
+	local := o.Local
+	o.Local = func(ctx context.Context, c jetstream.Consumer) error {
+		if r, ok := readRun(t, kv, "r3"); ok {
+			duringAlone.Store(&r)
+		}
+		localAckedBefore.Store(grantedAcked.Load())
+		return local(ctx, c)
+	}
+	w := replay.Alone(kv, o)
+	done := make(chan error, 1)
+	go func() {
+		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})
+		done <- err
+	}()
+	// No pod runs, but an owner still answers (a pod between lease rounds
+	// that still grants): the replay keeps the pods' pace.
+	waitUntil(t, "the replay asking whether the owners answer", func() bool { return asked.Load() >= 3 })
+	if r, ok := readRun(t, kv, "r3"); !ok || r.Alone || l.ran.Load() != 0 {
+		t.Fatalf("the replay paced alone while an owner answered: entry %+v, own request at %d", r, l.ran.Load())
+	}
+	silent.Store(true)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if orphaned.Load() != 1 || l.ran.Load() == 0 || grantedAcked.Load() != 1 || localAckedBefore.Load() != 1 {
+		t.Fatalf("told %d times, own requests from %d, %d granted before: want told once, the rest done alone after 1 granted",
+			orphaned.Load(), l.ran.Load(), localAckedBefore.Load())
+	}
+	if r := duringAlone.Load(); r == nil || !r.Alone || r.PodsGone.IsZero() || !r.AloneUntil.IsZero() {
+		t.Errorf("entry while pacing alone again: %+v; want Alone, PodsGone set, no AloneUntil", r)
+	}
+	l.mu.Lock()
+	fenced := l.fenced["a.example:443"]
+	l.mu.Unlock()
+	if g := time.Unix(0, grantedAt.Load()); fenced.Before(g) || fenced.Sub(g) > time.Second {
+		t.Errorf("fenced a.example:443 from %s, the granted request started at %s: want from it", fenced, g)
+	}
+	if r, ok := readRun(t, kv, "r3"); !ok || r.Ended.IsZero() {
+		t.Errorf("entry after the end: %+v (found %v); want it Ended, left to expire, as a lone replay's", r, ok)
+	}
+}
+
+// TestAloneGoesBackToThePodsWhenOneReturns: a replay that paces alone
+// again because its pods went hands the rest over once a pod returns, as
+// one that began alone: its own request stopped first, the entry handed
+// over with its last start and no PodsGone.
+func TestAloneGoesBackToThePodsWhenOneReturns(t *testing.T) {
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
+	const n = 3
+	for i := range n {
+		publishJobs(t, js, jobs.Job{URL: fmt.Sprintf("https://a.example/%d", i)})
+	}
+	kv, err := replay.EnsureReplaysBucket(ctx, js, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		running   atomic.Bool
+		handovers atomic.Int32
+		second    atomic.Pointer[jobs.ReplayRun]
+		acked     atomic.Int64
+	)
+	running.Store(true)
+	l := newLone("r4") // its local work holds its job until stopped
+	o := l.options(t, func() map[string][]string {
+		if running.Load() {
+			return map[string][]string{"pod-1": nil}
+		}
+		return nil
+	}, func(jobs.ReplayRun) {})
+	o.Handover = func(_ map[string][]string, base jobs.ReplayRun) (replay.Work, error) {
+		if handovers.Add(1) == 2 {
+			second.Store(&base)
+			return ackAll(&acked), nil
+		}
+		return func(ctx context.Context, c jetstream.Consumer) error {
+			running.Store(false) // the pods go before granting anything
+			<-ctx.Done()
+			return ctx.Err()
+		}, nil
+	}
+	o.Running = func(context.Context) (bool, error) { return running.Load(), nil }
+	o.Unanswered = func(time.Time) bool { return true }
+	w := replay.Alone(kv, o)
+	done := make(chan error, 1)
+	go func() {
+		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})
+		done <- err
+	}()
+	waitUntil(t, "the replay's own request after the pods went", func() bool { return l.ran.Load() != 0 })
+	running.Store(true) // a pod returns
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	b := second.Load()
+	if handovers.Load() != 2 || b == nil || acked.Load() != n {
+		t.Fatalf("%d hand-overs, the second's entry %+v, %d acked after it: want 2, and all %d jobs done in the pods' pace", handovers.Load(), b, acked.Load(), n)
+	}
+	if b.Alone || !b.PodsGone.IsZero() || b.AloneUntil.Before(time.Unix(0, l.ran.Load())) || b.LastStarts["a.example:443"].IsZero() {
+		t.Errorf("the second hand-over's entry %+v: want not Alone, no PodsGone, AloneUntil after its own request, that request's start", b)
+	}
+	if _, ok := readRun(t, kv, "r4"); ok {
+		t.Error("the entry outlived a replay that ended in the pods' pace")
+	}
+}

@@ -14,7 +14,8 @@
 //   - pacing alone and giving way to pods (Alone): a replay that finds no
 //     pod paces its own requests until one starts, then goes on in the
 //     pods' pace, each start granted by the owner (package grant's Paced,
-//     docs/adr/0031), as does a replay that finds pods at once.
+//     docs/adr/0031), as does a replay that finds pods at once; if the pods
+//     all go and none answers, it paces alone again (PodsRunning).
 //
 // It does not fetch, store or pace: a replay runs the same worker, fetch
 // client and mirror target as live jobs, and the pods' pacers grant its

@@ -78,6 +78,18 @@ func WaitForPods(ctx context.Context, js jetstream.JetStream, patience time.Dura
 	}
 }
 
+// PodsRunning reports whether a pod runs: one is announced in
+// jobs.PodsBucket, or a partition is leased (a pod between lease rounds,
+// as WaitForPods reads it). A killed pod stops running when its entry and
+// its leases expire (their TTL, jobs.DefaultLeaseTTL by default).
+func PodsRunning(ctx context.Context, js jetstream.JetStream) (bool, error) {
+	pods, err := LivePods(ctx, js)
+	if err != nil {
+		return false, err
+	}
+	return len(pods) > 0 || leased(ctx, js), nil
+}
+
 // leased reports whether any partition lease is held.
 func leased(ctx context.Context, js jetstream.JetStream) bool {
 	kv, err := js.KeyValue(ctx, jobs.LeasesBucket)

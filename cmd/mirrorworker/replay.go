@@ -12,6 +12,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -422,12 +423,24 @@ type loneReplay struct {
 	log        zerolog.Logger
 	stderr     io.Writer
 	handedOver bool // set before the hand-over's work runs; read after replay.Run returns
+	// starts are the replay's request starts, its own and those the owners
+	// granted: a replay whose pods have all gone fences its pacer from
+	// them. paced is the granted work's pacer, whose LastAnswer says
+	// whether any owner still answers.
+	starts *replay.Starts
+	paced  atomic.Pointer[grant.Paced]
 }
 
 // alone is the replay's work: its own worker, then the pods'.
 func (l *loneReplay) alone() *replay.Lone {
 	starts := &replay.Starts{}
+	l.starts = starts
 	local := func(ctx context.Context, cons jetstream.Consumer) error {
+		depLog, err := departures.Open(readTestHooks(os.Getenv).departures)
+		if err != nil {
+			return err
+		}
+		defer depLog.Close()
 		// Copies the workers wrote into MIRROR_JOBS (jobs brought back from
 		// parking, or moved into a partition) are not submitted jobs.
 		w, err := l.parts.NewWorker(cons, l.target, replay.LoneGrace, func(o *worker.Options, d *worker.Deps) {
@@ -437,6 +450,7 @@ func (l *loneReplay) alone() *replay.Lone {
 			o.Replay = l.run
 			d.JS = replay.SeparateDeadLetters(d.JS)
 			starts.Wrap(d)
+			depLog.Wrap(d) // as pods and the granted worker log theirs
 		})
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
@@ -452,7 +466,16 @@ func (l *loneReplay) alone() *replay.Lone {
 			fmt.Fprintf(l.stderr, "replay %s: waiting for replay %s (into %s) to end: it paces its own requests, and with no pod running replays run one at a time (a pod that starts does the work of both)\n",
 				l.run, e.Run, e.Target)
 		},
-		Done: func() int64 { s := l.tally.Summary(); return s.Stored + s.Unchanged + s.DeadLettered },
+		Done:    func() int64 { s := l.tally.Summary(); return s.Stored + s.Unchanged + s.DeadLettered },
+		Running: func(ctx context.Context) (bool, error) { return replay.PodsRunning(ctx, l.js) },
+		Unanswered: func(since time.Time) bool {
+			p := l.paced.Load()
+			return p == nil || p.LastAnswer().Before(since)
+		},
+		Orphaned: func(since time.Time) {
+			fmt.Fprintf(l.stderr, "replay %s: no pod answers grants (%s empty since %s): pacing alone with the cluster's last facts, its first requests spaced from the last starts the pods granted; a pod that starts takes it back into the pods' pace\n",
+				l.run, jobs.PodsBucket, since.Local().Format("15:04:05"))
+		},
 		Handover: func(pods map[string][]string, base jobs.ReplayRun) (replay.Work, error) {
 			if base.Done > 0 {
 				fmt.Fprintf(l.stderr, "replay %s: %d %s started after %d jobs: the replay goes on in their pace, each request's start granted by the pod that owns its authority, after their live jobs\n",
@@ -479,7 +502,15 @@ func (l *loneReplay) granted(ctx context.Context, cons jetstream.Consumer) error
 		OnUnreported: func(auth string, err error) {
 			l.log.Warn().Err(err).Str("authority", auth).Msg("replay: an answer was not reported to the pod that granted it; the replay learned it itself")
 		},
+		OnLearned: func(now time.Time, auth string, v pacer.Verdict) {
+			if v.Throttled && v.Until.After(now) {
+				// The replay's own pacer too: if the owner is gone for good,
+				// the replay paces alone with it, and must wait this out.
+				l.parts.Pacer.Apply(now, pacer.Event{Type: pacer.EventCooldown, Authority: auth, At: now, Reason: v.Reason, Until: v.Until})
+			}
+		},
 	})
+	l.paced.Store(paced)
 	depLog, err := departures.Open(readTestHooks(os.Getenv).departures)
 	if err != nil {
 		return err
@@ -491,6 +522,7 @@ func (l *loneReplay) granted(ctx context.Context, cons jetstream.Consumer) error
 		d.JS = replay.SeparateDeadLetters(d.JS)
 		d.Pacer = paced
 		depLog.Wrap(d)
+		l.starts.Wrap(d) // the last grants fence the replay's own pacer if the pods all go
 	})
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)

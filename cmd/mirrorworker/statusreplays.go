@@ -70,6 +70,8 @@ func writeReplays(w io.Writer, runs []jobs.ReplayRun, pods []worker.PodStatus, n
 			queued = fmt.Sprintf("the pods' (%d in their queues)", r.Waiting)
 		case r.Alone && r.WaitingFor != "":
 			queued = "- (no pod: it waits for replay " + r.WaitingFor + ", which paces alone; replays with no pod run one at a time)"
+		case r.Alone && !r.PodsGone.IsZero():
+			queued = "- (no pod answers grants since " + r.PodsGone.Local().Format("15:04:05") + ": it paces alone with the cluster's last facts until one starts)"
 		case r.Alone:
 			queued = "- (no pod: it paces its own requests until one starts)"
 		}
