@@ -38,6 +38,7 @@ var ErrStopping = errors.New("lifecycle: stopping")
 // actor while Run runs; Run is called once.
 type Group struct {
 	names []string // of the stages, for the log
+	work  Stage    // whose errors while stopping are Run's
 	log   zerolog.Logger
 
 	mu       sync.Mutex
@@ -47,7 +48,7 @@ type Group struct {
 	running  int // actors started and not returned
 	began    bool
 	cause    error         // the error of the actor whose return began the stop
-	stopErr  error         // the first error of a stage-0 actor during the stop
+	stopErr  error         // the first error of a work actor during the stop
 	stopping chan struct{} // closed when the stop begins
 	idle     chan struct{} // closed when running drops to 0 after the stop began
 }
@@ -66,10 +67,12 @@ type actor struct {
 }
 
 // New is a group whose stages are named by names, in stop order (names[0]
-// stops first); log gets one debug line as each stage is told to stop and
-// as each part returns.
-func New(log zerolog.Logger, names ...string) *Group {
-	return &Group{names: names, log: log, stages: make([]stageState, len(names)),
+// stops first). work is the stage of the process's work (a worker): its
+// parts failing to stop cleanly fail the run, while the other parts'
+// errors during a stop are only logged. log gets one debug line as each
+// stage is told to stop and as each part returns.
+func New(log zerolog.Logger, work Stage, names ...string) *Group {
+	return &Group{names: names, work: work, log: log, stages: make([]stageState, len(names)),
 		stopping: make(chan struct{}), idle: make(chan struct{})}
 }
 
@@ -113,8 +116,12 @@ func (g *Group) runActor(a actor, ctx context.Context) {
 	case !g.began:
 		g.cause = err
 		g.beginLocked()
-	case err != nil && a.stage == 0 && g.stopErr == nil:
-		g.stopErr = err
+	case err != nil && a.stage == g.work:
+		if g.stopErr == nil {
+			g.stopErr = err
+		}
+	case err != nil && !errors.Is(err, context.Canceled):
+		g.log.Warn().Err(err).Str("part", a.name).Msg("stopping")
 	}
 	g.stages[a.stage].running--
 	g.running--
@@ -169,8 +176,8 @@ func (g *Group) Stopping() <-chan struct{} { return g.stopping }
 // It returns the error of the actor whose return began the stop (nil if it
 // returned nil, as with oklog/run: a part that must not end on its own says
 // so by returning an error); after a stop asked for by ctx, the first error
-// a stage-0 actor returned while stopping (it failed to stop cleanly), or
-// nil.
+// an actor of the work stage returned while stopping (it failed to stop
+// cleanly), or nil.
 func (g *Group) Run(ctx context.Context) error {
 	g.mu.Lock()
 	if g.base != nil {

@@ -43,7 +43,7 @@ func waiter(r *recorder, name string) func(context.Context) error {
 
 func TestStopReachesStagesInOrder(t *testing.T) {
 	var r recorder
-	g := lifecycle.New(zerolog.Nop(), "work", "conn", "admin")
+	g := lifecycle.New(zerolog.Nop(), 0, "work", "conn", "admin")
 	// Added in the reverse of the stop order: the order is the stages', not
 	// the calls'.
 	g.Add(2, "admin", waiter(&r, "admin"))
@@ -69,7 +69,7 @@ func TestStopReachesStagesInOrder(t *testing.T) {
 }
 
 func TestLaterStageRunsUntilEarlierReturned(t *testing.T) {
-	g := lifecycle.New(zerolog.Nop(), "work", "conn")
+	g := lifecycle.New(zerolog.Nop(), 0, "work", "conn")
 	release := make(chan struct{})
 	connCtx := make(chan context.Context, 1)
 	sawConnDone := make(chan bool, 1)
@@ -100,7 +100,7 @@ func TestLaterStageRunsUntilEarlierReturned(t *testing.T) {
 
 func TestAddWhileRunning(t *testing.T) {
 	var r recorder
-	g := lifecycle.New(zerolog.Nop(), "work", "conn")
+	g := lifecycle.New(zerolog.Nop(), 0, "work", "conn")
 	added := make(chan error, 1)
 	g.Add(1, "conn", func(ctx context.Context) error {
 		// Start-up: the worker exists once NATS is reached.
@@ -146,7 +146,7 @@ func TestRunError(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := lifecycle.New(zerolog.Nop(), "work", "conn")
+			g := lifecycle.New(zerolog.Nop(), 0, "work", "conn")
 			g.Add(0, "work", func(ctx context.Context) error {
 				if !tt.workEnd {
 					<-ctx.Done()
@@ -168,7 +168,7 @@ func TestRunError(t *testing.T) {
 
 func TestActorsKeepTheContextsValues(t *testing.T) {
 	type key struct{}
-	g := lifecycle.New(zerolog.Nop(), "work")
+	g := lifecycle.New(zerolog.Nop(), 0, "work")
 	var got any
 	g.Add(0, "work", func(ctx context.Context) error { got = ctx.Value(key{}); return nil })
 	if err := g.Run(context.WithValue(context.Background(), key{}, "stop-now")); err != nil {

@@ -137,12 +137,12 @@ func TestRunReturnsTheWorksError(t *testing.T) {
 	if err := p.Run(ctx, func(context.Context) error { return nil }, nil); err != nil {
 		t.Fatalf("Run of finished work = %v, want nil", err)
 	}
-	// A failing actor stops the work, and its error is the run's.
+	// A failing service stops the work, and its error is the run's.
 	err := p.Run(ctx, func(wctx context.Context) error { <-wctx.Done(); return nil }, &pipeline.RunOptions{
-		Actors: []pipeline.Actor{{Execute: func() error { return boom }, Interrupt: func(error) {}}},
+		Services: []func(context.Context) error{func(context.Context) error { return boom }},
 	})
 	if !errors.Is(err, boom) {
-		t.Fatalf("Run with a failing actor = %v, want its error", err)
+		t.Fatalf("Run with a failing service = %v, want its error", err)
 	}
 }
 
