@@ -164,10 +164,6 @@ func (g *Group) advanceLocked() {
 	}
 }
 
-// Stopping is closed when the stop begins: ctx ended, or an actor
-// returned.
-func (g *Group) Stopping() <-chan struct{} { return g.stopping }
-
 // Run starts the actors added so far and runs until ctx ends or an actor
 // returns, then stops them stage by stage and returns once every actor has
 // returned. The actors' contexts carry ctx's values but not its end: the
