@@ -27,10 +27,10 @@ var errStalled = errors.New("facts stored but not delivered")
 // skipping those published by self (jobs.HeaderPod), at clk's instant (nil:
 // the wall clock). It reads with an ordered consumer from the newest message
 // on, so it starts before the cold-start Restore and nothing falls between
-// the two; a fact applied twice is harmless. The returned run returns when
-// ctx ends; err says Follow could not start. NewFollower is the same with
-// Sync.
-func Follow(ctx context.Context, js jetstream.JetStream, p Applier, self string, clk clock.Clock, log zerolog.Logger) (run func() error, err error) {
+// the two; a fact applied twice is harmless. ctx bounds the start only; the
+// returned run follows until its own ctx ends; err says Follow could not
+// start. NewFollower is the same with Sync.
+func Follow(ctx context.Context, js jetstream.JetStream, p Applier, self string, clk clock.Clock, log zerolog.Logger) (run func(ctx context.Context) error, err error) {
 	f, err := NewFollower(ctx, js, p, self, clk, log)
 	if err != nil {
 		return nil, err
@@ -38,10 +38,9 @@ func Follow(ctx context.Context, js jetstream.JetStream, p Applier, self string,
 	return f.Run, nil
 }
 
-// Follower is Follow's reader, with Sync. Run once; Sync is safe for
-// concurrent use.
+// Follower is Follow's reader, with Sync. Run once, or Close it if it is
+// not run; Sync is safe for concurrent use.
 type Follower struct {
-	ctx    context.Context
 	stream jetstream.Stream
 	p      Applier
 	self   string
@@ -51,11 +50,13 @@ type Follower struct {
 
 	mu       sync.Mutex
 	it       jetstream.MessagesContext // the reader in use
+	closed   bool                      // Close called: a new reader is stopped at once
 	seen     uint64                    // the stream sequence of the last fact read (applied or skipped)
 	progress chan struct{}             // closed and replaced when seen moves
 }
 
-// NewFollower starts following MIRROR_EVENTS as Follow does.
+// NewFollower starts following MIRROR_EVENTS as Follow does; ctx bounds
+// the start only.
 func NewFollower(ctx context.Context, js jetstream.JetStream, p Applier, self string, clk clock.Clock, log zerolog.Logger) (*Follower, error) {
 	if clk == nil {
 		clk = clock.Real{}
@@ -75,7 +76,7 @@ func NewFollower(ctx context.Context, js jetstream.JetStream, p Applier, self st
 	if err != nil {
 		return nil, fmt.Errorf("follow %s: %w", jobs.EventsStream, err)
 	}
-	f := &Follower{ctx: ctx, stream: stream, it: it, p: p, self: self, clk: clk, log: log,
+	f := &Follower{stream: stream, it: it, p: p, self: self, clk: clk, log: log,
 		kick: make(chan struct{}, 1), progress: make(chan struct{})}
 	// What the consumer starts after is the cold-start Restore's, which
 	// runs after this: Sync need not wait for it.
@@ -87,41 +88,51 @@ func NewFollower(ctx context.Context, js jetstream.JetStream, p Applier, self st
 	return f, nil
 }
 
-// Run applies facts until the Follower's context ends; it returns nil. A
-// reader that ends, or that leaves facts undelivered for ten seconds (or
+// Run applies facts until ctx ends, then stops its reader and returns nil.
+// A reader that ends, or that leaves facts undelivered for ten seconds (or
 // for a second while a Sync waits), is replaced by one that starts after
 // the last fact read.
-func (f *Follower) Run() error {
-	go func() {
-		<-f.ctx.Done()
-		f.mu.Lock()
-		f.it.Stop()
-		f.mu.Unlock()
-	}()
+func (f *Follower) Run(ctx context.Context) error {
+	defer f.Close()
+	// The reader blocks in Next for up to a second: stopping it when ctx
+	// ends is what returns Run at once.
+	defer context.AfterFunc(ctx, f.Close)()
 	for {
-		err := f.read()
-		if f.ctx.Err() != nil {
+		err := f.read(ctx)
+		f.mu.Lock()
+		closed := f.closed
+		f.mu.Unlock()
+		if ctx.Err() != nil || closed {
 			return nil
 		}
 		f.mu.Lock()
 		after := f.seen
 		f.mu.Unlock()
 		f.log.Warn().Err(err).Uint64("after", after).Msg("follow pacer facts: following again after the last fact read")
-		for f.ctx.Err() == nil {
-			if err = f.reopen(after + 1); err == nil {
+		for ctx.Err() == nil {
+			if err = f.reopen(ctx, after+1); err == nil {
 				break
 			}
 			f.log.Warn().Err(err).Msg("follow pacer facts: cannot follow again yet")
 			select {
 			case <-time.After(time.Second):
-			case <-f.ctx.Done():
+			case <-ctx.Done():
 			}
 		}
 	}
 }
 
+// Close stops the current reader; Run ends with it. It is for a Follower
+// that is not run (a start-up that failed after NewFollower).
+func (f *Follower) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	f.it.Stop()
+}
+
 // read applies what the current reader delivers until it ends or stalls.
-func (f *Follower) read() error {
+func (f *Follower) read(ctx context.Context) error {
 	f.mu.Lock()
 	it := f.it
 	f.mu.Unlock()
@@ -135,8 +146,8 @@ func (f *Follower) read() error {
 				f.advance(md.Sequence.Stream)
 			}
 			continue
-		case f.ctx.Err() != nil:
-			return f.ctx.Err()
+		case ctx.Err() != nil:
+			return ctx.Err()
 		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
 			return err
 		case !errors.Is(err, nats.ErrTimeout):
@@ -150,15 +161,15 @@ func (f *Follower) read() error {
 				continue
 			}
 		}
-		if f.behind() {
+		if f.behind(ctx) {
 			return errStalled
 		}
 	}
 }
 
 // behind reports whether MIRROR_EVENTS holds a fact past the last one read.
-func (f *Follower) behind() bool {
-	ctx, cancel := context.WithTimeout(f.ctx, 2*time.Second)
+func (f *Follower) behind(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	last, err := f.stream.GetLastMsgForSubject(ctx, jobs.PacerEventPrefix+">")
 	if err != nil {
@@ -170,8 +181,8 @@ func (f *Follower) behind() bool {
 }
 
 // reopen replaces the reader with one that starts at stream sequence seq.
-func (f *Follower) reopen(seq uint64) error {
-	ctx, cancel := context.WithTimeout(f.ctx, 5*time.Second)
+func (f *Follower) reopen(ctx context.Context, seq uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	c, err := f.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{jobs.PacerEventPrefix + ">"},
@@ -189,8 +200,8 @@ func (f *Follower) reopen(seq uint64) error {
 	defer f.mu.Unlock()
 	f.it.Stop()
 	f.it = it
-	if f.ctx.Err() != nil {
-		it.Stop()
+	if f.closed {
+		it.Stop() // closed while this one was being made
 	}
 	return nil
 }

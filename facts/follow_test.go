@@ -49,12 +49,12 @@ func TestFollowAppliesOthersFactsOnItsClock(t *testing.T) {
 	clk := clock.NewFake(virtual)
 	var r stamped
 	fctx, stop := context.WithCancel(ctx)
-	run, err := facts.Follow(fctx, js, &r, "pod-a", clk, zerolog.New(zerolog.NewTestWriter(t)))
+	run, err := facts.Follow(ctx, js, &r, "pod-a", clk, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- run() }()
+	go func() { done <- run(fctx) }()
 
 	const auth = "origin.example:443"
 	now := time.Now()
@@ -135,12 +135,12 @@ func TestFollowerSyncWaitsForStoredFacts(t *testing.T) {
 	}
 	var r slowApplier
 	fctx, stop := context.WithCancel(ctx)
-	f, err := facts.NewFollower(fctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
+	f, err := facts.NewFollower(ctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- f.Run() }()
+	go func() { done <- f.Run(fctx) }()
 	defer func() { stop(); <-done }()
 	sctx0, cancel0 := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel0()
@@ -193,12 +193,12 @@ func TestFollowerFollowsAcrossAServerRestart(t *testing.T) {
 	}
 	var r stamped
 	fctx, stop := context.WithCancel(ctx)
-	f, err := facts.NewFollower(fctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
+	f, err := facts.NewFollower(ctx, js, &r, "pod-a", nil, zerolog.New(zerolog.NewTestWriter(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- f.Run() }()
+	go func() { done <- f.Run(fctx) }()
 	defer func() { stop(); <-done }()
 
 	e.Shutdown()

@@ -213,10 +213,7 @@ func (s *Sink) Run(ctx context.Context) error {
 // StopWindow after the Run context does.
 func newStopWindow(ctx context.Context) context.Context {
 	stop, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	go func() {
-		<-ctx.Done()
-		time.AfterFunc(StopWindow, cancel)
-	}()
+	context.AfterFunc(ctx, func() { time.AfterFunc(StopWindow, cancel) })
 	return stop
 }
 

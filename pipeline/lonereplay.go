@@ -179,7 +179,7 @@ func (pod *Pod) awaitLoneReplays(ctx context.Context, pods jetstream.KeyValue) {
 // what the replay learned while it ran; a partitioned pod syncs them when
 // it takes each partition.
 func (pod *Pod) fenceFrom(ctx context.Context, runs []jobs.ReplayRun, waited bool) {
-	if waited && pod.follow.Execute == nil {
+	if waited && pod.follow == nil {
 		if _, err := facts.Restore(ctx, pod.parts.js, pod.parts.Pacer, facts.RestoreOptions{Logger: pod.log}); err != nil && ctx.Err() == nil {
 			pod.log.Warn().Err(err).Msg("restore the pacer facts a replay published")
 		}

@@ -15,7 +15,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,7 +22,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
@@ -33,6 +31,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/credentials"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/lifecycle"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -190,29 +189,57 @@ func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdow
 	return w, err
 }
 
-// Actor is a long-running part with its own interrupt, as oklog/run's
-// Group.Add takes it.
-type Actor struct {
-	Execute   func() error
-	Interrupt func(error)
+// The stop order of every process that runs a pipeline, written once. A
+// stage is told to stop (its parts' context ends) only once every part of
+// the stages above it has returned; the first signal begins the stop at the
+// top, a second one only shortens the worker's grace (docs/adr/0032).
+//
+//	stage      parts                             told when            waits for before returning
+//	admission  lease manager's StopTaking        the stop begins      nothing: no partition is taken from here on
+//	work       worker (or a replay)              admission returned   its fetches, up to --shutdown-grace (a second
+//	                                                                  signal cancels them now); every held job acked
+//	                                                                  or handed back
+//	trailing   event sink, lease manager,        work returned        the sink: facts learned in the grace published
+//	           the pod's announcement                                 (facts.StopWindow); the manager: facts flushed,
+//	                                                                  then its leases given up
+//	services   fact follower, grant server,      trailing returned    nothing: they serve until the leases are gone
+//	           live policy, credentials reload
+//	conn       NATS connection                   services returned    the last acks and NAKs flushed (5 s), closed
+//	server     embedded NATS server              conn returned        its clients gone; its store closed
+//	admin      admin endpoint                    server returned      nothing: /metrics and /readyz served until here
+//
+// Run and Pod.Run use the stages from admission to services; `mirrorworker
+// run` adds its connection, embedded server and admin endpoint to the same
+// group (cmd/mirrorworker/run.go).
+const (
+	StageAdmission lifecycle.Stage = iota
+	StageWork
+	StageTrailing
+	StageServices
+	StageConn
+	StageServer
+	StageAdmin
+)
+
+// NewGroup is a lifecycle group with the stages above.
+func NewGroup(log zerolog.Logger) *lifecycle.Group {
+	return lifecycle.New(log, StageWork, "admission", "work", "trailing", "services", "nats connection", "nats server", "admin")
 }
 
 // Follow names this process (self) on the pacer facts the sink publishes
 // and follows MIRROR_EVENTS: the facts of every other pod (and replay) and
 // operators' pauses are applied to the pacer as they are published
 // (facts.Follow). Call it before the cold-start restore, so that
-// nothing published in between is missed, and run the Actor it returns in
-// Run's group (RunOptions.Actors).
-func (p *Parts) Follow(js jetstream.JetStream, self string, log zerolog.Logger) (Actor, error) {
+// nothing published in between is missed, and run the follower as one of
+// the services (RunOptions.Services: its Run); Close it if it is not run.
+func (p *Parts) Follow(ctx context.Context, js jetstream.JetStream, self string, log zerolog.Logger) (*facts.Follower, error) {
 	p.Sink.SetPod(self)
-	ctx, stop := context.WithCancel(context.Background())
 	f, err := facts.NewFollower(ctx, js, p.Pacer, self, clock.Real{}, log)
 	if err != nil {
-		stop()
-		return Actor{}, err
+		return nil, err
 	}
 	p.follower = f
-	return Actor{Execute: f.Run, Interrupt: func(error) { stop() }}, nil
+	return f, nil
 }
 
 // SyncFacts returns once the follower has applied every fact MIRROR_EVENTS
@@ -225,7 +252,8 @@ func (p *Parts) SyncFacts(ctx context.Context) error {
 	return p.follower.Sync(ctx)
 }
 
-// RunOptions add parts to Run's group. The zero value adds none.
+// RunOptions add parts to the group, at their stages. The zero value adds
+// none.
 type RunOptions struct {
 	// Stopping is called once when the stop begins, before work's context
 	// is cancelled (a pod's lease manager stops taking partitions).
@@ -234,65 +262,67 @@ type RunOptions struct {
 	// returned, like the event sink's (a lease manager keeps its leases
 	// until every held job is handed back).
 	Trailing []func(ctx context.Context) error
-	// Actors run beside work with their own interrupt.
-	Actors []Actor
+	// Services run beside work and stop after the trailing parts (the
+	// facts follower, a live policy).
+	Services []func(ctx context.Context) error
 }
 
-// Run runs work (a worker's Run, or a replay driving workers) with the
-// event sink and o's parts in one oklog/run group, until ctx ends or one of
-// them returns. The stop order is the pipeline's rule: work is interrupted
-// first (its context is cancelled, which starts a worker's graceful stop),
-// and the sink and the trailing parts stop only after work has returned, so
-// that pacer facts learned during the grace period are still published.
-//
-// It returns work's error if work failed, including while stopping; else
-// nil after a stop asked for by ctx or after work returned nil; else the
-// error of the part that returned first. Work that must not end on its own
-// (a worker) says so by returning an error.
-func (p *Parts) Run(ctx context.Context, work func(ctx context.Context) error, o *RunOptions) error {
+// Add adds work (a worker's Run, or a replay driving workers), the event
+// sink, the credentials' reload and o's parts to g at their stages (see
+// StageAdmission). Work that must not end on its own (a worker) says so by
+// returning an error. It returns lifecycle.ErrStopping if g's stop had
+// already passed their stages (a stop asked for during start-up).
+func (p *Parts) Add(g *lifecycle.Group, work func(ctx context.Context) error, o *RunOptions) error {
 	if o == nil {
 		o = &RunOptions{}
 	}
-	wctx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopWork()
-	tctx, stopTrailing := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopTrailing()
-	var (
-		g       run.Group
-		workErr error // set by work's actor before it returns
-	)
-	g.Add(run.ContextHandler(ctx))
-	g.Add(func() error {
-		defer stopTrailing()
-		workErr = work(wctx)
-		return workErr
-	}, func(error) {
-		if o.Stopping != nil {
-			o.Stopping()
-		}
-		stopWork()
-	})
-	g.Add(func() error { return p.Sink.Run(tctx) }, func(error) { stopWork() })
-	for _, f := range o.Trailing {
-		g.Add(func() error { return f(tctx) }, func(error) { stopWork() })
+	type part struct {
+		stage lifecycle.Stage
+		name  string
+		run   func(ctx context.Context) error
 	}
-	for _, a := range o.Actors {
-		g.Add(a.Execute, a.Interrupt)
+	var parts []part
+	if stopping := o.Stopping; stopping != nil {
+		parts = append(parts, part{StageAdmission, "stop taking", func(ctx context.Context) error {
+			<-ctx.Done()
+			stopping()
+			return nil
+		}})
+	}
+	parts = append(parts, part{StageWork, "work", work}, part{StageTrailing, "event sink", p.Sink.Run})
+	for _, f := range o.Trailing {
+		parts = append(parts, part{StageTrailing, "trailing", f})
+	}
+	for _, f := range o.Services {
+		parts = append(parts, part{StageServices, "service", f})
 	}
 	if p.Credentials != nil {
 		// Secret rotation: the files are re-read while the pipeline runs.
-		cctx, stop := context.WithCancel(context.WithoutCancel(ctx))
-		defer stop()
-		g.Add(func() error { return p.Credentials.Run(cctx) }, func(error) { stop() })
+		parts = append(parts, part{StageServices, "credentials reload", p.Credentials.Run})
 	}
-	err := g.Run()
-	switch {
-	case workErr != nil:
-		return workErr
-	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		return nil
+	for _, pt := range parts {
+		if err := g.Add(pt.stage, pt.name, pt.run); err != nil {
+			return err
+		}
 	}
-	return err
+	return nil
+}
+
+// Run runs work with the event sink and o's parts in their own group
+// (NewGroup, Add), until ctx ends or one of them returns, and stops them in
+// the pipeline's order: the sink and the trailing parts stop only after
+// work has returned, so that pacer facts learned during the grace period
+// are still published.
+//
+// It returns work's error if work failed, including while stopping; else
+// nil after a stop asked for by ctx or after work returned nil; else the
+// error of the part that returned first.
+func (p *Parts) Run(ctx context.Context, work func(ctx context.Context) error, o *RunOptions) error {
+	g := NewGroup(p.cfg.Logger)
+	if err := p.Add(g, work, o); err != nil {
+		return err
+	}
+	return g.Run(ctx)
 }
 
 // DefaultTarget is the mirror target when none is given: the directory

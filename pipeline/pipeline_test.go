@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/lifecycle"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
@@ -137,12 +140,12 @@ func TestRunReturnsTheWorksError(t *testing.T) {
 	if err := p.Run(ctx, func(context.Context) error { return nil }, nil); err != nil {
 		t.Fatalf("Run of finished work = %v, want nil", err)
 	}
-	// A failing actor stops the work, and its error is the run's.
+	// A failing service stops the work, and its error is the run's.
 	err := p.Run(ctx, func(wctx context.Context) error { <-wctx.Done(); return nil }, &pipeline.RunOptions{
-		Actors: []pipeline.Actor{{Execute: func() error { return boom }, Interrupt: func(error) {}}},
+		Services: []func(context.Context) error{func(context.Context) error { return boom }},
 	})
 	if !errors.Is(err, boom) {
-		t.Fatalf("Run with a failing actor = %v, want its error", err)
+		t.Fatalf("Run with a failing service = %v, want its error", err)
 	}
 }
 
@@ -173,5 +176,50 @@ func TestDefaultTargetAndOpenTarget(t *testing.T) {
 	}
 	if _, err := pipeline.OpenTarget(blocked); err == nil || !strings.Contains(err.Error(), blocked) {
 		t.Fatalf("OpenTarget(blocked) = %v, want an error naming the target", err)
+	}
+}
+
+// TestStagesStopInTheDocumentedOrder: the process's parts stop in the
+// order of the table beside pipeline.StageAdmission, each stage only once
+// the one above it has returned: the worker has handed its jobs back before
+// the NATS connection closes, and the admin endpoint stops last.
+func TestStagesStopInTheDocumentedOrder(t *testing.T) {
+	stages := []struct {
+		stage lifecycle.Stage
+		part  string
+	}{
+		{pipeline.StageAdmin, "admin endpoint"}, // added first: the order is the stages'
+		{pipeline.StageServer, "embedded server"},
+		{pipeline.StageConn, "NATS connection"},
+		{pipeline.StageServices, "follower"},
+		{pipeline.StageTrailing, "lease manager"},
+		{pipeline.StageWork, "worker"},
+		{pipeline.StageAdmission, "stop taking"},
+	}
+	g := pipeline.NewGroup(zerolog.Nop())
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	note := func(s string) { mu.Lock(); got = append(got, s); mu.Unlock() }
+	for _, s := range stages {
+		g.Add(s.stage, s.part, func(ctx context.Context) error {
+			<-ctx.Done()
+			note(s.part + " told")
+			note(s.part + " returned")
+			return nil
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := g.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i := len(stages) - 1; i >= 0; i-- {
+		want = append(want, stages[i].part+" told", stages[i].part+" returned")
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("stop order\n got %v\nwant %v", got, want)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/grant"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/lifecycle"
 	"github.com/mirrorworker/mirrorworker/policy"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
@@ -55,7 +56,7 @@ type Pod struct {
 
 	parts  *Parts
 	mgr    *cluster.Manager // nil with the shared consumer
-	follow Actor
+	follow *facts.Follower  // nil with the shared consumer
 	// grants grants starts from the pod's pacer to other programs, for
 	// the authorities the pod serves (issue 37, docs/contract.md "Grants").
 	grants *grant.Server
@@ -97,7 +98,7 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 		if pod.Partitions, err = jobs.EnsureWork(ctx, js, &wo); err != nil {
 			return nil, fmt.Errorf("ensure work streams: %w", err)
 		}
-		if pod.follow, err = p.Follow(js, o.PodID, o.Logger); err != nil {
+		if pod.follow, err = p.Follow(ctx, js, o.PodID, o.Logger); err != nil {
 			return nil, err
 		}
 	} else if cons, err = jobs.EnsureConsumer(ctx, js, o.Consumer); err != nil {
@@ -152,8 +153,8 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 }
 
 func (pod *Pod) stopFollow() {
-	if pod.follow.Interrupt != nil {
-		pod.follow.Interrupt(nil)
+	if pod.follow != nil {
+		pod.follow.Close()
 	}
 }
 
@@ -166,15 +167,28 @@ func (pod *Pod) Owned() []int {
 	return pod.mgr.Owned()
 }
 
-// Run runs the worker, the event sink and, in the partitioned layout, the
-// lease manager and the follower, in the pipeline's stop order (Parts.Run):
-// the worker stops first (it stops pulling, and finishes or hands back its
-// in-flight jobs within the grace period); the sink and the manager only
-// after it, so that pacer facts learned while stopping are still published
-// and leases are kept until every held job is handed back. It returns nil
-// after a stop asked for by ctx; a worker that stops on its own is an
-// error.
+// Run runs the pod in its own group (NewGroup, Add) until ctx ends, and
+// stops it in the pipeline's order. It returns nil after a stop asked for
+// by ctx; a worker that stops on its own is an error.
 func (pod *Pod) Run(ctx context.Context) error {
+	g := NewGroup(pod.log)
+	if err := pod.Add(ctx, g); err != nil {
+		if ctx.Err() != nil {
+			return nil // a stop asked for during start-up
+		}
+		return err
+	}
+	return g.Run(ctx)
+}
+
+// Add adds the pod's parts to g at their stages (StageAdmission): the
+// worker; the event sink and, in the partitioned layout, the lease manager
+// (trailing: pacer facts learned while stopping are still published, and
+// leases kept until every held job is handed back); the follower, the grant
+// server and the live policy (services). ctx bounds what Add itself does
+// (the pods bucket). It returns lifecycle.ErrStopping if g's stop had
+// already passed their stages.
+func (pod *Pod) Add(ctx context.Context, g *lifecycle.Group) error {
 	ro := &RunOptions{}
 	if mgr := pod.mgr; mgr != nil {
 		ro.Stopping = mgr.StopTaking // a stopping pod takes no partition another pod just gave up
@@ -198,18 +212,16 @@ func (pod *Pod) Run(ctx context.Context) error {
 			}
 			return err
 		})
-		ro.Actors = append(ro.Actors, pod.follow)
 	}
-	grantCtx, stopGrants := context.WithCancel(context.Background())
-	defer stopGrants()
-	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.grants.Run(grantCtx) }, Interrupt: func(error) { stopGrants() }})
-	policyCtx, stopPolicy := context.WithCancel(context.Background())
-	defer stopPolicy()
-	ro.Actors = append(ro.Actors, Actor{Execute: func() error { return pod.policy.Run(policyCtx) }, Interrupt: func(error) { stopPolicy() }})
+	if pod.follow != nil {
+		ro.Services = append(ro.Services, pod.follow.Run)
+	}
+	ro.Services = append(ro.Services, pod.grants.Run, pod.policy.Run)
 	pods, err := pod.podsBucket(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil // a stop asked for during start-up
+			pod.stopFollow()
+			return lifecycle.ErrStopping // a stop asked for during start-up
 		}
 		// Not fatal: the pod works, but a replay beside it may not see it.
 		pod.log.Warn().Err(err).Msg("the pod cannot announce itself: a replay beside it may not see it, and pace its own requests")
@@ -222,7 +234,7 @@ func (pod *Pod) Run(ctx context.Context) error {
 			return nil
 		})
 	}
-	return pod.parts.Run(ctx, func(wctx context.Context) error {
+	err = pod.parts.Add(g, func(wctx context.Context) error {
 		// A replay pacing alone stops before this pod takes work.
 		pod.awaitLoneReplays(wctx, pods)
 		if wctx.Err() != nil {
@@ -237,6 +249,10 @@ func (pod *Pod) Run(ctx context.Context) error {
 		}
 		return nil
 	}, ro)
+	if err != nil && pod.follow != nil {
+		pod.follow.Close() // in case its Run was not added
+	}
+	return err
 }
 
 // newManager builds the lease manager of a partitioned pod: a partition

@@ -192,8 +192,11 @@ func (w *deletes) run(ctx context.Context, j *heldJob) {
 		return
 	}
 	lctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go w.keepInProgress(lctx, j)
+	// The in-progress acks end with the delete: nothing of it outlives its
+	// slot, which the stop's drain waits for.
+	kept := make(chan struct{})
+	go func() { defer close(kept); w.keepInProgress(lctx, j) }()
+	defer func() { stop(); <-kept }()
 	unlock, err := w.keys.lock(lctx, key)
 	if err != nil {
 		w.settler.handBack(j)

@@ -29,7 +29,11 @@ func (w *Worker) AddPartition(p int, c jetstream.Consumer, since time.Time) erro
 		defer w.intakes.Done()
 		defer close(pt.done)
 		if p == 0 && w.d.Legacy != nil {
-			go w.moveLegacy(ictx, w.d.Legacy)
+			// Owned by partition 0's intake: its copies are published and
+			// acked before the partition counts as stopped.
+			legacyDone := make(chan struct{})
+			go func() { defer close(legacyDone); w.moveLegacy(ictx, w.d.Legacy) }()
+			defer func() { <-legacyDone }()
 		}
 		w.lanes.partitionAdded(ictx, p) // before the first pull: lanes' jobs are acked unread
 		w.intakeLoop(ictx, c, p)

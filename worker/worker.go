@@ -29,6 +29,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/lifecycle"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/nats-io/nats.go/jetstream"
@@ -246,13 +247,27 @@ func (w *Worker) Run(ctx context.Context) error {
 		return startErr(fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err))
 	}
 	w.settler.kv = kv
-	// Fetches outlive ctx by the grace period; their context is cut after.
+	// Fetches outlive ctx by the grace period: the drain cuts them (at the
+	// grace's end or a second signal), and no later.
 	fctx, cancelFetch := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFetch()
-	hbCtx, stopHB := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopHB()
 
-	var loops sync.WaitGroup
+	// The worker's own stop, its part of the process's work stage
+	// (pipeline.StageWork), in the order of these stages:
+	//
+	//	stage   parts                                told when          waits for before returning
+	//	intake  intake (partitioned: parking and     ctx ends           nothing: no job is pulled or granted from here
+	//	        lanes; partition intakes are the
+	//	        lease manager's), dispatch loop
+	//	drain   the stop's grace                     intake returned    the partitions' intakes; queued jobs handed back;
+	//	                                                                fetches up to ShutdownGrace (its end or StopNow
+	//	                                                                cancels fctx); parks and lanes settled
+	//	upkeep  heartbeats, target probe,            drain returned     nothing: in-progress acks go out until every held
+	//	        stored-objects log                                      job is settled
+	g := lifecycle.New(w.log, stageIntake, "intake", "drain", "upkeep")
+	loop := func(f func(context.Context)) func(context.Context) error {
+		return func(ctx context.Context) error { f(ctx); return nil }
+	}
 	if w.o.Partitions > 0 {
 		if err := w.parking.open(ctx); err != nil {
 			return startErr(err)
@@ -262,41 +277,22 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		w.parts.begin(ctx, fctx)
 		w.setPulling() // ready: partitions come and go with the leases
-		loops.Add(1)
-		go func() { defer loops.Done(); w.parking.run(ctx) }()
-		loops.Add(1)
-		go func() { defer loops.Done(); w.lanes.run(ctx) }()
+		g.Add(stageIntake, "parking", loop(w.parking.run))
+		g.Add(stageIntake, "lanes", loop(w.lanes.run))
 	} else {
-		loops.Add(1)
-		go func() { defer loops.Done(); w.intakeLoop(ctx, w.d.Consumer, 0) }()
+		g.Add(stageIntake, "intake", loop(func(ctx context.Context) { w.intakeLoop(ctx, w.d.Consumer, 0) }))
 	}
-	loops.Add(1)
-	go func() { defer loops.Done(); w.dispatchLoop(ctx, fctx) }()
-	hbDone := make(chan struct{})
-	go func() { defer close(hbDone); w.heartbeatLoop(hbCtx) }()
-	probeDone := make(chan struct{})
-	go func() { defer close(probeDone); w.health.probeLoop(hbCtx) }()
-	storedDone := make(chan struct{})
-	go func() { defer close(storedDone); w.settler.stored.run(hbCtx) }()
-
-	<-ctx.Done()
-	loops.Wait()
-	w.intakes.Wait()
-	w.log.Info().Msg("worker stopping: handing back held jobs")
-	// Every job handed back from here counts: the queued ones, and those
-	// whose fetch the end of the grace or a second signal cancels.
-	handedBefore := w.settler.handedBack.Load()
-	w.handBackQueued()
-	slotsDone := make(chan struct{})
-	go func() { w.slots.Wait(); close(slotsDone) }()
-	w.awaitFetches(slotsDone, cancelFetch)
-	w.handBackQueued() // throttled jobs requeued during the grace period
-	w.parking.wait()   // parks in progress end with an ack or a NAK
-	w.lanes.wait()
-	stopHB()
-	<-hbDone
-	<-probeDone
-	<-storedDone
+	g.Add(stageIntake, "dispatch", loop(func(ctx context.Context) { w.dispatchLoop(ctx, fctx) }))
+	var handedBefore int64
+	g.Add(stageDrain, "drain", func(ctx context.Context) error {
+		<-ctx.Done()
+		handedBefore = w.drain(cancelFetch)
+		return nil
+	})
+	g.Add(stageUpkeep, "heartbeats", loop(w.heartbeatLoop))
+	g.Add(stageUpkeep, "target probe", loop(w.health.probeLoop))
+	g.Add(stageUpkeep, "stored log", loop(w.settler.stored.run))
+	_ = g.Run(ctx) // every part returns nil
 	if nc := w.d.JS.Conn(); nc != nil {
 		if err := nc.FlushTimeout(5 * time.Second); err != nil {
 			w.log.Warn().Err(err).Msg("flush acks at shutdown")
@@ -304,6 +300,34 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.log.Info().Int64("handed_back", w.settler.handedBack.Load()-handedBefore).Msg("worker stopped")
 	return nil
+}
+
+// The stages of a worker's stop (Run).
+const (
+	stageIntake lifecycle.Stage = iota
+	stageDrain
+	stageUpkeep
+)
+
+// drain is the stop once nothing is pulled or granted any more: it hands
+// back the queued jobs, waits for the fetches in flight within the grace
+// (awaitFetches, which may cancel them with cancelFetch), hands back what
+// was requeued meanwhile, and waits for parks and lanes to settle. It
+// returns the hand-backs counted before it began.
+func (w *Worker) drain(cancelFetch context.CancelFunc) (handedBefore int64) {
+	w.intakes.Wait()
+	w.log.Info().Msg("worker stopping: handing back held jobs")
+	// Every job handed back from here counts: the queued ones, and those
+	// whose fetch the end of the grace or a second signal cancels.
+	handedBefore = w.settler.handedBack.Load()
+	w.handBackQueued()
+	slotsDone := make(chan struct{})
+	go func() { w.slots.Wait(); close(slotsDone) }()
+	w.awaitFetches(slotsDone, cancelFetch)
+	w.handBackQueued() // throttled jobs requeued during the grace period
+	w.parking.wait()   // parks in progress end with an ack or a NAK
+	w.lanes.wait()
+	return handedBefore
 }
 
 // awaitFetches is the stop's grace: it waits until done (every slot has

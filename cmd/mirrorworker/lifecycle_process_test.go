@@ -122,7 +122,8 @@ func newSlowOrigin(t *testing.T) *slowOrigin {
 // waits; a second SIGINT ends the process at once with a non-zero exit,
 // the job handed back (handed_back=1) and no temporary file left; a
 // worker started right after fetches the job at once, not after the ack
-// wait.
+// wait (the NAK reached the server before the connection closed). The
+// admin endpoint serves /metrics throughout the grace: it stops last.
 func TestProcessCtrlCDuringALongDownload(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
@@ -160,6 +161,19 @@ func TestProcessCtrlCDuringALongDownload(t *testing.T) {
 		if !strings.Contains(report, want) {
 			t.Errorf("the stop's report %s does not say %q", report, want)
 		}
+	}
+	// The admin endpoint stops last (pipeline.StageAdmin): while the
+	// worker waits for its fetch, /metrics still answers.
+	if res, err := http.Get(first.start.AdminURL + "/metrics"); err != nil {
+		t.Errorf("/metrics during the stop's grace: %v, want it served until the worker is done", err)
+	} else {
+		res.Body.Close()
+		if res.StatusCode != http.StatusOK {
+			t.Errorf("/metrics during the stop's grace: %s", res.Status)
+		}
+	}
+	if !strings.Contains(first.log.String(), "stopping: the worker first") {
+		t.Errorf("no line says what the stop does")
 	}
 	waitFor(t, 3*worker.ShutdownReportEvery, "the report said again", func() bool { return len(waiting()) >= 2 })
 	t.Logf("reports: %s", strings.Join(waiting(), "\n"))

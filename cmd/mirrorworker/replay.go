@@ -332,10 +332,11 @@ func replayJobs(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, c *r
 	// The live pods' facts and operators' pauses while the replay runs, as
 	// a pod follows them; the replay's own facts carry its name, so that it
 	// skips them and the pods apply them.
-	follow, err := parts.Follow(js, c.workerID, log)
+	follow, err := parts.Follow(ctx, js, c.workerID, log)
 	if err != nil {
 		return err
 	}
+	defer follow.Close() // if it is not run: a start-up step below failed
 	if _, err := facts.Restore(ctx, js, parts.Pacer, facts.RestoreOptions{Window: c.restoreWindow, Logger: log}); err != nil {
 		return err
 	}
@@ -366,7 +367,7 @@ func replayJobs(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, c *r
 			Logger:   log,
 		})
 		return err
-	}, &pipeline.RunOptions{Actors: []pipeline.Actor{follow, live}})
+	}, &pipeline.RunOptions{Services: []func(context.Context) error{follow.Run, live}})
 	run := ""
 	if lone.handedOver {
 		run = lone.run
@@ -396,16 +397,15 @@ func loneWaits(pods, own replay.Waits) replay.Waits {
 // followLivePolicy loads the live policy (MIRROR_POLICY) over the replay's
 // own (static: --policy, --floor, --max-in-flight, --max-bandwidth) into
 // its pacer, with a pod's precedence (docs/adr/0023), and returns the
-// actor that follows its changes, and the watcher: a replay that paces its
+// part that follows its changes (its run), and the watcher: a replay that paces its
 // own requests keeps the floors, caps and groups operators set on the
 // cluster.
-func followLivePolicy(ctx context.Context, js jetstream.JetStream, c *replayConfig, parts *pipeline.Parts, static *pacer.Policy, log zerolog.Logger) (pipeline.Actor, *policy.Watcher, error) {
+func followLivePolicy(ctx context.Context, js jetstream.JetStream, c *replayConfig, parts *pipeline.Parts, static *pacer.Policy, log zerolog.Logger) (func(context.Context) error, *policy.Watcher, error) {
 	w, err := policy.Open(ctx, js, policy.Options{Base: static, Apply: parts.SetPolicy, Replicas: c.streamReplicas, Logger: log})
 	if err != nil {
-		return pipeline.Actor{}, nil, fmt.Errorf("live policy: %w", replicasHint(err, c.streamReplicas))
+		return nil, nil, fmt.Errorf("live policy: %w", replicasHint(err, c.streamReplicas))
 	}
-	pctx, stop := context.WithCancel(context.Background())
-	return pipeline.Actor{Execute: func() error { return w.Run(pctx) }, Interrupt: func(error) { stop() }}, w, nil
+	return w.Run, w, nil
 }
 
 // loneReplay is what a replay without pods needs to hand over to pods that

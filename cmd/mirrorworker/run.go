@@ -16,7 +16,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	oklogrun "github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
@@ -29,6 +28,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/lifecycle"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/pipeline"
@@ -225,7 +225,9 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		return err
 	}
 	if embedded != nil {
-		defer embedded.Shutdown() // after the group: the worker acks until its last job
+		// The group shuts the server down in its order (runGroup); this is
+		// for a return before the group runs (a second Shutdown is a no-op).
+		defer embedded.Shutdown()
 		// A second worker refused the data directory reads how to join this one here.
 		if err := lock.Record(dirlock.Holder{PID: os.Getpid(), NATSURL: embedded.ClientURL(), AdminURL: adm.URL()}); err != nil {
 			return err
@@ -250,7 +252,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 			return e
 		},
 	}
-	return runGroup(ctx, adm, p, c.stopNow, log)
+	return runGroup(ctx, adm, embedded, p, c.stopNow, log)
 }
 
 // openStore proves the data directory writable, locks it when this worker
@@ -427,59 +429,72 @@ func (c *runConfig) startEmbedded(dataDir string, log zerolog.Logger) (*broker.E
 	})
 }
 
-// runGroup runs the admin endpoint and the pipeline in one run group until
-// ctx ends or one of them returns; the first to return stops the other.
+// runGroup runs the process's parts in one group (pipeline.NewGroup) until
+// ctx ends or one of them returns, and stops them in the pipeline's order
+// (pipeline.StageAdmission has the table): the pod's parts, which natsStage
+// adds once NATS is reached, then the NATS connection, the embedded server
+// (nil with --nats-url) and last the admin endpoint.
 //
 // A stop ended at once by stopNow (a second signal) is an error: the
 // operator cut the grace short, and the jobs in flight were handed back
 // unfinished.
-func runGroup(ctx context.Context, adm *admin.Server, p *natsStage, stopNow <-chan struct{}, log zerolog.Logger) error {
-	var (
-		g       oklogrun.Group
-		pipeErr error // set by the pipeline actor before it returns
-	)
-	g.Add(oklogrun.ContextHandler(ctx))
-	{
-		// The admin endpoint serves from the start, so /healthz answers and
-		// /readyz says why not while NATS is being reached.
-		actx, cancel := context.WithCancel(context.Background())
-		g.Add(func() error {
-			if err := adm.Run(actx); err != nil {
-				return err
-			}
+func runGroup(ctx context.Context, adm *admin.Server, embedded *broker.Embedded, p *natsStage, stopNow <-chan struct{}, log zerolog.Logger) error {
+	g := pipeline.NewGroup(log)
+	// The admin endpoint serves from the start, so /healthz answers and
+	// /readyz says why not while NATS is being reached.
+	g.Add(pipeline.StageAdmin, "admin endpoint", func(actx context.Context) error {
+		if err := adm.Run(actx); err != nil {
+			return err
+		}
+		if actx.Err() == nil {
 			return errors.New("admin endpoint stopped")
-		}, func(error) { cancel() })
+		}
+		return nil
+	})
+	if embedded != nil {
+		// Down only once the connection has flushed the worker's last acks.
+		g.Add(pipeline.StageServer, "embedded NATS server", func(sctx context.Context) error {
+			<-sctx.Done()
+			embedded.Shutdown()
+			return nil
+		})
 	}
-	{
-		pctx, cancel := context.WithCancel(context.Background())
-		g.Add(func() error {
-			pipeErr = p.run(pctx)
-			if pipeErr == nil && pctx.Err() == nil {
-				pipeErr = errors.New("worker stopped on its own")
-			}
-			return pipeErr
-		}, func(error) { cancel() })
-	}
-	err := g.Run()
+	g.Add(pipeline.StageConn, "NATS connection", func(cctx context.Context) error { return p.run(cctx, g) })
+	var began time.Time
+	// The first stage: says what the stop does, as it begins.
+	g.Add(pipeline.StageAdmission, "stop plan", func(sctx context.Context) error {
+		<-sctx.Done()
+		began = time.Now()
+		then := "its leases and pacer facts, the NATS connection"
+		if embedded != nil {
+			then += ", the embedded NATS server"
+		}
+		log.Info().Str("grace", p.c.shutdownGrace.String()).
+			Msgf("stopping: the worker first (it takes no new job; fetches in flight get up to %s, then its held jobs are handed back), then %s, and the admin endpoint last",
+				p.c.shutdownGrace, then)
+		return nil
+	})
+	err := g.Run(ctx)
 	if ctx.Err() != nil {
 		// Asked to stop: the stop is graceful unless the worker failed,
 		// including while stopping.
-		if pipeErr != nil {
-			return pipeErr
+		if err != nil {
+			return err
 		}
 		select {
 		case <-stopNow:
 			return errors.New("stopped at once by a second signal: the jobs in flight were handed back unfinished, for redelivery now")
 		default:
 		}
-		log.Info().Msg("mirrorworker stopped")
+		log.Info().Str("took", time.Since(began).Round(time.Millisecond).String()).Msg("mirrorworker stopped")
 		return nil
 	}
 	return err
 }
 
 // natsStage is the part of the worker that needs NATS: streams, consumer,
-// pacer, fetcher and the consume loop. It runs as one actor of run's group.
+// pacer, fetcher and the consume loop. It runs as the NATS connection's
+// actor of run's group, and adds the pod's parts to that group once wired.
 type natsStage struct {
 	c        *runConfig
 	log      zerolog.Logger
@@ -496,10 +511,12 @@ type natsStage struct {
 	startFields func(*zerolog.Event) *zerolog.Event
 }
 
-// run connects, wires and runs the worker until ctx is cancelled, then stops
-// it gracefully. It returns nil after a stop asked for by ctx, even one
-// during start-up.
-func (p *natsStage) run(ctx context.Context) error {
+// run connects and wires the pod, adds its parts to g (pipeline.Pod.Add),
+// and holds the connection until ctx ends, which is once the pod's parts
+// have returned (the group's order); then it flushes the last acks and
+// closes. It returns nil after a stop asked for by ctx, even one during
+// start-up.
+func (p *natsStage) run(ctx context.Context, g *lifecycle.Group) error {
 	c, log := p.c, p.log
 	nc, natsURL, err := p.connect(ctx)
 	if err != nil {
@@ -553,8 +570,15 @@ func (p *natsStage) run(ctx context.Context) error {
 		}
 		return pod.Serving() // readiness means serving its share (docs/adr/0007)
 	}, parked: w.Parked, fetches: w.Fetches})
+	if err := pod.Add(ctx, g); err != nil {
+		if errors.Is(err, lifecycle.ErrStopping) {
+			return nil // a stop asked for during start-up
+		}
+		return err
+	}
 	p.logStart(natsURL, pod.Partitions)
-	return pod.Run(ctx)
+	<-ctx.Done()
+	return nil
 }
 
 // podReconnectWait is how long a pod waits between attempts to reconnect
