@@ -120,7 +120,13 @@ func TestProcessReplayBesideLivePods(t *testing.T) {
 	replayDeps := filepath.Join(deps.dir, "departures-replay")
 	rp, rout := startReplayProcessEnv(t, []string{departures.Env + "=" + replayDeps},
 		"--nats-url", natsURL, "--target", newRoot, "--progress", "lines", "--allow-private-networks")
-	waitFor(t, 30*time.Second, "the replay's entry", func() bool { return len(replayRuns(t, js)) == 1 })
+	// Its entry is written before it has chosen its jobs (it waits for
+	// earlier lone replays first); once the entry counts them, the choice
+	// is made, and the live jobs below are after it.
+	waitFor(t, 30*time.Second, "the replay's entry with its jobs counted", func() bool {
+		runs := replayRuns(t, js)
+		return len(runs) == 1 && runs[0].Jobs > 0
+	})
 	liveTargets := map[string]string{}
 	names := []string{origin.named("plain"), origin.named("429")}
 	liveAt := time.Now() // every live job waits from here
