@@ -31,11 +31,12 @@ func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
 	}
 	t.Parallel()
 	const (
-		perAuth    = 14
-		extra      = 4 // per authority, enqueued just before the kill
-		podFloor   = 300 * time.Millisecond
-		groupFloor = 400 * time.Millisecond
-		slack      = groupFloor / 10 // as the other process tests: a loaded machine's timing
+		perAuth     = 14
+		extra       = 4 // per authority, enqueued just before the kill
+		joinedExtra = 4 // per authority, enqueued once the third has joined
+		podFloor    = 300 * time.Millisecond
+		groupFloor  = 400 * time.Millisecond
+		slack       = groupFloor / 10 // as the other process tests: a loaded machine's timing
 	)
 	natsURL := externalNATS(t)
 	origins := []*arrivalOrigin{newArrivalOrigin(t), newArrivalOrigin(t), newArrivalOrigin(t)}
@@ -85,12 +86,18 @@ func TestProcessGroupIsOnePaceAcrossPods(t *testing.T) {
 	// request its pacer started just before that was paced by the policy
 	// of its time. applied is when the last pod had the change.
 	applied := waitPolicyApplied(t, pods, pacer.GroupPrefix+"trio", moved)
+	// The third authority's own jobs may all be done by now (alone at
+	// 300 ms it outruns the group on a quick machine): jobs for it
+	// published after the change make sure it has work in the group.
+	joined := jobsFor(perAuth, perAuth+joinedExtra)
+	publishURLs(t, natsURL, targets, joined)
+	urls = append(urls, joined...)
 	waitFor(t, 60*time.Second, "4 requests to the third authority after it joined", func() bool {
 		return origins[2].countAfter(applied) >= 4
 	})
 	// More jobs for the three, so that the kill comes while the group has
 	// work however fast the run went so far.
-	more := jobsFor(perAuth, perAuth+extra)
+	more := jobsFor(perAuth+joinedExtra, perAuth+joinedExtra+extra)
 	publishURLs(t, natsURL, targets, more)
 	urls = append(urls, more...)
 	partitions := jobs.DefaultPartitions
