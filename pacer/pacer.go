@@ -1106,9 +1106,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	} else if iv > target {
 		iv = max(target, iv/2)
 	} else if e.rd != nil && e.rd.tight {
-		// A tight reading's pace is its lower bound: the origin
-		// admits at least that, and a creep past it would buy at most
-		// the bounds' spread for a refusal that costs a Retry-After.
+		// A tight reading's pace is a quarter of its spread above its
+		// lower bound (reading.go): a creep past it would buy at most
+		// the rest of the spread for a refusal that costs a Retry-After.
 		iv = max(target, iv)
 	} else {
 		steps := int64(e.decaySteps)

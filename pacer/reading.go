@@ -54,8 +54,9 @@ type reading struct {
 	// refusal's short answer overtaking a body) belongs to the blast.
 	blastEnd int64
 	// tight is whether the last reading's two bounds were within
-	// tightReading of each other: the rate is known, the pace is the
-	// lower bound, and the interval does not creep below it.
+	// tightReading of each other: the rate is known, the pace is near
+	// the lower bound (tightPlace), and the interval does not creep
+	// below it.
 	tight bool
 	// dropped is whether admissions since the last escalation fell out of
 	// at: the window may then have lost the bucket's last empty instant,
@@ -126,12 +127,19 @@ func (rd *reading) crossing(seq uint64, n int64) int64 {
 }
 
 // A reading whose lower bound is at least tightReading of its upper one
-// knows the origin's rate to a few percent: the pace holds at its lower
-// bound, since each rejection a creep provokes costs a whole Retry-After.
-// A looser one's middle errs either way by up to half the spread: the
-// creep from it is looseCreep times faster (ADR 0029).
+// knows the origin's rate to a few percent: the pace holds tightPlace of
+// the spread above its lower bound, with no creep, since each rejection a
+// creep provokes costs a whole Retry-After. Held at the lower bound itself
+// it paid the whole spread when the rate is near the upper one (a pod read
+// 1.9 r/s for 2); a quarter above it pays at most three quarters of it,
+// and where the rate is below that point, overshoots it by at most a
+// quarter of 10%, which a bucket of depth b absorbs for b/(0.025 r) s
+// (120 s at 2 r/s) before one refusal tightens the reading. A looser
+// one's middle errs either way by up to half the spread: the creep from
+// it is looseCreep times faster (ADR 0029).
 const (
 	tightReading = 0.9
+	tightPlace   = 0.25
 	looseCreep   = 4
 )
 
@@ -190,7 +198,7 @@ func (rd *reading) rate(t int64) float64 {
 	}
 	rd.tight = lo >= tightReading*up
 	if rd.tight {
-		return lo
+		return lo + tightPlace*(up-lo)
 	}
 	return (lo + up) / 2
 }
