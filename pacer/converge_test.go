@@ -185,10 +185,11 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		// not know the rate needs two refusals, one to find the limit and
 		// its burst, one to read its rate, and each costs the 2 s
 		// Retry-After and the 2 s first step after the probe. Against
-		// nginx's own arithmetic (limitreq) this settles at 1.39x with 5
-		// rejections at 20 ms and at 1 ms (1.617x with 7 when the reading
-		// took the burst one short); an operator's first step of 100 ms
-		// at about 1.2x.
+		// nginx's own arithmetic (limitreq) this settles at 1.39x with 4
+		// rejections at 20 ms and at 1 ms (5 while the ramp's refusal
+		// came in pairs, before the crossing rule; 1.617x with 7 when
+		// the reading took the burst one short); an operator's first
+		// step of 100 ms at about 1.15x.
 		{10, 0, 0, 0, 1.45, 6, 1, false},
 		{10, 0, 0, time.Millisecond, 1.45, 6, 1, false},
 		{10, 0, 100 * time.Millisecond, 0, 1.3, 6, 1, false},
