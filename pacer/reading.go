@@ -114,8 +114,8 @@ func (rd *reading) answered(seq uint64, start, n int64, refused bool, most int64
 }
 
 // crossing is until when a request other than seq may not start at n: the
-// open request's start plus crossingWindow, while it is unanswered and
-// younger than that; 0 when nothing holds it.
+// open request's start plus crossingRTTs round trips, while it is
+// unanswered and younger than that; 0 when nothing holds it.
 func (rd *reading) crossing(seq uint64, n int64) int64 {
 	if rd.open == 0 || rd.open == seq || rd.rtt <= 0 {
 		return 0
