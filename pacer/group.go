@@ -307,6 +307,7 @@ func (p *Pacer) mergeLocked(d, src *entry) {
 		d.resumed, d.answeredOn = src.resumed, src.answeredOn
 		if src.rd != nil {
 			rd := *src.rd
+			rd.open = 0 // its answer comes to the old pace's entry
 			d.rd = &rd
 		}
 	}

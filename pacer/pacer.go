@@ -538,6 +538,9 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth, key string, now time.Tim
 	if d.probe {
 		e.probeSeq = s.seq
 	}
+	if e.rd != nil && d.start == n {
+		e.rd.started(s.seq, n)
+	}
 	return Permit{Authority: auth, Start: now.Add(time.Duration(d.start - n)), Probe: d.probe, Interval: time.Duration(d.spacing), seq: s.seq, key: key}, nil
 }
 
@@ -638,11 +641,26 @@ func (p *Pacer) decideLocked(e *entry, n int64, q ask) decision {
 	if q.seq == 0 {
 		held++
 	}
+	var cross int64
+	if e.rd != nil && !q.noCap {
+		// Once throttled, no request starts while the latest one is
+		// unanswered and younger than two refusal round trips: it would
+		// cross that one's refusal on its way, and arrive while the
+		// origin had said wait (ADR 0029). A granted permit moves its
+		// start; a new request waits for the answer, which frees it as
+		// a place in the cap does.
+		cross = e.rd.crossing(q.seq, n)
+		if q.seq != 0 {
+			d.start = max(d.start, cross)
+		}
+	}
 	switch gap := d.start - n; {
 	case !q.noCap && (held > e.maxFlight || over):
 		// Over the announced budget, as at the cap (or a cap lowered
 		// since the grant, SetPolicy), the next response frees a place.
 		d.reason, d.wait = ReasonInFlight, max(gap, d.spacing, p.inFlightMinWait)
+	case cross > d.start:
+		d.reason, d.wait = ReasonInFlight, cross-n
 	case q.maxWait >= 0 && gap > q.maxWait:
 		d.reason, d.wait = ReasonSpacing, gap
 	}
@@ -734,6 +752,9 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		return pm, nil
 	}
 	p.startedLocked(e, pm.seq, n)
+	if e.rd != nil {
+		e.rd.started(pm.seq, n)
+	}
 	if p.awaitSends && d.spacing+p.guardFor(e) > 0 && !p.unspaced(pm) {
 		e.unsent = pm.seq
 	}
@@ -772,6 +793,9 @@ func (p *Pacer) Sent(now time.Time, pm Permit) {
 			e.unsent = 0
 		}
 		p.startedLocked(e, pm.seq, n)
+		if e.rd != nil {
+			e.rd.wrote(pm.seq, n)
+		}
 	}
 	s.mu.Unlock()
 }
@@ -855,8 +879,11 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		e.answered++
 		e.answeredOn = min(e.answeredOn+1, math.MaxInt32)
 	}
-	if learn && oc == outcomeOK && e.rd != nil {
-		e.rd.admitted(startOr(pm, n))
+	if e.rd != nil {
+		if learn && oc == outcomeOK {
+			e.rd.admitted(startOr(pm, n))
+		}
+		e.rd.answered(pm.seq, startOr(pm, n), n, false, p.probeWait)
 	}
 	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
@@ -914,6 +941,11 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 			started = pm.Start.UnixNano()
 		}
 		p.learnLocked(e, key, n, started, probe, *fb, &fx)
+	}
+	if e.rd != nil {
+		// After learnLocked, which makes the reading at the first
+		// refusal: that refusal's round trip is the first measured.
+		e.rd.answered(pm.seq, startOr(pm, n), n, learn && throttled, p.probeWait)
 	}
 	p.healthLocked(e, key, n, r, oc, &fx)
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
@@ -1074,9 +1106,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	} else if iv > target {
 		iv = max(target, iv/2)
 	} else if e.rd != nil && e.rd.tight {
-		// A tight reading's pace is its lower bound: the origin
-		// admits at least that, and a creep past it would buy at most
-		// the bounds' spread for a refusal that costs a Retry-After.
+		// A tight reading's pace is a quarter of its spread above its
+		// lower bound (reading.go): a creep past it would buy at most
+		// the rest of the spread for a refusal that costs a Retry-After.
 		iv = max(target, iv)
 	} else {
 		steps := int64(e.decaySteps)

@@ -54,22 +54,92 @@ type reading struct {
 	// refusal's short answer overtaking a body) belongs to the blast.
 	blastEnd int64
 	// tight is whether the last reading's two bounds were within
-	// tightReading of each other: the rate is known, the pace is the
-	// lower bound, and the interval does not creep below it.
+	// tightReading of each other: the rate is known, the pace is near
+	// the lower bound (tightPlace), and the interval does not creep
+	// below it.
 	tight bool
 	// dropped is whether admissions since the last escalation fell out of
 	// at: the window may then have lost the bucket's last empty instant,
 	// and the upper bound, which needs it, is not read.
 	dropped bool
+	// open is the permit of the latest start (its confirm, moved to its
+	// write) not yet answered, 0 if none, and openAt that start; rtt is
+	// how long a refusal takes to come back, from its start to its
+	// answer (the longest lately). While open is younger than
+	// crossingRTTs round trips, no other request starts: one sent then
+	// would be on its way when a refusal of open left the origin, and
+	// the origin counts it as early (ADR 0029, "Requests that cross a
+	// refusal").
+	open   uint64
+	openAt int64
+	rtt    int64
+}
+
+// crossingRTTs is how many refusal round trips an unanswered request
+// holds the next one back: one is the round trip itself, the second a
+// margin for the answer's jitter (a busy CPU, a GC pause).
+const crossingRTTs = 2
+
+// started records the actual start of permit seq at n (Acquire's grant
+// for now, or Confirm).
+func (rd *reading) started(seq uint64, n int64) {
+	if seq != 0 && n >= rd.openAt {
+		rd.open, rd.openAt = seq, n
+	}
+}
+
+// wrote records the write of permit seq at n (Sent): the origin receives it
+// then, so a refusal's way back counts from there. A write reported after
+// the answer (Sent after Done) opens nothing.
+func (rd *reading) wrote(seq uint64, n int64) {
+	if seq != 0 && seq == rd.open {
+		rd.openAt = max(rd.openAt, n)
+	}
+}
+
+// answered records the answer at n to permit seq, started at start (its
+// grant's Start; its write when it is the open one), and for a refusal the
+// round trip it took, capped at most (ProbeWait: a refusal slower than that
+// is a slow origin, not a round trip). An older round trip fades by an
+// eighth per refusal, so that one slow answer does not hold every later
+// start back for the rest of the run.
+func (rd *reading) answered(seq uint64, start, n int64, refused bool, most int64) {
+	if seq != 0 && seq == rd.open {
+		start = max(start, rd.openAt)
+		rd.open = 0
+	}
+	if refused && start != 0 && n > start {
+		rd.rtt = max(min(n-start, most), rd.rtt-rd.rtt/8)
+	}
+}
+
+// crossing is until when a request other than seq may not start at n: the
+// open request's start plus crossingRTTs round trips, while it is
+// unanswered and younger than that; 0 when nothing holds it.
+func (rd *reading) crossing(seq uint64, n int64) int64 {
+	if rd.open == 0 || rd.open == seq || rd.rtt <= 0 {
+		return 0
+	}
+	if until := rd.openAt + crossingRTTs*rd.rtt; until > n {
+		return until
+	}
+	return 0
 }
 
 // A reading whose lower bound is at least tightReading of its upper one
-// knows the origin's rate to a few percent: the pace holds at its lower
-// bound, since each rejection a creep provokes costs a whole Retry-After.
-// A looser one's middle errs either way by up to half the spread: the
-// creep from it is looseCreep times faster (ADR 0029).
+// knows the origin's rate to a few percent: the pace holds tightPlace of
+// the spread above its lower bound, with no creep, since each rejection a
+// creep provokes costs a whole Retry-After. Held at the lower bound itself
+// it paid the whole spread when the rate is near the upper one (a pod read
+// 1.9 r/s for 2); a quarter above it pays at most three quarters of it,
+// and where the rate is below that point, overshoots it by at most a
+// quarter of 10%, which a bucket of depth b absorbs for b/(0.025 r) s
+// (120 s at 2 r/s) before one refusal tightens the reading. A looser
+// one's middle errs either way by up to half the spread: the creep from
+// it is looseCreep times faster (ADR 0029).
 const (
 	tightReading = 0.9
+	tightPlace   = 0.25
 	looseCreep   = 4
 )
 
@@ -128,7 +198,7 @@ func (rd *reading) rate(t int64) float64 {
 	}
 	rd.tight = lo >= tightReading*up
 	if rd.tight {
-		return lo
+		return lo + tightPlace*(up-lo)
 	}
 	return (lo + up) / 2
 }
