@@ -44,13 +44,21 @@ func NewClient(nc *nats.Conn, name string, timeout time.Duration, clk clock.Cloc
 }
 
 // Ask asks once for a start for auth ("host:port"): a grant, or a wait.
+// An ask the owner holds for its slot is answered within its MaxHold even
+// when ctx ends meanwhile: a grant made as the caller gave up would hold
+// the authority's place in the owner's pacer until it lapses (30 s of an
+// origin left idle), so it is reported cancelled at once and Ask returns
+// ctx's error.
 func (c *Client) Ask(ctx context.Context, auth string) (Answer, error) {
 	b, _ := json.Marshal(Ask{Authority: auth, Client: c.name})
-	rctx, cancel := context.WithTimeout(ctx, c.timeout)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
 	m, err := c.nc.RequestWithContext(rctx, AskSubject(auth), b)
 	if err != nil {
-		if ctx.Err() == nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout)) {
+		if ctx.Err() != nil {
+			return Answer{}, fmt.Errorf("grant: ask for %s: %w", auth, ctx.Err())
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) {
 			return Answer{}, fmt.Errorf("%w: %s (%w)", ErrNoOwner, auth, err)
 		}
 		return Answer{}, fmt.Errorf("grant: ask for %s: %w", auth, err)
@@ -58,6 +66,12 @@ func (c *Client) Ask(ctx context.Context, auth string) (Answer, error) {
 	var a Answer
 	if err := json.Unmarshal(m.Data, &a); err != nil {
 		return Answer{}, fmt.Errorf("grant: answer for %s: %w", auth, err)
+	}
+	if ctx.Err() != nil {
+		if a.Granted() {
+			_, _ = c.Report(context.WithoutCancel(ctx), auth, a, pacer.Response{Cancelled: true})
+		}
+		return Answer{}, fmt.Errorf("grant: ask for %s: %w", auth, ctx.Err())
 	}
 	return a, nil
 }

@@ -257,3 +257,69 @@ func BenchmarkGrantsServed(b *testing.B) {
 		}
 	})
 }
+
+// TestAGrantTheAskerGaveUpOnIsGivenBack: an ask the owner holds for its
+// slot, whose caller gives up (Ctrl-C) before the slot comes, is still
+// answered; the grant made then is reported cancelled at once, so it does
+// not hold the authority's place until it lapses (30 s by default, here
+// never: the fake clock stops at the slot).
+func TestAGrantTheAskerGaveUpOnIsGivenBack(t *testing.T) {
+	const floor = time.Second
+	clk := clock.NewFake(time.Date(2026, 12, 3, 14, 0, 0, 0, time.UTC))
+	s, nc := serve(t, testPacer(floor, 2), &grant.Options{Clock: clk})
+	c := grant.NewClient(nc, "test", 0, clk)
+	ctx := brokertest.Context(t)
+	before := s.Outstanding() // serve's probe of another authority
+	first, err := c.Ask(ctx, auth)
+	if err != nil || !first.Granted() {
+		t.Fatalf("first ask: %+v, %v", first, err)
+	}
+	// The second is held for its slot, a floor after the first's start:
+	// the server sleeps on the clock for it (one timer more).
+	base := clk.Timers()
+	gave, giveUp := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Ask(gave, auth)
+		done <- err
+	}()
+	for i := 0; clk.Timers() <= base; i++ {
+		if i > 10000 {
+			t.Fatal("the second ask was never held")
+		}
+		time.Sleep(time.Millisecond) // lets the server take the ask
+	}
+	giveUp()
+	// The slot comes (the pacer may move a start on by its start guard:
+	// the clock goes on while the server sleeps on it), whether or not
+	// the ask has returned.
+	var askErr error
+	returned := false
+	for i := 0; !returned || clk.Timers() > base; i++ {
+		if i > 10000 {
+			t.Fatal("the ask given up on never returned, or its slot never came")
+		}
+		select {
+		case askErr = <-done:
+			returned = true
+		default:
+		}
+		if clk.Timers() > base {
+			clk.Advance(10 * time.Millisecond)
+		}
+		time.Sleep(time.Millisecond) // lets the server's goroutine run
+	}
+	if !errors.Is(askErr, context.Canceled) {
+		t.Fatalf("the ask given up on: %v, want context.Canceled", askErr)
+	}
+	if _, err := c.Report(ctx, auth, first, pacer.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	// A grant made for nobody would show within moments of its slot (the
+	// server's goroutine has woken); watched for a second.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if n := s.Outstanding(); n != before {
+			t.Fatalf("%d grants outstanding after the first was reported, %d before: the one made for the ask given up on holds a place until it lapses", n, before)
+		}
+	}
+}
