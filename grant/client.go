@@ -25,6 +25,16 @@ type Client struct {
 	name    string
 	timeout time.Duration
 	clk     clock.Clock
+	writes  bool // its asks say it reports writes (ReportingWrites)
+}
+
+// ReportingWrites returns a copy of c whose asks tell the owner that the
+// caller reports each granted request's write with Sent (Ask.Writes), as
+// Paced does: the owner then spaces its next start from the write itself.
+func (c *Client) ReportingWrites() *Client {
+	cp := *c
+	cp.writes = true
+	return &cp
 }
 
 // DefaultTimeout is how long a Client waits for an answer (NewClient's
@@ -50,7 +60,7 @@ func NewClient(nc *nats.Conn, name string, timeout time.Duration, clk clock.Cloc
 // origin left idle), so it is reported cancelled at once and Ask returns
 // ctx's error.
 func (c *Client) Ask(ctx context.Context, auth string) (Answer, error) {
-	b, _ := json.Marshal(Ask{Authority: auth, Client: c.name})
+	b, _ := json.Marshal(Ask{Authority: auth, Client: c.name, Writes: c.writes})
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
 	m, err := c.nc.RequestWithContext(rctx, AskSubject(auth), b)

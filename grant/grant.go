@@ -61,6 +61,12 @@ type Ask struct {
 	Authority string `json:"authority"`
 	// Client names the asker in the server's log.
 	Client string `json:"client,omitempty"`
+	// Writes says that the asker reports when the granted request is
+	// written (Client.Sent): the owner then keeps the next start a spacing
+	// after that write, and none starts before it is reported or the
+	// grant done, as for the owner's own requests (pacer.Options.AwaitSends).
+	// Without it the grant's answer counts as the write.
+	Writes bool `json:"writes,omitempty"`
 }
 
 // Answer is the server's answer to an Ask: a grant (Grant set: start the

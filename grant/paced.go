@@ -109,7 +109,9 @@ func NewPaced(ctx context.Context, local Local, c *Client, o *PacedOptions) *Pac
 	if r.Clock == nil {
 		r.Clock = clock.Real{}
 	}
-	return &Paced{Local: local, ctx: ctx, c: c, o: r, grants: map[pacer.Permit]Answer{}, waits: map[string]pacer.RefusedError{}}
+	// Paced reports every granted request's write (Sent): its owner waits
+	// for it before the next start, as for its own requests.
+	return &Paced{Local: local, ctx: ctx, c: c.ReportingWrites(), o: r, grants: map[pacer.Permit]Answer{}, waits: map[string]pacer.RefusedError{}}
 }
 
 // Acquire refuses while the owner said the authority waits longer than

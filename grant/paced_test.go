@@ -255,3 +255,57 @@ func TestPacedTellsWhatItLearnedAlone(t *testing.T) {
 		t.Fatalf("verdict %+v, %d unreported, learned %+v: want one throttled verdict of about 30 s told", v, unreported, learned)
 	}
 }
+
+// TestAnAskerThatReportsWritesIsAwaited: the owner's pacer keeps the floor
+// between requests as the origin receives them (AwaitSends, as a pod's
+// does). A grant's answer counts as its write for an asker that does not
+// report writes, so the next start may come a floor after the answer; for
+// one that does (Paced), the next start waits for its Sent, however late
+// the asker writes (a loaded machine), and is a floor after it.
+func TestAnAskerThatReportsWritesIsAwaited(t *testing.T) {
+	const floor = 200 * time.Millisecond
+	for _, writes := range []bool{false, true} {
+		t0 := time.Now()
+		clk := clock.NewFake(t0)
+		owner := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: 4}}, AwaitSends: true})
+		_, nc := serve(t, owner, &grant.Options{Clock: clk})
+		c := grant.NewClient(nc, "test", 0, nil)
+		if writes {
+			c = c.ReportingWrites()
+		}
+		ctx := brokertest.Context(t)
+		g, err := c.Ask(ctx, auth)
+		if err != nil || !g.Granted() {
+			t.Fatalf("writes %v: ask: %+v, %v", writes, g, err)
+		}
+		clk.Advance(floor + 50*time.Millisecond) // the asker has not written yet
+		_, err = owner.Acquire(clk.Now(), auth, 0)
+		if started := err == nil; started == writes {
+			t.Errorf("writes %v: a start %v after the grant, its request not yet written: %v", writes, floor+50*time.Millisecond, err)
+		}
+		if !writes {
+			continue
+		}
+		if err := c.Sent(auth, g); err != nil {
+			t.Fatal(err)
+		}
+		wrote := clk.Now()
+		// The clock goes on until the owner starts again: no sooner than a
+		// floor after the write (the owner takes it when the Sent arrives,
+		// at the latest).
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if _, err := owner.Acquire(clk.Now(), auth, 0); err == nil {
+				if at := clk.Now().Sub(wrote); at < floor {
+					t.Errorf("the next start %v after the write, floor %v", at, floor)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no start after the reported write")
+			}
+			clk.Advance(10 * time.Millisecond)
+			runtime.Gosched()
+		}
+	}
+}

@@ -145,15 +145,15 @@ func (s *Server) ask(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	if !pm.Start.After(s.clk.Now()) {
-		s.confirm(ctx, m, pm)
+		s.confirm(ctx, m, pm, a.Writes)
 		return
 	}
-	go s.confirm(ctx, m, pm) // the slot is to come: hold this ask, not the others
+	go s.confirm(ctx, m, pm, a.Writes) // the slot is to come: hold this ask, not the others
 }
 
 // confirm waits for pm's start, confirms it and answers with the grant; a
 // revoked permit (a cooldown learned meanwhile) is answered as a wait.
-func (s *Server) confirm(ctx context.Context, m *nats.Msg, pm pacer.Permit) {
+func (s *Server) confirm(ctx context.Context, m *nats.Msg, pm pacer.Permit, writes bool) {
 	for {
 		now := s.clk.Now()
 		if d := pm.Start.Sub(now); d > 0 {
@@ -184,7 +184,14 @@ func (s *Server) confirm(ctx context.Context, m *nats.Msg, pm pacer.Permit) {
 			s.reply(m, Answer{Wait: MovedWait, Reason: ReasonMoved})
 			return
 		}
-		s.p.Sent(now, next)
+		if !writes {
+			// The asker does not report its write: the answer counts as
+			// it. One that does is awaited (its Sent, or the grant's end):
+			// an asker slow to write after the answer (a loaded machine)
+			// would otherwise bring its request and the next one closer
+			// than the floor at the origin.
+			s.p.Sent(now, next)
+		}
 		s.seq++
 		id := s.o.ID + "-" + strconv.FormatUint(s.seq, 10)
 		lapses := now.Add(s.o.Lapse)
