@@ -766,22 +766,7 @@ func BenchmarkPutSmall(b *testing.B) {
 // CPU storing into 16 directories, as a worker with many fetches in flight
 // does: concurrent Puts into one directory share its fsync.
 func BenchmarkPutSmallParallel(b *testing.B) {
-	ft := open(b)
-	ctx := context.Background()
-	body := bytes.Repeat([]byte("m"), 4<<10)
-	b.SetBytes(int64(len(body)))
-	b.SetParallelism(16)
-	var n atomic.Int64
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			i := n.Add(1)
-			key := fmt.Sprintf("host/d%d/obj-%d", i%16, i)
-			if _, err := ft.Put(ctx, key, bytes.NewReader(body), mirror.Expect{}, mirror.Meta{URL: "https://host/" + key}); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
+	benchPutParallel(b, func(i int64) string { return fmt.Sprintf("host/d%d/obj-%d", i%16, i) })
 }
 
 // BenchmarkPutNewDirectories is BenchmarkPutSmallParallel with every Put
@@ -789,6 +774,12 @@ func BenchmarkPutSmallParallel(b *testing.B) {
 // for each of many authorities. New directories share their parent's fsync
 // (ADR 0036).
 func BenchmarkPutNewDirectories(b *testing.B) {
+	benchPutParallel(b, func(i int64) string { return fmt.Sprintf("a%d/obj-%d", i, i) })
+}
+
+// benchPutParallel stores 4 KiB objects from 16 goroutines per CPU, the
+// i-th under keyOf(i).
+func benchPutParallel(b *testing.B, keyOf func(i int64) string) {
 	ft := open(b)
 	ctx := context.Background()
 	body := bytes.Repeat([]byte("m"), 4<<10)
@@ -797,8 +788,7 @@ func BenchmarkPutNewDirectories(b *testing.B) {
 	var n atomic.Int64
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			i := n.Add(1)
-			key := fmt.Sprintf("a%d/obj-%d", i, i)
+			key := keyOf(n.Add(1))
 			if _, err := ft.Put(ctx, key, bytes.NewReader(body), mirror.Expect{}, mirror.Meta{URL: "https://host/" + key}); err != nil {
 				b.Error(err)
 				return

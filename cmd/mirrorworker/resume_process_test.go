@@ -168,18 +168,7 @@ func TestProcessResumesACutBody(t *testing.T) {
 	sum := body.sha256()
 	origin := newCuttingOrigin(t, body, cutAt)
 
-	natsURL := externalNATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	js, closeConn := connectJS(t, natsURL)
-	defer closeConn()
-	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + origin.ln.Addr().String() + "/big.iso"
-	if _, err := jobs.Publish(ctx, js, jobs.Job{URL: url, Target: "big.iso", SHA256: sum, Size: &size}); err != nil {
-		t.Fatal(err)
-	}
+	natsURL := publishCutJob(t, origin, "big.iso", sum, size)
 	root := t.TempDir()
 	t0 := time.Now()
 	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), "--target", root, "--log-level", "info")...)
@@ -256,18 +245,7 @@ func TestProcessS3ResumesACutBody(t *testing.T) {
 	sum := body.sha256()
 	origin := newCuttingOrigin(t, body, cutAt)
 
-	natsURL := externalNATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	js, closeConn := connectJS(t, natsURL)
-	defer closeConn()
-	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + origin.ln.Addr().String() + "/big.bin"
-	if _, err := jobs.Publish(ctx, js, jobs.Job{URL: url, Target: "big.bin", SHA256: sum, Size: &size}); err != nil {
-		t.Fatal(err)
-	}
+	natsURL := publishCutJob(t, origin, "big.bin", sum, size)
 	pod := startWorkerProcess(t, workerArgs(natsURL, t.TempDir(), append(s3Args(srv, "s3://mirror"), "--log-level", "info")...)...)
 	c := srv.Client()
 	waitFor(t, 90*time.Second, "the object stored", func() bool {
@@ -305,4 +283,24 @@ func TestProcessS3ResumesACutBody(t *testing.T) {
 	if p := pendingUploadKeys(t, c, "mirror"); len(p) != 0 {
 		t.Errorf("uploads left: %v", p)
 	}
+}
+
+// publishCutJob enqueues the job of origin's body (its sha256 and size
+// given) under key, on a standalone NATS server it starts, whose URL it
+// returns.
+func publishCutJob(t *testing.T, origin *cuttingOrigin, key, sum string, size int64) string {
+	t.Helper()
+	natsURL := externalNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	js, closeConn := connectJS(t, natsURL)
+	defer closeConn()
+	if err := jobs.EnsureStreams(ctx, js, &jobs.StreamOptions{KeepExisting: true}); err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + origin.ln.Addr().String() + "/" + key
+	if _, err := jobs.Publish(ctx, js, jobs.Job{URL: url, Target: key, SHA256: sum, Size: &size}); err != nil {
+		t.Fatal(err)
+	}
+	return natsURL
 }
