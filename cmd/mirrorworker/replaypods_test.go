@@ -316,6 +316,9 @@ func TestProcessReplayYieldsToLiveJobs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	// It judges the order of requests, not their gaps, and owns its NATS,
+	// origin and processes, as TestProcessReplayOf2000JobsYieldsToLiveJobs.
+	t.Parallel()
 	const (
 		n     = 60
 		live  = 10
