@@ -23,7 +23,7 @@ PARALLEL  ?= 8
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
 
-.PHONY: all build run test test-race test-plain test-deploy lint fmt-check vet bench bench-throughput bench-memory bench-s3 bench-politeness soak clean image
+.PHONY: all build run test test-race test-plain test-waiting test-timed test-deploy lint fmt-check vet bench bench-throughput bench-memory bench-s3 bench-politeness soak clean image
 
 all: build
 
@@ -42,7 +42,14 @@ run: build
 
 ## test: vet, formatting, every test, the race detector over the concurrent packages, and
 ## the deploy module (manifests, dashboard, alerts, image; a module of its own, see deploy/).
-test: vet fmt-check test-plain test-race test-deploy
+# The steps overlap: the waiting tests, the race run, the deploy module and vet run at once
+# (most of the waiting tests wait; the machine idles under them), and the serial tests that
+# judge timing at the origin run last, alone (ORIGIN_TIMED; ADR 0024). Each step's output is
+# printed when it ends (-O).
+test: fmt-check
+	@rm -f $(SKIPPED)
+	@$(MAKE) --no-print-directory -j4 -O vet test-waiting test-race test-deploy
+	@$(MAKE) --no-print-directory test-timed
 	@if [ -s $(SKIPPED) ]; then \
 		echo; echo "make test: PASSED, BUT SOME TESTS WERE SKIPPED (an optional dependency is missing):"; \
 		sort -u $(SKIPPED) | sed 's/^/  SKIPPED /'; \
@@ -64,14 +71,27 @@ image:
 	  --version "$$(git describe --always --dirty 2>/dev/null || echo dev)" --tag $(IMAGE_TAG) \
 	  --oci ../bin/image --tar ../bin/mirrorworker-image.tar
 
-# cmd/mirrorworker's process tests wait on real floors, cooldowns and leases (about 12
-# minutes one after another, 5 with PARALLEL at once): its binary gets room beyond that.
-# The full-size tests run beside the other packages, each go test failing the target.
+# cmd/mirrorworker's serial tests that wait on real processes and judge timing or speed as
+# the origin sees it (ADR 0024: they stay serial). `make test` runs them after every other
+# step, so that no race run or build shares the cores with them; a new serial process test
+# belongs here. Its tests that call t.Parallel need no entry.
+ORIGIN_TIMED := ^(TestProcessClusterKeepsOnePace|TestProcessFailingOriginIsBackedOff|TestProcessClusterNATSRestart|TestREADMECommands|TestProcessPolicyChangesReachEveryPod|TestProcessClusterRollingRestart|TestProcessClusterHandsRedirectsToTheCDNsPod|TestProcessBandwidthCap|TestLoadtestPods|TestProcessPauseResumeStatus|TestReplayObeysAPauseGivenDuringIt|TestRunInProcess|TestRunLogsDeparturesToTheGivenEnvironment|TestReplayCommand)$$
+
 test-plain:
 	@rm -f $(SKIPPED)
-	@MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 25m -parallel $(PARALLEL) $(PLAIN_PKGS) & plain=$$!; \
+	@$(MAKE) --no-print-directory test-waiting test-timed
+
+# test-waiting: every test of the other packages but ORIGIN_TIMED. cmd/mirrorworker's process
+# tests wait on real floors, cooldowns and leases (about 12 minutes one after another, 5 with
+# PARALLEL at once): its binary gets room beyond that. The full-size tests run beside the
+# other packages, each go test failing the target.
+test-waiting:
+	@MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 25m -parallel $(PARALLEL) -skip '$(ORIGIN_TIMED)' $(PLAIN_PKGS) & plain=$$!; \
 	$(GO) test -count=1 -timeout 15m -tags $(E2E_TAGS) -run '$(FULL_SIZE)' ./worker/ ./cluster/; full=$$?; \
 	wait $$plain && [ $$full -eq 0 ]
+
+test-timed:
+	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 15m -run '$(ORIGIN_TIMED)' ./cmd/mirrorworker/
 
 test-race:
 	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) $(RACE_PKGS)
