@@ -19,6 +19,8 @@ E2E_TAGS  := e2e
 # Tests that mostly wait (floors, cooldowns, leases, real processes) call t.Parallel;
 # this many run at once (go test's default is GOMAXPROCS, 2 on a 2-core machine).
 PARALLEL  ?= 8
+# Extra flags for every go test of `make test`: TESTFLAGS=-json gives each test's time.
+TESTFLAGS ?=
 # Tests skipped for a missing optional dependency append a line here
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
@@ -56,7 +58,7 @@ test: fmt-check
 		echo "  (CI=true never skips them: .ci/run installs Chromium and fails without it.)"; \
 	fi
 test-deploy:
-	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 15m ./...
+	cd deploy && $(GO) vet ./... && $(GO) test $(TESTFLAGS) -count=1 -timeout 15m ./...
 
 ## image: the OCI image, built here with no Docker and no registry: a static binary appended
 ## as one layer onto an empty base (deploy/cmd/mkimage). Writes bin/image (OCI layout) and
@@ -86,15 +88,15 @@ test-plain:
 # PARALLEL at once): its binary gets room beyond that. The full-size tests run beside the
 # other packages, each go test failing the target.
 test-waiting:
-	@MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 25m -parallel $(PARALLEL) -skip '$(ORIGIN_TIMED)' $(PLAIN_PKGS) & plain=$$!; \
-	$(GO) test -count=1 -timeout 15m -tags $(E2E_TAGS) -run '$(FULL_SIZE)' ./worker/ ./cluster/; full=$$?; \
+	@MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -count=1 -timeout 25m -parallel $(PARALLEL) -skip '$(ORIGIN_TIMED)' $(PLAIN_PKGS) & plain=$$!; \
+	$(GO) test $(TESTFLAGS) -count=1 -timeout 15m -tags $(E2E_TAGS) -run '$(FULL_SIZE)' ./worker/ ./cluster/; full=$$?; \
 	wait $$plain && [ $$full -eq 0 ]
 
 test-timed:
-	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -count=1 -timeout 15m -run '$(ORIGIN_TIMED)' ./cmd/mirrorworker/
+	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -count=1 -timeout 15m -run '$(ORIGIN_TIMED)' ./cmd/mirrorworker/
 
 test-race:
-	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) $(RACE_PKGS)
+	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) $(RACE_PKGS)
 
 vet:
 	$(GO) vet $(PKGS)
