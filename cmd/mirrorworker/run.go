@@ -81,8 +81,8 @@ type runConfig struct {
 
 func (c *runConfig) register(fs *flag.FlagSet) {
 	c.nats.register(fs, "NATS server URL(s) of an existing deployment; empty starts an embedded JetStream server")
-	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
-	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
+	fs.StringVar(&c.embeddedListen, "embedded-listen", defaultEmbeddedListen, "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", targetHelp+" (default file://<data-dir>/mirror)")
 	fs.Var(&c.replayTargets, "replay-target", "deprecated: a replay stores its jobs itself, in the pods' pace (docs/adr/0031), and needs none; kept, for one release, for the replay jobs of replays of earlier versions: a mirror `target` besides --target that this pod may store them into (repeatable, or comma-separated)")
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
