@@ -71,7 +71,8 @@ type runConfig struct {
 	// flag's 0 is parsed into it (laneBacklogFlag).
 	laneBacklog int
 
-	// stopNow closes when a stop under way must end at once (stopNowOf).
+	// stopNow closes when a stop under way must end at once (a second
+	// signal; nil: never).
 	stopNow <-chan struct{}
 
 	// onRegistry, when set (tests), is handed the metric registry before
@@ -153,7 +154,7 @@ func (c *runConfig) check() error {
 
 // cmdRun is `mirrorworker run`: the worker. It returns nil after a graceful
 // stop caused by ctx (SIGTERM, SIGINT).
-func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, _, stderr io.Writer) error {
+func cmdRun(ctx context.Context, stopNow <-chan struct{}, args []string, getenv func(string) string, _ io.Reader, _, stderr io.Writer) error {
 	var c runConfig
 	fs := newFlagSet("run", stderr)
 	c.register(fs)
@@ -180,7 +181,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 	if err != nil {
 		return err
 	}
-	c.stopNow = stopNowOf(ctx)
+	c.stopNow = stopNow
 	return runWorker(ctx, &c, log)
 }
 
