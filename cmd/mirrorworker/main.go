@@ -49,14 +49,25 @@ func notifyStop() (ctx context.Context, stopNow <-chan struct{}, stop func()) {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	ctx, cancel := context.WithCancel(context.Background())
 	now := make(chan struct{})
+	// The goroutine is stop's: it ends when stop is called (the command
+	// returned) or after the second signal, whichever is first.
+	stopped := make(chan struct{})
 	go func() {
-		<-sigs
+		select {
+		case <-sigs:
+		case <-stopped:
+			return
+		}
 		cancel()
-		<-sigs
+		select {
+		case <-sigs:
+		case <-stopped:
+			return
+		}
 		signal.Stop(sigs)
 		close(now)
 	}()
-	return ctx, now, func() { signal.Stop(sigs); cancel() }
+	return ctx, now, func() { signal.Stop(sigs); close(stopped); cancel() }
 }
 
 // errSilent marks an error whose message was already printed.
