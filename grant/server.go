@@ -55,9 +55,15 @@ type Server struct {
 	o   Options
 	clk clock.Clock
 
-	mu     sync.Mutex
-	seq    uint64
-	grants map[string]*held // by grant id
+	// confirms are the asks waiting for a slot to come (confirm, each on
+	// its own goroutine): Run waits for them before it lets the grants
+	// still out lapse, so that none is made after.
+	confirms sync.WaitGroup
+
+	mu      sync.Mutex
+	seq     uint64
+	grants  map[string]*held // by grant id
+	stopped bool             // Run is ending: no confirm starts, no grant is made
 }
 
 type held struct {
@@ -112,6 +118,10 @@ func (s *Server) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			s.mu.Lock()
+			s.stopped = true
+			s.mu.Unlock()
+			s.confirms.Wait() // each ends with ctx
 			s.lapse(time.Time{})
 			return nil
 		case <-t.C():
@@ -148,7 +158,20 @@ func (s *Server) ask(ctx context.Context, m *nats.Msg) {
 		s.confirm(ctx, m, pm, a.Writes)
 		return
 	}
-	go s.confirm(ctx, m, pm, a.Writes) // the slot is to come: hold this ask, not the others
+	// The slot is to come: hold this ask, not the others.
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		s.p.Done(s.clk.Now(), pm, pacer.Response{Cancelled: true})
+		s.reply(m, Answer{Wait: MovedWait, Reason: ReasonMoved})
+		return
+	}
+	s.confirms.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.confirms.Done()
+		s.confirm(ctx, m, pm, a.Writes)
+	}()
 }
 
 // confirm waits for pm's start, confirms it and answers with the grant; a
@@ -178,6 +201,14 @@ func (s *Server) confirm(ctx context.Context, m *nats.Msg, pm pacer.Permit, writ
 		// is checked again under mu, which Revoke holds: a grant is either
 		// made while the authority is owned, or not at all.
 		s.mu.Lock()
+		if s.stopped {
+			// Run has let the grants out lapse: one made now never would.
+			// The pod is stopping; its authorities move to another.
+			s.mu.Unlock()
+			s.p.Done(now, next, pacer.Response{Cancelled: true})
+			s.reply(m, Answer{Wait: MovedWait, Reason: ReasonMoved})
+			return
+		}
 		if s.o.Owns != nil && !s.o.Owns(pm.Authority) {
 			s.mu.Unlock()
 			s.p.Done(now, next, pacer.Response{Cancelled: true})

@@ -2,6 +2,7 @@ package pacer
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/clock"
@@ -40,5 +41,48 @@ func Wait(ctx context.Context, clk clock.Clock, c Confirmer, pm Permit) (Permit,
 			return cpm, nil
 		}
 		pm = cpm
+	}
+}
+
+// Acquirer is what AcquireWait needs of a pacer: Acquire besides Confirm
+// and Done. *Pacer is one.
+type Acquirer interface {
+	Confirmer
+	Acquire(now time.Time, auth string, maxWait time.Duration) (Permit, error)
+}
+
+var _ Acquirer = (*Pacer)(nil)
+
+// AcquireWait is the one loop from asking for a permit for auth to the
+// request's start, for a caller that holds its place while it waits (as
+// golang.org/x/time/rate's WaitN, which reserves no further than its
+// deadline): it waits for at most maxWait in all. Each Acquire may reserve
+// a start no further ahead than the time left; a refusal is waited out on
+// clk only when hold, given the refusal and the time left, says so (the
+// caller's rule: the worker's decideHold), and is returned otherwise;
+// Wait then owns the wait from the grant to the start. It returns the
+// permit to start the request with, or the refusal, or ctx.Err().
+func AcquireWait(ctx context.Context, clk clock.Clock, a Acquirer, auth string, maxWait time.Duration,
+	hold func(re *RefusedError, left time.Duration) bool) (Permit, error) {
+	deadline := clk.Now().Add(maxWait)
+	for {
+		now := clk.Now()
+		left := max(deadline.Sub(now), 0)
+		pm, err := a.Acquire(now, auth, left)
+		if err == nil {
+			return Wait(ctx, clk, a, pm)
+		}
+		var re *RefusedError
+		if !errors.As(err, &re) {
+			return Permit{}, err
+		}
+		if !hold(re, left) {
+			return Permit{}, re
+		}
+		// A refusal without a wait is asked again after a millisecond, so
+		// that a pacer that says "now" and refuses cannot spin.
+		if !clock.Sleep(clk, max(re.Wait, time.Millisecond), ctx.Done()) {
+			return Permit{}, ctx.Err()
+		}
 	}
 }

@@ -103,3 +103,42 @@ func TestWaitEndsWithItsContext(t *testing.T) {
 		t.Fatalf("in flight %d, want the waiting permit given back", st.InFlight)
 	}
 }
+
+// TestAcquireWaitWithinMaxWait: AcquireWait reserves a start no further
+// ahead than maxWait and sleeps to it; a refusal that hold declines comes
+// back at once, and hold is told the time left.
+func TestAcquireWaitWithinMaxWait(t *testing.T) {
+	within := func(re *pacer.RefusedError, left time.Duration) bool { return re.Wait <= left }
+	for _, tc := range []struct {
+		name    string
+		maxWait time.Duration
+		wantAt  time.Duration // the start, from t0 (-1: refused at t0)
+	}{
+		{name: "the next slot within maxWait", maxWait: 2 * time.Second, wantAt: time.Second},
+		{name: "the next slot past maxWait", maxWait: 500 * time.Millisecond, wantAt: -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := clock.NewFake(t0)
+			p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: time.Second, MaxInFlight: 2}}, StartGuard: -1})
+			if _, err := p.Acquire(t0, host, 0); err != nil {
+				t.Fatal(err)
+			}
+			ch := make(chan waitResult, 1)
+			go func() {
+				pm, err := pacer.AcquireWait(context.Background(), clk, p, host, tc.maxWait, within)
+				ch <- waitResult{pm, err}
+			}()
+			r := advanceUntil(t, clk, 100*time.Millisecond, ch)
+			if tc.wantAt < 0 {
+				var re *pacer.RefusedError
+				if !errors.As(r.err, &re) || re.Reason != pacer.ReasonSpacing || !clk.Now().Equal(t0) {
+					t.Fatalf("AcquireWait = %+v, %v at %v; want the spacing refusal at once", r.pm, r.err, clk.Now().Sub(t0))
+				}
+				return
+			}
+			if r.err != nil || !r.pm.Start.Equal(at(tc.wantAt)) || !clk.Now().Equal(at(tc.wantAt)) {
+				t.Fatalf("AcquireWait = %+v, %v at %v; want a start at %v", r.pm, r.err, clk.Now().Sub(t0), tc.wantAt)
+			}
+		})
+	}
+}

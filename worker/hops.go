@@ -172,29 +172,17 @@ func (h *hopSet) lastStatus() int {
 	return 0
 }
 
-// acquire admits a redirect hop: it waits in the slot while decideHold
-// says to, for up to HoldMax in all (spacing, in-flight cap: no completion
-// of another job wakes a fetch slot), and returns the pacer's refusal when
-// the wait would be longer, so that the job is deferred; pacer.Wait then
-// owns the wait from the grant to the start.
+// acquire admits a redirect hop. It waits in the fetch slot for up to
+// HoldMax in all, in pacer.AcquireWait, the pacer's one loop from the ask to
+// the start: the pacer reserves a start no further ahead than the time
+// left, and a refusal is waited out only while decideHold, asked with the
+// time left as the hop's HoldMax, holds the job; otherwise the refusal is
+// returned and the job is deferred (worker.go). An in-flight refusal is a
+// wait like any other here, not a release: no completion of another job
+// wakes a fetch slot.
 func (d *hopDeps) acquire(ctx context.Context, auth string) (pacer.Permit, error) {
-	deadline := d.clk.Now().Add(d.holdMax)
-	for {
-		now := d.clk.Now()
-		pm, err := d.pacer.Acquire(now, auth, d.holdMax)
-		if err == nil {
-			return pacer.Wait(ctx, d.clk, d.pacer, pm)
-		}
-		var re *pacer.RefusedError
-		if !errors.As(err, &re) {
-			return pacer.Permit{}, err
-		}
-		wait := max(re.Wait, time.Millisecond)
-		if h, _ := decideHold(holdFacts{wait: wait, reason: reasonOf(re.Reason), holdMax: deadline.Sub(now)}); h == holdDefer {
-			return pacer.Permit{}, re
-		}
-		if !clock.Sleep(d.clk, wait, ctx.Done()) {
-			return pacer.Permit{}, ctx.Err()
-		}
-	}
+	return pacer.AcquireWait(ctx, d.clk, d.pacer, auth, d.holdMax, func(re *pacer.RefusedError, left time.Duration) bool {
+		h, _ := decideHold(holdFacts{wait: re.Wait, reason: reasonOf(re.Reason), holdMax: left})
+		return h != holdDefer
+	})
 }

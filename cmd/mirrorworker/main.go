@@ -25,8 +25,8 @@ var version = "dev"
 
 func main() {
 	setLogFormats()
-	ctx, stop := notifyStop()
-	err := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	ctx, stopNow, stop := notifyStop()
+	err := runStopping(ctx, stopNow, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
 		if !errors.Is(err, errSilent) {
@@ -41,38 +41,33 @@ func main() {
 }
 
 // notifyStop returns the context that the first SIGINT or SIGTERM
-// cancels (the graceful stop), carrying the channel that the second one
-// closes (stopNowOf: the stop ends at once); after the second, the
-// signals' default is back, so a third ends the process outright.
-func notifyStop() (ctx context.Context, stop func()) {
+// cancels (the graceful stop) and the channel that the second one closes
+// (the stop ends at once: docs/adr/0032); after the second, the signals'
+// default is back, so a third ends the process outright.
+func notifyStop() (ctx context.Context, stopNow <-chan struct{}, stop func()) {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	ctx, cancel := context.WithCancel(context.Background())
 	now := make(chan struct{})
+	// The goroutine is stop's: it ends when stop is called (the command
+	// returned) or after the second signal, whichever is first.
+	stopped := make(chan struct{})
 	go func() {
-		<-sigs
+		select {
+		case <-sigs:
+		case <-stopped:
+			return
+		}
 		cancel()
-		<-sigs
+		select {
+		case <-sigs:
+		case <-stopped:
+			return
+		}
 		signal.Stop(sigs)
 		close(now)
 	}()
-	return withStopNow(ctx, now), func() { signal.Stop(sigs); cancel() }
-}
-
-// stopNowKey is the context key of the channel a second signal closes.
-type stopNowKey struct{}
-
-// withStopNow returns ctx carrying now (see stopNowOf).
-func withStopNow(ctx context.Context, now <-chan struct{}) context.Context {
-	return context.WithValue(ctx, stopNowKey{}, now)
-}
-
-// stopNowOf is the channel that closes when the operator asks a stop
-// already under way to end at once (a second Ctrl-C); nil, which never
-// closes, when the caller gave none (tests running a command in-process).
-func stopNowOf(ctx context.Context) <-chan struct{} {
-	now, _ := ctx.Value(stopNowKey{}).(<-chan struct{})
-	return now
+	return ctx, now, func() { signal.Stop(sigs); close(stopped); cancel() }
 }
 
 // errSilent marks an error whose message was already printed.
@@ -86,31 +81,44 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 func (e usageError) ExitCode() int { return 2 }
 
-// command is one subcommand.
+// command is one subcommand: run, or stoppable for one whose graceful
+// stop a second signal ends at once (docs/adr/0032), which is given the
+// channel that signal closes.
 type command struct {
-	summary string
-	run     func(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error
+	summary   string
+	run       func(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error
+	stoppable func(ctx context.Context, stopNow <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error
 }
 
 func commands() map[string]command {
 	return map[string]command{
-		"run":         {"pull mirror jobs and store them (the worker)", cmdRun},
-		"enqueue":     {"publish mirror jobs (URLs as arguments or JSON lines on stdin)", cmdEnqueue},
-		"replay":      {"re-drive jobs already in the stream into a mirror target", cmdReplay},
-		"stub-origin": {"serve a throttling origin for load tests", cmdStubOrigin},
-		"loadtest":    {"run the whole system against the stub origin and report", cmdLoadtest},
-		"dlq":         {"list, show and requeue dead letters (list|show|requeue)", cmdDLQ},
-		"version":     {"print the version", cmdVersion},
-		"get":         {"fetch one URL in the cluster's pace (the pods grant its start)", cmdGet},
-		"pause":       {"stop every worker from sending requests to one authority for a while", cmdPause},
-		"resume":      {"end an operator's pause of an authority on every worker", cmdResume},
-		"status":      {"show the pods, their partitions and each busy authority's state", cmdStatus},
-		"policy":      {"change floors and in-flight caps on a running cluster (set|show|list|delete)", cmdPolicy},
-		"verify":      {"audit a mirror target: missing, corrupt and orphaned objects (--repair re-enqueues their jobs)", cmdVerify},
+		"run":         {summary: "pull mirror jobs and store them (the worker)", stoppable: cmdRun},
+		"enqueue":     {summary: "publish mirror jobs (URLs as arguments or JSON lines on stdin)", run: cmdEnqueue},
+		"replay":      {summary: "re-drive jobs already in the stream into a mirror target", run: cmdReplay},
+		"stub-origin": {summary: "serve a throttling origin for load tests", run: cmdStubOrigin},
+		"loadtest":    {summary: "run the whole system against the stub origin and report", run: cmdLoadtest},
+		"dlq":         {summary: "list, show and requeue dead letters (list|show|requeue)", run: cmdDLQ},
+		"version":     {summary: "print the version", run: cmdVersion},
+		"get":         {summary: "fetch one URL in the cluster's pace (the pods grant its start)", run: cmdGet},
+		"pause":       {summary: "stop every worker from sending requests to one authority for a while", run: cmdPause},
+		"resume":      {summary: "end an operator's pause of an authority on every worker", run: cmdResume},
+		"status":      {summary: "show the pods, their partitions and each busy authority's state", run: cmdStatus},
+		"policy":      {summary: "change floors and in-flight caps on a running cluster (set|show|list|delete)", run: cmdPolicy},
+		"verify":      {summary: "audit a mirror target: missing, corrupt and orphaned objects (--repair re-enqueues their jobs)", run: cmdVerify},
 	}
 }
 
+// run runs the subcommand args name, as main does but with no second
+// signal: a stop cancels ctx and its grace runs out (tests run commands
+// in-process with it).
 func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
+	return runStopping(ctx, nil, args, getenv, stdin, stdout, stderr)
+}
+
+// runStopping is run with the channel a second signal closes (nil: none
+// will): cancelling ctx starts a graceful stop, closing stopNow ends it at
+// once.
+func runStopping(ctx context.Context, stopNow <-chan struct{}, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) error {
 	cmds := commands()
 	if len(args) == 0 {
 		printUsage(stderr, cmds)
@@ -148,7 +156,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 		// returned, which main prints on stderr.
 		cmdStderr = stdout
 	}
-	err := c.run(ctx, args[1:], getenv, stdin, stdout, cmdStderr)
+	var err error
+	if c.stoppable != nil {
+		err = c.stoppable(ctx, stopNow, args[1:], getenv, stdin, stdout, cmdStderr)
+	} else {
+		err = c.run(ctx, args[1:], getenv, stdin, stdout, cmdStderr)
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		return nil
 	}

@@ -19,8 +19,12 @@ import (
 	"github.com/mirrorworker/mirrorworker/dirlock"
 )
 
+// defaultEmbeddedListen is run's default --embedded-listen: the client
+// address of its embedded NATS server.
+const defaultEmbeddedListen = "127.0.0.1:4222"
+
 // defaultNATS is where a running `mirrorworker run` listens by default.
-const defaultNATS = "nats://127.0.0.1:4222"
+const defaultNATS = "nats://" + defaultEmbeddedListen
 
 // defaultDataDir is run's default --data-dir, where the commands look for a
 // running worker when neither --nats-url nor --data-dir is given.

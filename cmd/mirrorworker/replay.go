@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"os"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -184,7 +183,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 				return err
 			}
 		}
-		if target, err = c.s3.openTarget(ctx, spec, readTestHooks(os.Getenv).fault, log); err != nil {
+		if target, err = c.s3.openTarget(ctx, spec, readTestHooks(c.getenv).fault, log); err != nil {
 			return err
 		}
 		// The live worker's rule for --floor, --max-in-flight and --policy.
@@ -436,7 +435,7 @@ func (l *loneReplay) alone() *replay.Lone {
 	starts := &replay.Starts{}
 	l.starts = starts
 	local := func(ctx context.Context, cons jetstream.Consumer) error {
-		depLog, err := departures.Open(readTestHooks(os.Getenv).departures)
+		depLog, err := departures.Open(readTestHooks(l.c.getenv).departures)
 		if err != nil {
 			return err
 		}
@@ -511,7 +510,7 @@ func (l *loneReplay) granted(ctx context.Context, cons jetstream.Consumer) error
 		},
 	})
 	l.paced.Store(paced)
-	depLog, err := departures.Open(readTestHooks(os.Getenv).departures)
+	depLog, err := departures.Open(readTestHooks(l.c.getenv).departures)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,8 @@ type runConfig struct {
 	// flag's 0 is parsed into it (laneBacklogFlag).
 	laneBacklog int
 
-	// stopNow closes when a stop under way must end at once (stopNowOf).
+	// stopNow closes when a stop under way must end at once (a second
+	// signal; nil: never).
 	stopNow <-chan struct{}
 
 	// onRegistry, when set (tests), is handed the metric registry before
@@ -81,8 +82,8 @@ type runConfig struct {
 
 func (c *runConfig) register(fs *flag.FlagSet) {
 	c.nats.register(fs, "NATS server URL(s) of an existing deployment; empty starts an embedded JetStream server")
-	fs.StringVar(&c.dataDir, "data-dir", "./data", "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
-	fs.StringVar(&c.embeddedListen, "embedded-listen", "127.0.0.1:4222", "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
+	fs.StringVar(&c.dataDir, "data-dir", defaultDataDir, "directory for the embedded JetStream store (<data-dir>/nats) and the default mirror (<data-dir>/mirror)")
+	fs.StringVar(&c.embeddedListen, "embedded-listen", defaultEmbeddedListen, "client address of the embedded NATS server, for enqueue and the nats CLI; empty: in-process only; port 0: any free port")
 	fs.StringVar(&c.target, "target", "", targetHelp+" (default file://<data-dir>/mirror)")
 	fs.Var(&c.replayTargets, "replay-target", "deprecated: a replay stores its jobs itself, in the pods' pace (docs/adr/0031), and needs none; kept, for one release, for the replay jobs of replays of earlier versions: a mirror `target` besides --target that this pod may store them into (repeatable, or comma-separated)")
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
@@ -153,7 +154,7 @@ func (c *runConfig) check() error {
 
 // cmdRun is `mirrorworker run`: the worker. It returns nil after a graceful
 // stop caused by ctx (SIGTERM, SIGINT).
-func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io.Reader, _, stderr io.Writer) error {
+func cmdRun(ctx context.Context, stopNow <-chan struct{}, args []string, getenv func(string) string, _ io.Reader, _, stderr io.Writer) error {
 	var c runConfig
 	fs := newFlagSet("run", stderr)
 	c.register(fs)
@@ -180,7 +181,7 @@ func cmdRun(ctx context.Context, args []string, getenv func(string) string, _ io
 	if err != nil {
 		return err
 	}
-	c.stopNow = stopNowOf(ctx)
+	c.stopNow = stopNow
 	return runWorker(ctx, &c, log)
 }
 

@@ -116,7 +116,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	w.workerIDPrefix = d.workerIDPrefix
 	fs.StringVar(&w.logFormat, "log-format", d.logFormat, "log format: json or console")
 	fs.StringVar(&w.logLevel, "log-level", d.logLevel, "log level: trace, debug, info, warn or error")
-	fs.StringVar(&w.credentials, "credentials", "", "per-authority credentials: a JSON `file`, or a directory of them (a mounted Secret), re-read every 10 s; a change that does not parse keeps the last good set (README: Private upstreams)")
+	fs.StringVar(&w.credentials, "credentials", "", "per-authority credentials: a JSON `file`, or a directory of them (a mounted Secret), re-read every --credentials-reload; a change that does not parse keeps the last good set (README: Private upstreams)")
 	fs.DurationVar(&w.credsReload, "credentials-reload", credentials.DefaultReloadInterval, "how often the --credentials files are re-read")
 	fs.DurationVar(&w.authHold, "auth-hold", worker.DefaultAuthHold, "first hold of an authority that answers 401/403 in a row (doubling with each hold; a change of its credential ends it)")
 	fs.IntVar(&w.maxDeletes, "max-deletes-per-minute", worker.DefaultMaxDeletesPerMinute, "delete jobs this process carries out in any minute; past it, deletes wait in the stream (fetches go on), and the log, status and mirrorworker_delete_limit_reached say so; 0: no limit")

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -60,6 +61,12 @@ type Store interface {
 // for (no sha256 in the job, no entry, or a stale one); the job is
 // fetched. It wraps mirror.ErrNotFound.
 var ErrNoCopy = fmt.Errorf("sumindex: no stored copy: %w", mirror.ErrNotFound)
+
+// writeTimeout bounds an index write that outlives its caller's context:
+// the object is stored (or found stale) whatever the caller does next, so
+// the index hears of it, but a bucket index that does not answer must not
+// hold the stopping worker's fetch slot for ever.
+const writeTimeout = 10 * time.Second
 
 // Target is a Store that records the digest of every object it stores in
 // an Index, and can store a job's bytes by copying them from another key
@@ -101,7 +108,9 @@ func (t *Target) record(ctx context.Context, key string, stored mirror.Meta, err
 	} else if lerr == nil {
 		return stored, nil
 	}
-	if err := t.idx.Add(context.WithoutCancel(ctx), stored.SHA256, key); err != nil {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	if err := t.idx.Add(actx, stored.SHA256, key); err != nil {
 		t.log.Warn().Err(err).Str("key", key).Msg("record the object's sha256 in the index; later jobs for the same bytes fetch them")
 	}
 	return stored, nil
@@ -150,7 +159,9 @@ func (t *Target) CopyKnown(ctx context.Context, key string, want mirror.Expect, 
 }
 
 func (t *Target) forget(ctx context.Context, sum, key string) {
-	if err := t.idx.Forget(context.WithoutCancel(ctx), sum, key); err != nil {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+	defer cancel()
+	if err := t.idx.Forget(fctx, sum, key); err != nil {
 		t.log.Warn().Err(err).Str("key", key).Msg("forget a stale sha256 index entry")
 	}
 }
