@@ -254,10 +254,19 @@ func (l *lone) options(t *testing.T, pods func() map[string][]string, handover f
 			handover(base)
 			return ackAll(nil), nil
 		},
-		Fence: func(auth string, at time.Time) {
+		Fence: func(lasts ...map[string]time.Time) int {
 			l.mu.Lock()
 			defer l.mu.Unlock()
-			l.fenced[auth] = at
+			n := 0
+			for _, set := range lasts {
+				for auth, at := range set {
+					if at.After(l.fenced[auth]) {
+						l.fenced[auth] = at
+					}
+					n++
+				}
+			}
+			return n
 		},
 		Waiting: func(e jobs.ReplayRun) {
 			l.mu.Lock()
