@@ -32,12 +32,13 @@ import (
 // acquired or must be given up. The Manager calls them from its own
 // goroutine (Release from a goroutine of its own per partition).
 type Hooks interface {
-	// Acquired starts serving partition p. since is the instant from which
-	// the first request to each of p's authorities is spaced: the instant
-	// the lease was taken (every request the previous owner started began
-	// before it), or Options.ExpiredHold later when the previous owner's
-	// lease expired instead of being given back, so that what it learned
-	// and could not yet publish can still arrive first (docs/adr/0007).
+	// Acquired starts serving partition p. since is the take-over's fence
+	// instant (takeOverFence), which the owner gives the pacer's one fence
+	// for each of p's authorities: the instant the lease was taken (every
+	// request the previous owner started began before it), or
+	// Options.ExpiredHold later when the previous owner's lease expired
+	// instead of being given back, so that what it learned and could not
+	// yet publish can still arrive first (docs/adr/0007).
 	Acquired(ctx context.Context, p int, since time.Time) error
 	// Release stops serving p: no request to its authorities may start
 	// once it is called (the Manager's Owns already reports false), its

@@ -184,11 +184,7 @@ func (pod *Pod) fenceFrom(ctx context.Context, runs []jobs.ReplayRun, waited boo
 			pod.log.Warn().Err(err).Msg("restore the pacer facts a replay published")
 		}
 	}
-	lasts := make([]map[string]time.Time, 0, len(runs))
-	for _, r := range runs {
-		lasts = append(lasts, r.LastStarts)
-	}
-	n := pod.parts.Pacer.FenceAll(time.Now(), lasts...)
+	n := pod.parts.Pacer.FenceAll(time.Now(), jobs.LastStartsOf(runs)...)
 	if waited || n > 0 {
 		pod.log.Info().Int("authorities", n).Msg("replays pacing alone have stopped: this pod's first requests are spaced from their last starts")
 	}

@@ -468,7 +468,7 @@ func (a *alone) follow(ctx context.Context, runs []jobs.ReplayRun, waited bool) 
 	}
 	n := 0
 	if a.o.Fence != nil {
-		n = a.o.Fence(lastStarts(runs)...)
+		n = a.o.Fence(jobs.LastStartsOf(runs)...)
 	}
 	if waited {
 		a.entry.WaitingFor = ""
@@ -641,13 +641,4 @@ type startsFetcher struct {
 
 func (f startsFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gate) (*fetch.Response, error) {
 	return f.f.Do(ctx, req, g.Admitted(func(a authority.Authority) { f.s.add(a.String(), time.Now()) }))
-}
-
-// lastStarts are the last starts each of runs recorded, for the fence.
-func lastStarts(runs []jobs.ReplayRun) []map[string]time.Time {
-	out := make([]map[string]time.Time, 0, len(runs))
-	for _, r := range runs {
-		out = append(out, r.LastStarts)
-	}
-	return out
 }
