@@ -32,12 +32,13 @@ import (
 // acquired or must be given up. The Manager calls them from its own
 // goroutine (Release from a goroutine of its own per partition).
 type Hooks interface {
-	// Acquired starts serving partition p. since is the instant from which
-	// the first request to each of p's authorities is spaced: the instant
-	// the lease was taken (every request the previous owner started began
-	// before it), or Options.ExpiredHold later when the previous owner's
-	// lease expired instead of being given back, so that what it learned
-	// and could not yet publish can still arrive first (docs/adr/0007).
+	// Acquired starts serving partition p. since is the take-over's fence
+	// instant (takeOverFence), which the owner gives the pacer's one fence
+	// for each of p's authorities: the instant the lease was taken (every
+	// request the previous owner started began before it), or
+	// Options.ExpiredHold later when the previous owner's lease expired
+	// instead of being given back, so that what it learned and could not
+	// yet publish can still arrive first (docs/adr/0007).
 	Acquired(ctx context.Context, p int, since time.Time) error
 	// Release stops serving p: no request to its authorities may start
 	// once it is called (the Manager's Owns already reports false), its
@@ -723,10 +724,33 @@ func (m *Manager) noteHeldElsewhere(taken map[string]bool) {
 }
 
 // heldRecently is how long after a listing found a lease held by another
-// pod a take of it holds its first requests: the lease expires at most a
-// TTL after that listing (two, counting a renewal just after it), and its
-// owner's last facts may come up to ExpiredHold later.
-func (m *Manager) heldRecently() time.Duration { return 2*m.o.TTL + m.o.ExpiredHold }
+// pod a take of it holds its first requests (takeOverFence).
+func (m *Manager) heldRecently() time.Duration { return heldRecently(m.o.TTL, m.o.ExpiredHold) }
+
+// heldRecently is how long a sighting of a lease held by another pod marks
+// a take of it as a take-over of an expired lease: the lease expires at
+// most a TTL after the listing (two, counting a renewal just after it), and
+// its owner's last facts may come up to hold later.
+func heldRecently(ttl, hold time.Duration) time.Duration { return 2*ttl + hold }
+
+// takeOverFence is the take-over's fence instant (Hooks.Acquired's since,
+// which the worker gives pacer.Pacer.Fence for each of the partition's
+// authorities): the last start the previous owner may have made, for a
+// lease whose Create was sent at sent. The previous owner's validity ended
+// before the key expired or was deleted (3/4 TTL after its last renewal's
+// send against a TTL after its arrival), so it started nothing after sent.
+// A lease seen held by another pod (at seen, when sighted) within
+// heldRecently, and gone without a deletion marker (given false), expired:
+// its owner was killed, stopped or cut off, and may yet publish a wait it
+// learned, so the instant moves hold later and held is true. A cold start,
+// a lease given back, and this pod's own expired lease (never sighted
+// elsewhere: its pacer knows what it learned) are not held.
+func takeOverFence(sent, seen time.Time, sighted, given bool, ttl, hold time.Duration) (since time.Time, held bool) {
+	if sighted && !given && hold > 0 && sent.Sub(seen) <= heldRecently(ttl, hold) {
+		return sent.Add(hold), true
+	}
+	return sent, false
+}
 
 // take acquires up to n of the partitions the listing found free (taken
 // are the others), starting at a place that depends on the pod id so that
@@ -761,14 +785,9 @@ func (m *Manager) take(ctx context.Context, n int, taken map[string]bool) int {
 		if err != nil {
 			continue // another pod was quicker, or the store did not answer
 		}
-		// The first requests are spaced from since. A lease another pod
-		// was seen holding lately, now gone without a deletion marker,
-		// expired: its owner was killed, stopped or cut off, and may yet
-		// publish a wait it learned. (This pod's own expired lease needs
-		// no hold: its pacer knows what it learned.)
-		since := sent
-		if at, ok := m.heldElsewhere[jobs.LeaseKey(p)]; ok && sent.Sub(at) <= m.heldRecently() && !given && m.o.ExpiredHold > 0 {
-			since = sent.Add(m.o.ExpiredHold)
+		seen, ok := m.heldElsewhere[jobs.LeaseKey(p)]
+		since, held := takeOverFence(sent, seen, ok, given, m.o.TTL, m.o.ExpiredHold)
+		if held {
 			expired = append(expired, p)
 		}
 		delete(m.heldElsewhere, jobs.LeaseKey(p))

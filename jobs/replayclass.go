@@ -138,3 +138,14 @@ type ReplayAuthority struct {
 
 // Encode is r as JSON.
 func (r ReplayRun) Encode() []byte { b, _ := json.Marshal(r); return b }
+
+// LastStartsOf are the LastStarts of runs, one set per run, in the form the
+// pacer's fence takes them (pacer.Pacer.FenceAll): the hand-over from
+// replays that paced alone.
+func LastStartsOf(runs []ReplayRun) []map[string]time.Time {
+	out := make([]map[string]time.Time, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, r.LastStarts)
+	}
+	return out
+}

@@ -25,17 +25,6 @@ import (
 // letter), so the two kinds of key never meet.
 const GroupPrefix = "group:"
 
-// MoveSettle is how long a pace whose members changed (an authority moved
-// into or out of a group by a policy change) holds its next start beyond
-// the interval: the pods apply a change at slightly different instants, and
-// the pod that served the moved authority until then may have started a
-// request to it just before it applied the change. A request of the pace
-// after the change starts no sooner than the change plus MoveSettle plus
-// the interval, so the origin sees no gap below the floor across the move
-// as long as every pod applies the change within MoveSettle of the others
-// (the policy watch delivers it within milliseconds on a healthy cluster).
-const MoveSettle = time.Second
-
 // Group is one politeness group: its members and its limits.
 type Group struct {
 	// Members are normalised "host:port" authorities and domain patterns:
@@ -172,7 +161,7 @@ func (p *Pacer) PaceKey(auth string) string { return p.policy.Load().PaceKey(aut
 // backoff is not left behind by a policy change.
 func (p *Pacer) regroup(now time.Time, old, q *Policy) {
 	n := now.UnixNano()
-	at := n + int64(MoveSettle)
+	at := settledAt(n)
 	fence := map[string]bool{}
 	// Groups that are new or whose members changed.
 	for name, g := range q.Groups {
@@ -353,13 +342,6 @@ func (p *Pacer) departedLocked(e *entry, key string, n int64) {
 	}
 	p.mergeLocked(e, &src)
 	fenceLocked(e, d.at)
-}
-
-// fenceLocked spaces the entry's next start from at (see Fence).
-func fenceLocked(e *entry, at int64) {
-	e.lastStart = max(e.lastStart, at)
-	e.started = max(e.started, at)
-	e.startedOther = max(e.startedOther, at)
 }
 
 // noteMemberLocked records that auth was served through the group entry e,

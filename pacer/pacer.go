@@ -1263,25 +1263,6 @@ func (p *Pacer) Apply(now time.Time, ev Event) {
 	}
 }
 
-// Fence tells the pacer that another worker may have started a request to
-// auth as late as at (a cluster hand-over: the authority's previous owner
-// stopped serving it before at). The next start is spaced from at by the
-// interval in force, as if that request had started here; a later start
-// already known is kept. at may be later than now: a take-over that must
-// hold its first request (a lease that expired rather than being given
-// back, docs/adr/0007) fences from the end of that hold, so no request to
-// auth starts before at plus the interval. Fence publishes nothing.
-func (p *Pacer) Fence(now time.Time, auth string, at time.Time) {
-	n := now.UnixNano()
-	key := p.PaceKey(auth)
-	s := p.shardFor(key)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := p.entryLocked(s, key, n)
-	noteMemberLocked(e, key, auth)
-	fenceLocked(e, at.UnixNano())
-}
-
 // ReadyIn returns how long from now until a request to auth could start, as
 // far as pauses, cooldowns and spacing say (the in-flight cap aside), the
 // spacing between starts in force (interval plus start guard), and the

@@ -184,13 +184,7 @@ func (pod *Pod) fenceFrom(ctx context.Context, runs []jobs.ReplayRun, waited boo
 			pod.log.Warn().Err(err).Msg("restore the pacer facts a replay published")
 		}
 	}
-	now, n := time.Now(), 0
-	for _, r := range runs {
-		for auth, at := range r.LastStarts {
-			pod.parts.Pacer.Fence(now, auth, at)
-			n++
-		}
-	}
+	n := pod.parts.Pacer.FenceAll(time.Now(), jobs.LastStartsOf(runs)...)
 	if waited || n > 0 {
 		pod.log.Info().Int("authorities", n).Msg("replays pacing alone have stopped: this pod's first requests are spaced from their last starts")
 	}

@@ -75,11 +75,13 @@ type AloneOptions struct {
 	// while the work runs and deletes it when the work ends. An error ends
 	// the replay with it.
 	Handover func(pods map[string][]string, base jobs.ReplayRun) (Work, error)
-	// Fence, if set, spaces the local worker's first request to auth from
-	// at (pacer.Fence), for the last starts of the replays it waited for;
-	// Sync, if set, returns once the pacer facts they published are
-	// applied (pipeline.Parts.SyncFacts).
-	Fence func(auth string, at time.Time)
+	// Fence, if set, is the hand-over's fence (pacer.Pacer.FenceAll): it
+	// spaces the local worker's first request to each authority from the
+	// previous holder's last start there (the replays it waited for, or
+	// the owners' last grants) and returns how many it fenced. Sync, if
+	// set, returns once the pacer facts they published are applied
+	// (pipeline.Parts.SyncFacts).
+	Fence func(lasts ...map[string]time.Time) int
 	Sync  func(ctx context.Context) error
 	// Waiting, if set, is told once of each replay this one waits for.
 	Waiting func(earlier jobs.ReplayRun)
@@ -346,10 +348,7 @@ func (a *alone) orphaned(ctx context.Context, gone time.Time) (map[string][]stri
 	}
 	n := 0
 	if a.o.Fence != nil {
-		for auth, at := range a.o.Starts.Recent(time.Now()) {
-			a.o.Fence(auth, at)
-			n++
-		}
+		n = a.o.Fence(a.o.Starts.Recent(time.Now()))
 	}
 	a.entry.Alone, a.entry.PodsGone = true, gone.UTC()
 	a.entry.AloneUntil, a.entry.WaitingFor = time.Time{}, ""
@@ -469,12 +468,7 @@ func (a *alone) follow(ctx context.Context, runs []jobs.ReplayRun, waited bool) 
 	}
 	n := 0
 	if a.o.Fence != nil {
-		for _, r := range runs {
-			for auth, at := range r.LastStarts {
-				a.o.Fence(auth, at)
-				n++
-			}
-		}
+		n = a.o.Fence(jobs.LastStartsOf(runs)...)
 	}
 	if waited {
 		a.entry.WaitingFor = ""

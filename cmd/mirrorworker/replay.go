@@ -459,7 +459,7 @@ func (l *loneReplay) alone() *replay.Lone {
 	return replay.Alone(l.kv, replay.AloneOptions{
 		Run: l.run, Target: l.spec, Local: local, Starts: starts, Flush: l.parts.Sink.Flush, Logger: l.log,
 		Sync:  l.parts.SyncFacts,
-		Fence: func(auth string, at time.Time) { l.parts.Pacer.Fence(time.Now(), auth, at) },
+		Fence: func(lasts ...map[string]time.Time) int { return l.parts.Pacer.FenceAll(time.Now(), lasts...) },
 		Pods:  func(ctx context.Context) (map[string][]string, error) { return replay.LivePods(ctx, l.js) },
 		Waiting: func(e jobs.ReplayRun) {
 			fmt.Fprintf(l.stderr, "replay %s: waiting for replay %s (into %s) to end: it paces its own requests, and with no pod running replays run one at a time (a pod that starts does the work of both)\n",
