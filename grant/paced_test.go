@@ -34,13 +34,20 @@ func confirmed(t *testing.T, p *grant.Paced) pacer.Permit {
 // reports free the owner's in-flight place.
 func TestPacedStartsAreTheOwners(t *testing.T) {
 	const floor = 150 * time.Millisecond
-	s, nc := serve(t, testPacer(floor, 1), nil)
+	// The owner awaits its askers' writes, as a pod's pacer does
+	// (pipeline: AwaitSends), and the asker reports each (Sent) as the
+	// replay does: the starts are judged as the asker makes them, so that
+	// the NATS hop between the owner's grant and the asker is inside them.
+	owner := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: floor, MaxInFlight: 1}}, AwaitSends: true})
+	s, nc := serve(t, owner, nil)
 	p := grant.NewPaced(brokertest.Context(t), grant.PacedLocal(grant.DefaultAsksInFlight), grant.NewClient(nc, "test", 0, nil), nil)
 	base := s.Outstanding() // serve's own probe
 	var starts []time.Time
 	for range 3 {
 		pm := confirmed(t, p)
-		starts = append(starts, time.Now())
+		at := time.Now()
+		starts = append(starts, at)
+		p.Sent(at, pm)
 		if n := s.Outstanding() - base; n != 1 {
 			t.Fatalf("the owner holds %d grants after a confirm, want 1", n)
 		}
