@@ -82,6 +82,7 @@ func BenchmarkThroughput(b *testing.B) {
 			case "worker": // for profiles and syscall counts of one pipeline: no ratio
 				wk := runWorkerPipeline(b, bl, args)
 				b.ReportMetric(wk.rate(), "worker_jobs/s")
+				b.ReportMetric(wk.wholeRate(bl.total()), "worker_whole_jobs/s")
 				b.ReportMetric(wk.cpuPerJob(), "worker_cpu_µs/job")
 				b.ReportMetric(wk.connectsPerJob(), "worker_connects/job")
 				b.ReportMetric(wk.deliveriesPerJob(), "worker_deliveries/job")
@@ -89,6 +90,7 @@ func BenchmarkThroughput(b *testing.B) {
 			case "raw":
 				raw := runRawPipeline(b, bl, c.raw)
 				b.ReportMetric(raw.rate(), "raw_jobs/s")
+				b.ReportMetric(raw.wholeRate(bl.total()), "raw_whole_jobs/s")
 				b.ReportMetric(raw.cpuPerJob(), "raw_cpu_µs/job")
 				b.ReportMetric(raw.connectsPerJob(), "raw_connects/job")
 				return
