@@ -1066,6 +1066,12 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 			pace = min(pace, int64(1e9/r))
 		}
 		e.pace = min(max(pace, e.floor), top)
+		if e.pace < e.rd.capIv {
+			// The answers over time admitted more than the upper
+			// bound: the depth read from the blast was too high (a
+			// blast slower than 1/r), and so is its interval.
+			e.rd.capIv = 0
+		}
 	}
 	e.rd.n, e.rd.dropped = 0, false
 	e.escAt, e.answered = n, 0
@@ -1115,14 +1121,17 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		if steps <= 0 {
 			steps = DefaultDecay
 		}
+		hold := int32(min(steps, math.MaxInt32))
 		if e.rd != nil && e.pace > 0 {
 			// A loose reading (its bounds more than tightReading
 			// apart) errs either way by up to half their spread: the
 			// creep from it is faster, so that a slow one costs less
-			// and a refusal comes soon to tighten it.
+			// and a refusal comes soon to tighten it; it stops short
+			// of the upper bound, a rate the origin refused, for as
+			// many answers as the decay's halving (reading.capFor).
 			steps = max(1, steps/looseCreep)
 		}
-		iv = max(e.floor, int64(float64(iv)*math.Exp2(-1/float64(steps))))
+		iv = max(min(iv, e.rd.capFor(iv, e.floor, hold)), int64(float64(iv)*math.Exp2(-1/float64(steps))))
 	}
 	if iv == e.interval {
 		return

@@ -73,6 +73,11 @@ type reading struct {
 	open   uint64
 	openAt int64
 	rtt    int64
+	// capIv is the interval a loose reading's creep stops at: the upper
+	// bound's rate less upperMargin (0: no upper bound read), and
+	// capHeld how many answers the interval has held there since.
+	capIv   int64
+	capHeld int32
 }
 
 // crossingRTTs is how many refusal round trips an unanswered request
@@ -137,11 +142,34 @@ func (rd *reading) crossing(seq uint64, n int64) int64 {
 // (120 s at 2 r/s) before one refusal tightens the reading. A looser
 // one's middle errs either way by up to half the spread: the creep from
 // it is looseCreep times faster (ADR 0029).
+//
+// The upper bound is a rate the origin refused: a creep past it is bound
+// to be refused again, one Retry-After and a first step for a reading
+// that a creep below it gets as well. So a loose reading's creep stops
+// upperMargin below it, and holds there for Decay answers (the time a
+// creep takes to halve the interval); then it creeps on, in case the
+// bound was read too low (a blast slower than 1/r reads the depth one
+// high and every bound slow, ADR 0029).
 const (
 	tightReading = 0.9
 	tightPlace   = 0.25
 	looseCreep   = 4
+	upperMargin  = 1.02
 )
+
+// capFor is the interval the creep may not go below at iv after
+// another answer, holding hold answers at the upper bound's cap: the
+// floor's, or the cap while it holds. It counts the answer as held when
+// iv is at the cap already.
+func (rd *reading) capFor(iv, floor int64, hold int32) int64 {
+	if rd == nil || rd.capIv <= floor || rd.capHeld >= hold {
+		return floor
+	}
+	if iv <= rd.capIv {
+		rd.capHeld++
+	}
+	return rd.capIv
+}
 
 // admitted records an admission started at start.
 func (rd *reading) admitted(start int64) {
@@ -186,9 +214,12 @@ func (rd *reading) rate(t int64) float64 {
 			}
 		}
 	}
-	rd.tight = false
+	rd.tight, rd.capIv, rd.capHeld = false, 0, 0
 	if rd.dropped {
 		up = 0
+	}
+	if up > 0 {
+		rd.capIv = int64(upperMargin * 1e9 / up)
 	}
 	switch {
 	case up <= 0:
