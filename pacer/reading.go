@@ -62,6 +62,7 @@ type reading struct {
 	// at: the window may then have lost the bucket's last empty instant,
 	// and the upper bound, which needs it, is not read.
 	dropped bool
+	capHeld int32
 	// open is the permit of the latest start (its confirm, moved to its
 	// write) not yet answered, 0 if none, and openAt that start; rtt is
 	// how long a refusal takes to come back, from its start to its
@@ -75,9 +76,12 @@ type reading struct {
 	rtt    int64
 	// capIv is the interval a loose reading's creep stops at: the upper
 	// bound's rate less upperMargin (0: no upper bound read), and
-	// capHeld how many answers the interval has held there since.
-	capIv   int64
-	capHeld int32
+	// capHeld (beside dropped, where it costs no padding) how many
+	// answers the interval has held there since.
+	capIv int64
+	// lo and up are the bounds of the readings so far (0: none), which
+	// the next joins while they agree with it.
+	lo, up float32
 }
 
 // crossingRTTs is how many refusal round trips an unanswered request
@@ -218,6 +222,20 @@ func (rd *reading) rate(t int64) float64 {
 	if rd.dropped {
 		up = 0
 	}
+	// The bounds of the readings before hold as long as the rate does:
+	// the tightest of them join this window's, unless they contradict
+	// it (the rate changed, or a depth was misread), when this window's
+	// alone are read.
+	if pl, pu := float64(rd.lo), float64(rd.up); pl > 0 || pu > 0 {
+		cl, cu := max(lo, pl), up
+		if pu > 0 && (cu <= 0 || pu < cu) {
+			cu = pu
+		}
+		if cu <= 0 || cl < cu {
+			lo, up = cl, cu
+		}
+	}
+	rd.lo, rd.up = float32(lo), float32(up)
 	if up > 0 {
 		rd.capIv = int64(upperMargin * 1e9 / up)
 	}
