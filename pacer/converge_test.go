@@ -193,6 +193,11 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		// first step of 100 ms at about 1.15x.
 		{10, 0, 0, 0, 1.3, 6, 1, false},
 		{10, 0, 0, time.Millisecond, 1.45, 6, 1, false},
+		// At 30 ms the stop short of the upper bound holds the pace
+		// long enough to fill the reading's window: the next reading
+		// keeps the bound before (1.38x; 1.50x with 5 rejections when
+		// it read none and crept past the rate again).
+		{10, 0, 0, 30 * time.Millisecond, 1.45, 6, 1, false},
 		{10, 0, 100 * time.Millisecond, 0, 1.3, 6, 1, false},
 		{10, 100 * time.Millisecond, 0, 0, 1.05, 0, 0, false},
 		{10, time.Second, 0, 0, 1.05, 0, 0, false},
