@@ -1069,8 +1069,9 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 		if e.pace < e.rd.capIv {
 			// The answers over time admitted more than the upper
 			// bound: the depth read from the blast was too high (a
-			// blast slower than 1/r), and so is its interval.
-			e.rd.capIv = 0
+			// blast slower than 1/r), and so is its interval: it
+			// neither stops the creep nor joins the next reading.
+			e.rd.capIv, e.rd.up = 0, 0
 		}
 	}
 	e.rd.n, e.rd.dropped = 0, false
