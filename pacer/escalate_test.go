@@ -43,8 +43,9 @@ func TestOneEscalationPerSignal(t *testing.T) {
 
 // After a throttle the interval comes back with the answers, not after a
 // quiet window: the probe's answer leaves it (the contract), each later
-// answer halves it down to the floor when no pace is learned yet; facts are
-// published only when it halves or reaches the floor. A 429 without
+// answer halves it down to the floor when no pace is learned yet, at most
+// once per half second (the ramp dwells, so that its refusal reads the
+// rate); facts are published only when it halves or reaches the floor. A 429 without
 // Retry-After still cools for the fallback (60 s) first.
 func TestAnswersBringTheIntervalBack(t *testing.T) {
 	tests := []struct {
@@ -76,12 +77,14 @@ func TestAnswersBringTheIntervalBack(t *testing.T) {
 				got = append(got, state(t, p, now).Interval)
 			}
 			ms := time.Millisecond
-			want := []time.Duration{2000 * ms, 1000 * ms, 500 * ms, 250 * ms, 125 * ms, 100 * ms}
+			// Below rampHalving (500 ms) a level is held that long: 250 ms
+			// for two answers.
+			want := []time.Duration{2000 * ms, 1000 * ms, 500 * ms, 250 * ms, 250 * ms, 125 * ms}
 			if !equalDurations(got, want) {
 				t.Fatalf("intervals after each answer %v, want %v", got, want)
 			}
-			if len(evs) != 6 { // the escalation, then each halving and the floor
-				t.Fatalf("%d interval facts, want 6: %+v", len(evs), evs)
+			if len(evs) != 5 { // the escalation, then each halving
+				t.Fatalf("%d interval facts, want 5: %+v", len(evs), evs)
 			}
 		})
 	}
@@ -108,7 +111,10 @@ func TestCreepBelowTheLearnedPace(t *testing.T) {
 			}
 		}
 		answer(resp(429, "Retry-After", "1")) // 1 s interval
-		for i := 0; i < 20; i++ {
+		// The ramp: 1 s, 500, 250, 250 and 125 ms, a loose reading (8
+		// to 16 r/s); twenty answers would dwell at 31 ms long enough to
+		// read the rate tight, which holds.
+		for i := 0; i < 5; i++ {
 			answer(resp(200))
 		}
 		answer(resp(429, "Retry-After", "1")) // learns a pace, interval 2 × the interval in force

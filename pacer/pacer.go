@@ -227,8 +227,11 @@ type entry struct {
 	// after it was answered and answeredOn the answers since (the probe's
 	// included); pace is the spacing learned from the origin's admissions
 	// (0: none); pubIv the interval last published, so a decay publishes a
-	// fact only when it halves or reaches the floor.
+	// fact only when it halves or reaches the floor; halvedAt when the
+	// ramp (the halving toward a pace not yet learned) last halved: at
+	// most once per rampHalving (reading.go).
 	escAt       int64
+	halvedAt    int64
 	resumed     int64
 	pace        int64
 	pubIv       int64
@@ -1111,7 +1114,12 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		// A pace read from the origin's own refusals: straight to it.
 		iv = target
 	} else if iv > target {
-		iv = max(target, iv/2)
+		// No pace learned yet: the ramp halves per answer, at most once
+		// per rampHalving (reading.go), so that the refusal it ends in
+		// reads the rate.
+		if n-e.halvedAt >= rampHalving {
+			iv, e.halvedAt = max(target, iv/2), n
+		}
 	} else if e.rd != nil && e.rd.tight {
 		// A tight reading's pace is a quarter of its spread above its
 		// lower bound (reading.go): a creep past it would buy at most

@@ -1,5 +1,7 @@
 package pacer
 
+import "time"
+
 // The reading of an origin's rate after a throttling answer (ADR 0029).
 //
 // A limiter in front of an origin (nginx limit_req, HAProxy stick tables)
@@ -88,6 +90,20 @@ type reading struct {
 // holds the next one back: one is the round trip itself, the second a
 // margin for the answer's jitter (a busy CPU, a GC pause).
 const crossingRTTs = 2
+
+// rampHalving is the least time between two halvings of the ramp, the
+// interval coming down from an escalation while no pace is learned (after
+// the first refusal). Halved per answer alone, at a round trip of a
+// millisecond or two (a pod on loopback), it went from 62 ms to 2 ms in
+// five requests: the bucket filled within one doubling of the rate, and
+// the refusal bounded the rate only to a factor of two (8.1 to 16.2 r/s
+// for 10), whose middle was fast and cost a third refusal. Held for
+// rampHalving at each level below it, the ramp sends r x rampHalving
+// requests at the first level faster than the origin, 5 at 10 r/s, and
+// the refusal reads the rate within about 10% (ADR 0029, "The ramp
+// dwells"). Levels above it still halve per answer, so the ramp costs at
+// most rampHalving per doubling more than before.
+const rampHalving = int64(500 * time.Millisecond)
 
 // started records the actual start of permit seq at n (Acquire's grant
 // for now, or Confirm).
