@@ -98,11 +98,12 @@ const crossingRTTs = 2
 // five requests: the bucket filled within one doubling of the rate, and
 // the refusal bounded the rate only to a factor of two (8.1 to 16.2 r/s
 // for 10), whose middle was fast and cost a third refusal. Held for
-// rampHalving at each level below it, the ramp sends r x rampHalving
-// requests at the first level faster than the origin, 5 at 10 r/s, and
-// the refusal reads the rate within about 10% (ADR 0029, "The ramp
-// dwells"). Levels above it still halve per answer, so the ramp costs at
-// most rampHalving per doubling more than before.
+// rampHalving at each level below it, the ramp sends rampHalving times
+// the rate of the first level faster than the origin (between r and 2r:
+// 5 to 10 requests at 10 r/s) at a steady spacing, and the refusal reads
+// the rate within about 10% (ADR 0029, "The ramp dwells"). Levels above
+// it still halve per answer, so the ramp costs at most rampHalving per
+// doubling more than before.
 const rampHalving = int64(500 * time.Millisecond)
 
 // started records the actual start of permit seq at n (Acquire's grant
