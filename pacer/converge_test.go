@@ -185,13 +185,25 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		// not know the rate needs two refusals, one to find the limit and
 		// its burst, one to read its rate, and each costs the 2 s
 		// Retry-After and the 2 s first step after the probe. Against
-		// nginx's own arithmetic (limitreq) this settles at 1.39x with 4
-		// rejections at 20 ms and at 1 ms (5 while the ramp's refusal
-		// came in pairs, before the crossing rule; 1.617x with 7 when
-		// the reading took the burst one short); an operator's first
-		// step of 100 ms at about 1.15x.
-		{10, 0, 0, 0, 1.45, 6, 1, false},
-		{10, 0, 0, time.Millisecond, 1.45, 6, 1, false},
+		// nginx's own arithmetic (limitreq) this settles at 1.29x with 3
+		// rejections (the blast's two, one signal, and the ramp's) at 1,
+		// 2, 20 and 30 ms answers alike. At a pod's 1 to 2 ms it took a
+		// third refusal (1.39x with 4) while the ramp halved per answer:
+		// the spacing fell from 62 to 2 ms in five requests, and the
+		// ramp's refusal read the rate only to a factor of two (8.1 to
+		// 16.2 r/s), whose middle was fast. The ramp now holds each level
+		// below rampHalving for that long, and reads it to about 10%. At
+		// 20 ms the crossing rule held the ramp at 40 ms, which did as
+		// much, and a loose reading's creep stops short of its upper
+		// bound (1.397x with 4 when it crept past it). At 30 ms the stop
+		// holds the pace long enough to fill the reading's window: the
+		// next reading keeps the bound before (1.50x with 5 rejections
+		// when it read none and crept past the rate again). An
+		// operator's first step of 100 ms settles at about 1.15x.
+		{10, 0, 0, 0, 1.3, 6, 1, false},
+		{10, 0, 0, time.Millisecond, 1.3, 6, 1, false},
+		{10, 0, 0, 2 * time.Millisecond, 1.3, 6, 1, false},
+		{10, 0, 0, 30 * time.Millisecond, 1.3, 6, 1, false},
 		{10, 0, 100 * time.Millisecond, 0, 1.3, 6, 1, false},
 		{10, 100 * time.Millisecond, 0, 0, 1.05, 0, 0, false},
 		{10, time.Second, 0, 0, 1.05, 0, 0, false},

@@ -43,8 +43,9 @@ func TestOneEscalationPerSignal(t *testing.T) {
 
 // After a throttle the interval comes back with the answers, not after a
 // quiet window: the probe's answer leaves it (the contract), each later
-// answer halves it down to the floor when no pace is learned yet; facts are
-// published only when it halves or reaches the floor. A 429 without
+// answer halves it down to the floor when no pace is learned yet, at most
+// once per half second (the ramp dwells, so that its refusal reads the
+// rate); facts are published only when it halves or reaches the floor. A 429 without
 // Retry-After still cools for the fallback (60 s) first.
 func TestAnswersBringTheIntervalBack(t *testing.T) {
 	tests := []struct {
@@ -76,12 +77,14 @@ func TestAnswersBringTheIntervalBack(t *testing.T) {
 				got = append(got, state(t, p, now).Interval)
 			}
 			ms := time.Millisecond
-			want := []time.Duration{2000 * ms, 1000 * ms, 500 * ms, 250 * ms, 125 * ms, 100 * ms}
+			// Below rampHalving (500 ms) a level is held that long: 250 ms
+			// for two answers.
+			want := []time.Duration{2000 * ms, 1000 * ms, 500 * ms, 250 * ms, 250 * ms, 125 * ms}
 			if !equalDurations(got, want) {
 				t.Fatalf("intervals after each answer %v, want %v", got, want)
 			}
-			if len(evs) != 6 { // the escalation, then each halving and the floor
-				t.Fatalf("%d interval facts, want 6: %+v", len(evs), evs)
+			if len(evs) != 5 { // the escalation, then each halving
+				t.Fatalf("%d interval facts, want 5: %+v", len(evs), evs)
 			}
 		})
 	}
@@ -89,9 +92,10 @@ func TestAnswersBringTheIntervalBack(t *testing.T) {
 
 // Below the pace learned between two escalations the interval creeps, one
 // Decay-th of a halving per answer (Limits.Decay, live per authority), four
-// times faster from a loose reading.
+// times faster from a loose reading. (A decay so fast that one step
+// passes the reading's upper bound stops there: TestCreepHoldsShortOfTheUpperBound.)
 func TestCreepBelowTheLearnedPace(t *testing.T) {
-	for _, decay := range []int{0, 10} {
+	for _, decay := range []int{0, 100} {
 		p := pacer.New(&pacer.Options{
 			Policy:     &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1, Decay: decay, FirstStep: time.Second}},
 			Rand:       fixedRand(0),
@@ -107,7 +111,10 @@ func TestCreepBelowTheLearnedPace(t *testing.T) {
 			}
 		}
 		answer(resp(429, "Retry-After", "1")) // 1 s interval
-		for i := 0; i < 20; i++ {
+		// The ramp: 1 s, 500, 250, 250 and 125 ms, a loose reading (8
+		// to 16 r/s); twenty answers would dwell at 31 ms long enough to
+		// read the rate tight, which holds.
+		for i := 0; i < 5; i++ {
 			answer(resp(200))
 		}
 		answer(resp(429, "Retry-After", "1")) // learns a pace, interval 2 × the interval in force
@@ -131,6 +138,55 @@ func TestCreepBelowTheLearnedPace(t *testing.T) {
 		if r := float64(got) / float64(pace); r < wantRatio-0.01 || r > wantRatio+0.01 {
 			t.Fatalf("decay %d: one answer took the interval from %s to %s (x%.4f), want x%.4f", decay, pace, got, r, wantRatio)
 		}
+	}
+}
+
+// A loose reading's creep stops short of its upper bound, a rate the
+// origin refused, and holds there for Decay answers before it creeps on
+// (reading.capFor): a bound read too low (a depth read one high) costs a
+// while, not the rest of the run.
+func TestCreepHoldsShortOfTheUpperBound(t *testing.T) {
+	const decay = 10
+	p := pacer.New(&pacer.Options{
+		Policy:     &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1, Decay: decay, FirstStep: time.Second}},
+		Rand:       fixedRand(0),
+		StartGuard: -1,
+	})
+	now := t0
+	answer := func(r pacer.Response) {
+		pm := mustGrant(t, p, now, time.Hour)
+		now = pm.Start.Add(10 * time.Millisecond) // the answer's latency
+		v := p.Done(now, pm, r)
+		if !v.Until.IsZero() {
+			now = v.Until
+		}
+	}
+	answer(resp(429, "Retry-After", "1"))
+	for i := 0; i < 20; i++ {
+		answer(resp(200))
+	}
+	answer(resp(429, "Retry-After", "1")) // a loose reading with an upper bound
+	var ivs []time.Duration
+	for i := 0; i < 60; i++ {
+		answer(resp(200))
+		ivs = append(ivs, state(t, p, now).Interval)
+	}
+	// The longest run of answers that left the interval as it was, after
+	// the probe's and before the floor.
+	held, run := 0, 0
+	for i := 2; i < len(ivs); i++ {
+		if ivs[i] == ivs[i-1] && ivs[i] > 0 {
+			run++
+			held = max(held, run)
+		} else {
+			run = 0
+		}
+	}
+	if held < decay-1 || held > decay+1 {
+		t.Fatalf("the creep held %d answers (want about %d), intervals %v", held, decay, ivs)
+	}
+	if last := ivs[len(ivs)-1]; last >= ivs[2] {
+		t.Fatalf("the creep never went on past the hold: %v", ivs)
 	}
 }
 

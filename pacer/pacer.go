@@ -227,8 +227,11 @@ type entry struct {
 	// after it was answered and answeredOn the answers since (the probe's
 	// included); pace is the spacing learned from the origin's admissions
 	// (0: none); pubIv the interval last published, so a decay publishes a
-	// fact only when it halves or reaches the floor.
+	// fact only when it halves or reaches the floor; halvedAt when the
+	// ramp (the halving toward a pace not yet learned) last halved: at
+	// most once per rampHalving (reading.go).
 	escAt       int64
+	halvedAt    int64
 	resumed     int64
 	pace        int64
 	pubIv       int64
@@ -1066,6 +1069,13 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 			pace = min(pace, int64(1e9/r))
 		}
 		e.pace = min(max(pace, e.floor), top)
+		if e.pace < e.rd.capIv {
+			// The answers over time admitted more than the upper
+			// bound: the depth read from the blast was too high (a
+			// blast slower than 1/r), and so is its interval: it
+			// neither stops the creep nor joins the next reading.
+			e.rd.capIv, e.rd.up = 0, 0
+		}
 	}
 	e.rd.n, e.rd.dropped = 0, false
 	e.escAt, e.answered = n, 0
@@ -1104,7 +1114,12 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		// A pace read from the origin's own refusals: straight to it.
 		iv = target
 	} else if iv > target {
-		iv = max(target, iv/2)
+		// No pace learned yet: the ramp halves per answer, at most once
+		// per rampHalving (reading.go), so that the refusal it ends in
+		// reads the rate.
+		if n-e.halvedAt >= rampHalving {
+			iv, e.halvedAt = max(target, iv/2), n
+		}
 	} else if e.rd != nil && e.rd.tight {
 		// A tight reading's pace is a quarter of its spread above its
 		// lower bound (reading.go): a creep past it would buy at most
@@ -1115,14 +1130,17 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		if steps <= 0 {
 			steps = DefaultDecay
 		}
+		hold := int32(min(steps, math.MaxInt32))
 		if e.rd != nil && e.pace > 0 {
 			// A loose reading (its bounds more than tightReading
 			// apart) errs either way by up to half their spread: the
 			// creep from it is faster, so that a slow one costs less
-			// and a refusal comes soon to tighten it.
+			// and a refusal comes soon to tighten it; it stops short
+			// of the upper bound, a rate the origin refused, for as
+			// many answers as the decay's halving (reading.capFor).
 			steps = max(1, steps/looseCreep)
 		}
-		iv = max(e.floor, int64(float64(iv)*math.Exp2(-1/float64(steps))))
+		iv = max(min(iv, e.rd.capFor(iv, e.floor, hold)), int64(float64(iv)*math.Exp2(-1/float64(steps))))
 	}
 	if iv == e.interval {
 		return

@@ -1,5 +1,7 @@
 package pacer
 
+import "time"
+
 // The reading of an origin's rate after a throttling answer (ADR 0029).
 //
 // A limiter in front of an origin (nginx limit_req, HAProxy stick tables)
@@ -62,6 +64,7 @@ type reading struct {
 	// at: the window may then have lost the bucket's last empty instant,
 	// and the upper bound, which needs it, is not read.
 	dropped bool
+	capHeld int32
 	// open is the permit of the latest start (its confirm, moved to its
 	// write) not yet answered, 0 if none, and openAt that start; rtt is
 	// how long a refusal takes to come back, from its start to its
@@ -73,12 +76,35 @@ type reading struct {
 	open   uint64
 	openAt int64
 	rtt    int64
+	// capIv is the interval a loose reading's creep stops at: the upper
+	// bound's rate less upperMargin (0: no upper bound read), and
+	// capHeld (beside dropped, where it costs no padding) how many
+	// answers the interval has held there since.
+	capIv int64
+	// lo and up are the bounds of the readings so far (0: none), which
+	// the next joins while they agree with it.
+	lo, up float32
 }
 
 // crossingRTTs is how many refusal round trips an unanswered request
 // holds the next one back: one is the round trip itself, the second a
 // margin for the answer's jitter (a busy CPU, a GC pause).
 const crossingRTTs = 2
+
+// rampHalving is the least time between two halvings of the ramp, the
+// interval coming down from an escalation while no pace is learned (after
+// the first refusal). Halved per answer alone, at a round trip of a
+// millisecond or two (a pod on loopback), it went from 62 ms to 2 ms in
+// five requests: the bucket filled within one doubling of the rate, and
+// the refusal bounded the rate only to a factor of two (8.1 to 16.2 r/s
+// for 10), whose middle was fast and cost a third refusal. Held for
+// rampHalving at each level below it, the ramp sends rampHalving times
+// the rate of the first level faster than the origin (between r and 2r:
+// 5 to 10 requests at 10 r/s) at a steady spacing, and the refusal reads
+// the rate within about 10% (ADR 0029, "The ramp dwells"). Levels above
+// it still halve per answer, so the ramp costs at most rampHalving per
+// doubling more than before.
+const rampHalving = int64(500 * time.Millisecond)
 
 // started records the actual start of permit seq at n (Acquire's grant
 // for now, or Confirm).
@@ -137,11 +163,34 @@ func (rd *reading) crossing(seq uint64, n int64) int64 {
 // (120 s at 2 r/s) before one refusal tightens the reading. A looser
 // one's middle errs either way by up to half the spread: the creep from
 // it is looseCreep times faster (ADR 0029).
+//
+// The upper bound is a rate the origin refused: a creep past it is bound
+// to be refused again, one Retry-After and a first step for a reading
+// that a creep below it gets as well. So a loose reading's creep stops
+// upperMargin below it, and holds there for Decay answers (the time a
+// creep takes to halve the interval); then it creeps on, in case the
+// bound was read too low (a blast slower than 1/r reads the depth one
+// high and every bound slow, ADR 0029).
 const (
 	tightReading = 0.9
 	tightPlace   = 0.25
 	looseCreep   = 4
+	upperMargin  = 1.02
 )
+
+// capFor is the interval the creep may not go below at iv after
+// another answer, holding hold answers at the upper bound's cap: the
+// floor's, or the cap while it holds. It counts the answer as held when
+// iv is at the cap already.
+func (rd *reading) capFor(iv, floor int64, hold int32) int64 {
+	if rd == nil || rd.capIv <= floor || rd.capHeld >= hold {
+		return floor
+	}
+	if iv <= rd.capIv {
+		rd.capHeld++
+	}
+	return rd.capIv
+}
 
 // admitted records an admission started at start.
 func (rd *reading) admitted(start int64) {
@@ -186,9 +235,26 @@ func (rd *reading) rate(t int64) float64 {
 			}
 		}
 	}
-	rd.tight = false
+	rd.tight, rd.capIv, rd.capHeld = false, 0, 0
 	if rd.dropped {
 		up = 0
+	}
+	// The bounds of the readings before hold as long as the rate does:
+	// the tightest of them join this window's, unless they contradict
+	// it (the rate changed, or a depth was misread), when this window's
+	// alone are read.
+	if pl, pu := float64(rd.lo), float64(rd.up); pl > 0 || pu > 0 {
+		cl, cu := max(lo, pl), up
+		if pu > 0 && (cu <= 0 || pu < cu) {
+			cu = pu
+		}
+		if cu <= 0 || cl < cu {
+			lo, up = cl, cu
+		}
+	}
+	rd.lo, rd.up = float32(lo), float32(up)
+	if up > 0 {
+		rd.capIv = int64(upperMargin * 1e9 / up)
 	}
 	switch {
 	case up <= 0:
