@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -478,19 +479,39 @@ func TestDeferringAFullMemoryResumesPulling(t *testing.T) {
 	// HoldMax defers every one of them, with no fetch in flight: the
 	// deferral itself must wake the intake, or the deferred jobs (and those
 	// never pulled) are never delivered again.
+	//
+	// On the worker's fake clock, with the NAK delays on it too
+	// (fakeNaks): the intake's safety-net timer does not fire unless the
+	// test advances the clock, so only the deferral's wake-up can resume
+	// pulling.
 	const maxHeld = 16
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
-	now := time.Now()
+	fake := clock.NewFake(time.Now())
+	newFakeNaks(e, fake)
+	now := fake.Now()
 	p := &phasedPacer{hold: now.Add(time.Second), open: now.Add(3500 * time.Millisecond)}
 	var js []jobs.Job
 	for i := range 3 * maxHeld {
 		js = append(js, jobs.Job{ID: fmt.Sprint("full", i), URL: o.url(fmt.Sprint("/full/", i)), Target: fmt.Sprint("full/", i)})
 	}
 	e.publish(js...)
-	r := e.start(p, worker.Options{MaxHeld: maxHeld, MaxHeldPerAuthority: maxHeld, HoldMax: 1500 * time.Millisecond, PullWait: 100 * time.Millisecond})
+	r := e.start(p, worker.Options{Clock: fake, MaxHeld: maxHeld, MaxHeldPerAuthority: maxHeld, HoldMax: 1500 * time.Millisecond, PullWait: 100 * time.Millisecond})
+	held := func() float64 { return counter(t, r.reg, "mirrorworker_held_jobs", nil) }
+	deferred := func() float64 {
+		return counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred})
+	}
+	waitCond(t, 15*time.Second, "memory full of jobs waiting for their spacing", func() bool { return held() == maxHeld })
+	fake.Advance(time.Second) // the spacing ends; the cooldown (2.5 s, past HoldMax) begins
+	waitCond(t, 15*time.Second, "every job deferred", func() bool { return deferred() == float64(len(js)) })
+	if got := r.f.count(nil); got != 0 {
+		t.Fatalf("%d jobs ended during the cooldown", got)
+	}
+	// Past the cooldown and the deferral calendar's whole horizon: every
+	// deferred job is due.
+	fake.Advance(2500*time.Millisecond + worker.DefaultDeferSpread)
 	r.f.waitFor(t, len(js), isOutcome(worker.OutcomeStored), 15*time.Second)
-	if got := counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}); got < maxHeld {
+	if got := deferred(); got < maxHeld {
 		t.Errorf("%v jobs deferred, want at least the %d held at the cooldown", got, maxHeld)
 	}
 	e.waitDrained(10 * time.Second)
