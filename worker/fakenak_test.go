@@ -36,11 +36,18 @@ func newFakeNaks(e *env, clk *clock.Fake) *fakeNaks {
 	return n
 }
 
-// pending returns how many NAKs with delay were asked for so far.
+// asked returns how many NAKs with delay were asked for so far.
 func (n *fakeNaks) asked() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.delays)
+}
+
+// delay returns the delay of the i-th NAK (from 0).
+func (n *fakeNaks) delay(i int) time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.delays[i]
 }
 
 func (n *fakeNaks) consumer(c jetstream.Consumer) jetstream.Consumer {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -81,37 +83,69 @@ func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
 // would ask the first hop again after the wait): the rest of the fetch
 // waits in the cooling authority's queue, as a continuation, and is
 // fetched there once the cooldown ends. The first hop is asked once.
+//
+// On the worker's fake clock, with the NAK delays on it too (fakeNaks):
+// the test advances the clock by each delay the worker asks for, and the
+// cooling authority's request is timed on that clock, to the instant.
 func TestRedirectToACoolingAuthorityContinuesThere(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 30*time.Second)
+	fake := clock.NewFake(time.Now())
+	naks := newFakeNaks(e, fake)
 	from, to := newOrigin(t), newOrigin(t)
 	from.setBehave(func(w http.ResponseWriter, r *http.Request, _ int) bool {
 		http.Redirect(w, r, to.url("/target"), http.StatusFound)
 		return true
 	})
+	var mu sync.Mutex
+	var asked []time.Time // the cooling authority's requests, on the fake clock
+	to.setBehave(func(http.ResponseWriter, *http.Request, int) bool {
+		mu.Lock()
+		asked = append(asked, fake.Now())
+		mu.Unlock()
+		return false
+	})
 	p := testPacer(0, 2, nil, 0, nil)
 	// The redirect's authority is cooling for 3 s, longer than HoldMax.
-	pm, err := p.Acquire(time.Now(), to.auth, 0)
+	cooled := fake.Now()
+	pm, err := p.Acquire(cooled, to.auth, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cooled := time.Now()
 	p.Done(cooled, pm, pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"3"}}})
-	r := e.startPartitioned(p, worker.Options{Concurrency: 4, HoldMax: 500 * time.Millisecond})
+	r := e.startPartitioned(p, worker.Options{Clock: fake, Concurrency: 4, HoldMax: 500 * time.Millisecond})
 	e.publish(jobs.Job{ID: "redir", URL: from.url("/start"), Target: "redir"})
 
 	r.f.waitFor(t, 1, isOutcome(worker.OutcomeHandedOff), 20*time.Second)
-	r.f.waitFor(t, 1, isOutcome(worker.OutcomeStored), 30*time.Second)
+	// Each deferral of the continuation is one NAK with delay: advance the
+	// clock by it, and the continuation comes back then.
+	for k := 1; r.f.count(isOutcome(worker.OutcomeStored)) == 0; k++ {
+		if k > 5 {
+			t.Fatalf("the continuation was deferred %d times, and not fetched", k-1)
+		}
+		waitCond(t, 20*time.Second, fmt.Sprint("deferral ", k, " or the fetch"), func() bool {
+			return naks.asked() >= k || r.f.count(isOutcome(worker.OutcomeStored)) > 0
+		})
+		if naks.asked() >= k {
+			fake.Advance(naks.delay(k - 1))
+		}
+		waitCond(t, 20*time.Second, "the continuation back", func() bool {
+			return naks.asked() > k || r.f.count(isOutcome(worker.OutcomeStored)) > 0
+		})
+	}
 	e.checkStored("redir", body("/target"))
 	if n := len(from.log()); n != 1 {
 		t.Errorf("first hop requested %d times, want 1", n)
 	}
-	log := to.log()
-	if len(log) != 1 {
-		t.Fatalf("cooling authority received %d requests, want 1", len(log))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 {
+		t.Fatalf("cooling authority received %d requests, want 1", len(asked))
 	}
-	if at := log[0].at.Sub(cooled); at < 3*time.Second {
+	if at := asked[0].Sub(cooled); at < 3*time.Second {
 		t.Errorf("the cooling authority was asked %v after its 429, Retry-After 3 s", at)
+	} else {
+		t.Logf("the cooling authority was asked %v after its 429 (on the worker's clock), Retry-After 3 s", at)
 	}
 	if dl := e.deadLetters(); len(dl) != 0 {
 		t.Errorf("dead-lettered: %+v", dl)
