@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,6 +28,7 @@ type fakeNaks struct {
 
 	mu     sync.Mutex
 	delays []time.Duration // every NakWithDelay's delay, in order
+	due    []time.Time     // when each comes back, on clk
 }
 
 func newFakeNaks(e *env, clk *clock.Fake) *fakeNaks {
@@ -48,6 +50,46 @@ func (n *fakeNaks) delay(i int) time.Duration {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.delays[i]
+}
+
+// pending returns how many NAKed messages wait for the clock, and the
+// instant the first of them comes back.
+func (n *fakeNaks) pending() (int, time.Time) {
+	now := n.clk.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	k, first := 0, time.Time{}
+	for _, at := range n.due {
+		if at.After(now) {
+			k++
+			if first.IsZero() || at.Before(first) {
+				first = at
+			}
+		}
+	}
+	return k, first
+}
+
+// advanceWhenWaiting waits until want() messages wait for the clock (every
+// job the test still expects back is NAKed with delay, none in the
+// worker's hands) or done() holds, and then advances the clock to the
+// first of them. It returns done().
+func (n *fakeNaks) advanceWhenWaiting(t testing.TB, want func() int, done func() bool) bool {
+	t.Helper()
+	var first time.Time
+	waitCond(t, 20*time.Second, "every job NAKed with delay", func() bool {
+		if done() {
+			return true
+		}
+		var k int
+		k, first = n.pending()
+		return k > 0 && k >= want()
+	})
+	if done() {
+		return true
+	}
+	n.clk.Advance(first.Sub(n.clk.Now()))
+	return false
 }
 
 func (n *fakeNaks) consumer(c jetstream.Consumer) jetstream.Consumer {
@@ -90,6 +132,7 @@ type fakeNakMsg struct {
 func (m fakeNakMsg) NakWithDelay(d time.Duration) error {
 	m.n.mu.Lock()
 	m.n.delays = append(m.n.delays, d)
+	m.n.due = append(m.n.due, m.n.clk.Now().Add(d))
 	m.n.mu.Unlock()
 	if d <= 0 {
 		return m.Msg.Nak()
