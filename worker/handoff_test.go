@@ -22,8 +22,17 @@ import (
 // rest of the fetch to b's pod, so every request b sees is paced by one
 // pacer and b's floor holds, and every object is stored once, with b's
 // bytes and a's URL in its metadata.
+//
+// Both pods run on one fake clock, which the test moves one spacing at a
+// time, after b's latest request has arrived: b times its requests on that
+// clock, so its floor is judged at the origin to the instant, with no
+// slack, however loaded the machine. The jobs wait in memory (HoldMax past
+// the whole run), not in NATS.
 func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t, 30*time.Second)
+	fake := clock.NewFake(time.Now())
+	newFakeNaks(e, fake)
 	parts, err := jobs.EnsureWork(context.Background(), e.js, &jobs.WorkOptions{Consumer: &jobs.ConsumerOptions{AckWait: 30 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
@@ -39,11 +48,28 @@ func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
 		http.Redirect(w, r, b.url(r.URL.Path), http.StatusFound)
 		return true
 	})
+	var mu sync.Mutex
+	var atB []time.Time // b's requests, on the pods' clock
+	b.setBehave(func(http.ResponseWriter, *http.Request, int) bool {
+		mu.Lock()
+		atB = append(atB, fake.Now())
+		mu.Unlock()
+		return false
+	})
+	countB := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(atB)
+	}
 
-	const floor = 300 * time.Millisecond
-	const per = 6
-	podA := e.startServing(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8}, nil, func(i int) bool { return i != pb })
-	podB := e.startServing(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8}, nil, func(i int) bool { return i == pb })
+	const (
+		floor   = 300 * time.Millisecond
+		spacing = floor + pacer.MaxStartGuard
+		per     = 6
+	)
+	o := worker.Options{Clock: fake, Concurrency: 8, HoldMax: time.Hour}
+	podA := e.startServing(testPacer(floor, 2, nil, 0, nil), o, nil, func(i int) bool { return i != pb })
+	podB := e.startServing(testPacer(floor, 2, nil, 0, nil), o, nil, func(i int) bool { return i == pb })
 	var js []jobs.Job
 	for i := range per {
 		js = append(js,
@@ -52,6 +78,14 @@ func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
 	}
 	e.publish(js...)
 
+	// b has a job of its own at every step (its d-jobs, then a's
+	// continuations, one handed over per step of a's floor): one request
+	// per spacing. The first is a spacing after the pods took their
+	// partitions over (AddPartition's since).
+	for k := 1; k <= 2*per; k++ {
+		fake.Advance(spacing)
+		waitCond(t, 30*time.Second, fmt.Sprint("b's request ", k), func() bool { return countB() >= k })
+	}
 	podA.f.waitFor(t, per, isOutcome(worker.OutcomeHandedOff), 60*time.Second)
 	podB.f.waitFor(t, 2*per, isOutcome(worker.OutcomeStored), 60*time.Second)
 	if n := podA.f.count(isOutcome(worker.OutcomeStored)); n != 0 {
@@ -71,11 +105,16 @@ func TestRedirectIsHandedToTheAuthoritysPod(t *testing.T) {
 	if got := len(a.log()); got != per {
 		t.Errorf("a saw %d requests, want %d (one redirect per job)", got, per)
 	}
-	log := b.log()
-	if len(log) != 2*per {
-		t.Fatalf("b saw %d requests, want %d", len(log), 2*per)
+	if got := len(b.log()); got != 2*per {
+		t.Fatalf("b saw %d requests, want %d", got, 2*per)
 	}
-	checkFloor(t, "b", log, floor)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(atB); i++ {
+		if gap := atB[i].Sub(atB[i-1]); gap < floor {
+			t.Errorf("b's requests %d and %d %v apart on the pods' clock, floor %v", i-1, i, gap, floor)
+		}
+	}
 }
 
 // TestRedirectToACoolingAuthorityContinuesThere: with partitions, a

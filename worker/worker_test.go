@@ -332,54 +332,6 @@ func TestShutdownHandsHeldJobsBack(t *testing.T) {
 	}
 }
 
-func TestFloorHoldsAtTheOrigin(t *testing.T) {
-	const floor = 200 * time.Millisecond
-	e := newEnv(t, 30*time.Second)
-	a, b := newOrigin(t), newOrigin(t)
-	r := e.start(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8})
-	const per = 10
-	var js []jobs.Job
-	for i := range per {
-		for k, o := range []*origin{a, b} {
-			js = append(js, jobs.Job{ID: fmt.Sprint(k, "-", i), URL: o.url(fmt.Sprint("/f/", i)), Target: fmt.Sprint(k, "/", i)})
-		}
-	}
-	e.publish(js...)
-	r.f.waitFor(t, 2*per, isOutcome(worker.OutcomeStored), 30*time.Second)
-	for k, o := range []*origin{a, b} {
-		log := o.log()
-		if len(log) != per {
-			t.Fatalf("origin %d saw %d requests, want %d", k, len(log), per)
-		}
-		checkFloor(t, fmt.Sprint("origin ", k), log, floor)
-	}
-}
-
-func TestHeldJobsOutliveTheAckWait(t *testing.T) {
-	t.Parallel()
-	// Six jobs 700 ms apart on one authority take over 3 s in memory; the
-	// ack wait is 1.5 s. In-progress acks keep every job on its first
-	// delivery.
-	const ackWait = 1500 * time.Millisecond
-	e := newEnv(t, ackWait)
-	o := newOrigin(t)
-	r := e.start(testPacer(700*time.Millisecond, 1, nil, 0, nil), worker.Options{AckWait: ackWait, HoldMax: time.Minute})
-	var js []jobs.Job
-	for i := range 6 {
-		js = append(js, jobs.Job{ID: fmt.Sprint("hb", i), URL: o.url(fmt.Sprint("/hb/", i)), Target: fmt.Sprint("hb/", i)})
-	}
-	e.publish(js...)
-	r.f.waitFor(t, len(js), isOutcome(worker.OutcomeStored), 30*time.Second)
-	for _, f := range r.f.snapshot() {
-		if f.Deliveries != 1 {
-			t.Errorf("%s stored at delivery %d: its ack wait ran out while held", f.JobID, f.Deliveries)
-		}
-	}
-	if n := len(o.log()); n != len(js) {
-		t.Errorf("origin saw %d requests for %d jobs", n, len(js))
-	}
-}
-
 func TestRedirectToACoolingAuthorityDefers(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 30*time.Second)
