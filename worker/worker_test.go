@@ -285,33 +285,19 @@ func TestShutdownHandsHeldJobsBack(t *testing.T) {
 	}
 	e.publish(js...)
 	r1.f.waitFor(t, 1, nil, 10*time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitCond(t, 10*time.Second, fmt.Sprint("every job but the first ack pending (", n-1, ")"), func() bool {
 		info, err := e.cons.Info(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.NumPending == 0 && info.NumAckPending == n-1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("jobs not held: pending %d, ack pending %d", info.NumPending, info.NumAckPending)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return info.NumPending == 0 && info.NumAckPending == n-1
+	})
 	// The consumer counts a job ack-pending as soon as it is delivered; the
 	// worker counts it held once the intake has queued it, a moment later.
 	// Wait for what the test means: every job but the first queued here.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		got := counter(t, r1.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"})
-		if got == n-1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("held_jobs{queued} = %v, want %d", got, n-1)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitCond(t, 10*time.Second, fmt.Sprint("held_jobs{queued} = ", n-1), func() bool {
+		return counter(t, r1.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"}) == n-1
+	})
 	stopped := time.Now()
 	r1.stop(t)
 	if d := time.Since(stopped); d > 5*time.Second {
@@ -350,13 +336,9 @@ func TestRedirectToACoolingAuthorityDefers(t *testing.T) {
 	r := e.start(p, worker.Options{})
 	e.publish(jobs.Job{ID: "redir", URL: from.url("/start"), Target: "redir"})
 
-	deadline := time.Now().Add(10 * time.Second)
-	for counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("job not deferred")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitCond(t, 10*time.Second, "the job deferred", func() bool {
+		return counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}) >= 1
+	})
 	if n := len(to.log()); n != 0 {
 		t.Errorf("cooling authority received %d requests", n)
 	}
