@@ -14,9 +14,11 @@ PKGS      := ./...
 PLAIN_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list $(PKGS)))
 FULL_SIZE  := ^(TestParkingIsolationAtScale|TestSimulatedClusterKeepsOnePace|TestSimulatedClusterLinkFaults)$$
 # The end-to-end tier: tests of worker/ that run thousands of jobs through
-# real JetStream and wait on real cooldowns and redeliveries are in files
-# built with this tag, so that `go test ./worker/` stays fast (ADR 0024);
-# the race run and the full-size run build them in.
+# real JetStream, wait on real cooldowns and redeliveries, judge gaps as the
+# origin's kernel timed them, or need the server's ack wait are in files
+# built with this tag, so that `go test ./worker/` stays fast (its behaviour
+# tests run on clock.Fake; ADR 0024); the race run and the full-size run
+# build them in.
 E2E_TAGS  := e2e
 # Tests that mostly wait (floors, cooldowns, leases, real processes) call t.Parallel;
 # this many run at once (go test's default is GOMAXPROCS, 2 on a 2-core machine).

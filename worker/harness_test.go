@@ -39,6 +39,17 @@ type env struct {
 	cons   jetstream.Consumer
 	target *mirror.FileTarget
 	root   string
+	// wrap, if set, wraps every consumer the harness hands a worker
+	// (fakeNaks).
+	wrap func(jetstream.Consumer) jetstream.Consumer
+}
+
+// consumer is c as the harness hands it to a worker.
+func (e *env) consumer(c jetstream.Consumer) jetstream.Consumer {
+	if e.wrap == nil {
+		return c
+	}
+	return e.wrap(c)
 }
 
 func newEnv(t testing.TB, ackWait time.Duration) *env {

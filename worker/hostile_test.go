@@ -36,7 +36,7 @@ func (e *env) startWith(p worker.Pacer, o worker.Options, f *fetch.Client, targe
 	}
 	o.Logger = testLogger(e.t)
 	o.PullWait = testPullWait(o.PullWait)
-	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.cons, Fetcher: f, Target: target, Pacer: p}, &o)
+	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.consumer(e.cons), Fetcher: f, Target: target, Pacer: p}, &o)
 	if err != nil {
 		e.t.Fatal(err)
 	}

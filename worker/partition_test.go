@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -57,6 +58,10 @@ func (e *env) startServing(p worker.Pacer, o worker.Options, legacy jetstream.Co
 	}
 	pw.running = e.launch(w, reg, f)
 	e.waitReady(w)
+	var clk clock.Clock = clock.Real{}
+	if o.Clock != nil {
+		clk = o.Clock
+	}
 	for i := range parts {
 		if !serve(i) {
 			continue
@@ -66,7 +71,7 @@ func (e *env) startServing(p worker.Pacer, o worker.Options, legacy jetstream.Co
 			e.t.Fatal(err)
 		}
 		pw.owned[i].Store(true)
-		if err := w.AddPartition(i, c, time.Now()); err != nil {
+		if err := w.AddPartition(i, e.consumer(c), clk.Now()); err != nil {
 			e.t.Fatal(err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/deadletter"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
@@ -33,9 +34,15 @@ import (
 // The origin tells the two apart by the conditional request: the object is
 // in the pod's target, so the live job asks with If-None-Match, and the
 // replay's target is empty, so the copy asks without.
+//
+// On the worker's fake clock, with the NAK delays of the retries on it too
+// (fakeNaks): the test advances the clock to the next retry whenever both
+// jobs wait for theirs.
 func TestAReplaysFailuresAreItsOwn(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 30*time.Second)
+	fake := clock.NewFake(time.Now())
+	naks := newFakeNaks(e, fake)
 	ctx := context.Background()
 	if err := replay.EnsureDeadLetterStream(ctx, e.js, 0); err != nil {
 		t.Fatal(err)
@@ -62,10 +69,10 @@ func TestAReplaysFailuresAreItsOwn(t *testing.T) {
 	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}}, FailureBackoffMin: -1})
 	f := fetch.New(&fetch.Options{AllowPrivate: true})
 	reg := prometheus.NewRegistry()
-	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.cons, Fetcher: f, Target: e.target, Pacer: p,
+	w, err := worker.New(worker.Deps{JS: e.js, Consumer: e.consumer(e.cons), Fetcher: f, Target: e.target, Pacer: p,
 		ReplayTarget: func(context.Context, string, string) (worker.Target, error) { return replayTarget, nil },
 	}, &worker.Options{FailureBudget: budget, BackoffInitial: time.Second, BackoffMax: 3 * time.Second,
-		Registerer: reg, Logger: testLogger(t), PullWait: testPullWait(0)})
+		Registerer: reg, Logger: testLogger(t), PullWait: testPullWait(0), Clock: fake})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +81,12 @@ func TestAReplaysFailuresAreItsOwn(t *testing.T) {
 
 	job := jobs.Job{ID: "j1", URL: o.url("/obj"), Target: key}
 	e.publish(job)
-	waitCond(t, 30*time.Second, "the live job's second failure", func() bool {
+	retried := func() bool {
 		return counter(t, reg, "mirrorworker_jobs_total", map[string]string{"outcome": "retried"}) >= 2
-	})
-	copyAt := time.Now()
+	}
+	for !naks.advanceWhenWaiting(t, func() int { return 1 }, retried) {
+	}
+	copyAt := fake.Now()
 	m, _, err := jobs.NewMsg(job)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +98,11 @@ func TestAReplaysFailuresAreItsOwn(t *testing.T) {
 	if _, err := e.js.PublishMsg(ctx, m); err != nil {
 		t.Fatal(err)
 	}
-	r.f.waitFor(t, 2, isOutcome(worker.OutcomeDeadLettered), 60*time.Second)
+	// Each job comes back when the clock reaches its retry: advance it
+	// whenever neither is in the worker's hands.
+	dead := func() int { return r.f.count(isOutcome(worker.OutcomeDeadLettered)) }
+	for !naks.advanceWhenWaiting(t, func() int { return 2 - dead() }, func() bool { return dead() == 2 }) {
+	}
 	e.waitDrained(10 * time.Second)
 
 	var live, replayed int

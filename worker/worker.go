@@ -447,6 +447,13 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			w.intake(ctx, m)
 		}
 		w.pulling.Add(-int64(want))
+		if w.o.Partitions > 0 {
+			// The pull's room is free again: another partition's intake may
+			// be waiting for it. Its timer is only a safety net (on the
+			// tests' fake clock it never fires), and a pull that expires
+			// empty frees no held job, so nothing else would wake it.
+			w.wakeIntake()
+		}
 		if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
 			w.log.Debug().Err(err).Msg("pull ended")
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -284,33 +285,19 @@ func TestShutdownHandsHeldJobsBack(t *testing.T) {
 	}
 	e.publish(js...)
 	r1.f.waitFor(t, 1, nil, 10*time.Second)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitCond(t, 10*time.Second, fmt.Sprint("every job but the first ack pending (", n-1, ")"), func() bool {
 		info, err := e.cons.Info(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if info.NumPending == 0 && info.NumAckPending == n-1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("jobs not held: pending %d, ack pending %d", info.NumPending, info.NumAckPending)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return info.NumPending == 0 && info.NumAckPending == n-1
+	})
 	// The consumer counts a job ack-pending as soon as it is delivered; the
 	// worker counts it held once the intake has queued it, a moment later.
 	// Wait for what the test means: every job but the first queued here.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		got := counter(t, r1.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"})
-		if got == n-1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("held_jobs{queued} = %v, want %d", got, n-1)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitCond(t, 10*time.Second, fmt.Sprint("held_jobs{queued} = ", n-1), func() bool {
+		return counter(t, r1.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"}) == n-1
+	})
 	stopped := time.Now()
 	r1.stop(t)
 	if d := time.Since(stopped); d > 5*time.Second {
@@ -328,54 +315,6 @@ func TestShutdownHandsHeldJobsBack(t *testing.T) {
 	}
 	for i := range n {
 		e.checkStored(fmt.Sprint("s/", i), body(fmt.Sprint("/s/", i)))
-	}
-}
-
-func TestFloorHoldsAtTheOrigin(t *testing.T) {
-	const floor = 200 * time.Millisecond
-	e := newEnv(t, 30*time.Second)
-	a, b := newOrigin(t), newOrigin(t)
-	r := e.start(testPacer(floor, 2, nil, 0, nil), worker.Options{Concurrency: 8})
-	const per = 10
-	var js []jobs.Job
-	for i := range per {
-		for k, o := range []*origin{a, b} {
-			js = append(js, jobs.Job{ID: fmt.Sprint(k, "-", i), URL: o.url(fmt.Sprint("/f/", i)), Target: fmt.Sprint(k, "/", i)})
-		}
-	}
-	e.publish(js...)
-	r.f.waitFor(t, 2*per, isOutcome(worker.OutcomeStored), 30*time.Second)
-	for k, o := range []*origin{a, b} {
-		log := o.log()
-		if len(log) != per {
-			t.Fatalf("origin %d saw %d requests, want %d", k, len(log), per)
-		}
-		checkFloor(t, fmt.Sprint("origin ", k), log, floor)
-	}
-}
-
-func TestHeldJobsOutliveTheAckWait(t *testing.T) {
-	t.Parallel()
-	// Six jobs 700 ms apart on one authority take over 3 s in memory; the
-	// ack wait is 1.5 s. In-progress acks keep every job on its first
-	// delivery.
-	const ackWait = 1500 * time.Millisecond
-	e := newEnv(t, ackWait)
-	o := newOrigin(t)
-	r := e.start(testPacer(700*time.Millisecond, 1, nil, 0, nil), worker.Options{AckWait: ackWait, HoldMax: time.Minute})
-	var js []jobs.Job
-	for i := range 6 {
-		js = append(js, jobs.Job{ID: fmt.Sprint("hb", i), URL: o.url(fmt.Sprint("/hb/", i)), Target: fmt.Sprint("hb/", i)})
-	}
-	e.publish(js...)
-	r.f.waitFor(t, len(js), isOutcome(worker.OutcomeStored), 30*time.Second)
-	for _, f := range r.f.snapshot() {
-		if f.Deliveries != 1 {
-			t.Errorf("%s stored at delivery %d: its ack wait ran out while held", f.JobID, f.Deliveries)
-		}
-	}
-	if n := len(o.log()); n != len(js) {
-		t.Errorf("origin saw %d requests for %d jobs", n, len(js))
 	}
 }
 
@@ -397,13 +336,9 @@ func TestRedirectToACoolingAuthorityDefers(t *testing.T) {
 	r := e.start(p, worker.Options{})
 	e.publish(jobs.Job{ID: "redir", URL: from.url("/start"), Target: "redir"})
 
-	deadline := time.Now().Add(10 * time.Second)
-	for counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}) < 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("job not deferred")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitCond(t, 10*time.Second, "the job deferred", func() bool {
+		return counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}) >= 1
+	})
 	if n := len(to.log()); n != 0 {
 		t.Errorf("cooling authority received %d requests", n)
 	}
@@ -478,19 +413,39 @@ func TestDeferringAFullMemoryResumesPulling(t *testing.T) {
 	// HoldMax defers every one of them, with no fetch in flight: the
 	// deferral itself must wake the intake, or the deferred jobs (and those
 	// never pulled) are never delivered again.
+	//
+	// On the worker's fake clock, with the NAK delays on it too
+	// (fakeNaks): the intake's safety-net timer does not fire unless the
+	// test advances the clock, so only the deferral's wake-up can resume
+	// pulling.
 	const maxHeld = 16
 	e := newEnv(t, 30*time.Second)
 	o := newOrigin(t)
-	now := time.Now()
+	fake := clock.NewFake(time.Now())
+	newFakeNaks(e, fake)
+	now := fake.Now()
 	p := &phasedPacer{hold: now.Add(time.Second), open: now.Add(3500 * time.Millisecond)}
 	var js []jobs.Job
 	for i := range 3 * maxHeld {
 		js = append(js, jobs.Job{ID: fmt.Sprint("full", i), URL: o.url(fmt.Sprint("/full/", i)), Target: fmt.Sprint("full/", i)})
 	}
 	e.publish(js...)
-	r := e.start(p, worker.Options{MaxHeld: maxHeld, MaxHeldPerAuthority: maxHeld, HoldMax: 1500 * time.Millisecond, PullWait: 100 * time.Millisecond})
+	r := e.start(p, worker.Options{Clock: fake, MaxHeld: maxHeld, MaxHeldPerAuthority: maxHeld, HoldMax: 1500 * time.Millisecond, PullWait: 100 * time.Millisecond})
+	held := func() float64 { return counter(t, r.reg, "mirrorworker_held_jobs", nil) }
+	deferred := func() float64 {
+		return counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred})
+	}
+	waitCond(t, 15*time.Second, "memory full of jobs waiting for their spacing", func() bool { return held() == maxHeld })
+	fake.Advance(time.Second) // the spacing ends; the cooldown (2.5 s, past HoldMax) begins
+	waitCond(t, 15*time.Second, "every job deferred", func() bool { return deferred() == float64(len(js)) })
+	if got := r.f.count(nil); got != 0 {
+		t.Fatalf("%d jobs ended during the cooldown", got)
+	}
+	// Past the cooldown and the deferral calendar's whole horizon: every
+	// deferred job is due.
+	fake.Advance(2500*time.Millisecond + worker.DefaultDeferSpread)
 	r.f.waitFor(t, len(js), isOutcome(worker.OutcomeStored), 15*time.Second)
-	if got := counter(t, r.reg, "mirrorworker_jobs_total", map[string]string{"outcome": worker.OutcomeDeferred}); got < maxHeld {
+	if got := deferred(); got < maxHeld {
 		t.Errorf("%v jobs deferred, want at least the %d held at the cooldown", got, maxHeld)
 	}
 	e.waitDrained(10 * time.Second)
