@@ -29,7 +29,8 @@ import (
 // the first within tens of milliseconds. Spaced from each request's write
 // (pacer.Options.AwaitSends, the worker's Sent from the fetch's trace), no
 // two requests reach the origin closer than the floor, as its kernel
-// timed their arrival (rxstamp), with no slack.
+// timed their arrival (rxstamp), short of it by at most the proxy's own
+// relay jitter (relaySlack).
 //
 // It asserts gaps as the origin timed them, so it stays serial (ADR 0024).
 func TestFloorHoldsAtTheOriginBehindASlowConnect(t *testing.T) {
@@ -37,6 +38,13 @@ func TestFloorHoldsAtTheOriginBehindASlowConnect(t *testing.T) {
 		floor = 150 * time.Millisecond
 		hold  = 300 * time.Millisecond
 		n     = 8
+		// relaySlack is the proxy's hop, which no client controls: the
+		// worker spaces its writes into the tunnel, and the proxy's copy
+		// loop (a goroutine of this test process) forwards each after a
+		// delay of its own. Under the race detector that delay varied by
+		// up to 0.06 ms between two requests (149.94 ms at the origin, 3
+		// runs in 24); the bug this test is for costs tens of milliseconds.
+		relaySlack = time.Millisecond
 	)
 	e := newEnv(t, 30*time.Second)
 	ca, err := fetchtest.NewCA()
@@ -93,7 +101,7 @@ func TestFloorHoldsAtTheOriginBehindASlowConnect(t *testing.T) {
 	for i := 1; i < len(log); i++ {
 		gap := log[i].at.Sub(log[i-1].at)
 		minGap = min(minGap, gap)
-		if gap < floor {
+		if gap < floor-relaySlack {
 			t.Errorf("requests %s and %s reached the origin %v apart, floor %v", log[i-1].path, log[i].path, gap, floor)
 		}
 	}
