@@ -32,6 +32,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/lifecycle"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -478,103 +479,134 @@ func (w *Worker) yieldToOthers(ctx context.Context, got, parked int, took time.D
 func (w *Worker) intake(ctx context.Context, m Msg) {
 	now := w.clk.Now()
 	j := &heldJob{msg: m, data: m.Data(), received: now, delivered: 1}
-	if h := m.Headers(); h != nil {
-		if w.o.SkipCopies && jobs.IsCopy(h) {
-			// A replay: the submitted job itself is in the stream too.
-			w.settler.settle(j, Msg.Ack)
-			return
-		}
-		j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
-		if c := h.Get(jobs.HeaderContinues); c != "" {
-			j.origin = c
-			j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
-		}
-		if h.Get(jobs.HeaderUnparked) != "" {
-			defer func() { w.parking.arrived(j.auth) }()
-		}
-		j.replay = replayOf(h)
+	h := m.Headers()
+	if h != nil && w.o.SkipCopies && jobs.IsCopy(h) {
+		// A replay: the submitted job itself is in the stream too.
+		w.settler.settle(j, Msg.Ack)
+		return
 	}
-	if md, err := m.Metadata(); err == nil {
-		j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
-		if w.lanes.covered(md.Consumer, j.seq, m.Subject()) {
-			// Served by a lane or by the partition consumer (lane.go).
-			if err := w.settler.settle(j, Msg.Ack); err != nil {
-				w.log.Debug().Err(err).Msg("ack a job served by another consumer")
-			}
-			return
-		}
-		j.laned = isLane(md.Consumer)
-	} else {
-		// Not a JetStream delivery (never from a real consumer): a private
-		// key keeps it apart from every other held job.
-		j.seq = 1<<63 + w.anon.Add(1)
+	if readHeaders(j, h) {
+		// Deferred: the authority is known only once the job is parsed.
+		defer func() { w.parking.arrived(j.auth) }()
+	}
+	if !w.readDelivery(j, m) {
+		return
 	}
 	if w.sched.redelivered(j.seq, j.delivered, m, now) {
 		return
 	}
-	job, err := jobs.Parse(j.data)
-	if err == nil {
-		err = jobs.CheckSubject(job, m.Subject())
-	}
-	if err != nil {
-		reason := jobs.ReasonInvalidJob
-		var ie *jobs.InvalidError
-		if errors.As(err, &ie) && ie.Code != "" {
-			reason = ie.Code
-		}
-		j.job.Tenant, j.job.ID = job.Tenant, job.ID
-		if !job.Authority.IsZero() {
-			j.auth = job.Authority.String()
-		}
-		w.settler.deadLetter(ctx, j, reason, err.Error(), 0, nil)
+	if !w.parseJob(ctx, j, m) {
 		return
 	}
-	j.job, j.auth = job, job.Authority.String()
-	if w.o.Partitions > 0 {
-		j.part = w.sched.partitionOf(j.auth)
-		// A job in another partition than its pace's (a member of a
-		// politeness group arrives in its own authority's partition; a
-		// policy change moved it; a job published straight onto a stored
-		// subject) is moved into its pace's partition: served here, it
-		// would be paced by a pod that does not own its pace.
-		if p, _, _, err := jobs.ParsePartitionSubject(m.Subject()); err == nil && p != j.part {
-			w.handoffs.move(ctx, j, m, p)
-			return
-		}
+	if w.moveToPacePartition(ctx, j, m) {
+		return
 	}
 	if !w.openReplay(ctx, j) {
 		return
 	}
-	if job.IsDelete() {
+	if j.job.IsDelete() {
 		// A delete asks nothing of the origin: no pacer, no queue.
 		w.deletes.start(ctx, j)
 		return
 	}
+	w.queue(ctx, j, now)
+}
+
+// readHeaders takes what earlier hands wrote into the message's headers
+// (deliveries before a move, a redirect's continuation, a replay). It
+// reports whether the job comes back from the parking lot.
+func readHeaders(j *heldJob, h nats.Header) (unparked bool) {
+	if h == nil {
+		return false
+	}
+	j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
+	if c := h.Get(jobs.HeaderContinues); c != "" {
+		j.origin = c
+		j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
+	}
+	j.replay = replayOf(h)
+	return h.Get(jobs.HeaderUnparked) != ""
+}
+
+// readDelivery takes j's stream sequence and delivery count. It reports
+// false when it acked the message instead: another consumer serves it.
+func (w *Worker) readDelivery(j *heldJob, m Msg) bool {
+	md, err := m.Metadata()
+	if err != nil {
+		// Not a JetStream delivery (never from a real consumer): a private
+		// key keeps it apart from every other held job.
+		j.seq = 1<<63 + w.anon.Add(1)
+		return true
+	}
+	j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
+	if w.lanes.covered(md.Consumer, j.seq, m.Subject()) {
+		// Served by a lane or by the partition consumer (lane.go).
+		if err := w.settler.settle(j, Msg.Ack); err != nil {
+			w.log.Debug().Err(err).Msg("ack a job served by another consumer")
+		}
+		return false
+	}
+	j.laned = isLane(md.Consumer)
+	return true
+}
+
+// parseJob decodes and checks j's job. It reports false when it
+// dead-lettered the message instead, with as much of the job as could be
+// read so that its tenant can find it.
+func (w *Worker) parseJob(ctx context.Context, j *heldJob, m Msg) bool {
+	job, err := jobs.Parse(j.data)
+	if err == nil {
+		err = jobs.CheckSubject(job, m.Subject())
+	}
+	if err == nil {
+		j.job, j.auth = job, job.Authority.String()
+		return true
+	}
+	reason := jobs.ReasonInvalidJob
+	var ie *jobs.InvalidError
+	if errors.As(err, &ie) && ie.Code != "" {
+		reason = ie.Code
+	}
+	j.job.Tenant, j.job.ID = job.Tenant, job.ID
+	if !job.Authority.IsZero() {
+		j.auth = job.Authority.String()
+	}
+	w.settler.deadLetter(ctx, j, reason, err.Error(), 0, nil)
+	return false
+}
+
+// moveToPacePartition sets j's partition, and moves j there (reporting
+// true) when it arrived in another: served here, it would be paced by a
+// pod that does not own its pace. That happens to a member of a politeness
+// group, which arrives in its own authority's partition, after a policy
+// change, and to a job published straight onto a stored subject.
+func (w *Worker) moveToPacePartition(ctx context.Context, j *heldJob, m Msg) bool {
+	if w.o.Partitions <= 0 {
+		return false
+	}
+	j.part = w.sched.partitionOf(j.auth)
+	if p, _, _, err := jobs.ParsePartitionSubject(m.Subject()); err == nil && p != j.part {
+		w.handoffs.move(ctx, j, m, p)
+		return true
+	}
+	return false
+}
+
+// queue hands a valid fetch job to the scheduler, or defers it, unless a
+// copy within the target settles it first.
+func (w *Worker) queue(ctx context.Context, j *heldJob, now time.Time) {
 	// Stat before queueing, not between the pacer's grant and the request:
 	// the pacer spaces grants, so the request must follow its grant at once.
 	// A job that names a sha256 is looked at before its deferral is
 	// considered, since a copy may settle it at once.
-	var copied bool
-	stat := func() {
-		meta, err := w.targetOf(j).Stat(ctx, job.Target)
-		if err == nil {
-			j.etag, j.lastMo = meta.ETag, meta.LastModified
-		} else if !errors.Is(err, mirror.ErrNotFound) {
-			w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
-		}
-		// Bytes the target holds under another key are copied before the
-		// job is queued, even while its authority cools down: a copy takes
-		// nothing from the pacer (copied.go).
-		copied = w.copyKnown(ctx, j, meta, err == nil)
-	}
-	if job.SHA256 != "" {
+	if j.job.SHA256 != "" {
 		// Another job fetching these bytes is waited for before the index
 		// is read: it settles only once its entry is there, so this job
 		// sees either that job or the entry (copied.go).
 		if w.waitSameBytes(j) {
 			return
 		}
-		if stat(); copied {
+		if w.statTarget(ctx, j) {
 			return
 		}
 	}
@@ -582,14 +614,29 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		w.settler.deferJob(d)
 		return
 	}
-	if job.SHA256 == "" {
-		stat()
+	if j.job.SHA256 == "" {
+		w.statTarget(ctx, j)
 	}
 	if d, deferred := w.sched.admit(now, j); deferred {
 		w.settler.deferJob(d)
 		return
 	}
 	w.poke()
+}
+
+// statTarget reads what j's key holds now, for a conditional fetch, and
+// reports whether a copy within the target stored and settled j instead.
+func (w *Worker) statTarget(ctx context.Context, j *heldJob) (copied bool) {
+	meta, err := w.targetOf(j).Stat(ctx, j.job.Target)
+	if err == nil {
+		j.etag, j.lastMo = meta.ETag, meta.LastModified
+	} else if !errors.Is(err, mirror.ErrNotFound) {
+		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("stat target; fetching unconditionally")
+	}
+	// Bytes the target holds under another key are copied before the
+	// job is queued, even while its authority cools down: a copy takes
+	// nothing from the pacer (copied.go).
+	return w.copyKnown(ctx, j, meta, err == nil)
 }
 
 // dispatchLoop runs the scheduler: on every event (a job queued, a fetch
