@@ -766,16 +766,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	defer w.transfers.end(tr)
 	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part, url: j.job.URL}
 	defer hops.close()
-	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
-	if j.job.Size != nil {
-		req.Size, req.HasSize = *j.job.Size, true
-	}
-	if len(j.job.Headers) > 0 {
-		req.Header = http.Header{}
-		for k, v := range j.job.Headers {
-			req.Header.Set(k, v)
-		}
-	}
+	req := fetchRequest(j)
 	kept := keptFor(ctx, w.targetOf(j), j, w.log) // resume.go
 	if kept != nil {
 		p := kept.Partial()
@@ -787,79 +778,103 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		}
 	}()
 	resp, err := w.d.Fetcher.Do(httptrace.WithClientTrace(ctx, hops.trace()), req, hops.gate)
-	if err != nil && kept != nil && errors.Is(err, fetch.ErrRangeMismatch) {
-		// Not the rest of the body kept: dropped, the retry asks for it whole.
-		countResume(w.m, ResumeRangeMismatch, nil)
-		kept.Discard()
-		kept = nil
-	}
 	if err != nil {
-		var re *pacer.RefusedError
-		var ge *fetch.GateError
-		switch {
-		case errors.Is(err, errHandOff) && errors.As(err, &ge):
-			// The hop's authority is another pod's: it fetches the rest.
-			w.handoffs.handOff(ctx, j, ge, "other_pod")
-		case errors.As(err, &re) && errors.As(err, &ge) && w.handoffs.continuesRefused():
-			// The hop's authority cannot take it soon: the rest waits in
-			// that authority's queue, and the first hop is not asked again.
-			w.handoffs.handOff(ctx, j, ge, string(re.Reason))
-		case errors.As(err, &re):
-			// A redirect hop's authority cannot take it soon: defer on
-			// that authority's calendar, without using the budget.
-			delay := w.sched.deferFor(w.clk.Now(), re.Authority, re.Wait, re.Interval)
-			w.settler.deferJob(deferral{job: j, delay: delay, reason: redirectReason(re.Reason)})
-		case ctx.Err() != nil:
-			w.settler.handBack(j)
-		case errors.Is(err, fetch.ErrSizeMismatch):
-			// A Content-Length other than the job's size: not one body byte
-			// was read.
-			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
-		case fetch.IsPermanent(err):
-			dropKept(&kept) // no attempt follows a dead letter
-			w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
-		default:
-			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
-		}
+		w.fetchFailed(ctx, j, err, hops, &kept)
 		return false
 	}
 	v := hops.lastVerdict()
 	class := fetch.Classify(resp.Status)
 	if v.Throttled || class == fetch.ClassThrottled {
-		if resp.Body != nil {
-			resp.Body.Close()
-		}
-		j.throttles = append(j.throttles, jobs.Attempt{
-			Time: w.clk.Now(), Reason: jobs.ThrottledReason(resp.Status), Status: resp.Status,
-			Detail: throttleDetail(v, resp.Header),
-		})
+		w.throttled(j, resp, v)
 		return true
 	}
 	if kept != nil {
-		switch {
-		case resp.Status == http.StatusRequestedRangeNotSatisfiable:
-			// The kept start is no start of what the origin holds now:
-			// dropped, and the retry asks for the whole body.
-			countResume(w.m, ResumeUnsatisfiable, resp)
-			kept.Discard()
-			kept = nil
+		var unsatisfiable bool
+		if class, unsatisfiable = resumeClass(w.m, resp, class, &kept); unsatisfiable { // resume.go
 			w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "the kept start of the body was dropped")
 			return false
-		case resp.Offset > 0:
-			countResume(w.m, ResumeResumed, resp)
-			class = fetch.ClassSuccess
-		case class == fetch.ClassSuccess:
-			countResume(w.m, ResumeWhole, resp)
-		case class == fetch.ClassNotModified:
-			countResume(w.m, ResumeUnchanged, resp)
-			kept.Discard()
-			kept = nil
 		}
 	}
+	w.settleAnswer(ctx, j, resp, class, began, tr, &kept)
+	return false
+}
+
+// fetchRequest is the request j's job asks for, conditional on what the
+// target held at intake.
+func fetchRequest(j *heldJob) fetch.Request {
+	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
+	if j.job.Size != nil {
+		req.Size, req.HasSize = *j.job.Size, true
+	}
+	if len(j.job.Headers) > 0 {
+		req.Header = http.Header{}
+		for k, v := range j.job.Headers {
+			req.Header.Set(k, v)
+		}
+	}
+	return req
+}
+
+// fetchFailed settles j, whose fetch got no answer to store: a hop handed
+// to another queue or pod, a refusal, a shutdown, or a failed request.
+// *kept is the start of the body an earlier attempt kept, if any.
+func (w *Worker) fetchFailed(ctx context.Context, j *heldJob, err error, hops *hopSet, kept *mirror.Kept) {
+	if *kept != nil && errors.Is(err, fetch.ErrRangeMismatch) {
+		// Not the rest of the body kept: dropped, the retry asks for it whole.
+		countResume(w.m, ResumeRangeMismatch, nil)
+		(*kept).Discard()
+		*kept = nil
+	}
+	var re *pacer.RefusedError
+	var ge *fetch.GateError
+	switch {
+	case errors.Is(err, errHandOff) && errors.As(err, &ge):
+		// The hop's authority is another pod's: it fetches the rest.
+		w.handoffs.handOff(ctx, j, ge, "other_pod")
+	case errors.As(err, &re) && errors.As(err, &ge) && w.handoffs.continuesRefused():
+		// The hop's authority cannot take it soon: the rest waits in
+		// that authority's queue, and the first hop is not asked again.
+		w.handoffs.handOff(ctx, j, ge, string(re.Reason))
+	case errors.As(err, &re):
+		// A redirect hop's authority cannot take it soon: defer on
+		// that authority's calendar, without using the budget.
+		delay := w.sched.deferFor(w.clk.Now(), re.Authority, re.Wait, re.Interval)
+		w.settler.deferJob(deferral{job: j, delay: delay, reason: redirectReason(re.Reason)})
+	case ctx.Err() != nil:
+		w.settler.handBack(j)
+	case errors.Is(err, fetch.ErrSizeMismatch):
+		// A Content-Length other than the job's size: not one body byte
+		// was read.
+		w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
+	case fetch.IsPermanent(err):
+		dropKept(kept) // no attempt follows a dead letter
+		w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
+	default:
+		w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
+	}
+}
+
+// throttled closes a throttling answer's body and records it on j, which
+// goes back to its authority's queue: the pacer now knows when the next
+// request may go.
+func (w *Worker) throttled(j *heldJob, resp *fetch.Response, v pacer.Verdict) {
+	if resp.Body != nil {
+		resp.Body.Close()
+	}
+	j.throttles = append(j.throttles, jobs.Attempt{
+		Time: w.clk.Now(), Reason: jobs.ThrottledReason(resp.Status), Status: resp.Status,
+		Detail: throttleDetail(v, resp.Header),
+	})
+}
+
+// settleAnswer settles j by the class of its origin's answer: stored,
+// unchanged, retried or dead-lettered. *kept, if not nil, is the start of
+// the body resp's goes on from; store takes it over.
+func (w *Worker) settleAnswer(ctx context.Context, j *heldJob, resp *fetch.Response, class fetch.Class, began time.Time, tr *transfer, kept *mirror.Kept) {
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp, began, tr, kept)
-		kept = nil // store's now
+		w.store(ctx, j, resp, began, tr, *kept)
+		*kept = nil // store's now
 	case fetch.ClassNotModified:
 		w.settler.complete(j, OutcomeUnchanged)
 		w.settler.stored.add(j, resp.Status, 0, began)
@@ -868,10 +883,9 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	case fetch.ClassAuthFailed:
 		w.auth.refused(ctx, j, resp) // authfail.go
 	default:
-		dropKept(&kept) // no attempt follows a dead letter
+		dropKept(kept) // no attempt follows a dead letter
 		w.settler.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
 	}
-	return false
 }
 
 // throttleDetail keeps the headers that explain a throttling answer.
