@@ -12,7 +12,6 @@ package worker
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -908,10 +907,9 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 // kept, if not nil, is the start of the body an earlier attempt kept,
 // which resp's body goes on from (resp.Offset) or replaces.
 func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, tr *transfer, kept mirror.Kept) {
-	want := mirror.Expect{SHA256: j.job.SHA256}
+	want := expectOf(j)
 	size := int64(-1)
-	if j.job.Size != nil {
-		want.Size, want.HasSize = *j.job.Size, true
+	if want.HasSize {
 		size = want.Size
 	}
 	tr.body(w.clk.Now(), resp.Header.Get("Content-Length"), size)
@@ -919,41 +917,13 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	guard, superseded, err := w.deletes.guardStore(ctx, j, enq)
 	switch {
 	case superseded:
-		discard(resp.Body)
-		resp.Body.Close()
-		if kept != nil { // the key is deleted: its start is moot
-			kept.Discard()
-		}
-		w.deletes.superseded(j, "a delete enqueued after the fetch removed the key")
+		w.deletes.supersededStore(j, resp, kept) // delete.go
 		return
 	case err != nil:
-		resp.Body.Close()
-		if kept != nil {
-			kept.Release()
-		}
-		switch {
-		case ctx.Err() != nil:
-			w.settler.handBack(j)
-		case mirror.FailureCode(err) != "":
-			// The tombstone could not be read because the target failed
-			// (down, full, read-only): as for a failed write, the worker's
-			// problem, not the job's (targethealth.go).
-			w.health.writeFailed(j, mirror.FailureCode(err), err)
-		default:
-			w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
-		}
+		w.deletes.unguarded(ctx, j, resp, kept, err) // delete.go
 		return
 	}
-	meta := mirror.Meta{
-		Enqueued:     enq,
-		Key:          j.job.Target,
-		URL:          authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
-		ETag:         resp.Header.Get("ETag"),
-		LastModified: resp.Header.Get("Last-Modified"),
-		ContentType:  resp.Header.Get("Content-Type"),
-		FetchedAt:    w.clk.Now().UTC(),
-		JobID:        j.job.ID,
-	}
+	meta := storeMeta(j, resp, enq, w.clk.Now())
 	body := &countingReader{r: resp.Body, tr: tr, fetched: w.m.FetchedBytes}
 	src, done := readAhead(body)
 	if kept != nil {
@@ -971,36 +941,67 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		return
 	}
 	w.m.BodyReadBytes.WithLabelValues("discarded").Observe(float64(body.n))
+	w.storeFailed(ctx, j, resp.Status, body.err, err, began)
+}
+
+// expectOf is what j's job says its bytes must be, for the target to
+// check as it stores them.
+func expectOf(j *heldJob) mirror.Expect {
+	want := mirror.Expect{SHA256: j.job.SHA256}
+	if j.job.Size != nil {
+		want.Size, want.HasSize = *j.job.Size, true
+	}
+	return want
+}
+
+// storeMeta is what the target records beside j's object, fetched at now.
+func storeMeta(j *heldJob, resp *fetch.Response, enq, now time.Time) mirror.Meta {
+	return mirror.Meta{
+		Enqueued:     enq,
+		Key:          j.job.Target,
+		URL:          jobURL(j),
+		ETag:         resp.Header.Get("ETag"),
+		LastModified: resp.Header.Get("Last-Modified"),
+		ContentType:  resp.Header.Get("Content-Type"),
+		FetchedAt:    now.UTC(),
+		JobID:        j.job.ID,
+	}
+}
+
+// storeFailed settles j, whose body was not stored (err, the target's
+// error). readErr is the body's own failure, if any: the cause of err, so
+// it decides first. status is the origin's.
+func (w *Worker) storeFailed(ctx context.Context, j *heldJob, status int, readErr, err error, began time.Time) {
 	switch {
 	case ctx.Err() != nil:
 		w.settler.handBack(j)
-	case body.err != nil && errors.Is(body.err, fetch.ErrSizeMismatch):
-		w.settler.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
-	case body.err != nil && fetch.IsPermanent(body.err):
-		w.settler.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
-	case body.err != nil && errors.Is(body.err, fetch.ErrTooSlow):
+	case readErr != nil && errors.Is(readErr, fetch.ErrSizeMismatch):
+		w.settler.transient(ctx, j, fetch.ReasonCode(readErr, 0), status, readErr.Error())
+	case readErr != nil && fetch.IsPermanent(readErr):
+		w.settler.deadLetter(ctx, j, fetch.ReasonCode(readErr, 0), readErr.Error(), status, nil)
+	case readErr != nil && errors.Is(readErr, fetch.ErrTooSlow):
 		// A trickle held a fetch slot all this time: it waits SlowRetryFactor
 		// times as long before it may hold one again.
 		held := w.clk.Now().Sub(began)
-		w.settler.retry(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error(), SlowRetryFactor*held)
-	case body.err != nil:
-		w.settler.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
+		w.settler.retry(ctx, j, fetch.ReasonCode(readErr, 0), status, readErr.Error(), SlowRetryFactor*held)
+	case readErr != nil:
+		w.settler.transient(ctx, j, fetch.ReasonCode(readErr, 0), status, readErr.Error())
 	case mirror.FailureCode(err) != "":
 		// The target itself failed (full, read-only, broken): the worker's
 		// problem, not the job's (targethealth.go).
 		w.health.writeFailed(j, mirror.FailureCode(err), err)
 	case errors.Is(err, mirror.ErrDigestMismatch):
-		w.settler.transient(ctx, j, jobs.ReasonDigestMismatch, resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonDigestMismatch, status, err.Error())
 	case errors.Is(err, mirror.ErrSizeMismatch):
-		w.settler.transient(ctx, j, jobs.ReasonSizeMismatch, resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonSizeMismatch, status, err.Error())
 	case errors.Is(err, mirror.ErrInvalidKey):
-		w.settler.deadLetter(ctx, j, jobs.ReasonInvalidTarget, err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, jobs.ReasonInvalidTarget, err.Error(), status, nil)
 	case errors.Is(err, mirror.ErrKeyConflict):
 		// An object already stands where this key needs a directory (or the
 		// reverse): no retry can succeed until an operator resolves it.
-		w.settler.deadLetter(ctx, j, jobs.ReasonTargetConflict, err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, jobs.ReasonTargetConflict, err.Error(), status, nil)
 	default:
-		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, status, err.Error())
 	}
 }
 
@@ -1100,10 +1101,7 @@ func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok
 	if !isCopier {
 		return false
 	}
-	want := mirror.Expect{SHA256: j.job.SHA256}
-	if j.job.Size != nil {
-		want.Size, want.HasSize = *j.job.Size, true
-	}
+	want := expectOf(j)
 	// A copy is a store of the key: it waits for the key's delete and is
 	// superseded by one enqueued after it (delete.go), as a fetch's is.
 	enq := enqueuedOf(w.sched.msgOf(j))
@@ -1119,7 +1117,7 @@ func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok
 	meta := mirror.Meta{
 		Enqueued:  enq,
 		Key:       j.job.Target,
-		URL:       authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
+		URL:       jobURL(j),
 		FetchedAt: began.UTC(),
 		JobID:     j.job.ID,
 	}
