@@ -386,34 +386,15 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		}
 		batchMax := w.o.PullBatch
 		if w.o.Partitions > 0 {
-			// A pull holds its room for up to PullWait while it waits for
-			// messages: give each partition being served a fair share of
-			// MaxHeld, so that empty partitions cannot starve busy ones.
-			n := max(w.parts.count(), 1)
-			batchMax = max(1, min(w.o.PullBatch, w.o.MaxHeld/(2*n)))
+			batchMax = w.partitionBatch()
 			lowWater = max(1, min(lowWater, batchMax/2))
 		}
 		free := w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
 		saturated := w.sched.saturated(w.clk.Now(), part)
 		if free < lowWater || saturated {
-			// Woken when jobs leave memory; the timeout is a safety net
-			// against a missed wake-up, which would otherwise stall pulling
-			// for good (deferred jobs only come back through a pull). A
-			// saturated partition looks again soon: its authority drains
-			// fast, and the wake-up may have gone to another intake.
-			wait := w.o.PullWait
-			if saturated {
-				wait = min(wait, 20*time.Millisecond)
-			}
-			t := w.clk.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !w.awaitRoom(ctx, saturated) {
 				return
-			case <-w.space:
-			case <-t.C():
 			}
-			t.Stop()
 			continue
 		}
 		want := min(free, batchMax)
@@ -422,11 +403,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		if err != nil {
 			w.pulling.Add(-int64(want))
 			failures++
-			if w.o.Partitions <= 0 {
-				w.state.CompareAndSwap(int32(statePulling), int32(stateStarting)) // not ready while the consumer cannot be pulled
-			}
-			w.log.Warn().Err(err).Int("failures", failures).Int("partition", part).Msg("pull from consumer")
-			if !clock.Sleep(w.clk, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second), ctx.Done()) {
+			if !w.pullFailed(ctx, err, failures, part) {
 				return
 			}
 			continue
@@ -435,30 +412,78 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		if w.state.CompareAndSwap(int32(stateStarting), int32(statePulling)) {
 			w.pullOne.Do(func() { close(w.started) })
 		}
-		// Drain the whole batch even after ctx is done: a message the server
-		// already sent must be handed back, not left to its ack wait.
-		got, parks0, t0 := 0, w.parking.started.Load(), w.clk.Now()
-		for m := range batch.Messages() {
-			got++
-			if ctx.Err() != nil {
-				w.settler.handBackMsg(m)
-				continue
-			}
-			w.intake(ctx, m)
-		}
-		w.pulling.Add(-int64(want))
-		if w.o.Partitions > 0 {
-			// The pull's room is free again: another partition's intake may
-			// be waiting for it. Its timer is only a safety net (on the
-			// tests' fake clock it never fires), and a pull that expires
-			// empty frees no held job, so nothing else would wake it.
-			w.wakeIntake()
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
-			w.log.Debug().Err(err).Msg("pull ended")
-		}
-		w.yieldToOthers(ctx, got, int(w.parking.started.Load()-parks0), w.clk.Now().Sub(t0))
+		w.intakeBatch(ctx, batch, want)
 	}
+}
+
+// partitionBatch is the most one partition's pull asks for. A pull holds
+// its room for up to PullWait while it waits for messages: each partition
+// being served gets a fair share of MaxHeld, so that empty partitions
+// cannot starve busy ones.
+func (w *Worker) partitionBatch() int {
+	n := max(w.parts.count(), 1)
+	return max(1, min(w.o.PullBatch, w.o.MaxHeld/(2*n)))
+}
+
+// awaitRoom waits until jobs leave memory, or a while. It reports false
+// when ctx is done.
+func (w *Worker) awaitRoom(ctx context.Context, saturated bool) bool {
+	// Woken when jobs leave memory; the timeout is a safety net
+	// against a missed wake-up, which would otherwise stall pulling
+	// for good (deferred jobs only come back through a pull). A
+	// saturated partition looks again soon: its authority drains
+	// fast, and the wake-up may have gone to another intake.
+	wait := w.o.PullWait
+	if saturated {
+		wait = min(wait, 20*time.Millisecond)
+	}
+	t := w.clk.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-w.space:
+	case <-t.C():
+	}
+	return true
+}
+
+// pullFailed logs the failures-th failed pull in a row and backs off
+// before the next. It reports false when ctx is done.
+func (w *Worker) pullFailed(ctx context.Context, err error, failures, part int) bool {
+	if w.o.Partitions <= 0 {
+		w.state.CompareAndSwap(int32(statePulling), int32(stateStarting)) // not ready while the consumer cannot be pulled
+	}
+	w.log.Warn().Err(err).Int("failures", failures).Int("partition", part).Msg("pull from consumer")
+	return clock.Sleep(w.clk, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second), ctx.Done())
+}
+
+// intakeBatch takes each message of a pull of want, then gives the pull's
+// room back.
+func (w *Worker) intakeBatch(ctx context.Context, batch jetstream.MessageBatch, want int) {
+	// Drain the whole batch even after ctx is done: a message the server
+	// already sent must be handed back, not left to its ack wait.
+	got, parks0, t0 := 0, w.parking.started.Load(), w.clk.Now()
+	for m := range batch.Messages() {
+		got++
+		if ctx.Err() != nil {
+			w.settler.handBackMsg(m)
+			continue
+		}
+		w.intake(ctx, m)
+	}
+	w.pulling.Add(-int64(want))
+	if w.o.Partitions > 0 {
+		// The pull's room is free again: another partition's intake may
+		// be waiting for it. Its timer is only a safety net (on the
+		// tests' fake clock it never fires), and a pull that expires
+		// empty frees no held job, so nothing else would wake it.
+		w.wakeIntake()
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
+		w.log.Debug().Err(err).Msg("pull ended")
+	}
+	w.yieldToOthers(ctx, got, int(w.parking.started.Load()-parks0), w.clk.Now().Sub(t0))
 }
 
 // yieldToOthers paces a partition whose deliveries all went to the parking
