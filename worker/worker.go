@@ -87,23 +87,32 @@ type Worker struct {
 	deletes *deletes // delete jobs, and the order of a key's stores and deletes (delete.go)
 }
 
-// New checks d and returns a Worker; nil o means the defaults.
-func New(d Deps, o *Options) (*Worker, error) {
+// checkDeps reports the first dependency that d lacks for o, or an option
+// no Worker can run with, before any part is built.
+func checkDeps(d Deps, o *Options) error {
 	switch {
 	case d.JS == nil:
-		return nil, errors.New("worker: Deps.JS is nil")
+		return errors.New("worker: Deps.JS is nil")
 	case d.Consumer == nil && (o == nil || o.Partitions <= 0):
-		return nil, errors.New("worker: Deps.Consumer is nil")
+		return errors.New("worker: Deps.Consumer is nil")
 	case o != nil && o.Partitions > 0 && d.Owns == nil:
-		return nil, errors.New("worker: Deps.Owns is nil in partitioned mode")
+		return errors.New("worker: Deps.Owns is nil in partitioned mode")
 	case d.Fetcher == nil:
-		return nil, errors.New("worker: Deps.Fetcher is nil")
+		return errors.New("worker: Deps.Fetcher is nil")
 	case d.Target == nil:
-		return nil, errors.New("worker: Deps.Target is nil")
+		return errors.New("worker: Deps.Target is nil")
 	case d.Pacer == nil:
-		return nil, errors.New("worker: Deps.Pacer is nil")
+		return errors.New("worker: Deps.Pacer is nil")
 	case o != nil && o.Replay != "" && !jobs.ValidReplayRun(o.Replay):
-		return nil, fmt.Errorf("worker: Options.Replay %q is not a run name", o.Replay)
+		return fmt.Errorf("worker: Options.Replay %q is not a run name", o.Replay)
+	}
+	return nil
+}
+
+// New checks d and returns a Worker; nil o means the defaults.
+func New(d Deps, o *Options) (*Worker, error) {
+	if err := checkDeps(d, o); err != nil {
+		return nil, err
 	}
 	r := o.withDefaults()
 	m := r.Metrics
