@@ -10,6 +10,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/rs/zerolog"
@@ -155,6 +156,37 @@ func (w *deletes) superseded(j *heldJob, why string) {
 	w.log.Info().Str("job", j.job.ID).Str("key", j.job.Target).Str("op", cmp.Or(j.job.Op, jobs.OpFetch)).
 		Msg("job superseded: " + why)
 	w.settler.complete(j, OutcomeSuperseded)
+}
+
+// supersededStore acks j, whose fetched body a delete enqueued after it
+// made moot, without storing the body.
+func (w *deletes) supersededStore(j *heldJob, resp *fetch.Response, kept mirror.Kept) {
+	discard(resp.Body)
+	resp.Body.Close()
+	if kept != nil { // the key is deleted: its start is moot
+		kept.Discard()
+	}
+	w.superseded(j, "a delete enqueued after the fetch removed the key")
+}
+
+// unguarded settles j, whose key's tombstone could not be read (err), for
+// a later attempt: storing now might bring back a deleted key.
+func (w *deletes) unguarded(ctx context.Context, j *heldJob, resp *fetch.Response, kept mirror.Kept, err error) {
+	resp.Body.Close()
+	if kept != nil {
+		kept.Release()
+	}
+	switch {
+	case ctx.Err() != nil:
+		w.settler.handBack(j)
+	case mirror.FailureCode(err) != "":
+		// The tombstone could not be read because the target failed
+		// (down, full, read-only): as for a failed write, the worker's
+		// problem, not the job's (targethealth.go).
+		w.health.writeFailed(j, mirror.FailureCode(err), err)
+	default:
+		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
+	}
 }
 
 // startDelete takes a delete job from the intake: within the pod's delete

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"io"
+	"net/http"
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/fetch"
@@ -74,4 +75,30 @@ func countResume(m *Metrics, result string, resp *fetch.Response) {
 	if result == ResumeResumed && resp != nil {
 		m.ResumedBytes.Add(float64(resp.Offset))
 	}
+}
+
+// resumeClass counts how the origin answered a request for the rest of
+// *kept, drops *kept when the answer leaves it no use, and returns the
+// class the answer is settled by: a 206 is a success. unsatisfiable
+// reports a 416: the kept start is dropped, and the job's retry asks for
+// the whole body.
+func resumeClass(m *Metrics, resp *fetch.Response, class fetch.Class, kept *mirror.Kept) (_ fetch.Class, unsatisfiable bool) {
+	switch {
+	case resp.Status == http.StatusRequestedRangeNotSatisfiable:
+		// The kept start is no start of what the origin holds now.
+		countResume(m, ResumeUnsatisfiable, resp)
+		(*kept).Discard()
+		*kept = nil
+		return class, true
+	case resp.Offset > 0:
+		countResume(m, ResumeResumed, resp)
+		class = fetch.ClassSuccess
+	case class == fetch.ClassSuccess:
+		countResume(m, ResumeWhole, resp)
+	case class == fetch.ClassNotModified:
+		countResume(m, ResumeUnchanged, resp)
+		(*kept).Discard()
+		*kept = nil
+	}
+	return class, false
 }

@@ -12,7 +12,6 @@ package worker
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,6 +31,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/lifecycle"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pacer"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -87,23 +87,32 @@ type Worker struct {
 	deletes *deletes // delete jobs, and the order of a key's stores and deletes (delete.go)
 }
 
-// New checks d and returns a Worker; nil o means the defaults.
-func New(d Deps, o *Options) (*Worker, error) {
+// checkDeps reports the first dependency that d lacks for o, or an option
+// no Worker can run with, before any part is built.
+func checkDeps(d Deps, o *Options) error {
 	switch {
 	case d.JS == nil:
-		return nil, errors.New("worker: Deps.JS is nil")
+		return errors.New("worker: Deps.JS is nil")
 	case d.Consumer == nil && (o == nil || o.Partitions <= 0):
-		return nil, errors.New("worker: Deps.Consumer is nil")
+		return errors.New("worker: Deps.Consumer is nil")
 	case o != nil && o.Partitions > 0 && d.Owns == nil:
-		return nil, errors.New("worker: Deps.Owns is nil in partitioned mode")
+		return errors.New("worker: Deps.Owns is nil in partitioned mode")
 	case d.Fetcher == nil:
-		return nil, errors.New("worker: Deps.Fetcher is nil")
+		return errors.New("worker: Deps.Fetcher is nil")
 	case d.Target == nil:
-		return nil, errors.New("worker: Deps.Target is nil")
+		return errors.New("worker: Deps.Target is nil")
 	case d.Pacer == nil:
-		return nil, errors.New("worker: Deps.Pacer is nil")
+		return errors.New("worker: Deps.Pacer is nil")
 	case o != nil && o.Replay != "" && !jobs.ValidReplayRun(o.Replay):
-		return nil, fmt.Errorf("worker: Options.Replay %q is not a run name", o.Replay)
+		return fmt.Errorf("worker: Options.Replay %q is not a run name", o.Replay)
+	}
+	return nil
+}
+
+// New checks d and returns a Worker; nil o means the defaults.
+func New(d Deps, o *Options) (*Worker, error) {
+	if err := checkDeps(d, o); err != nil {
+		return nil, err
 	}
 	r := o.withDefaults()
 	m := r.Metrics
@@ -386,34 +395,15 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		}
 		batchMax := w.o.PullBatch
 		if w.o.Partitions > 0 {
-			// A pull holds its room for up to PullWait while it waits for
-			// messages: give each partition being served a fair share of
-			// MaxHeld, so that empty partitions cannot starve busy ones.
-			n := max(w.parts.count(), 1)
-			batchMax = max(1, min(w.o.PullBatch, w.o.MaxHeld/(2*n)))
+			batchMax = w.partitionBatch()
 			lowWater = max(1, min(lowWater, batchMax/2))
 		}
 		free := w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
 		saturated := w.sched.saturated(w.clk.Now(), part)
 		if free < lowWater || saturated {
-			// Woken when jobs leave memory; the timeout is a safety net
-			// against a missed wake-up, which would otherwise stall pulling
-			// for good (deferred jobs only come back through a pull). A
-			// saturated partition looks again soon: its authority drains
-			// fast, and the wake-up may have gone to another intake.
-			wait := w.o.PullWait
-			if saturated {
-				wait = min(wait, 20*time.Millisecond)
-			}
-			t := w.clk.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !w.awaitRoom(ctx, saturated) {
 				return
-			case <-w.space:
-			case <-t.C():
 			}
-			t.Stop()
 			continue
 		}
 		want := min(free, batchMax)
@@ -422,11 +412,7 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		if err != nil {
 			w.pulling.Add(-int64(want))
 			failures++
-			if w.o.Partitions <= 0 {
-				w.state.CompareAndSwap(int32(statePulling), int32(stateStarting)) // not ready while the consumer cannot be pulled
-			}
-			w.log.Warn().Err(err).Int("failures", failures).Int("partition", part).Msg("pull from consumer")
-			if !clock.Sleep(w.clk, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second), ctx.Done()) {
+			if !w.pullFailed(ctx, err, failures, part) {
 				return
 			}
 			continue
@@ -435,30 +421,78 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		if w.state.CompareAndSwap(int32(stateStarting), int32(statePulling)) {
 			w.pullOne.Do(func() { close(w.started) })
 		}
-		// Drain the whole batch even after ctx is done: a message the server
-		// already sent must be handed back, not left to its ack wait.
-		got, parks0, t0 := 0, w.parking.started.Load(), w.clk.Now()
-		for m := range batch.Messages() {
-			got++
-			if ctx.Err() != nil {
-				w.settler.handBackMsg(m)
-				continue
-			}
-			w.intake(ctx, m)
-		}
-		w.pulling.Add(-int64(want))
-		if w.o.Partitions > 0 {
-			// The pull's room is free again: another partition's intake may
-			// be waiting for it. Its timer is only a safety net (on the
-			// tests' fake clock it never fires), and a pull that expires
-			// empty frees no held job, so nothing else would wake it.
-			w.wakeIntake()
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
-			w.log.Debug().Err(err).Msg("pull ended")
-		}
-		w.yieldToOthers(ctx, got, int(w.parking.started.Load()-parks0), w.clk.Now().Sub(t0))
+		w.intakeBatch(ctx, batch, want)
 	}
+}
+
+// partitionBatch is the most one partition's pull asks for. A pull holds
+// its room for up to PullWait while it waits for messages: each partition
+// being served gets a fair share of MaxHeld, so that empty partitions
+// cannot starve busy ones.
+func (w *Worker) partitionBatch() int {
+	n := max(w.parts.count(), 1)
+	return max(1, min(w.o.PullBatch, w.o.MaxHeld/(2*n)))
+}
+
+// awaitRoom waits until jobs leave memory, or a while. It reports false
+// when ctx is done.
+func (w *Worker) awaitRoom(ctx context.Context, saturated bool) bool {
+	// Woken when jobs leave memory; the timeout is a safety net
+	// against a missed wake-up, which would otherwise stall pulling
+	// for good (deferred jobs only come back through a pull). A
+	// saturated partition looks again soon: its authority drains
+	// fast, and the wake-up may have gone to another intake.
+	wait := w.o.PullWait
+	if saturated {
+		wait = min(wait, 20*time.Millisecond)
+	}
+	t := w.clk.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-w.space:
+	case <-t.C():
+	}
+	return true
+}
+
+// pullFailed logs the failures-th failed pull in a row and backs off
+// before the next. It reports false when ctx is done.
+func (w *Worker) pullFailed(ctx context.Context, err error, failures, part int) bool {
+	if w.o.Partitions <= 0 {
+		w.state.CompareAndSwap(int32(statePulling), int32(stateStarting)) // not ready while the consumer cannot be pulled
+	}
+	w.log.Warn().Err(err).Int("failures", failures).Int("partition", part).Msg("pull from consumer")
+	return clock.Sleep(w.clk, min(time.Duration(failures)*200*time.Millisecond, 5*time.Second), ctx.Done())
+}
+
+// intakeBatch takes each message of a pull of want, then gives the pull's
+// room back.
+func (w *Worker) intakeBatch(ctx context.Context, batch jetstream.MessageBatch, want int) {
+	// Drain the whole batch even after ctx is done: a message the server
+	// already sent must be handed back, not left to its ack wait.
+	got, parks0, t0 := 0, w.parking.started.Load(), w.clk.Now()
+	for m := range batch.Messages() {
+		got++
+		if ctx.Err() != nil {
+			w.settler.handBackMsg(m)
+			continue
+		}
+		w.intake(ctx, m)
+	}
+	w.pulling.Add(-int64(want))
+	if w.o.Partitions > 0 {
+		// The pull's room is free again: another partition's intake may
+		// be waiting for it. Its timer is only a safety net (on the
+		// tests' fake clock it never fires), and a pull that expires
+		// empty frees no held job, so nothing else would wake it.
+		w.wakeIntake()
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, context.Canceled) {
+		w.log.Debug().Err(err).Msg("pull ended")
+	}
+	w.yieldToOthers(ctx, got, int(w.parking.started.Load()-parks0), w.clk.Now().Sub(t0))
 }
 
 // yieldToOthers paces a partition whose deliveries all went to the parking
@@ -478,103 +512,134 @@ func (w *Worker) yieldToOthers(ctx context.Context, got, parked int, took time.D
 func (w *Worker) intake(ctx context.Context, m Msg) {
 	now := w.clk.Now()
 	j := &heldJob{msg: m, data: m.Data(), received: now, delivered: 1}
-	if h := m.Headers(); h != nil {
-		if w.o.SkipCopies && jobs.IsCopy(h) {
-			// A replay: the submitted job itself is in the stream too.
-			w.settler.settle(j, Msg.Ack)
-			return
-		}
-		j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
-		if c := h.Get(jobs.HeaderContinues); c != "" {
-			j.origin = c
-			j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
-		}
-		if h.Get(jobs.HeaderUnparked) != "" {
-			defer func() { w.parking.arrived(j.auth) }()
-		}
-		j.replay = replayOf(h)
+	h := m.Headers()
+	if h != nil && w.o.SkipCopies && jobs.IsCopy(h) {
+		// A replay: the submitted job itself is in the stream too.
+		w.settler.settle(j, Msg.Ack)
+		return
 	}
-	if md, err := m.Metadata(); err == nil {
-		j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
-		if w.lanes.covered(md.Consumer, j.seq, m.Subject()) {
-			// Served by a lane or by the partition consumer (lane.go).
-			if err := w.settler.settle(j, Msg.Ack); err != nil {
-				w.log.Debug().Err(err).Msg("ack a job served by another consumer")
-			}
-			return
-		}
-		j.laned = isLane(md.Consumer)
-	} else {
-		// Not a JetStream delivery (never from a real consumer): a private
-		// key keeps it apart from every other held job.
-		j.seq = 1<<63 + w.anon.Add(1)
+	if readHeaders(j, h) {
+		// Deferred: the authority is known only once the job is parsed.
+		defer func() { w.parking.arrived(j.auth) }()
+	}
+	if !w.readDelivery(j, m) {
+		return
 	}
 	if w.sched.redelivered(j.seq, j.delivered, m, now) {
 		return
 	}
-	job, err := jobs.Parse(j.data)
-	if err == nil {
-		err = jobs.CheckSubject(job, m.Subject())
-	}
-	if err != nil {
-		reason := jobs.ReasonInvalidJob
-		var ie *jobs.InvalidError
-		if errors.As(err, &ie) && ie.Code != "" {
-			reason = ie.Code
-		}
-		j.job.Tenant, j.job.ID = job.Tenant, job.ID
-		if !job.Authority.IsZero() {
-			j.auth = job.Authority.String()
-		}
-		w.settler.deadLetter(ctx, j, reason, err.Error(), 0, nil)
+	if !w.parseJob(ctx, j, m) {
 		return
 	}
-	j.job, j.auth = job, job.Authority.String()
-	if w.o.Partitions > 0 {
-		j.part = w.sched.partitionOf(j.auth)
-		// A job in another partition than its pace's (a member of a
-		// politeness group arrives in its own authority's partition; a
-		// policy change moved it; a job published straight onto a stored
-		// subject) is moved into its pace's partition: served here, it
-		// would be paced by a pod that does not own its pace.
-		if p, _, _, err := jobs.ParsePartitionSubject(m.Subject()); err == nil && p != j.part {
-			w.handoffs.move(ctx, j, m, p)
-			return
-		}
+	if w.moveToPacePartition(ctx, j, m) {
+		return
 	}
 	if !w.openReplay(ctx, j) {
 		return
 	}
-	if job.IsDelete() {
+	if j.job.IsDelete() {
 		// A delete asks nothing of the origin: no pacer, no queue.
 		w.deletes.start(ctx, j)
 		return
 	}
+	w.queue(ctx, j, now)
+}
+
+// readHeaders takes what earlier hands wrote into the message's headers
+// (deliveries before a move, a redirect's continuation, a replay). It
+// reports whether the job comes back from the parking lot.
+func readHeaders(j *heldJob, h nats.Header) (unparked bool) {
+	if h == nil {
+		return false
+	}
+	j.prior, _ = strconv.ParseUint(h.Get(jobs.HeaderDeliveries), 10, 64)
+	if c := h.Get(jobs.HeaderContinues); c != "" {
+		j.origin = c
+		j.hops, _ = strconv.Atoi(h.Get(jobs.HeaderHops))
+	}
+	j.replay = replayOf(h)
+	return h.Get(jobs.HeaderUnparked) != ""
+}
+
+// readDelivery takes j's stream sequence and delivery count. It reports
+// false when it acked the message instead: another consumer serves it.
+func (w *Worker) readDelivery(j *heldJob, m Msg) bool {
+	md, err := m.Metadata()
+	if err != nil {
+		// Not a JetStream delivery (never from a real consumer): a private
+		// key keeps it apart from every other held job.
+		j.seq = 1<<63 + w.anon.Add(1)
+		return true
+	}
+	j.seq, j.delivered = md.Sequence.Stream, md.NumDelivered
+	if w.lanes.covered(md.Consumer, j.seq, m.Subject()) {
+		// Served by a lane or by the partition consumer (lane.go).
+		if err := w.settler.settle(j, Msg.Ack); err != nil {
+			w.log.Debug().Err(err).Msg("ack a job served by another consumer")
+		}
+		return false
+	}
+	j.laned = isLane(md.Consumer)
+	return true
+}
+
+// parseJob decodes and checks j's job. It reports false when it
+// dead-lettered the message instead, with as much of the job as could be
+// read so that its tenant can find it.
+func (w *Worker) parseJob(ctx context.Context, j *heldJob, m Msg) bool {
+	job, err := jobs.Parse(j.data)
+	if err == nil {
+		err = jobs.CheckSubject(job, m.Subject())
+	}
+	if err == nil {
+		j.job, j.auth = job, job.Authority.String()
+		return true
+	}
+	reason := jobs.ReasonInvalidJob
+	var ie *jobs.InvalidError
+	if errors.As(err, &ie) && ie.Code != "" {
+		reason = ie.Code
+	}
+	j.job.Tenant, j.job.ID = job.Tenant, job.ID
+	if !job.Authority.IsZero() {
+		j.auth = job.Authority.String()
+	}
+	w.settler.deadLetter(ctx, j, reason, err.Error(), 0, nil)
+	return false
+}
+
+// moveToPacePartition sets j's partition, and moves j there (reporting
+// true) when it arrived in another: served here, it would be paced by a
+// pod that does not own its pace. That happens to a member of a politeness
+// group, which arrives in its own authority's partition, after a policy
+// change, and to a job published straight onto a stored subject.
+func (w *Worker) moveToPacePartition(ctx context.Context, j *heldJob, m Msg) bool {
+	if w.o.Partitions <= 0 {
+		return false
+	}
+	j.part = w.sched.partitionOf(j.auth)
+	if p, _, _, err := jobs.ParsePartitionSubject(m.Subject()); err == nil && p != j.part {
+		w.handoffs.move(ctx, j, m, p)
+		return true
+	}
+	return false
+}
+
+// queue hands a valid fetch job to the scheduler, or defers it, unless a
+// copy within the target settles it first.
+func (w *Worker) queue(ctx context.Context, j *heldJob, now time.Time) {
 	// Stat before queueing, not between the pacer's grant and the request:
 	// the pacer spaces grants, so the request must follow its grant at once.
 	// A job that names a sha256 is looked at before its deferral is
 	// considered, since a copy may settle it at once.
-	var copied bool
-	stat := func() {
-		meta, err := w.targetOf(j).Stat(ctx, job.Target)
-		if err == nil {
-			j.etag, j.lastMo = meta.ETag, meta.LastModified
-		} else if !errors.Is(err, mirror.ErrNotFound) {
-			w.log.Warn().Err(err).Str("job", job.ID).Msg("stat target; fetching unconditionally")
-		}
-		// Bytes the target holds under another key are copied before the
-		// job is queued, even while its authority cools down: a copy takes
-		// nothing from the pacer (copied.go).
-		copied = w.copyKnown(ctx, j, meta, err == nil)
-	}
-	if job.SHA256 != "" {
+	if j.job.SHA256 != "" {
 		// Another job fetching these bytes is waited for before the index
 		// is read: it settles only once its entry is there, so this job
 		// sees either that job or the entry (copied.go).
 		if w.waitSameBytes(j) {
 			return
 		}
-		if stat(); copied {
+		if w.statTarget(ctx, j) {
 			return
 		}
 	}
@@ -582,14 +647,29 @@ func (w *Worker) intake(ctx context.Context, m Msg) {
 		w.settler.deferJob(d)
 		return
 	}
-	if job.SHA256 == "" {
-		stat()
+	if j.job.SHA256 == "" {
+		w.statTarget(ctx, j)
 	}
 	if d, deferred := w.sched.admit(now, j); deferred {
 		w.settler.deferJob(d)
 		return
 	}
 	w.poke()
+}
+
+// statTarget reads what j's key holds now, for a conditional fetch, and
+// reports whether a copy within the target stored and settled j instead.
+func (w *Worker) statTarget(ctx context.Context, j *heldJob) (copied bool) {
+	meta, err := w.targetOf(j).Stat(ctx, j.job.Target)
+	if err == nil {
+		j.etag, j.lastMo = meta.ETag, meta.LastModified
+	} else if !errors.Is(err, mirror.ErrNotFound) {
+		w.log.Warn().Err(err).Str("job", j.job.ID).Msg("stat target; fetching unconditionally")
+	}
+	// Bytes the target holds under another key are copied before the
+	// job is queued, even while its authority cools down: a copy takes
+	// nothing from the pacer (copied.go).
+	return w.copyKnown(ctx, j, meta, err == nil)
 }
 
 // dispatchLoop runs the scheduler: on every event (a job queued, a fetch
@@ -719,16 +799,7 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	defer w.transfers.end(tr)
 	hops := &hopSet{d: &w.hops, first: pm, kind: j.job.Kind, part: j.part, url: j.job.URL}
 	defer hops.close()
-	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
-	if j.job.Size != nil {
-		req.Size, req.HasSize = *j.job.Size, true
-	}
-	if len(j.job.Headers) > 0 {
-		req.Header = http.Header{}
-		for k, v := range j.job.Headers {
-			req.Header.Set(k, v)
-		}
-	}
+	req := fetchRequest(j)
 	kept := keptFor(ctx, w.targetOf(j), j, w.log) // resume.go
 	if kept != nil {
 		p := kept.Partial()
@@ -740,79 +811,103 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		}
 	}()
 	resp, err := w.d.Fetcher.Do(httptrace.WithClientTrace(ctx, hops.trace()), req, hops.gate)
-	if err != nil && kept != nil && errors.Is(err, fetch.ErrRangeMismatch) {
-		// Not the rest of the body kept: dropped, the retry asks for it whole.
-		countResume(w.m, ResumeRangeMismatch, nil)
-		kept.Discard()
-		kept = nil
-	}
 	if err != nil {
-		var re *pacer.RefusedError
-		var ge *fetch.GateError
-		switch {
-		case errors.Is(err, errHandOff) && errors.As(err, &ge):
-			// The hop's authority is another pod's: it fetches the rest.
-			w.handoffs.handOff(ctx, j, ge, "other_pod")
-		case errors.As(err, &re) && errors.As(err, &ge) && w.handoffs.continuesRefused():
-			// The hop's authority cannot take it soon: the rest waits in
-			// that authority's queue, and the first hop is not asked again.
-			w.handoffs.handOff(ctx, j, ge, string(re.Reason))
-		case errors.As(err, &re):
-			// A redirect hop's authority cannot take it soon: defer on
-			// that authority's calendar, without using the budget.
-			delay := w.sched.deferFor(w.clk.Now(), re.Authority, re.Wait, re.Interval)
-			w.settler.deferJob(deferral{job: j, delay: delay, reason: redirectReason(re.Reason)})
-		case ctx.Err() != nil:
-			w.settler.handBack(j)
-		case errors.Is(err, fetch.ErrSizeMismatch):
-			// A Content-Length other than the job's size: not one body byte
-			// was read.
-			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
-		case fetch.IsPermanent(err):
-			dropKept(&kept) // no attempt follows a dead letter
-			w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
-		default:
-			w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
-		}
+		w.fetchFailed(ctx, j, err, hops, &kept)
 		return false
 	}
 	v := hops.lastVerdict()
 	class := fetch.Classify(resp.Status)
 	if v.Throttled || class == fetch.ClassThrottled {
-		if resp.Body != nil {
-			resp.Body.Close()
-		}
-		j.throttles = append(j.throttles, jobs.Attempt{
-			Time: w.clk.Now(), Reason: jobs.ThrottledReason(resp.Status), Status: resp.Status,
-			Detail: throttleDetail(v, resp.Header),
-		})
+		w.throttled(j, resp, v)
 		return true
 	}
 	if kept != nil {
-		switch {
-		case resp.Status == http.StatusRequestedRangeNotSatisfiable:
-			// The kept start is no start of what the origin holds now:
-			// dropped, and the retry asks for the whole body.
-			countResume(w.m, ResumeUnsatisfiable, resp)
-			kept.Discard()
-			kept = nil
+		var unsatisfiable bool
+		if class, unsatisfiable = resumeClass(w.m, resp, class, &kept); unsatisfiable { // resume.go
 			w.settler.transient(ctx, j, jobs.HTTPReason(resp.Status), resp.Status, "the kept start of the body was dropped")
 			return false
-		case resp.Offset > 0:
-			countResume(w.m, ResumeResumed, resp)
-			class = fetch.ClassSuccess
-		case class == fetch.ClassSuccess:
-			countResume(w.m, ResumeWhole, resp)
-		case class == fetch.ClassNotModified:
-			countResume(w.m, ResumeUnchanged, resp)
-			kept.Discard()
-			kept = nil
 		}
 	}
+	w.settleAnswer(ctx, j, resp, class, began, tr, &kept)
+	return false
+}
+
+// fetchRequest is the request j's job asks for, conditional on what the
+// target held at intake.
+func fetchRequest(j *heldJob) fetch.Request {
+	req := fetch.Request{URL: j.job.URL, ETag: j.etag, LastModified: j.lastMo, Hops: j.hops}
+	if j.job.Size != nil {
+		req.Size, req.HasSize = *j.job.Size, true
+	}
+	if len(j.job.Headers) > 0 {
+		req.Header = http.Header{}
+		for k, v := range j.job.Headers {
+			req.Header.Set(k, v)
+		}
+	}
+	return req
+}
+
+// fetchFailed settles j, whose fetch got no answer to store: a hop handed
+// to another queue or pod, a refusal, a shutdown, or a failed request.
+// *kept is the start of the body an earlier attempt kept, if any.
+func (w *Worker) fetchFailed(ctx context.Context, j *heldJob, err error, hops *hopSet, kept *mirror.Kept) {
+	if *kept != nil && errors.Is(err, fetch.ErrRangeMismatch) {
+		// Not the rest of the body kept: dropped, the retry asks for it whole.
+		countResume(w.m, ResumeRangeMismatch, nil)
+		(*kept).Discard()
+		*kept = nil
+	}
+	var re *pacer.RefusedError
+	var ge *fetch.GateError
+	switch {
+	case errors.Is(err, errHandOff) && errors.As(err, &ge):
+		// The hop's authority is another pod's: it fetches the rest.
+		w.handoffs.handOff(ctx, j, ge, "other_pod")
+	case errors.As(err, &re) && errors.As(err, &ge) && w.handoffs.continuesRefused():
+		// The hop's authority cannot take it soon: the rest waits in
+		// that authority's queue, and the first hop is not asked again.
+		w.handoffs.handOff(ctx, j, ge, string(re.Reason))
+	case errors.As(err, &re):
+		// A redirect hop's authority cannot take it soon: defer on
+		// that authority's calendar, without using the budget.
+		delay := w.sched.deferFor(w.clk.Now(), re.Authority, re.Wait, re.Interval)
+		w.settler.deferJob(deferral{job: j, delay: delay, reason: redirectReason(re.Reason)})
+	case ctx.Err() != nil:
+		w.settler.handBack(j)
+	case errors.Is(err, fetch.ErrSizeMismatch):
+		// A Content-Length other than the job's size: not one body byte
+		// was read.
+		w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), hops.lastStatus(), err.Error())
+	case fetch.IsPermanent(err):
+		dropKept(kept) // no attempt follows a dead letter
+		w.settler.deadLetter(ctx, j, fetch.ReasonCode(err, 0), err.Error(), hops.lastStatus(), nil)
+	default:
+		w.settler.transient(ctx, j, fetch.ReasonCode(err, 0), 0, err.Error())
+	}
+}
+
+// throttled closes a throttling answer's body and records it on j, which
+// goes back to its authority's queue: the pacer now knows when the next
+// request may go.
+func (w *Worker) throttled(j *heldJob, resp *fetch.Response, v pacer.Verdict) {
+	if resp.Body != nil {
+		resp.Body.Close()
+	}
+	j.throttles = append(j.throttles, jobs.Attempt{
+		Time: w.clk.Now(), Reason: jobs.ThrottledReason(resp.Status), Status: resp.Status,
+		Detail: throttleDetail(v, resp.Header),
+	})
+}
+
+// settleAnswer settles j by the class of its origin's answer: stored,
+// unchanged, retried or dead-lettered. *kept, if not nil, is the start of
+// the body resp's goes on from; store takes it over.
+func (w *Worker) settleAnswer(ctx context.Context, j *heldJob, resp *fetch.Response, class fetch.Class, began time.Time, tr *transfer, kept *mirror.Kept) {
 	switch class {
 	case fetch.ClassSuccess:
-		w.store(ctx, j, resp, began, tr, kept)
-		kept = nil // store's now
+		w.store(ctx, j, resp, began, tr, *kept)
+		*kept = nil // store's now
 	case fetch.ClassNotModified:
 		w.settler.complete(j, OutcomeUnchanged)
 		w.settler.stored.add(j, resp.Status, 0, began)
@@ -821,10 +916,9 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 	case fetch.ClassAuthFailed:
 		w.auth.refused(ctx, j, resp) // authfail.go
 	default:
-		dropKept(&kept) // no attempt follows a dead letter
+		dropKept(kept) // no attempt follows a dead letter
 		w.settler.deadLetter(ctx, j, jobs.HTTPReason(resp.Status), "", resp.Status, nil)
 	}
-	return false
 }
 
 // throttleDetail keeps the headers that explain a throttling answer.
@@ -847,10 +941,9 @@ func throttleDetail(v pacer.Verdict, h http.Header) string {
 // kept, if not nil, is the start of the body an earlier attempt kept,
 // which resp's body goes on from (resp.Offset) or replaces.
 func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, began time.Time, tr *transfer, kept mirror.Kept) {
-	want := mirror.Expect{SHA256: j.job.SHA256}
+	want := expectOf(j)
 	size := int64(-1)
-	if j.job.Size != nil {
-		want.Size, want.HasSize = *j.job.Size, true
+	if want.HasSize {
 		size = want.Size
 	}
 	tr.body(w.clk.Now(), resp.Header.Get("Content-Length"), size)
@@ -858,41 +951,13 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 	guard, superseded, err := w.deletes.guardStore(ctx, j, enq)
 	switch {
 	case superseded:
-		discard(resp.Body)
-		resp.Body.Close()
-		if kept != nil { // the key is deleted: its start is moot
-			kept.Discard()
-		}
-		w.deletes.superseded(j, "a delete enqueued after the fetch removed the key")
+		w.deletes.supersededStore(j, resp, kept) // delete.go
 		return
 	case err != nil:
-		resp.Body.Close()
-		if kept != nil {
-			kept.Release()
-		}
-		switch {
-		case ctx.Err() != nil:
-			w.settler.handBack(j)
-		case mirror.FailureCode(err) != "":
-			// The tombstone could not be read because the target failed
-			// (down, full, read-only): as for a failed write, the worker's
-			// problem, not the job's (targethealth.go).
-			w.health.writeFailed(j, mirror.FailureCode(err), err)
-		default:
-			w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
-		}
+		w.deletes.unguarded(ctx, j, resp, kept, err) // delete.go
 		return
 	}
-	meta := mirror.Meta{
-		Enqueued:     enq,
-		Key:          j.job.Target,
-		URL:          authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
-		ETag:         resp.Header.Get("ETag"),
-		LastModified: resp.Header.Get("Last-Modified"),
-		ContentType:  resp.Header.Get("Content-Type"),
-		FetchedAt:    w.clk.Now().UTC(),
-		JobID:        j.job.ID,
-	}
+	meta := storeMeta(j, resp, enq, w.clk.Now())
 	body := &countingReader{r: resp.Body, tr: tr, fetched: w.m.FetchedBytes}
 	src, done := readAhead(body)
 	if kept != nil {
@@ -910,36 +975,67 @@ func (w *Worker) store(ctx context.Context, j *heldJob, resp *fetch.Response, be
 		return
 	}
 	w.m.BodyReadBytes.WithLabelValues("discarded").Observe(float64(body.n))
+	w.storeFailed(ctx, j, resp.Status, body.err, err, began)
+}
+
+// expectOf is what j's job says its bytes must be, for the target to
+// check as it stores them.
+func expectOf(j *heldJob) mirror.Expect {
+	want := mirror.Expect{SHA256: j.job.SHA256}
+	if j.job.Size != nil {
+		want.Size, want.HasSize = *j.job.Size, true
+	}
+	return want
+}
+
+// storeMeta is what the target records beside j's object, fetched at now.
+func storeMeta(j *heldJob, resp *fetch.Response, enq, now time.Time) mirror.Meta {
+	return mirror.Meta{
+		Enqueued:     enq,
+		Key:          j.job.Target,
+		URL:          jobURL(j),
+		ETag:         resp.Header.Get("ETag"),
+		LastModified: resp.Header.Get("Last-Modified"),
+		ContentType:  resp.Header.Get("Content-Type"),
+		FetchedAt:    now.UTC(),
+		JobID:        j.job.ID,
+	}
+}
+
+// storeFailed settles j, whose body was not stored (err, the target's
+// error). readErr is the body's own failure, if any: the cause of err, so
+// it decides first. status is the origin's.
+func (w *Worker) storeFailed(ctx context.Context, j *heldJob, status int, readErr, err error, began time.Time) {
 	switch {
 	case ctx.Err() != nil:
 		w.settler.handBack(j)
-	case body.err != nil && errors.Is(body.err, fetch.ErrSizeMismatch):
-		w.settler.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
-	case body.err != nil && fetch.IsPermanent(body.err):
-		w.settler.deadLetter(ctx, j, fetch.ReasonCode(body.err, 0), body.err.Error(), resp.Status, nil)
-	case body.err != nil && errors.Is(body.err, fetch.ErrTooSlow):
+	case readErr != nil && errors.Is(readErr, fetch.ErrSizeMismatch):
+		w.settler.transient(ctx, j, fetch.ReasonCode(readErr, 0), status, readErr.Error())
+	case readErr != nil && fetch.IsPermanent(readErr):
+		w.settler.deadLetter(ctx, j, fetch.ReasonCode(readErr, 0), readErr.Error(), status, nil)
+	case readErr != nil && errors.Is(readErr, fetch.ErrTooSlow):
 		// A trickle held a fetch slot all this time: it waits SlowRetryFactor
 		// times as long before it may hold one again.
 		held := w.clk.Now().Sub(began)
-		w.settler.retry(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error(), SlowRetryFactor*held)
-	case body.err != nil:
-		w.settler.transient(ctx, j, fetch.ReasonCode(body.err, 0), resp.Status, body.err.Error())
+		w.settler.retry(ctx, j, fetch.ReasonCode(readErr, 0), status, readErr.Error(), SlowRetryFactor*held)
+	case readErr != nil:
+		w.settler.transient(ctx, j, fetch.ReasonCode(readErr, 0), status, readErr.Error())
 	case mirror.FailureCode(err) != "":
 		// The target itself failed (full, read-only, broken): the worker's
 		// problem, not the job's (targethealth.go).
 		w.health.writeFailed(j, mirror.FailureCode(err), err)
 	case errors.Is(err, mirror.ErrDigestMismatch):
-		w.settler.transient(ctx, j, jobs.ReasonDigestMismatch, resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonDigestMismatch, status, err.Error())
 	case errors.Is(err, mirror.ErrSizeMismatch):
-		w.settler.transient(ctx, j, jobs.ReasonSizeMismatch, resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonSizeMismatch, status, err.Error())
 	case errors.Is(err, mirror.ErrInvalidKey):
-		w.settler.deadLetter(ctx, j, jobs.ReasonInvalidTarget, err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, jobs.ReasonInvalidTarget, err.Error(), status, nil)
 	case errors.Is(err, mirror.ErrKeyConflict):
 		// An object already stands where this key needs a directory (or the
 		// reverse): no retry can succeed until an operator resolves it.
-		w.settler.deadLetter(ctx, j, jobs.ReasonTargetConflict, err.Error(), resp.Status, nil)
+		w.settler.deadLetter(ctx, j, jobs.ReasonTargetConflict, err.Error(), status, nil)
 	default:
-		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, resp.Status, err.Error())
+		w.settler.transient(ctx, j, jobs.ReasonTargetWrite, status, err.Error())
 	}
 }
 
@@ -1039,10 +1135,7 @@ func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok
 	if !isCopier {
 		return false
 	}
-	want := mirror.Expect{SHA256: j.job.SHA256}
-	if j.job.Size != nil {
-		want.Size, want.HasSize = *j.job.Size, true
-	}
+	want := expectOf(j)
 	// A copy is a store of the key: it waits for the key's delete and is
 	// superseded by one enqueued after it (delete.go), as a fetch's is.
 	enq := enqueuedOf(w.sched.msgOf(j))
@@ -1058,7 +1151,7 @@ func (w *Worker) copyKnown(ctx context.Context, j *heldJob, stat mirror.Meta, ok
 	meta := mirror.Meta{
 		Enqueued:  enq,
 		Key:       j.job.Target,
-		URL:       authority.StripUserinfo(cmp.Or(j.origin, j.job.URL)),
+		URL:       jobURL(j),
 		FetchedAt: began.UTC(),
 		JobID:     j.job.ID,
 	}
