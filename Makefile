@@ -5,9 +5,8 @@ GO        ?= go
 DATA_DIR  ?= ./data
 RUN_ARGS  ?=
 # Packages with goroutines of their own run under the race detector in `make test`. The
-# longest first (loadtest 70 s, replay 29 s under the race detector): go test runs them in
-# this order, two at a time, and a long one started last would end the run alone. worker
-# (200 s with its e2e tier) runs beside them in go tests of its own (test-race-worker-*).
+# longest first (worker 145 s, loadtest 59 s under the race detector): go test runs them in
+# this order, two at a time, and a long one started last would end the run alone.
 RACE_PKGS := ./worker/... ./loadtest/... ./replay/... ./pipeline/... ./mirror/... ./cluster/... ./facts/... ./clock/... ./credentials/... ./pacer/... ./fetch/... ./stuborigin/... ./jobs/... ./admin/... ./strategy/... ./broker/... ./faultproxy/... ./policy/... ./bandwidth/...
 PKGS      := ./...
 # test-plain runs the other packages: the race run already runs every test of RACE_PKGS.
@@ -21,10 +20,6 @@ FULL_SIZE  := ^(TestParkingIsolationAtScale|TestSimulatedClusterKeepsOnePace|Tes
 # tests run on clock.Fake; ADR 0024); the race run and the full-size run
 # build them in.
 E2E_TAGS  := e2e
-# worker's race run in two go tests at once: this test (78 s under the race detector, the
-# longest of the package, serial) in one, every other test of worker in the other (122 s).
-# In one go test they ran one after another, 200 s, and ended the race run (ADR 0024).
-WORKER_RACE_APART := ^TestLaneSkipsACoolingBacklog$$
 # Tests that mostly wait (floors, cooldowns, leases, real processes) call t.Parallel;
 # this many run at once (go test's default is GOMAXPROCS, 2 on a 2-core machine).
 PARALLEL  ?= 8
@@ -34,7 +29,7 @@ TESTFLAGS ?=
 # (MW_SKIPPED_FILE); `make test` prints them as its closing lines.
 SKIPPED   := $(CURDIR)/.test-skipped
 
-.PHONY: all build run test test-race test-race-pkgs test-race-worker-apart test-race-worker-rest test-plain test-waiting test-timed test-deploy lint fmt-check vet bench bench-throughput bench-memory bench-s3 bench-politeness soak clean image
+.PHONY: all build run test test-race test-plain test-waiting test-timed test-deploy lint fmt-check vet bench bench-throughput bench-memory bench-s3 bench-politeness soak clean image
 
 all: build
 
@@ -59,7 +54,7 @@ run: build
 # printed when it ends (-O).
 test: fmt-check
 	@rm -f $(SKIPPED)
-	@$(MAKE) --no-print-directory -j6 -O vet test-waiting test-race test-deploy
+	@$(MAKE) --no-print-directory -j4 -O vet test-waiting test-race test-deploy
 	@$(MAKE) --no-print-directory test-timed
 	@if [ -s $(SKIPPED) ]; then \
 		echo; echo "make test: PASSED, BUT SOME TESTS WERE SKIPPED (an optional dependency is missing):"; \
@@ -104,18 +99,8 @@ test-waiting:
 test-timed:
 	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -count=1 -timeout 15m -run '$(ORIGIN_TIMED)' ./cmd/mirrorworker/
 
-# test-race: RACE_PKGS under the race detector in three go tests, at once under make -j:
-# worker's two halves (WORKER_RACE_APART) and the other packages.
-test-race: test-race-pkgs test-race-worker-apart test-race-worker-rest
-
-test-race-pkgs:
-	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) $(filter-out ./worker/...,$(RACE_PKGS))
-
-test-race-worker-apart:
-	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) -run '$(WORKER_RACE_APART)' ./worker/...
-
-test-race-worker-rest:
-	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) -skip '$(WORKER_RACE_APART)' ./worker/...
+test-race:
+	MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -race -count=1 -timeout 15m -tags $(E2E_TAGS) -parallel $(PARALLEL) $(RACE_PKGS)
 
 vet:
 	$(GO) vet $(PKGS)
