@@ -109,6 +109,22 @@ func (f *Fake) Timers() int {
 	return len(f.timers)
 }
 
+// Deadlines returns the instants at which the armed timers will fire, in
+// order. A test that advanced the clock waits on it to see that a goroutine
+// has gone back to waiting, and for which instant: Advance disarms every
+// timer it fires before it returns, so a deadline listed afterwards is
+// either one the advance did not reach or one armed again since.
+func (f *Fake) Deadlines() []time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ds := make([]time.Time, 0, len(f.timers))
+	for _, t := range f.timers {
+		ds = append(ds, t.when)
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i].Before(ds[j]) })
+	return ds
+}
+
 // armLocked schedules t; f.mu must be held.
 func (f *Fake) armLocked(t *fakeTimer, d time.Duration) {
 	t.when = f.now.Add(d)

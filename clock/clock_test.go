@@ -57,3 +57,40 @@ func TestSleepInterrupted(t *testing.T) {
 		t.Fatal("zero Sleep should report a full wait")
 	}
 }
+
+func TestFakeDeadlines(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	tests := []struct {
+		name    string
+		arm     []time.Duration // timers armed at t0
+		advance time.Duration
+		want    []time.Duration // deadlines listed after the advance, from t0
+	}{
+		{name: "none", want: nil},
+		{name: "in order", arm: []time.Duration{3 * time.Second, time.Second, 2 * time.Second},
+			want: []time.Duration{time.Second, 2 * time.Second, 3 * time.Second}},
+		{name: "fired ones leave", arm: []time.Duration{time.Second, 2 * time.Second, 3 * time.Second},
+			advance: 2 * time.Second, want: []time.Duration{3 * time.Second}},
+		{name: "not yet due stays", arm: []time.Duration{time.Minute},
+			advance: time.Minute - time.Millisecond, want: []time.Duration{time.Minute}},
+		{name: "fired immediately", arm: []time.Duration{0}, want: nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := clock.NewFake(t0)
+			for _, d := range tt.arm {
+				f.NewTimer(d)
+			}
+			f.Advance(tt.advance)
+			got := f.Deadlines()
+			if len(got) != len(tt.want) {
+				t.Fatalf("Deadlines() = %v, want %d deadlines", got, len(tt.want))
+			}
+			for i, d := range tt.want {
+				if !got[i].Equal(t0.Add(d)) {
+					t.Errorf("deadline %d = %v, want t0+%v", i, got[i], d)
+				}
+			}
+		})
+	}
+}

@@ -58,10 +58,27 @@ func TestFloorOnTheFakeClock(t *testing.T) {
 		return counter(t, r.reg, "mirrorworker_held_jobs", map[string]string{"state": "queued"}) == n-1
 	})
 	for k := 2; k <= n; k++ {
+		slot := start.Add(time.Duration(k-1) * spacing)
+		armed := len(fake.Deadlines())
 		fake.Advance(spacing - time.Millisecond)
-		// Not a condition to wait for but a chance for a wrong worker to
-		// send early; a right one sends nothing here whatever the pause.
-		time.Sleep(100 * time.Millisecond)
+		// Nothing may be sent at this instant, a millisecond before the
+		// slot. Advance disarms every timer it fires before it returns, so
+		// waiting until at least as many timers are armed as before, the
+		// first at exactly the slot, waits until every goroutine the
+		// advance woke has handled its wake and waits again: the scheduler
+		// for the slot, or (when something woke it within the pacer's
+		// reservation, 5 ms) the granted job's fetch slot for its reserved
+		// start, the slot itself. A worker that sends early has nothing
+		// armed at the slot (its next wake is a spacing later), so the wait
+		// ends only by its request reaching the origin, recorded at this
+		// instant.
+		waitCond(t, 30*time.Second, fmt.Sprint("the wake armed for slot ", k), func() bool {
+			if count() != k-1 {
+				return true // early: reported below
+			}
+			ds := fake.Deadlines()
+			return len(ds) >= armed && ds[0].Equal(slot)
+		})
 		if got := count(); got != k-1 {
 			t.Fatalf("%d requests by %v, want %d (spacing %v)", got, fake.Now().Sub(start), k-1, spacing)
 		}
