@@ -15,6 +15,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/credentials"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -63,7 +64,8 @@ func TestAuthHoldParksAndLifts(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	f := fetch.New(&fetch.Options{AllowPrivate: true, Credentials: store})
 	const hold = 2 * time.Minute
-	w, err := worker.New(worker.Deps{JS: e.js, Fetcher: f, Target: e.target, Pacer: testPacer(50*time.Millisecond, 2, nil, 0, nil),
+	pc := testPacer(50*time.Millisecond, 2, nil, 0, nil)
+	w, err := worker.New(worker.Deps{JS: e.js, Fetcher: f, Target: e.target, Pacer: pc,
 		Owns: func(int) bool { return true }},
 		&worker.Options{Partitions: parts, ParkAfter: time.Second, Registerer: reg, Logger: testLogger(t),
 			PullWait: testPullWait(0), Auth: worker.AuthRule{Hold: hold}})
@@ -92,15 +94,22 @@ func TestAuthHoldParksAndLifts(t *testing.T) {
 	waitCond(t, 30*time.Second, "the backlog parked", func() bool {
 		return counter(t, reg, "mirrorworker_parks_total", map[string]string{"op": "parked"}) > 0
 	})
-	held := refused.Load()
-	// While held (2 min), nothing more reaches the origin: watched for 1.5 s,
-	// 30 floors' worth.
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		if got := refused.Load(); got > held+1 { // one request may have been in flight
-			t.Fatalf("%d requests reached the held authority after the hold began at %d", got, held)
-		}
-		time.Sleep(20 * time.Millisecond)
+	// The hold made observable instead of watched for a while: the pacer
+	// holds the authority until the hold's end, and every job, the two
+	// refused ones too, waits in MIRROR_PARKED, from where the owner brings
+	// a job back only when the pacer says the authority takes a request
+	// within HoldMax. A hold that let requests through would have them
+	// refused again (and counted) before the whole backlog could be parked.
+	parking := time.Now()
+	waitCond(t, 30*time.Second, "the whole backlog parked", func() bool {
+		return refused.Load() > 3 || counter(t, reg, "mirrorworker_parked_jobs", nil) == n
+	})
+	if got := refused.Load(); got > 3 { // two to hold it, one may have been in flight
+		t.Fatalf("%d requests reached the authority, want 2 and at most one in flight when the hold began", got)
+	}
+	t.Logf("the whole backlog parked %v after it began to park", time.Since(parking).Round(time.Millisecond))
+	if wait, _, reason := pc.ReadyIn(time.Now(), o.auth); reason != pacer.ReasonPaused || wait < hold/2 {
+		t.Fatalf("the pacer gives the held authority a request in %v (%s), want a pause of about %v", wait, reason, hold)
 	}
 	if s := o.served.Load(); s != refused.Load() {
 		t.Fatalf("%d answers, %d refused: a job was stored with the old token", s, refused.Load())
