@@ -1,6 +1,9 @@
 package pacer
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // The fence (docs/adr/0007). Inside one pacer no two starts of a pace come
 // closer than its interval by construction. Across a hand-over (another
@@ -13,7 +16,7 @@ import "time"
 // this file is its only home:
 //
 //	hand-over                      who calls          the instant
-//	partition taken over           worker (cluster)   the lease's Create send, or the hold's end after an expired lease
+//	partition taken over           TakeOvers (worker) the lease's Create send, or the hold's end after an expired lease
 //	grant after a take-over        worker.GrantOwns   as the take-over
 //	regroup (a group changed)      SetPolicyAt        the change plus MoveSettle
 //	replay alone -> pods           pipeline (a pod)   the replays' LastStarts
@@ -81,4 +84,67 @@ func fenceLocked(e *entry, at int64) {
 	e.lastStart = max(e.lastStart, at)
 	e.started = max(e.started, at)
 	e.startedOther = max(e.startedOther, at)
+}
+
+// Fencer is what TakeOvers fences with; *Pacer is one.
+type Fencer interface {
+	Fence(now time.Time, auth string, at time.Time)
+}
+
+var _ Fencer = (*Pacer)(nil)
+
+// TakeOvers holds the take-over instant of each partition a pod serves and
+// fences an authority of a partition from it whenever a request to that
+// authority is about to be asked for (a dispatch, a redirect hop, a grant).
+// The pod learns which authorities a partition holds only as their jobs
+// come, so the fence cannot be applied when the partition is taken; and
+// Fence keeps a later start already known, so fencing again from the same
+// instant changes nothing: no record of which authorities were fenced is
+// kept, and none can go stale when a pace moves to another partition. Safe
+// for concurrent use; create it with NewTakeOvers.
+type TakeOvers struct {
+	f Fencer
+
+	mu sync.Mutex
+	at map[int]time.Time // partition -> its take-over instant
+}
+
+// NewTakeOvers returns an empty set that fences through f.
+func NewTakeOvers(f Fencer) *TakeOvers {
+	return &TakeOvers{f: f, at: map[int]time.Time{}}
+}
+
+// Add records that partition part was taken over with the fence instant at
+// (cluster's take-over instant: an upper bound on the previous owner's last
+// start).
+func (t *TakeOvers) Add(part int, at time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.at[part] = at
+}
+
+// Remove forgets part: it is given up.
+func (t *TakeOvers) Remove(part int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.at, part)
+}
+
+// Has reports whether part's take-over instant is known.
+func (t *TakeOvers) Has(part int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.at[part]
+	return ok
+}
+
+// Fence spaces auth's next start from the take-over of its partition part,
+// if part was taken over here; it does nothing otherwise.
+func (t *TakeOvers) Fence(now time.Time, part int, auth string) {
+	t.mu.Lock()
+	at, ok := t.at[part]
+	t.mu.Unlock()
+	if ok {
+		t.f.Fence(now, auth, at)
+	}
 }

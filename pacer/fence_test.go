@@ -79,3 +79,84 @@ func TestRegroupFencesTheFirstStart(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeOversFenceEveryAsk: a partition's take-over instant fences each of
+// its authorities whenever one is asked for, from the instant Add recorded;
+// asking again after a start of this pod's changes nothing (the fence keeps
+// the later start), so no record of the fenced authorities is needed; a
+// partition not taken over, or given up, fences nothing.
+func TestTakeOversFenceEveryAsk(t *testing.T) {
+	const floor = time.Second
+	tests := []struct {
+		name    string
+		add     bool
+		since   time.Duration // the take-over's instant, from t0
+		remove  bool
+		asks    int           // TakeOvers.Fence calls before the first Acquire
+		first   time.Duration // the first start, from t0
+		restart time.Duration // the second start, from t0, after asking again
+	}{
+		{name: "not taken over", asks: 1, first: 0, restart: floor},
+		{name: "taken over at t0", add: true, asks: 1, first: floor, restart: 2 * floor},
+		{name: "asked three times", add: true, asks: 3, first: floor, restart: 2 * floor},
+		{name: "an expired lease's hold", add: true, since: 4 * time.Second, asks: 1, first: 4*time.Second + floor, restart: 4*time.Second + 2*floor},
+		{name: "given up", add: true, remove: true, asks: 1, first: 0, restart: floor},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPacer(t, floor, nil)
+			to := pacer.NewTakeOvers(p)
+			if tt.add {
+				to.Add(3, at(tt.since))
+			}
+			if tt.remove {
+				to.Remove(3)
+			}
+			if got, want := to.Has(3), tt.add && !tt.remove; got != want {
+				t.Errorf("Has = %v, want %v", got, want)
+			}
+			for range tt.asks {
+				to.Fence(t0, 3, host)
+			}
+			pm, err := p.Acquire(t0, host, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := pm.Start.Sub(t0); got != tt.first {
+				t.Errorf("first start at t0+%v, want t0+%v", got, tt.first)
+			}
+			p.Done(pm.Start, pm, pacer.Response{Status: 200})
+			to.Fence(pm.Start, 3, host) // asked again: the start just made is later
+			pm, err = p.Acquire(pm.Start, host, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := pm.Start.Sub(t0); got != tt.restart {
+				t.Errorf("second start at t0+%v, want t0+%v", got, tt.restart)
+			}
+		})
+	}
+}
+
+// BenchmarkAcquireDoneHotTakenOver is BenchmarkAcquireDoneHot with the
+// take-over fence asked before every Acquire, as the worker's scheduler
+// does for an authority of a partition taken over: the price of keeping no
+// record of which authorities were fenced.
+func BenchmarkAcquireDoneHotTakenOver(b *testing.B) {
+	p := pacer.New(nil)
+	to := pacer.NewTakeOvers(p)
+	to.Add(1, t0.Add(-time.Hour)) // long past: the steady state, every ask a no-op
+	ok := pacer.Response{Status: 200}
+	now := t0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		to.Fence(now, 1, host)
+		pm, err := p.Acquire(now, host, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Done(now, pm, ok)
+		now = now.Add(spacing)
+	}
+}

@@ -159,10 +159,10 @@ func (w *Worker) GrantOwns(now time.Time, auth string) (int, bool) {
 	if !s.ownsLocked(p) {
 		return p, false
 	}
-	if _, added := s.since[p]; s.o.partitions > 0 && !added {
+	if s.o.partitions > 0 && !s.takeOvers.Has(p) {
 		return p, false // leased, not yet served (its fence is not known yet)
 	}
-	s.fenceLocked(now, p, auth)
+	s.takeOvers.Fence(now, p, auth)
 	return p, true
 }
 

@@ -126,10 +126,11 @@ type scheduler struct {
 	counts [3]int // held jobs per state
 	busy   int    // fetch slots in use
 	// busyPart counts fetch slots in use per partition (and redirect hops
-	// to its authorities from jobs of others, hopBegin); since is when each
-	// partition was taken over (fenced against its previous owner).
+	// to its authorities from jobs of others, hopBegin).
 	busyPart map[int]int
-	since    map[int]time.Time
+	// takeOvers fences each authority from its partition's take-over
+	// (against its previous owner) whenever it asks the pacer.
+	takeOvers *pacer.TakeOvers
 	// overs are the authorities queued past maxPerAuth because they drain
 	// fast (authQ.over).
 	overs map[*authQ]struct{}
@@ -141,8 +142,7 @@ type scheduler struct {
 // authQ is one authority's queue and what the scheduler learned of it.
 type authQ struct {
 	name     string
-	part     int       // its partition
-	fenced   time.Time // the take-over instant it was fenced against
+	part     int // its partition
 	tenants  map[string]*fifo
 	order    []string // tenants in round-robin order
 	cursor   int
@@ -204,7 +204,7 @@ func newScheduler(p Pacer, o schedOptions) *scheduler {
 		o.inflightRe = time.Second
 	}
 	return &scheduler{pacer: p, o: o, auths: map[string]*authQ{}, bySeq: map[uint64]*heldJob{},
-		busyPart: map[int]int{}, since: map[int]time.Time{}, overs: map[*authQ]struct{}{}}
+		busyPart: map[int]int{}, takeOvers: pacer.NewTakeOvers(p), overs: map[*authQ]struct{}{}}
 }
 
 func (s *scheduler) authLocked(name string) *authQ {
@@ -234,9 +234,7 @@ func (s *scheduler) ownsLocked(p int) bool {
 // takeOver records that partition p was taken over at since: the first
 // request to each of its authorities is spaced from since.
 func (s *scheduler) takeOver(p int, since time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.since[p] = since
+	s.takeOvers.Add(p, since)
 }
 
 // drainPartition removes every queued job of partition p (it is being
@@ -255,7 +253,7 @@ func (s *scheduler) drainPartition(p int) []*heldJob {
 			out = append(out, j)
 		}
 	}
-	delete(s.since, p)
+	s.takeOvers.Remove(p)
 	s.notifyLocked()
 	return out
 }
@@ -285,16 +283,8 @@ func (s *scheduler) hopBegin(now time.Time, p int, auth string) bool {
 		return false
 	}
 	s.busyPart[p]++
-	s.fenceLocked(now, p, auth)
+	s.takeOvers.Fence(now, p, auth)
 	return true
-}
-
-// fenceLocked spaces auth's next start from the take-over of its partition
-// p, when p was taken over from another pod (Pacer.Fence).
-func (s *scheduler) fenceLocked(now time.Time, p int, auth string) {
-	if since, ok := s.since[p]; ok {
-		s.pacer.Fence(now, auth, since)
-	}
 }
 
 // hopEnd ends what hopBegin counted.
@@ -404,7 +394,7 @@ func (s *scheduler) deferOnAdmitLocked(now time.Time, a *authQ, j *heldJob) (def
 		if h, why := decideHold(holdFacts{settling: a.n > 0 || a.inflight > 0}); h == holdDefer {
 			return deferral{job: j, delay: regroupDelay, reason: why}, true
 		}
-		a.part, a.fenced = j.part, time.Time{}
+		a.part = j.part
 	}
 	// The pacer's live answer (ReadyIn changes nothing), not one remembered
 	// from a refusal: a pause resumed, a floor lowered or a recovery learned
@@ -642,15 +632,12 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 				defers = append(defers, deferral{job: j, reason: why})
 			}
 			if cur != a.part && a.inflight == 0 {
-				a.part, a.fenced = cur, time.Time{}
+				a.part = cur
 			}
 			s.forgetLocked(a, now)
 			continue
 		}
-		if since, ok := s.since[a.part]; ok && !a.fenced.Equal(since) {
-			s.fenceLocked(now, a.part, a.name)
-			a.fenced = since
-		}
+		s.takeOvers.Fence(now, a.part, a.name)
 		pm, err := s.pacer.Acquire(now, a.name, s.o.reserve)
 		if err == nil {
 			j := s.popLocked(a)
