@@ -600,13 +600,7 @@ func (s *scheduler) wakeLocked(a *authQ, now time.Time) {
 func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// Timers that are due put their authority back on the ring.
-	for len(s.timers) > 0 && !s.timers[0].at.After(now) {
-		w := heap.Pop(&s.timers).(wakeAt)
-		a := w.a
-		s.wakeLocked(a, now) // nothing if a later refusal armed it again
-		s.forgetLocked(a, now)
-	}
+	s.wakeDueLocked(now)
 	// An authority granted a slot goes to the back of the ring, so every
 	// authority's head gets a turn before any gets two; a refused one leaves
 	// the ring. Each turn grants a slot or removes an authority: it ends.
@@ -615,76 +609,110 @@ func (s *scheduler) next(now time.Time) (grants []grant, defers []deferral, wake
 		s.ready[0] = nil
 		s.ready = s.ready[1:]
 		a.inReady = false
-		head := s.peekLocked(a)
-		if head == nil {
+		if s.peekLocked(a) == nil {
 			continue
 		}
-		cur := s.partitionOf(a.name)
-		if h, why := decideHold(holdFacts{gone: !s.ownsLocked(a.part), regrouped: cur != a.part}); h == holdDefer {
-			// The partition's lease is gone or being given back: another
-			// pod serves these jobs now, and gets them at once. Or a
-			// policy change moved the authority into or out of a politeness
-			// group: its jobs are handed back, and the intake moves each
-			// into the partition of its new pace.
-			for a.n > 0 {
-				j := s.popLocked(a)
-				s.dropLocked(j)
-				defers = append(defers, deferral{job: j, reason: why})
-			}
-			if cur != a.part && a.inflight == 0 {
-				a.part = cur
-			}
-			s.forgetLocked(a, now)
+		if ds, left := s.leaveLocked(now, a); left {
+			defers = append(defers, ds...)
 			continue
 		}
 		s.takeOvers.Fence(now, a.part, a.name)
 		pm, err := s.pacer.Acquire(now, a.name, s.o.reserve)
-		if err == nil {
-			j := s.popLocked(a)
-			s.setStateLocked(j, stateWaiting)
-			a.inflight++
-			a.granted = now
-			a.maxSeen = max(a.maxSeen, a.inflight)
-			s.busy++
-			s.busyPart[a.part]++
-			grants = append(grants, grant{job: j, permit: pm})
-			if a.n > 0 {
-				a.inReady = true
-				s.ready = append(s.ready, a)
-			}
+		if err != nil {
+			defers = append(defers, s.refusedLocked(now, a, err)...)
 			continue
 		}
-		var re *pacer.RefusedError
-		if !errors.As(err, &re) {
-			// A pacer that fails otherwise is a bug; retry later rather than spin.
-			re = &pacer.RefusedError{Authority: a.name, Reason: pacer.ReasonSpacing, Wait: s.o.inflightRe}
-		}
-		h, why := decideHold(holdFacts{wait: re.Wait, release: re.Reason == pacer.ReasonInFlight, reason: reasonOf(re.Reason),
-			holdMax: s.o.holdMax, overHorizon: s.o.overHorizon})
-		switch h {
-		case holdRelease:
-			// A completion of one of this authority's requests wakes it;
-			// the timer is a fallback for permits held elsewhere.
-			a.waitRelease = true
-			s.armLocked(a, now.Add(max(re.Wait, s.o.inflightRe)))
-		case holdTimer, holdQueue:
-			s.armLocked(a, now.Add(re.Wait))
-		default:
-			// The authority cannot take a request within HoldMax: every job
-			// queued for it goes back to the stream, spread by the calendar.
-			for a.n > 0 {
-				j := s.popLocked(a)
-				s.dropLocked(j)
-				defers = append(defers, deferral{job: j, delay: s.deferDelayLocked(now, a, re.Wait, re.Interval), reason: why})
-			}
-			s.forgetLocked(a, now)
-		}
+		grants = append(grants, s.grantLocked(now, a, pm))
 	}
 	if len(s.timers) > 0 {
 		wake = s.timers[0].at
 	}
 	s.notifyLocked()
 	return grants, defers, wake
+}
+
+// wakeDueLocked puts the authorities whose timers are due back on the ring.
+func (s *scheduler) wakeDueLocked(now time.Time) {
+	for len(s.timers) > 0 && !s.timers[0].at.After(now) {
+		w := heap.Pop(&s.timers).(wakeAt)
+		a := w.a
+		s.wakeLocked(a, now) // nothing if a later refusal armed it again
+		s.forgetLocked(a, now)
+	}
+}
+
+// leaveLocked hands back every queued job of a when its jobs are no longer
+// served here (decideHold): the partition's lease is gone or being given
+// back, so another pod serves these jobs now and gets them at once; or a
+// policy change moved the authority into or out of a politeness group, so
+// the intake moves each into the partition of its new pace.
+func (s *scheduler) leaveLocked(now time.Time, a *authQ) ([]deferral, bool) {
+	cur := s.partitionOf(a.name)
+	h, why := decideHold(holdFacts{gone: !s.ownsLocked(a.part), regrouped: cur != a.part})
+	if h != holdDefer {
+		return nil, false
+	}
+	var defers []deferral
+	for a.n > 0 {
+		j := s.popLocked(a)
+		s.dropLocked(j)
+		defers = append(defers, deferral{job: j, reason: why})
+	}
+	if cur != a.part && a.inflight == 0 {
+		a.part = cur
+	}
+	s.forgetLocked(a, now)
+	return defers, true
+}
+
+// grantLocked gives a's head job the pacer's permit pm and puts a back at
+// the end of the ring if more of its jobs wait.
+func (s *scheduler) grantLocked(now time.Time, a *authQ, pm pacer.Permit) grant {
+	j := s.popLocked(a)
+	s.setStateLocked(j, stateWaiting)
+	a.inflight++
+	a.granted = now
+	a.maxSeen = max(a.maxSeen, a.inflight)
+	s.busy++
+	s.busyPart[a.part]++
+	if a.n > 0 {
+		a.inReady = true
+		s.ready = append(s.ready, a)
+	}
+	return grant{job: j, permit: pm}
+}
+
+// refusedLocked decides (decideHold) what a refusal of a's head means: wait
+// for a release or a timer in memory, or, when a cannot take a request
+// within HoldMax, send every queued job of a back to the stream, spread by
+// the calendar.
+func (s *scheduler) refusedLocked(now time.Time, a *authQ, err error) []deferral {
+	var re *pacer.RefusedError
+	if !errors.As(err, &re) {
+		// A pacer that fails otherwise is a bug; retry later rather than spin.
+		re = &pacer.RefusedError{Authority: a.name, Reason: pacer.ReasonSpacing, Wait: s.o.inflightRe}
+	}
+	h, why := decideHold(holdFacts{wait: re.Wait, release: re.Reason == pacer.ReasonInFlight, reason: reasonOf(re.Reason),
+		holdMax: s.o.holdMax, overHorizon: s.o.overHorizon})
+	switch h {
+	case holdRelease:
+		// A completion of one of this authority's requests wakes it;
+		// the timer is a fallback for permits held elsewhere.
+		a.waitRelease = true
+		s.armLocked(a, now.Add(max(re.Wait, s.o.inflightRe)))
+	case holdTimer, holdQueue:
+		s.armLocked(a, now.Add(re.Wait))
+	default:
+		var defers []deferral
+		for a.n > 0 {
+			j := s.popLocked(a)
+			s.dropLocked(j)
+			defers = append(defers, deferral{job: j, delay: s.deferDelayLocked(now, a, re.Wait, re.Interval), reason: why})
+		}
+		s.forgetLocked(a, now)
+		return defers
+	}
+	return nil
 }
 
 func (s *scheduler) armLocked(a *authQ, at time.Time) {

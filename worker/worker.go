@@ -245,70 +245,92 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("worker: Run called twice")
 	}
 	defer w.state.Store(int32(stateStopped))
-	startErr := func(err error) error {
+	if err := w.open(ctx); err != nil {
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			return nil // the stop asked for, not a failure
 		}
 		return err
 	}
-	kv, err := w.d.JS.KeyValue(ctx, jobs.AttemptsBucket)
-	if err != nil {
-		return startErr(fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err))
-	}
-	w.settler.kv = kv
 	// Fetches outlive ctx by the grace period: the drain cuts them (at the
 	// grace's end or a second signal), and no later.
 	fctx, cancelFetch := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelFetch()
+	if w.o.Partitions > 0 {
+		w.parts.begin(ctx, fctx)
+		w.setPulling() // ready: partitions come and go with the leases
+	}
+	var handedBefore int64
+	_ = w.actors(fctx, cancelFetch, &handedBefore).Run(ctx) // every part returns nil
+	w.flushAcks()
+	w.log.Info().Int64("handed_back", w.settler.handedBack.Load()-handedBefore).Msg("worker stopped")
+	return nil
+}
 
-	// The worker's own stop, its part of the process's work stage
-	// (pipeline.StageWork), in the order of these stages:
-	//
-	//	stage   parts                                told when          waits for before returning
-	//	intake  intake (partitioned: parking and     ctx ends           nothing: no job is pulled or granted from here
-	//	        lanes; partition intakes are the
-	//	        lease manager's), dispatch loop
-	//	drain   the stop's grace                     intake returned    the partitions' intakes; queued jobs handed back;
-	//	                                                                fetches up to ShutdownGrace (its end or StopNow
-	//	                                                                cancels fctx); parks and lanes settled
-	//	upkeep  heartbeats, target probe,            drain returned     nothing: in-progress acks go out until every held
-	//	        stored-objects log                                      job is settled
+// open gets what Run needs before any of its parts starts: the attempts
+// bucket and, partitioned, the parking lot's and the lanes' streams.
+func (w *Worker) open(ctx context.Context) error {
+	kv, err := w.d.JS.KeyValue(ctx, jobs.AttemptsBucket)
+	if err != nil {
+		return fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err)
+	}
+	w.settler.kv = kv
+	if w.o.Partitions == 0 {
+		return nil
+	}
+	if err := w.parking.open(ctx); err != nil {
+		return err
+	}
+	return w.lanes.open(ctx)
+}
+
+// actors returns the worker's long-running parts in the order of its stop,
+// its part of the process's work stage (pipeline.StageWork):
+//
+//	stage   parts                                told when          waits for before returning
+//	intake  intake (partitioned: parking and     ctx ends           nothing: no job is pulled or granted from here
+//	        lanes; partition intakes are the
+//	        lease manager's), dispatch loop
+//	drain   the stop's grace                     intake returned    the partitions' intakes; queued jobs handed back;
+//	                                                                fetches up to ShutdownGrace (its end or StopNow
+//	                                                                cancels fctx); parks and lanes settled
+//	upkeep  heartbeats, target probe,            drain returned     nothing: in-progress acks go out until every held
+//	        stored-objects log                                      job is settled
+//
+// The drain stores in handedBefore how many jobs had been handed back
+// before it began, for Run's last log line.
+func (w *Worker) actors(fctx context.Context, cancelFetch context.CancelFunc, handedBefore *int64) *lifecycle.Group {
 	g := lifecycle.New(w.log, stageIntake, "intake", "drain", "upkeep")
 	loop := func(f func(context.Context)) func(context.Context) error {
 		return func(ctx context.Context) error { f(ctx); return nil }
 	}
 	if w.o.Partitions > 0 {
-		if err := w.parking.open(ctx); err != nil {
-			return startErr(err)
-		}
-		if err := w.lanes.open(ctx); err != nil {
-			return startErr(err)
-		}
-		w.parts.begin(ctx, fctx)
-		w.setPulling() // ready: partitions come and go with the leases
 		g.Add(stageIntake, "parking", loop(w.parking.run))
 		g.Add(stageIntake, "lanes", loop(w.lanes.run))
 	} else {
 		g.Add(stageIntake, "intake", loop(func(ctx context.Context) { w.intakeLoop(ctx, w.d.Consumer, 0) }))
 	}
 	g.Add(stageIntake, "dispatch", loop(func(ctx context.Context) { w.dispatchLoop(ctx, fctx) }))
-	var handedBefore int64
 	g.Add(stageDrain, "drain", func(ctx context.Context) error {
 		<-ctx.Done()
-		handedBefore = w.drain(cancelFetch)
+		*handedBefore = w.drain(cancelFetch)
 		return nil
 	})
 	g.Add(stageUpkeep, "heartbeats", loop(w.heartbeatLoop))
 	g.Add(stageUpkeep, "target probe", loop(w.health.probeLoop))
 	g.Add(stageUpkeep, "stored log", loop(w.settler.stored.run))
-	_ = g.Run(ctx) // every part returns nil
-	if nc := w.d.JS.Conn(); nc != nil {
-		if err := nc.FlushTimeout(5 * time.Second); err != nil {
-			w.log.Warn().Err(err).Msg("flush acks at shutdown")
-		}
+	return g
+}
+
+// flushAcks waits (up to 5 s) until the acks and NAKs of the stop are on
+// the server: the connection may close right after Run returns.
+func (w *Worker) flushAcks() {
+	nc := w.d.JS.Conn()
+	if nc == nil {
+		return
 	}
-	w.log.Info().Int64("handed_back", w.settler.handedBack.Load()-handedBefore).Msg("worker stopped")
-	return nil
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		w.log.Warn().Err(err).Msg("flush acks at shutdown")
+	}
 }
 
 // The stages of a worker's stop (Run).
