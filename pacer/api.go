@@ -166,7 +166,9 @@ type State struct {
 	// (Limits.Bandwidth; 0: none), which package bandwidth enforces.
 	Bandwidth int64 `json:"bandwidth,omitempty"`
 	// FirstStep and Decay are the convergence settings in force
-	// (Limits.FirstStep and Limits.Decay, or the defaults); Pace is the
+	// (Limits.FirstStep and Limits.Decay, or the defaults: FirstStep is
+	// then the step from the learned pace once there is one, as a
+	// refusal without a cooldown would take it); Pace is the
 	// spacing learned from the origin's admissions, zero when none (ADR
 	// 0029).
 	FirstStep Duration `json:"first_step,omitempty"`

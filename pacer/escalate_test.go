@@ -201,3 +201,72 @@ func equalDurations(a, b []time.Duration) bool {
 	}
 	return true
 }
+
+// Once a pace is learned, an escalation steps from it (twice the pace, and
+// what the bucket needs to drain after the Retry-After), not from the
+// contract's 2 s first step, which is the step from an interval nothing is
+// known about (ADR 0029, the sixth look); an operator's first_step still
+// wins. A pace refused again before the answers can read anything (the
+// origin's limit dropped) doubles with the interval at each refusal.
+func TestEscalationStepsFromTheLearnedPace(t *testing.T) {
+	tests := []struct {
+		name      string
+		firstStep time.Duration // Limits.FirstStep; 0: the default
+		// want is the interval after the second refusal; 0: the step
+		// from the pace.
+		want time.Duration
+	}{
+		{"the default: twice the pace", 0, 0},
+		{"an operator's first step wins", 1500 * time.Millisecond, 1500 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := pacer.New(&pacer.Options{
+				Policy:     &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 1, FirstStep: tt.firstStep}},
+				Rand:       fixedRand(0),
+				StartGuard: -1,
+			})
+			now := t0
+			answer := func(r pacer.Response) {
+				pm := mustGrant(t, p, now, time.Hour)
+				now = pm.Start.Add(10 * time.Millisecond) // the answer's latency
+				if v := p.Done(now, pm, r); !v.Until.IsZero() {
+					now = v.Until
+				}
+			}
+			// A blast of six (the bucket's depth), its refusal, the
+			// ramp and its refusal: the second reads a pace.
+			for i := 0; i < 6; i++ {
+				answer(resp(200))
+			}
+			answer(resp(429, "Retry-After", "1"))
+			for i := 0; i < 20; i++ {
+				answer(resp(200))
+			}
+			answer(resp(429, "Retry-After", "1"))
+			st := state(t, p, now)
+			if st.Pace == 0 {
+				t.Fatalf("no pace learned: %+v", st)
+			}
+			if tt.want != 0 && st.Interval != tt.want {
+				t.Fatalf("interval %s after the second refusal, want the operator's %s", st.Interval, tt.want)
+			}
+			// The step from the pace: at least twice it, at most the
+			// step without a cooldown that State shows (a Retry-After
+			// drains part of the bucket), under the contract's 2 s.
+			if tt.want == 0 && (st.Interval < 2*time.Duration(st.Pace) || st.Interval > time.Duration(st.FirstStep) || st.FirstStep >= pacer.Duration(pacer.FirstStep)) {
+				t.Fatalf("interval %s after the second refusal, pace %s, first step shown %s: want from twice the pace to the first step, under %s",
+					st.Interval, st.Pace, st.FirstStep, pacer.FirstStep)
+			}
+			// The probe refused: nothing read since, the pace is stale.
+			answer(resp(429, "Retry-After", "1"))
+			st2 := state(t, p, now)
+			if st2.Interval != min(2*st.Interval, pacer.MaxInterval) {
+				t.Fatalf("interval %s after a refused probe, want twice %s", st2.Interval, st.Interval)
+			}
+			if tt.firstStep == 0 && st2.Pace != 2*st.Pace {
+				t.Fatalf("pace %s after a refused probe, want twice %s", st2.Pace, st.Pace)
+			}
+		})
+	}
+}

@@ -420,13 +420,35 @@ func (e *entry) tuneLocked(l Limits) {
 	e.decaySteps = int32(min(max(l.Decay, 0), MaxDecay))
 }
 
-// firstStepFor is e's first escalation step: the policy's, else the
-// contract's FirstStep (scaled).
-func (p *Pacer) firstStepFor(e *entry) int64 {
+// firstStepFor is e's first escalation step, the least interval an
+// escalation followed by a cooldown of cool sets: the policy's, where an
+// operator gave one; else, once a pace is learned from the origin's
+// admissions, twice that pace, and at least what the bucket needs to drain
+// after cool (its depth and the probe, at the pace), at most the
+// contract's FirstStep; else the FirstStep (scaled). The 2 s step exists
+// because twice a small interval says nothing: it is the step from an
+// interval nothing has been learned about. Once the origin has shown its
+// rate, lifted to 2 s it left a 10 r/s origin idle for a Retry-After and 2
+// s more after each refusal (3.4 s of its capacity). The drain keeps the
+// reading true: its upper bound counts from an instant the bucket was
+// empty (reading.go), which a Retry-After of 2 s alone does not give a
+// bucket of depth 6 at 2 r/s (ADR 0029, "The sixth look").
+func (p *Pacer) firstStepFor(e *entry, cool int64) int64 {
 	if e.firstStep > 0 {
 		return e.firstStep
 	}
-	return p.firstStep
+	if e.pace <= 0 {
+		return p.firstStep
+	}
+	step := 2 * e.pace
+	if e.rd != nil && e.rd.burst > 0 {
+		drain := int64(e.rd.burst+1) * e.pace
+		if e.rd.lo > 0 {
+			drain = max(drain, int64(float64(e.rd.burst+1)*1e9/float64(e.rd.lo)))
+		}
+		step = max(step, drain-cool)
+	}
+	return min(step, p.firstStep)
 }
 
 // decayedInterval is e.interval after the quiet windows elapsed by now,
@@ -986,7 +1008,11 @@ func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool,
 		if probe {
 			e.ceiling = min(2*e.ceiling, p.maxPause)
 		}
-		p.escalateLocked(e, auth, n, started, fb.Status, fb.Reason(), fx)
+		cool := int64(fb.Hint())
+		if fb.Status == 429 && !(fb.RetryAfterValid && fb.RetryAfter > 0) {
+			cool = max(cool, p.fallbackMin)
+		}
+		p.escalateLocked(e, auth, n, started, cool, fb.Status, fb.Reason(), fx)
 	}
 	// The pause: a positive Retry-After wins, else the longest exhausted
 	// reset; a 429 without a positive Retry-After waits at least the fallback.
@@ -1031,7 +1057,7 @@ func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool,
 // comes back to quickly, and below which it only creeps. It neither starts
 // nor extends a cooldown: a signal that wants none (a limiter's 503) may
 // call it alone. The entry's lock must be held.
-func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status int, reason string, fx *facts) bool {
+func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, status int, reason string, fx *facts) bool {
 	if started != 0 && started < e.escAt {
 		return false
 	}
@@ -1077,9 +1103,17 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, status i
 			e.rd.capIv, e.rd.up = 0, 0
 		}
 	}
+	iv := min(max(2*e.interval, p.firstStepFor(e, cool), e.floor), top)
+	if e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
+		// Refused again before the answers since the last escalation
+		// could read anything: the pace they came back to is too fast
+		// (the origin's limit dropped). It doubles with the interval,
+		// so that a stale pace still backs off ×2 per refusal and the
+		// answers do not bring the interval straight back to it.
+		e.pace = min(2*e.pace, top)
+	}
 	e.rd.n, e.rd.dropped = 0, false
 	e.escAt, e.answered = n, 0
-	iv := min(max(2*e.interval, p.firstStepFor(e), e.floor), top)
 	if iv != e.interval {
 		e.interval, e.pubIv = iv, iv
 		fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: status,
@@ -1376,7 +1410,7 @@ func (p *Pacer) stateLocked(auth string, e *entry, n int64) State {
 		LastThrottle: unixOrZero(e.lastThrot),
 		PolicySource: p.policy.Load().Limits(auth).Source,
 		Bandwidth:    p.policy.Load().Limits(auth).Bandwidth,
-		FirstStep:    Duration(p.firstStepFor(e)),
+		FirstStep:    Duration(p.firstStepFor(e, 0)),
 		Decay:        int(e.decaySteps),
 		Pace:         Duration(e.pace),
 	}

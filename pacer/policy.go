@@ -39,8 +39,10 @@ type Limits struct {
 	// /debug/pacer (package policy fills it: "kv:default", "file", ...);
 	// ParsePolicy leaves it empty. The pacer does not read it otherwise.
 	Source string
-	// FirstStep is the first escalation step above a small interval
-	// (0: the contract's FirstStep, scaled by Options.Scale); Decay is how
+	// FirstStep is the first escalation step above a small interval,
+	// at every escalation (0: the contract's FirstStep, scaled by
+	// Options.Scale, until a pace is learned; then twice the pace and
+	// what the bucket needs to drain, at most FirstStep); Decay is how
 	// many answers halve the interval once it is at the pace learned from
 	// the origin (0: DefaultDecay). ADR 0029.
 	FirstStep time.Duration
