@@ -42,6 +42,13 @@ type faultRig struct {
 const (
 	rigFloor = 300 * time.Millisecond
 	rigTTL   = 2 * time.Second
+	// rigPerAuth jobs an authority: the RateLimit authority's 5th answer
+	// says wait, the fault strikes in that wait, and 3 jobs are left for
+	// after it; the 429 and 503 authorities have one cooldown each (the
+	// 6th request) and its probe. 10 left 2 jobs more each after the
+	// waits, at the slower pace a wait leaves behind, which no check
+	// needs: 7 s of the NATS restart's drain.
+	rigPerAuth = 8
 )
 
 func newFaultRig(t *testing.T, natsURL string, perAuth int) *faultRig {
@@ -180,7 +187,7 @@ func TestProcessClusterNATSRestart(t *testing.T) {
 		t.Skip("starts nats-server and worker processes")
 	}
 	srv := startNATSProcess(t)
-	r := newFaultRig(t, srv.url, 10)
+	r := newFaultRig(t, srv.url, rigPerAuth)
 	for range 3 {
 		r.startPod(t)
 	}
@@ -208,7 +215,7 @@ func TestProcessClusterRollingRestart(t *testing.T) {
 		t.Skip("starts worker processes")
 	}
 	natsURL := externalNATS(t)
-	r := newFaultRig(t, natsURL, 10)
+	r := newFaultRig(t, natsURL, rigPerAuth)
 	for range 3 {
 		r.startPod(t)
 	}
