@@ -68,7 +68,7 @@ func (r *faultRig) startPod(t *testing.T) *workerProcess {
 	dep := filepath.Join(t.TempDir(), fmt.Sprintf("departures-%d", len(r.departures)))
 	r.departures = append(r.departures, dep)
 	t.Setenv(departlog.Env, dep)
-	p := startWorkerProcess(t, workerArgs(r.natsURL, t.TempDir(),
+	p := startWorkerProcessEnv(t, podsShareMirror, workerArgs(r.natsURL, t.TempDir(),
 		"--target", r.root, "--floor", rigFloor.String(), "--concurrency", "8", "--max-in-flight", "2",
 		"--lease-ttl", rigTTL.String(), "--ack-wait", "10s", "--log-level", "info")...)
 	r.pods = append(r.pods, p)

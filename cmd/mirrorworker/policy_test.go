@@ -119,7 +119,8 @@ func TestProcessPolicyChangesReachEveryPod(t *testing.T) {
 		return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", slow.String(),
 			"--max-in-flight", "2", "--lease-ttl", "2s", "--ack-wait", "5s", "--log-level", "info")
 	}
-	pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+	pods := []*workerProcess{startWorkerProcessEnv(t, podsShareMirror, args()...), startWorkerProcessEnv(t, podsShareMirror, args()...),
+		startWorkerProcessEnv(t, podsShareMirror, args()...)}
 	for _, p := range pods {
 		if !strings.Contains(p.log.String(), `"policy loaded from `+policy.Bucket+`"`) {
 			t.Fatalf("pod started without logging its policy load:\n%s", p.log)
