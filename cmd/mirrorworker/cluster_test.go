@@ -305,9 +305,15 @@ func TestProcessClusterKeepsOnePace(t *testing.T) {
 	}
 	for _, kill := range []bool{false, true} {
 		t.Run(map[bool]string{false: "three pods", true: "kill one, start one"}[kill], func(t *testing.T) {
+			// 8 jobs an authority: the throttling ones tell the 6th
+			// request to wait (every 6th), so each has one cooldown, its
+			// probe and two requests after it at the pace the wait left.
+			// 12 gave the 429 and 503 authorities a second cooldown, which
+			// checks nothing the first does not, and more jobs at the
+			// slower pace a wait leaves behind: 7 s of each run's drain.
 			const (
 				partitions = jobs.DefaultPartitions
-				perAuth    = 12
+				perAuth    = 8
 				floor      = 300 * time.Millisecond
 			)
 			natsURL := externalNATS(t)
@@ -377,9 +383,12 @@ func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
+	// 3 jobs an authority: the cdn takes all 27 requests (its 3 and the
+	// 24 redirects) at its floor, 8.1 s; 5 made them 45, 13.5 s, handed
+	// over the same way.
 	const (
 		partitions = jobs.DefaultPartitions
-		perAuth    = 5
+		perAuth    = 3
 		floor      = 300 * time.Millisecond
 	)
 	natsURL := externalNATS(t)
@@ -395,7 +404,7 @@ func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
 		return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", floor.String(),
 			"--max-in-flight", "2", "--lease-ttl", "2s", "--ack-wait", "5s", "--log-level", "info")
 	}
-	deps := &departureLogs{dir: t.TempDir()}
+	deps := &departureLogs{dir: t.TempDir(), env: podsShareMirror}
 	pods := []*workerProcess{deps.start(t, args()...), deps.start(t, args()...), deps.start(t, args()...)}
 	waitQueueEmpty(t, natsURL, root, len(urls), 120*time.Second, multiLog(pods))
 	// Which redirects crossed pods, by the leases at the end (they can
@@ -434,16 +443,25 @@ func TestProcessClusterHandsRedirectsToTheCDNsPod(t *testing.T) {
 // departureLogs starts worker processes that each log the instant their
 // pacer confirmed every request's start (departlog.Log), for
 // readDepartures; the order of files is the order of the pods started.
+// env is more of the pods' environment (podsShareMirror).
 type departureLogs struct {
 	dir   string
 	files []string
+	env   []string
 }
+
+// podsShareMirror is the environment of pods that share one mirror, for a
+// test in which their start is no part of what it checks: each pod after
+// the first gives up the target's sha256 index another pod holds at once
+// instead of after sumindex.DefaultLockWait (2 s), and runs without it, as
+// it would after the wait.
+var podsShareMirror = []string{indexLockWaitEnv + "=50ms"}
 
 func (d *departureLogs) start(t *testing.T, args ...string) *workerProcess {
 	t.Helper()
 	f := filepath.Join(d.dir, fmt.Sprintf("departures-%d", len(d.files)))
 	d.files = append(d.files, f)
-	return startWorkerProcessEnv(t, []string{departlog.Env + "=" + f}, args...)
+	return startWorkerProcessEnv(t, append([]string{departlog.Env + "=" + f}, d.env...), args...)
 }
 
 // waitQueueEmpty waits until n files are in the mirror and nothing is left

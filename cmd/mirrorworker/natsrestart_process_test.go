@@ -42,6 +42,13 @@ type faultRig struct {
 const (
 	rigFloor = 300 * time.Millisecond
 	rigTTL   = 2 * time.Second
+	// rigPerAuth jobs an authority: the RateLimit authority's 5th answer
+	// says wait, the fault strikes in that wait, and 3 jobs are left for
+	// after it; the 429 and 503 authorities have one cooldown each (the
+	// 6th request) and its probe. 10 left 2 jobs more each after the
+	// waits, at the slower pace a wait leaves behind, which no check
+	// needs: 7 s of the NATS restart's drain.
+	rigPerAuth = 8
 )
 
 func newFaultRig(t *testing.T, natsURL string, perAuth int) *faultRig {
@@ -61,7 +68,7 @@ func (r *faultRig) startPod(t *testing.T) *workerProcess {
 	dep := filepath.Join(t.TempDir(), fmt.Sprintf("departures-%d", len(r.departures)))
 	r.departures = append(r.departures, dep)
 	t.Setenv(departlog.Env, dep)
-	p := startWorkerProcess(t, workerArgs(r.natsURL, t.TempDir(),
+	p := startWorkerProcessEnv(t, podsShareMirror, workerArgs(r.natsURL, t.TempDir(),
 		"--target", r.root, "--floor", rigFloor.String(), "--concurrency", "8", "--max-in-flight", "2",
 		"--lease-ttl", rigTTL.String(), "--ack-wait", "10s", "--log-level", "info")...)
 	r.pods = append(r.pods, p)
@@ -180,7 +187,7 @@ func TestProcessClusterNATSRestart(t *testing.T) {
 		t.Skip("starts nats-server and worker processes")
 	}
 	srv := startNATSProcess(t)
-	r := newFaultRig(t, srv.url, 10)
+	r := newFaultRig(t, srv.url, rigPerAuth)
 	for range 3 {
 		r.startPod(t)
 	}
@@ -208,7 +215,7 @@ func TestProcessClusterRollingRestart(t *testing.T) {
 		t.Skip("starts worker processes")
 	}
 	natsURL := externalNATS(t)
-	r := newFaultRig(t, natsURL, 10)
+	r := newFaultRig(t, natsURL, rigPerAuth)
 	for range 3 {
 		r.startPod(t)
 	}

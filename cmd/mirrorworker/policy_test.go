@@ -86,19 +86,21 @@ func policyMust(t *testing.T, natsURL string) func(args ...string) string {
 // TestProcessPolicyChangesReachEveryPod is issue 28's first test: three
 // `mirrorworker run` processes on one NATS, one origin at floor 1 s (the
 // --floor flag); mid-run `mirrorworker policy set` lowers the floor to
-// 300 ms, then raises it to 2 s. As the origin times them: the gaps follow
+// 300 ms, then raises it to 1.5 s. As the origin times them: the gaps follow
 // each change within 1 s (many more arrivals than floor 1 s allows once
-// lowered; none closer than 2 s once raised) and no gap is ever below the
+// lowered; none closer than 1.5 s once raised) and no gap is ever below the
 // floor in force (during the 1 s after a change, the lower of the two).
 func TestProcessPolicyChangesReachEveryPod(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
 	const (
-		jobsN  = 80
-		slow   = time.Second
-		fast   = 300 * time.Millisecond
-		slower = 2 * time.Second
+		jobsN = 80
+		slow  = time.Second
+		fast  = 300 * time.Millisecond
+		// Above both earlier floors, so that its gaps are its own; 2 s
+		// showed the same and took 2 s more for the 4 arrivals below.
+		slower = 1500 * time.Millisecond
 		reach  = time.Second // a change reaches every pod within this
 	)
 	natsURL := externalNATS(t)
@@ -117,7 +119,8 @@ func TestProcessPolicyChangesReachEveryPod(t *testing.T) {
 		return workerArgs(natsURL, t.TempDir(), "--target", root, "--floor", slow.String(),
 			"--max-in-flight", "2", "--lease-ttl", "2s", "--ack-wait", "5s", "--log-level", "info")
 	}
-	pods := []*workerProcess{startWorkerProcess(t, args()...), startWorkerProcess(t, args()...), startWorkerProcess(t, args()...)}
+	pods := []*workerProcess{startWorkerProcessEnv(t, podsShareMirror, args()...), startWorkerProcessEnv(t, podsShareMirror, args()...),
+		startWorkerProcessEnv(t, podsShareMirror, args()...)}
 	for _, p := range pods {
 		if !strings.Contains(p.log.String(), `"policy loaded from `+policy.Bucket+`"`) {
 			t.Fatalf("pod started without logging its policy load:\n%s", p.log)
@@ -148,7 +151,7 @@ func TestProcessPolicyChangesReachEveryPod(t *testing.T) {
 			t.Logf("status: %v", err)
 		}
 		status = o.String()
-		return strings.Contains(status, "2s (kv)")
+		return strings.Contains(status, slower.String()+" (kv)")
 	})
 	for _, p := range pods {
 		if _, err := p.signalAndWait(t, syscall.SIGTERM, 30*time.Second); err != nil {
@@ -218,8 +221,8 @@ func TestProcessPolicyChangesReachEveryPod(t *testing.T) {
 		t.Errorf("policy set printed %q, want the new revision", out)
 	}
 	shown, err := runPolicy(t, natsURL, "show", "--authority", auth)
-	if err != nil || !strings.Contains(shown, "2s") || !strings.Contains(shown, "test: raise") {
-		t.Errorf("policy show = %q, %v; want floor 2s and the reason", shown, err)
+	if err != nil || !strings.Contains(shown, slower.String()) || !strings.Contains(shown, "test: raise") {
+		t.Errorf("policy show = %q, %v; want floor %s and the reason", shown, err, slower)
 	}
 }
 

@@ -196,7 +196,7 @@ func runWorker(ctx context.Context, c *runConfig, log zerolog.Logger) error {
 		return err
 	}
 	defer lock.Release() // after the embedded server is down (defers run last in, first out)
-	stored, closeIndex, err := indexTarget(target, log)
+	stored, closeIndex, err := indexTarget(target, hooks.indexLockWait, log)
 	if err != nil {
 		return err
 	}

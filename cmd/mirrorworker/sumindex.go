@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -20,15 +21,16 @@ import (
 // directory, a bucket's its objects under .mirrorworker/by-sha256/. close
 // releases the file. A file target whose index another process holds (a
 // second pod on the volume) is returned as it is, with a warning: its jobs
-// are all fetched, as before the index.
-func indexTarget(target storeTarget, log zerolog.Logger) (_ worker.Target, close func(), _ error) {
+// are all fetched, as before the index. lockWait is how long to wait for
+// that process first (sumindex.DefaultLockWait if 0).
+func indexTarget(target storeTarget, lockWait time.Duration, log zerolog.Logger) (_ worker.Target, close func(), _ error) {
 	store, ok := target.(sumindex.Store)
 	if !ok {
 		return target, func() {}, nil
 	}
 	switch t := target.(type) {
 	case *mirror.FileTarget:
-		idx, err := sumindex.OpenBolt(sumindex.BoltPath(t.Root()), 0)
+		idx, err := sumindex.OpenBolt(sumindex.BoltPath(t.Root()), lockWait)
 		if errors.Is(err, sumindex.ErrHeld) {
 			log.Warn().Str("index", sumindex.BoltPath(t.Root())).
 				Msg("the target's sha256 index is held by another process (another pod on this volume?): this pod fetches every job, copying none from other keys")

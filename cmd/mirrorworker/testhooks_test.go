@@ -22,11 +22,14 @@ func TestTestHooksReadTheGivenEnvironment(t *testing.T) {
 		env            map[string]string
 		wantDepartures string
 		wantFault      bool
+		wantLockWait   time.Duration
 	}{
 		{name: "nil getenv"},
 		{name: "empty", env: map[string]string{}},
 		{name: "departures", env: map[string]string{departlog.Env: "/tmp/deps"}, wantDepartures: "/tmp/deps"},
 		{name: "fault point", env: map[string]string{faultEnv: "parked-before-ack"}, wantFault: true},
+		{name: "index lock wait", env: map[string]string{indexLockWaitEnv: "100ms"}, wantLockWait: 100 * time.Millisecond},
+		{name: "index lock wait not a duration", env: map[string]string{indexLockWaitEnv: "soon"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var getenv func(string) string
@@ -34,8 +37,9 @@ func TestTestHooksReadTheGivenEnvironment(t *testing.T) {
 				getenv = func(k string) string { return tc.env[k] }
 			}
 			h := readTestHooks(getenv)
-			if h.departures != tc.wantDepartures || (h.fault != nil) != tc.wantFault {
-				t.Errorf("hooks: departures %q, fault set %v; want %q, %v", h.departures, h.fault != nil, tc.wantDepartures, tc.wantFault)
+			if h.departures != tc.wantDepartures || (h.fault != nil) != tc.wantFault || h.indexLockWait != tc.wantLockWait {
+				t.Errorf("hooks: departures %q, fault set %v, index lock wait %s; want %q, %v, %s",
+					h.departures, h.fault != nil, h.indexLockWait, tc.wantDepartures, tc.wantFault, tc.wantLockWait)
 			}
 		})
 	}
