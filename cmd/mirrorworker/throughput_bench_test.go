@@ -213,6 +213,7 @@ func (r pipelineResult) deliveriesPerJob() float64 {
 type ackWatch struct {
 	warm, measured uint64
 	onWarm         func() // called once the warm-up jobs are acked
+	onFirst        func() // called at the first ack of any job
 	// anyJob counts acks in the order they come, whatever their stream
 	// sequence: the first warm acks are the warm-up, the next measured
 	// are timed.
@@ -291,6 +292,9 @@ func (a *ackWatch) handle(m *nats.Msg) {
 	a.acked[seq] = delivered
 	if a.tFirst.IsZero() {
 		a.tFirst = now
+		if a.onFirst != nil {
+			a.onFirst()
+		}
 	}
 	a.tLast = now
 	if a.anyJob {
