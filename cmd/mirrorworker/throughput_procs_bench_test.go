@@ -216,7 +216,15 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 		}
 		publishRawBacklog(b, js, bl)
 	} else {
-		if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		// MW_BENCH_PARTITIONS: the stream's partitions (and the
+		// worker's --partitions), to weigh what each partition's
+		// consumer costs its nats-server.
+		var so *jobs.StreamOptions
+		if n, err := strconv.Atoi(os.Getenv("MW_BENCH_PARTITIONS")); err == nil && n > 0 {
+			so = &jobs.StreamOptions{Partitions: n}
+			args = append([]string{"--partitions", strconv.Itoa(n)}, args...)
+		}
+		if err := jobs.EnsureStreams(ctx, js, so); err != nil {
 			b.Fatal(err)
 		}
 		publishJobs(b, js, bl.total(), bl.job)
