@@ -38,21 +38,30 @@ func (v natsVarz) sub(w natsVarz) natsVarz {
 }
 
 // readVarz reads /varz from the monitoring address mon (host:port).
-func readVarz(b testing.TB, mon string) natsVarz {
-	b.Helper()
+func readVarz(mon string) (natsVarz, error) {
 	hc := &http.Client{Timeout: 10 * time.Second}
 	resp, err := hc.Get("http://" + mon + "/varz")
 	if err != nil {
-		b.Fatalf("read varz: %v", err)
+		return natsVarz{}, fmt.Errorf("read varz: %w", err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		b.Fatalf("read varz: %v", err)
+		return natsVarz{}, fmt.Errorf("read varz: %w", err)
 	}
 	var v natsVarz
 	if err := json.Unmarshal(data, &v); err != nil {
-		b.Fatalf("read varz: %v", err)
+		return natsVarz{}, fmt.Errorf("read varz: %w", err)
+	}
+	return v, nil
+}
+
+// mustVarz is readVarz on the benchmark's goroutine.
+func mustVarz(b testing.TB, mon string) natsVarz {
+	b.Helper()
+	v, err := readVarz(mon)
+	if err != nil {
+		b.Fatal(err)
 	}
 	return v
 }
