@@ -54,7 +54,13 @@ import (
 // one pipeline alone, for -cpuprofile or strace. MW_BENCH_PROCS=1 runs
 // each side of each round as a process of its own on a nats-server process
 // of its own, with a store and mirror deleted after the round (CPU is then
-// the pipeline's and its nats-server's), as issue 40 measured it. ns/op is meaningless here: each
+// the pipeline's and its nats-server's), as issue 40 measured it; there
+// each side also logs its nats-server's /varz message counts and its CPU
+// before the first ack and per job after it, MW_BENCH_NATS_SUBJECTS=1
+// adds a count by subject class (bench_natscount_test.go; it loads the
+// server, so time nothing with it), MW_BENCH_NATS_PROFILE=dir saves a CPU
+// profile of each nats-server, and MW_BENCH_PARTITIONS=n makes the jobs
+// stream with n partitions. ns/op is meaningless here: each
 // configuration runs once per -count, whatever b.N.
 func BenchmarkThroughput(b *testing.B) {
 	for _, c := range []struct {
@@ -213,6 +219,7 @@ func (r pipelineResult) deliveriesPerJob() float64 {
 type ackWatch struct {
 	warm, measured uint64
 	onWarm         func() // called once the warm-up jobs are acked
+	onFirst        func() // called at the first ack of any job
 	// anyJob counts acks in the order they come, whatever their stream
 	// sequence: the first warm acks are the warm-up, the next measured
 	// are timed.
@@ -291,6 +298,9 @@ func (a *ackWatch) handle(m *nats.Msg) {
 	a.acked[seq] = delivered
 	if a.tFirst.IsZero() {
 		a.tFirst = now
+		if a.onFirst != nil {
+			a.onFirst()
+		}
 	}
 	a.tLast = now
 	if a.anyJob {

@@ -140,20 +140,24 @@ func (p *benchProc) cpuSplit() (user, sys time.Duration) {
 }
 
 // startBenchNATS starts a fresh nats-server process with JetStream storing
-// under dir, listening on a free loopback port.
-func startBenchNATS(b testing.TB, dir string) (*benchProc, string) {
+// under dir, listening on a free loopback port, with its monitoring
+// endpoint (/varz) at mon and its profiling one (/debug/pprof) at prof.
+func startBenchNATS(b testing.TB, dir string) (p *benchProc, url, mon, prof string) {
 	b.Helper()
-	port := testbin.FreePorts(b, 1)[0]
+	ports := testbin.FreePorts(b, 3)
+	port := ports[0]
+	mon = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	prof = fmt.Sprintf("127.0.0.1:%d", ports[2])
 	conf := filepath.Join(dir, "nats.conf")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		b.Fatal(err)
 	}
-	text := fmt.Sprintf("listen: 127.0.0.1:%d\nmax_payload: 8MB\njetstream { store_dir: %q, max_memory_store: 256MB }\n", port, filepath.Join(dir, "js"))
+	text := fmt.Sprintf("listen: 127.0.0.1:%d\nhttp: %q\nprof_port: %d\nmax_payload: 8MB\njetstream { store_dir: %q, max_memory_store: 256MB }\n", port, mon, ports[2], filepath.Join(dir, "js"))
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	p := startBenchProc(b, exec.Command(testbin.Binary(b, natsServer), "-c", conf))
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	p = startBenchProc(b, exec.Command(testbin.Binary(b, natsServer), "-c", conf))
+	url = fmt.Sprintf("nats://127.0.0.1:%d", port)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		js, closeConn, err := tryConnectJS(url)
@@ -161,7 +165,7 @@ func startBenchNATS(b testing.TB, dir string) (*benchProc, string) {
 			_, err = js.AccountInfo(context.Background())
 			closeConn()
 			if err == nil {
-				return p, url
+				return p, url, mon, prof
 			}
 		}
 		select {
@@ -188,7 +192,7 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir) // the next round meets the file system after these deletions
-	ns, url := startBenchNATS(b, filepath.Join(dir, "nats"))
+	ns, url, mon, prof := startBenchNATS(b, filepath.Join(dir, "nats"))
 	defer ns.stop(b)
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -212,7 +216,15 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 		}
 		publishRawBacklog(b, js, bl)
 	} else {
-		if err := jobs.EnsureStreams(ctx, js, nil); err != nil {
+		// MW_BENCH_PARTITIONS: the stream's partitions (and the
+		// worker's --partitions), to weigh what each partition's
+		// consumer costs its nats-server.
+		var so *jobs.StreamOptions
+		if n, err := strconv.Atoi(os.Getenv("MW_BENCH_PARTITIONS")); err == nil && n > 0 {
+			so = &jobs.StreamOptions{Partitions: n}
+			args = append([]string{"--partitions", strconv.Itoa(n)}, args...)
+		}
+		if err := jobs.EnsureStreams(ctx, js, so); err != nil {
 			b.Fatal(err)
 		}
 		publishJobs(b, js, bl.total(), bl.job)
@@ -227,7 +239,25 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 		}
 		return 0
 	}
+	// The server's CPU and counts at the first ack split its start-up
+	// (streams, consumers, buckets, leases) from the jobs' share.
+	var nsFirst atomic.Int64
+	var varzFirst atomic.Pointer[natsVarz]
+	watch.onFirst = func() {
+		// Read here, on the ack watch's callback: it delays the next
+		// acks' timestamps by a loopback GET, once, and needs no
+		// goroutine that could outlive the server.
+		nsFirst.Store(int64(ns.cpu()))
+		if v, err := readVarz(mon); err == nil { // else no split is logged
+			varzFirst.Store(&v)
+		}
+	}
 	watch.subscribe(b, nc, stream)
+	var tap *subjectTap
+	if os.Getenv(benchSubjectsEnv) != "" {
+		tap = startSubjectTap(b, nc)
+	}
+	varz0 := mustVarz(b, mon)
 
 	exe, err := os.Executable()
 	if err != nil {
@@ -254,6 +284,17 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 	}
 	p := startBenchProc(b, cmd)
 	pipe.Store(p)
+	if pdir := os.Getenv(benchNATSProfileEnv); pdir != "" {
+		secs := 5
+		if v, err := strconv.Atoi(os.Getenv(benchNATSProfileEnv + "_SECONDS")); err == nil && v > 0 {
+			secs = v
+		}
+		side := "worker"
+		if raw {
+			side = "raw"
+		}
+		defer natsProfile(b, prof, filepath.Join(pdir, fmt.Sprintf("%s-nats%d.pprof", side, ns.cmd.Process.Pid)), secs)()
+	}
 	defer func() {
 		stdin.Close()
 		p.stop(b)
@@ -262,14 +303,32 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 		}
 	}()
 	elapsed, deliveries, naks := watch.wait(b, 10*time.Minute)
+	side := "worker"
+	if raw {
+		side = "raw"
+	}
+	{
+		// What the server carried (the benchmark's own ack watch and
+		// tap included: they receive, never send).
+		end := mustVarz(b, mon)
+		v := end.sub(varz0)
+		per := func(n int64) float64 { return float64(n) / float64(bl.total()) }
+		b.Logf("  %s: nats-server in %.2f msgs %.0f B, out %.2f msgs %.0f B per job (whole run, /varz)",
+			side, per(v.InMsgs), per(v.InBytes), per(v.OutMsgs), per(v.OutBytes))
+		if f := varzFirst.Load(); f != nil {
+			s, j := f.sub(varz0), end.sub(*f)
+			first := time.Duration(nsFirst.Load())
+			b.Logf("  %s: nats-server before the first ack: %d msgs in, %d out, CPU %v; from it to the last: in %.2f msgs, out %.2f msgs, CPU %.0f µs per job (/varz, /proc)",
+				side, s.InMsgs, s.OutMsgs, first.Round(time.Millisecond), per(j.InMsgs), per(j.OutMsgs), float64((ns.cpu()-first).Microseconds())/float64(bl.total()))
+		}
+		if tap != nil {
+			logSubjectCounts(b, side, tap.stop(), bl.total())
+		}
+	}
 	{
 		// Where the CPU went, over the whole run (warm-up included).
 		pu, ps := p.cpuSplit()
 		nu, nsys := ns.cpuSplit()
-		side := "worker"
-		if raw {
-			side = "raw"
-		}
 		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(bl.total()) }
 		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run)",
 			side, per(pu), per(ps), per(nu), per(nsys))
