@@ -338,8 +338,10 @@ func readLeases(ctx context.Context, js jetstream.JetStream) (map[int]string, in
 }
 
 // describeConvergence is what status adds beside an authority's floor: the
-// first step and decay when a policy changed them, and the pace learned
-// from the origin (ADR 0029); empty when none of them is worth a word.
+// escalation's first step in force when it is not the contract's 2 s (a
+// policy set it, or a pace learned from the origin shortened it), the decay
+// when a policy changed it, and the learned pace (ADR 0029); empty when none
+// of them is worth a word.
 func describeConvergence(st pacer.State) string {
 	var s string
 	if st.FirstStep != 0 && time.Duration(st.FirstStep) != pacer.FirstStep {
