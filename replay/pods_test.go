@@ -1,7 +1,7 @@
 package replay_test
 
 import (
-	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -84,28 +84,21 @@ func TestWaitForPodsOnItsClock(t *testing.T) {
 
 // armed waits until the fake clock has a timer armed at its now plus a
 // quarter second (WaitForPods waits for its next ask), or done has a
-// result: a condition, polled, not time let pass.
+// result (returned with true).
 func armed[R any](t *testing.T, clk *clock.Fake, done chan R) (R, bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for {
+	var (
+		r   R
+		got bool
+	)
+	waitUntil(t, "WaitForPods waiting on its clock or returning", func() bool {
 		select {
-		case r := <-done:
-			return r, true
-		case <-ctx.Done():
-			var zero R
-			t.Fatal("WaitForPods neither waited on its clock nor returned")
-			return zero, false
+		case r = <-done:
+			got = true
+			return true
 		default:
 		}
-		want := clk.Now().Add(250 * time.Millisecond)
-		for _, d := range clk.Deadlines() {
-			if d.Equal(want) {
-				var zero R
-				return zero, false
-			}
-		}
-		time.Sleep(time.Millisecond) // the poll of a wait for a condition
-	}
+		return slices.Contains(clk.Deadlines(), clk.Now().Add(250*time.Millisecond))
+	})
+	return r, got
 }

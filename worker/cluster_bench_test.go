@@ -236,11 +236,7 @@ func BenchmarkPods(b *testing.B) {
 				}
 				return held == jobs.DefaultPartitions
 			}
-			for deadline := time.Now().Add(time.Minute); !balanced(); time.Sleep(5 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					b.Fatalf("the pods did not balance within a minute")
-				}
-			}
+			waitCond(b, time.Minute, "the pods balanced", balanced)
 			var js []jobs.Job
 			for i := range b.N {
 				o := origins[i%len(origins)]
