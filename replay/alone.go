@@ -114,7 +114,7 @@ type AloneOptions struct {
 	//
 	// Running reports whether a pod runs; nil means Pods returns one.
 	// Unanswered reports whether no owner has answered an ask or a report
-	// since the instant given (grant.Paced.LastAnswer).
+	// since the instant given (grant.Paced.LastAnswer), read on Clock.
 	Running    func(ctx context.Context) (bool, error)
 	Unanswered func(since time.Time) bool
 	Orphaned   func(since time.Time)
