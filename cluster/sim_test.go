@@ -398,9 +398,14 @@ func (s *simulation) inForce() (lo, hi int) {
 
 // simPod is one mirrorworker process: a lease manager and a pacer.
 type simPod struct {
-	id       string
-	m        *cluster.Manager
-	pc       *pacer.Pacer
+	id string
+	m  *cluster.Manager
+	pc *pacer.Pacer
+	// overs is the fence's owner, as in the worker's scheduler: a
+	// partition's take-over instant recorded when it is acquired and
+	// forgotten when it is released, each authority fenced from it as its
+	// start is asked for (dispatch).
+	overs    *pacer.TakeOvers
 	killed   bool
 	pausedTo time.Time
 	nextStep time.Time
@@ -443,13 +448,10 @@ type simFact struct {
 	ev pacer.Event
 }
 
+// Acquired records the take-over instant, as the worker's AddPartition
+// does; the fence is applied at each ask (dispatch), through TakeOvers.
 func (p *simPod) Acquired(_ context.Context, part int, since time.Time) error {
-	now := p.sim.clk.Now()
-	for _, a := range p.sim.order {
-		if p.partOf(a) == part {
-			p.pc.Fence(now, a, since)
-		}
-	}
+	p.overs.Add(part, since)
 	return nil
 }
 
@@ -461,6 +463,7 @@ func (p *simPod) Release(_ context.Context, part int) {
 	// orders it with the simulated world.
 	p.sim.mu.Lock()
 	defer p.sim.mu.Unlock()
+	p.overs.Remove(part) // as the worker's drainPartition
 	now := p.sim.clk.Now()
 	keep := p.inflight[:0]
 	for _, r := range p.inflight {
@@ -581,6 +584,7 @@ func (s *simulation) addPod(t *testing.T) *simPod {
 			}
 		},
 	})
+	p.overs = pacer.NewTakeOvers(p.pc)
 	p.link = &simLink{}
 	m, err := cluster.New(&linkStore{Store: s.leases, l: p.link}, &linkStore{Store: s.pods, l: p.link}, p, cluster.Options{
 		PodID: id, Partitions: s.parts, TTL: s.ttl, Clock: s.clk, Logger: zerolog.Nop(),
@@ -866,6 +870,7 @@ func (s *simulation) dispatch(p *simPod, now time.Time) {
 		if !p.m.Owns(part) {
 			continue
 		}
+		p.overs.Fence(now, part, a) // as the worker's scheduler, before each Acquire
 		pm, err := p.pc.Acquire(now, a, p.reserve)
 		if err != nil {
 			continue

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/authority"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -40,6 +41,22 @@ const LoneGrace = 10 * time.Second
 
 // DefaultPodPoll is the default of AloneOptions.Poll.
 const DefaultPodPoll = 500 * time.Millisecond
+
+// EntryRefresh is how often a running replay rewrites its entry in
+// jobs.ReplaysBucket: a fifth of jobs.ReplaysTTL, so that a live replay's
+// entry survives four missed writes, while a killed one's expires (and a
+// starting pod stops waiting for it) within the TTL.
+const EntryRefresh = 2 * time.Second
+
+// readWarnEvery spaces the warnings of a replay that cannot read the other
+// replays' entries: it asks again every poll, and one line every ten
+// seconds says enough.
+const readWarnEvery = 10 * time.Second
+
+// kvTimeout bounds one write, delete or flush to NATS. It is a context
+// deadline, wall-clock time by nature (the server does not run on the
+// replay's Clock), long beside a healthy round trip.
+const kvTimeout = 5 * time.Second
 
 // RecentStarts bounds the LastStarts a replay's entry carries: the most
 // recent ones, within RecentStartsWindow. An older start binds no pod's
@@ -97,11 +114,15 @@ type AloneOptions struct {
 	//
 	// Running reports whether a pod runs; nil means Pods returns one.
 	// Unanswered reports whether no owner has answered an ask or a report
-	// since the instant given (grant.Paced.LastAnswer).
+	// since the instant given (grant.Paced.LastAnswer), read on Clock.
 	Running    func(ctx context.Context) (bool, error)
 	Unanswered func(since time.Time) bool
 	Orphaned   func(since time.Time)
 	Logger     zerolog.Logger
+	// Clock times the polls, the entry's refreshes and its instants
+	// (Started, Updated, AloneUntil), and GoneAfter; nil means the wall
+	// clock. Starts has its own (Starts.Clock): it is the workers'.
+	Clock clock.Clock
 }
 
 // GoneAfter is how long no pod must run, and no owner answer, before a
@@ -120,10 +141,13 @@ func Alone(kv jetstream.KeyValue, o AloneOptions) *Lone {
 	if o.Poll <= 0 {
 		o.Poll = DefaultPodPoll
 	}
-	if o.Starts == nil {
-		o.Starts = &Starts{}
+	if o.Clock == nil {
+		o.Clock = clock.Real{}
 	}
-	return &Lone{&alone{kv: kv, o: o, entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: time.Now().UTC(), Alone: true}}}
+	if o.Starts == nil {
+		o.Starts = &Starts{Clock: o.Clock}
+	}
+	return &Lone{&alone{kv: kv, o: o, entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: o.Clock.Now().UTC(), Alone: true}}}
 }
 
 // Await writes the run's entry and returns once no replay whose entry
@@ -233,7 +257,7 @@ func (a *alone) handOver(ctx context.Context, c jetstream.Consumer, pods map[str
 		return time.Time{}, err
 	}
 	if a.o.Flush != nil {
-		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		fctx, cancel := context.WithTimeout(ctx, kvTimeout)
 		if err := a.o.Flush(fctx); err != nil {
 			a.o.Logger.Warn().Err(err).Msg("replay: pacer facts not all published before the hand-over")
 		}
@@ -274,7 +298,7 @@ func (a *alone) granted(ctx context.Context, c jetstream.Consumer, work Work) (t
 			err = ctx.Err()
 		}
 	}
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), kvTimeout)
 	defer cancel()
 	if derr := a.kv.Delete(dctx, a.o.Run); derr != nil {
 		a.o.Logger.Warn().Err(derr).Msg("replay: delete the run's entry (it expires by itself)")
@@ -286,25 +310,31 @@ func (a *alone) granted(ctx context.Context, c jetstream.Consumer, work Work) (t
 // error) or the pods have all gone and none answers (since when no pod
 // ran).
 func (a *alone) watchPods(ctx context.Context, done <-chan error) (time.Time, error) {
-	refresh := time.NewTicker(2 * time.Second)
+	clk := a.o.Clock
+	refresh := clk.NewTimer(EntryRefresh)
 	defer refresh.Stop()
-	var poll <-chan time.Time
+	var (
+		pollT clock.Timer
+		poll  <-chan time.Time // nil, never ready, without Unanswered
+	)
 	if a.o.Unanswered != nil {
-		t := time.NewTicker(a.o.Poll)
-		defer t.Stop()
-		poll = t.C
+		pollT = clk.NewTimer(a.o.Poll)
+		defer pollT.Stop()
+		poll = pollT.C()
 	}
 	var none time.Time // since when no pod ran, as polled
 	for {
 		select {
 		case err := <-done:
 			return time.Time{}, err
-		case <-refresh.C:
+		case <-refresh.C():
+			refresh.Reset(EntryRefresh)
 			a.entry.Done = a.done()
 			if err := a.put(ctx); err != nil && ctx.Err() == nil {
 				a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
 			}
 		case <-poll:
+			pollT.Reset(a.o.Poll)
 			running, err := a.running(ctx)
 			switch {
 			case err != nil:
@@ -314,8 +344,8 @@ func (a *alone) watchPods(ctx context.Context, done <-chan error) (time.Time, er
 			case running:
 				none = time.Time{}
 			case none.IsZero():
-				none = time.Now()
-			case time.Since(none) >= GoneAfter && a.o.Unanswered(none):
+				none = clk.Now()
+			case clk.Now().Sub(none) >= GoneAfter && a.o.Unanswered(none):
 				return none, nil
 			}
 		}
@@ -348,7 +378,7 @@ func (a *alone) orphaned(ctx context.Context, gone time.Time) (map[string][]stri
 	}
 	n := 0
 	if a.o.Fence != nil {
-		n = a.o.Fence(a.o.Starts.Recent(time.Now()))
+		n = a.o.Fence(a.o.Starts.Recent(a.o.Clock.Now()))
 	}
 	a.entry.Alone, a.entry.PodsGone = true, gone.UTC()
 	a.entry.AloneUntil, a.entry.WaitingFor = time.Time{}, ""
@@ -408,17 +438,18 @@ func (a *alone) earliest(runs []jobs.ReplayRun) (jobs.ReplayRun, bool) {
 // applied their facts (Sync) and spaced the first requests from their
 // last starts (Fence). It fails only when ctx ends.
 func (a *alone) awaitEarlier(ctx context.Context) (map[string][]string, error) {
-	poll := time.NewTicker(a.o.Poll)
+	clk := a.o.Clock
+	poll := clk.NewTimer(a.o.Poll)
 	defer poll.Stop()
-	lastPut, waited, warned := time.Now(), false, time.Time{}
+	lastPut, waited, warned := clk.Now(), false, time.Time{}
 	for {
 		runs, err := a.others(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if time.Since(warned) > 10*time.Second {
-				warned = time.Now()
+			if now := clk.Now(); now.Sub(warned) > readWarnEvery {
+				warned = now
 				a.o.Logger.Warn().Err(err).Msg("replay: read the other replays (" + jobs.ReplaysBucket + "); asking again before the first request")
 			}
 		} else if first, ok := a.earliest(runs); !ok {
@@ -432,8 +463,8 @@ func (a *alone) awaitEarlier(ctx context.Context) (map[string][]string, error) {
 			}
 			waited, lastPut = true, time.Time{}
 		}
-		if time.Since(lastPut) >= 2*time.Second {
-			lastPut = time.Now()
+		if now := clk.Now(); now.Sub(lastPut) >= EntryRefresh {
+			lastPut = now
 			if err := a.put(ctx); err != nil && ctx.Err() == nil {
 				a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
 			}
@@ -441,7 +472,8 @@ func (a *alone) awaitEarlier(ctx context.Context) (map[string][]string, error) {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-poll.C:
+		case <-poll.C():
+			poll.Reset(a.o.Poll)
 		}
 		pods, err := a.o.Pods(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -483,19 +515,21 @@ func (a *alone) follow(ctx context.Context, runs []jobs.ReplayRun, waited bool) 
 // watch refreshes the entry and asks for pods until the local worker ends
 // (nil pods, and its error) or a pod appears.
 func (a *alone) watch(ctx context.Context, local <-chan error) (map[string][]string, error) {
-	poll := time.NewTicker(a.o.Poll)
+	poll := a.o.Clock.NewTimer(a.o.Poll)
 	defer poll.Stop()
-	refresh := time.NewTicker(2 * time.Second)
+	refresh := a.o.Clock.NewTimer(EntryRefresh)
 	defer refresh.Stop()
 	for {
 		select {
 		case err := <-local:
 			return nil, err
-		case <-refresh.C:
+		case <-refresh.C():
+			refresh.Reset(EntryRefresh)
 			if err := a.put(ctx); err != nil && ctx.Err() == nil {
 				a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
 			}
-		case <-poll.C:
+		case <-poll.C():
+			poll.Reset(a.o.Poll)
 			pods, err := a.o.Pods(ctx)
 			if err != nil && ctx.Err() == nil {
 				a.o.Logger.Debug().Err(err).Msg("replay: list the live pods")
@@ -510,13 +544,14 @@ func (a *alone) watch(ctx context.Context, local <-chan error) (map[string][]str
 // wait returns the local worker's result once it has stopped, refreshing
 // the entry meanwhile: the pods wait for it to say the replay stopped.
 func (a *alone) wait(ctx context.Context, local <-chan error) error {
-	refresh := time.NewTicker(2 * time.Second)
+	refresh := a.o.Clock.NewTimer(EntryRefresh)
 	defer refresh.Stop()
 	for {
 		select {
 		case err := <-local:
 			return err
-		case <-refresh.C:
+		case <-refresh.C():
+			refresh.Reset(EntryRefresh)
 			if err := a.put(ctx); err != nil && ctx.Err() == nil {
 				a.o.Logger.Warn().Err(err).Msg("replay: refresh the run's entry")
 			}
@@ -527,7 +562,7 @@ func (a *alone) wait(ctx context.Context, local <-chan error) error {
 // stopped is the entry once the replay's own requests have ended.
 func (a *alone) stopped() jobs.ReplayRun {
 	e := a.entry
-	e.Alone, e.AloneUntil, e.PodsGone = false, time.Now().UTC(), time.Time{}
+	e.Alone, e.AloneUntil, e.PodsGone = false, a.o.Clock.Now().UTC(), time.Time{}
 	e.LastStarts = a.o.Starts.Recent(e.AloneUntil)
 	e.Done = a.done()
 	return e
@@ -540,7 +575,7 @@ func (a *alone) end(ctx context.Context) {
 	if a.o.Flush != nil {
 		// Before the entry says it ended: a replay waiting for this one
 		// applies its facts once it has.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), kvTimeout)
 		if err := a.o.Flush(fctx); err != nil {
 			a.o.Logger.Warn().Err(err).Msg("replay: pacer facts not all published before the end")
 		}
@@ -548,7 +583,7 @@ func (a *alone) end(ctx context.Context) {
 	}
 	a.entry = a.stopped()
 	a.entry.Ended = a.entry.AloneUntil
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), kvTimeout)
 	defer cancel()
 	if err := a.put(pctx); err != nil {
 		a.o.Logger.Warn().Err(err).Msg("replay: write the run's last entry (it expires by itself)")
@@ -570,12 +605,12 @@ func (a *alone) done() int64 {
 
 func (a *alone) put(ctx context.Context) error {
 	e := a.entry
-	e.Updated = time.Now().UTC()
+	e.Updated = a.o.Clock.Now().UTC()
 	if e.Alone {
 		e.LastStarts = a.o.Starts.Recent(e.Updated)
 		e.Done = a.done()
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, kvTimeout)
 	defer cancel()
 	rev, err := a.kv.Put(pctx, a.o.Run, e.Encode())
 	if err == nil && a.entry.Order == 0 {
@@ -587,6 +622,11 @@ func (a *alone) put(ctx context.Context) error {
 // Starts records when a worker's requests start, per authority. The zero
 // value is ready; safe for concurrent use.
 type Starts struct {
+	// Clock reads the instant a request was admitted: the wrapped
+	// worker's (worker.Options.Clock), whose pacer admitted it. Nil means
+	// the wall clock. Set it before Wrap.
+	Clock clock.Clock
+
 	mu sync.Mutex
 	m  map[string]time.Time
 }
@@ -594,7 +634,13 @@ type Starts struct {
 // Wrap makes the worker of d record each request it sends (every hop),
 // at the moment its pacer admitted it: no earlier than the start the pacer
 // confirmed, so a pod that spaces from it is at least as polite.
-func (s *Starts) Wrap(d *worker.Deps) { d.Fetcher = startsFetcher{f: d.Fetcher, s: s} }
+func (s *Starts) Wrap(d *worker.Deps) {
+	clk := s.Clock
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	d.Fetcher = startsFetcher{f: d.Fetcher, s: s, clk: clk}
+}
 
 func (s *Starts) add(auth string, at time.Time) {
 	s.mu.Lock()
@@ -635,10 +681,11 @@ func (s *Starts) Recent(now time.Time) map[string]time.Time {
 }
 
 type startsFetcher struct {
-	f worker.Fetcher
-	s *Starts
+	f   worker.Fetcher
+	s   *Starts
+	clk clock.Clock
 }
 
 func (f startsFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gate) (*fetch.Response, error) {
-	return f.f.Do(ctx, req, g.Admitted(func(a authority.Authority) { f.s.add(a.String(), time.Now()) }))
+	return f.f.Do(ctx, req, g.Admitted(func(a authority.Authority) { f.s.add(a.String(), f.clk.Now()) }))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/replay"
@@ -48,7 +50,10 @@ func readRun(t *testing.T, kv jetstream.KeyValue, run string) (jobs.ReplayRun, b
 // entry, with its last starts; once a pod appears its own work is stopped
 // (and returns) before the hand-over begins, which gets the entry with
 // AloneUntil after that stop and the last start recorded; the jobs the
-// local work handed back are the hand-over's.
+// local work handed back are the hand-over's. The lone replay runs on a
+// fake clock: its entry's refresh (EntryRefresh, which writes the last
+// starts) and its poll of the pods come when the test advances it, not
+// after 2 s of wall time.
 func TestAloneHandsOverWhenAPodAppears(t *testing.T) {
 	js, _ := brokertest.Streams(t)
 	ctx := brokertest.Context(t)
@@ -60,18 +65,26 @@ func TestAloneHandsOverWhenAPodAppears(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	starts := &replay.Starts{}
+	t0 := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
+	clk := clock.NewFake(t0)
+	const poll = 20 * time.Millisecond
+	starts := &replay.Starts{Clock: clk}
 	d := &worker.Deps{Fetcher: gateFetcher{}}
 	starts.Wrap(d)
 	var (
 		appear                atomic.Bool
-		localDone, handedAt   atomic.Int64
+		localDone, handedAt   atomic.Int64 // on clk
 		started               time.Time
 		base                  jobs.ReplayRun
 		localAcked, handAcked atomic.Int64
 	)
 	local := func(ctx context.Context, c jetstream.Consumer) error {
-		defer func() { localDone.Store(time.Now().UnixNano()) }()
+		defer func() {
+			// The clock moves on as the local work ends: what is read
+			// afterwards (AloneUntil, the hand-over) is later.
+			localDone.Store(clk.Now().UnixNano())
+			clk.Advance(time.Millisecond)
+		}()
 		var held []jetstream.Msg
 		for len(held) < n && ctx.Err() == nil {
 			b, err := c.Fetch(n-len(held), jetstream.FetchMaxWait(200*time.Millisecond))
@@ -84,7 +97,7 @@ func TestAloneHandsOverWhenAPodAppears(t *testing.T) {
 		}
 		for _, m := range held[:2] {
 			if _, err := d.Fetcher.Do(ctx, fetch.Request{}, func(context.Context, int, authority.Authority) (func(fetch.Result), error) {
-				started = time.Now()
+				started = clk.Now()
 				return func(fetch.Result) {}, nil
 			}); err != nil {
 				t.Error(err)
@@ -99,7 +112,7 @@ func TestAloneHandsOverWhenAPodAppears(t *testing.T) {
 		return nil
 	}
 	work := replay.Alone(kv, replay.AloneOptions{
-		Run: "r1", Target: "file:///new", Local: local, Starts: starts, Poll: 20 * time.Millisecond,
+		Run: "r1", Target: "file:///new", Local: local, Starts: starts, Poll: poll, Clock: clk,
 		Done: func() int64 { return localAcked.Load() },
 		Pods: func(context.Context) (map[string][]string, error) {
 			if appear.Load() {
@@ -108,31 +121,45 @@ func TestAloneHandsOverWhenAPodAppears(t *testing.T) {
 			return nil, nil
 		},
 		Handover: func(pods map[string][]string, b jobs.ReplayRun) (replay.Work, error) {
-			handedAt.Store(time.Now().UnixNano())
+			handedAt.Store(clk.Now().UnixNano())
 			base = b
 			return ackAll(&handAcked), nil
 		},
 	})
+	type result struct {
+		res replay.Result
+		err error
+	}
+	done := make(chan result, 1)
 	go func() {
-		for {
-			if r, ok := readRun(t, kv, "r1"); ok && r.Alone && localAcked.Load() == 2 && !r.LastStarts["a.example:443"].IsZero() {
-				appear.Store(true)
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		res, err := replay.Run(ctx, js, work.Work, &replay.Options{Poll: 20 * time.Millisecond})
+		done <- result{res, err}
 	}()
-	res, err := replay.Run(ctx, js, work.Work, &replay.Options{Poll: 20 * time.Millisecond})
+	// Two requests made alone, the replay watching for pods: its entry's
+	// refresh is due, then writes the last starts.
+	waitUntil(t, "two jobs done alone", func() bool { return localAcked.Load() == 2 })
+	waitUntil(t, "the entry's refresh armed", func() bool { return slices.Contains(clk.Deadlines(), t0.Add(replay.EntryRefresh)) })
+	clk.Advance(replay.EntryRefresh)
+	waitUntil(t, "the entry with the last start", func() bool {
+		r, ok := readRun(t, kv, "r1")
+		return ok && r.Alone && !r.LastStarts["a.example:443"].IsZero()
+	})
+	// A pod appears; the next poll sees it.
+	waitUntil(t, "the poll for pods armed", func() bool { return slices.Contains(clk.Deadlines(), clk.Now().Add(poll)) })
+	appear.Store(true)
+	clk.Advance(poll)
+	r := <-done
+	res, err := r.res, r.err
 	if err != nil {
 		t.Fatal(err)
 	}
 	if res.Jobs != n || localAcked.Load() != 2 || handAcked.Load() != n-2 {
 		t.Errorf("jobs %d: %d done alone, %d handed over; want 2 and %d", res.Jobs, localAcked.Load(), handAcked.Load(), n-2)
 	}
-	if handedAt.Load() == 0 || localDone.Load() == 0 || handedAt.Load() < localDone.Load() {
+	if handedAt.Load() == 0 || localDone.Load() == 0 || handedAt.Load() <= localDone.Load() {
 		t.Fatalf("the hand-over began at %d, the local work ended at %d: want it after", handedAt.Load(), localDone.Load())
 	}
-	if base.Alone || base.AloneUntil.UnixNano() < localDone.Load() || base.Done != 2 || base.Run != "r1" {
+	if base.Alone || base.AloneUntil.UnixNano() <= localDone.Load() || base.Done != 2 || base.Run != "r1" {
 		t.Errorf("hand-over's entry %+v: want Alone false, AloneUntil after the local work ended, Done 2", base)
 	}
 	if got := base.LastStarts["a.example:443"]; got.Before(started) || got.Sub(started) > time.Second {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -56,24 +57,31 @@ func EnsureReplaysBucket(ctx context.Context, js jetstream.JetStream, replicas i
 	return kv, nil
 }
 
+// podsRetry is how often WaitForPods asks again: a pod announces itself
+// within a lease round of a failed one, so a quarter second sees it soon
+// after, and a replay's start is no hot path.
+const podsRetry = 250 * time.Millisecond
+
 // WaitForPods is LivePods, except that while partitions of MIRROR_JOBS are
 // leased (jobs.LeasesBucket) but no pod is announced (a pod whose lease
 // round failed withdraws its announcement until one succeeds) it asks again
-// for up to patience: a replay must not take itself for alone beside a pod.
-func WaitForPods(ctx context.Context, js jetstream.JetStream, patience time.Duration) (map[string][]string, error) {
-	deadline := time.Now().Add(patience)
+// for up to patience, on clk (nil: the wall clock): a replay must not take
+// itself for alone beside a pod.
+func WaitForPods(ctx context.Context, js jetstream.JetStream, clk clock.Clock, patience time.Duration) (map[string][]string, error) {
+	if clk == nil {
+		clk = clock.Real{}
+	}
+	deadline := clk.Now().Add(patience)
 	for {
 		pods, err := LivePods(ctx, js)
 		if err != nil || len(pods) > 0 || !leased(ctx, js) {
 			return pods, err
 		}
-		if time.Now().After(deadline) {
+		if clk.Now().After(deadline) {
 			return nil, fmt.Errorf("partitions of %s are leased but no pod is announced in %s: a pod is running and cannot reach NATS; try again", jobs.JobsStream, jobs.PodsBucket)
 		}
-		select {
-		case <-ctx.Done():
+		if !clock.Sleep(clk, podsRetry, ctx.Done()) {
 			return nil, ctx.Err()
-		case <-time.After(250 * time.Millisecond):
 		}
 	}
 }

@@ -31,7 +31,8 @@ type Options struct {
 	Consumer *jobs.ConsumerOptions
 	// Progress is told how many jobs are handled; nil shows nothing.
 	Progress Progress
-	// Poll is how often the consumer is asked how far it is; default 250 ms.
+	// Poll is how often the consumer is asked how far it is
+	// (DefaultPoll).
 	Poll time.Duration
 	// Clock times the polls; nil means the wall clock.
 	Clock clock.Clock
@@ -70,6 +71,11 @@ type Result struct {
 	// submitted job is replayed once, from its latest message.
 	Copies int64
 }
+
+// DefaultPoll is the default of Options.Poll: a replay's end is seen
+// within a quarter second, and asking the server four times a second for
+// one consumer's info costs it nothing worth counting.
+const DefaultPoll = 250 * time.Millisecond
 
 // infoPatience is how long Run keeps asking a consumer that does not
 // answer before it gives up.
@@ -120,7 +126,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 	}
 	poll := o.Poll
 	if poll <= 0 {
-		poll = 250 * time.Millisecond
+		poll = DefaultPoll
 	}
 	log := o.Logger
 	if o.Await != nil {
@@ -141,7 +147,7 @@ func Run(ctx context.Context, js jetstream.JetStream, work Work, o *Options) (Re
 		return res, fmt.Errorf("replay: create consumer: %w", err)
 	}
 	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), kvTimeout)
 		defer cancel()
 		if err := js.DeleteConsumer(dctx, jobs.JobsStream, res.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			log.Warn().Err(err).Str("consumer", res.Consumer).Msg("replay: delete consumer (the server removes it after its inactive threshold)")

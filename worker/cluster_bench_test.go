@@ -193,7 +193,10 @@ func BenchmarkPods(b *testing.B) {
 			for i := range origins {
 				origins[i] = newOrigin(b)
 			}
-			var all []*running
+			var (
+				all  []*running
+				mgrs []*cluster.Manager
+			)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			for i := range pods {
@@ -218,10 +221,22 @@ func BenchmarkPods(b *testing.B) {
 					b.Fatal(err)
 				}
 				go mgr.Run(ctx)
-				all = append(all, r)
+				all, mgrs = append(all, r), append(mgrs, mgr)
 			}
-			// Let the pods balance before the clock starts.
-			time.Sleep(3 * time.Second)
+			// The pods balanced before the clock starts: each serves its
+			// share (cluster.Manager.Serving) and every partition is held
+			// once. Waited for, not assumed after 3 s of wall time.
+			balanced := func() bool {
+				held := 0
+				for _, m := range mgrs {
+					if m.Serving() != nil {
+						return false
+					}
+					held += len(m.Owned())
+				}
+				return held == jobs.DefaultPartitions
+			}
+			waitCond(b, time.Minute, "the pods balanced", balanced)
 			var js []jobs.Job
 			for i := range b.N {
 				o := origins[i%len(origins)]

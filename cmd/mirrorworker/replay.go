@@ -235,7 +235,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 	}
 	// While partitions are leased but no pod is announced (a pod between
 	// lease rounds), the replay waits to see it rather than pace alone.
-	if _, err := replay.WaitForPods(ctx, js, 2*jobs.DefaultLeaseTTL); err != nil {
+	if _, err := replay.WaitForPods(ctx, js, clock.Real{}, 2*jobs.DefaultLeaseTTL); err != nil {
 		return err
 	}
 	return replayJobs(ctx, nc, js, c, plan, target, policy, log, stdout, stderr)
@@ -458,6 +458,7 @@ func (l *loneReplay) alone() *replay.Lone {
 	}
 	return replay.Alone(l.kv, replay.AloneOptions{
 		Run: l.run, Target: l.spec, Local: local, Starts: starts, Flush: l.parts.Sink.Flush, Logger: l.log,
+		Clock: clock.Real{}, // the workers' (pipeline.Parts.NewWorker), as Starts's
 		Sync:  l.parts.SyncFacts,
 		Fence: func(lasts ...map[string]time.Time) int { return l.parts.Pacer.FenceAll(time.Now(), lasts...) },
 		Pods:  func(ctx context.Context) (map[string][]string, error) { return replay.LivePods(ctx, l.js) },
