@@ -23,6 +23,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pipeline"
@@ -544,6 +545,9 @@ func (r *run) pods(ctx context.Context, res *Result) error {
 			return err
 		}
 		if err := r.trace.keep(p.departures, p.id+".departures"); err != nil {
+			return err
+		}
+		if err := r.trace.keep(p.departures+departlog.WritesSuffix, p.id+".writes"); err != nil {
 			return err
 		}
 		podCPU += pr.CPUSeconds
