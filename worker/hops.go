@@ -141,6 +141,18 @@ func (h *hopSet) trace() *httptrace.ClientTrace {
 			hp.disarm = disarm
 			h.mu.Unlock()
 		},
+		// The answer has begun, so the request was flushed: an armed report
+		// still waiting is HTTP/2's (its WroteRequest follows the flush),
+		// and the connection's next write would be a window update or
+		// another stream's request.
+		GotFirstResponseByte: func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if n := len(h.hops); n > 0 && h.hops[n-1].disarm != nil {
+				h.hops[n-1].disarm()
+				h.hops[n-1].disarm = nil
+			}
+		},
 	}
 }
 
