@@ -30,8 +30,12 @@ func wrapWrites(c net.Conn, err error) (net.Conn, error) {
 }
 
 func (c *writeConn) Write(b []byte) (int, error) {
+	// Taken before the write: on loopback the origin can answer, and the
+	// caller disarm f at the answer's first byte, before this goroutine is
+	// back from the write to run it.
+	f := c.after.Swap(nil)
 	n, err := c.Conn.Write(b)
-	if f := c.after.Swap(nil); f != nil {
+	if f != nil {
 		(*f)()
 	}
 	return n, err
