@@ -119,7 +119,7 @@ func (c *Client) dialContext(ctx context.Context, network, address string) (net.
 		// The operator's proxy (often on a private address); the origin
 		// behind it was checked before the proxy was asked.
 		d := net.Dialer{Timeout: c.opt.ConnectTimeout, KeepAlive: 30 * time.Second}
-		return d.DialContext(ctx, network, address)
+		return wrapWrites(d.DialContext(ctx, network, address))
 	}
 	d := net.Dialer{
 		Timeout:   c.opt.ConnectTimeout,
@@ -135,5 +135,5 @@ func (c *Client) dialContext(ctx context.Context, network, address string) (net.
 			return nil
 		},
 	}
-	return d.DialContext(ctx, network, address)
+	return wrapWrites(d.DialContext(ctx, network, address))
 }

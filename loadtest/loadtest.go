@@ -23,6 +23,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/pipeline"
@@ -75,6 +76,12 @@ type Options struct {
 	// Dir holds the per-strategy scratch directories (JetStream store,
 	// mirror), each removed after its run; default the system temp dir.
 	Dir string
+	// TraceDir, when set, keeps each strategy's per-request trace in
+	// TraceDir/<strategy>/: arrivals.log, one line per request as the
+	// origin timed it (traceArrival), and each pod's departure log
+	// (<pod>.departures). It is what tells which two requests made a gap
+	// below the floor; the report has only the counts.
+	TraceDir string
 
 	// Curl configures the curl-retry reference client.
 	Curl CurlOptions
@@ -300,8 +307,13 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		return fail(fmt.Errorf("ensure streams: %w", err))
 	}
 
+	trace, err := openTrace(o.TraceDir, name)
+	if err != nil {
+		return fail(err)
+	}
+	defer trace.close()
 	og, err := stuborigin.New(p.Origin, &stuborigin.Options{
-		Authorities: o.Authorities, GapFloor: p.Floor,
+		Authorities: o.Authorities, GapFloor: p.Floor, OnArrival: trace.arrival(),
 		Logger: o.Logger.With().Str("component", "stub-origin").Logger(),
 	})
 	if err != nil {
@@ -324,7 +336,7 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		}
 		akeys[i] = a.Key()
 	}
-	r := &run{o: o, name: name, ordinal: ordinal, dir: dir, emb: emb, js: js, og: og, urls: urls, akeys: akeys, sent: newDepartures()}
+	r := &run{o: o, name: name, ordinal: ordinal, dir: dir, emb: emb, js: js, og: og, urls: urls, akeys: akeys, sent: newDepartures(), trace: trace}
 	switch {
 	case pods:
 		err = r.pods(ctx, &res)
@@ -349,6 +361,7 @@ type run struct {
 	og            *stuborigin.Origin
 	urls, akeys   []string
 	sent          *departures
+	trace         *trace // nil: no trace kept
 }
 
 // inProcess runs the strategy's workers in this process, each on its own
@@ -529,6 +542,12 @@ func (r *run) pods(ctx context.Context, res *Result) error {
 	for _, p := range pods {
 		pr, err := p.result(r.sent)
 		if err != nil {
+			return err
+		}
+		if err := r.trace.keep(p.departures, p.id+".departures"); err != nil {
+			return err
+		}
+		if err := r.trace.keep(p.departures+departlog.WritesSuffix, p.id+".writes"); err != nil {
 			return err
 		}
 		podCPU += pr.CPUSeconds

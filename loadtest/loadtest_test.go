@@ -44,10 +44,11 @@ func TestRunComparesStrategies(t *testing.T) {
 	var progress bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	traceDir := t.TempDir()
 	rep, err := loadtest.Run(ctx, loadtest.Options{
 		Jobs: 60, Authorities: 3, Workers: 2, Profile: p, InProcess: true,
 		Strategies: []string{"hostpacer", "fixed"},
-		TimeLimit:  60 * time.Second, Dir: t.TempDir(),
+		TimeLimit:  60 * time.Second, Dir: t.TempDir(), TraceDir: traceDir,
 		Progress: &progress, ProgressEvery: time.Second,
 		Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel),
 	})
@@ -68,6 +69,12 @@ func TestRunComparesStrategies(t *testing.T) {
 		for _, pt := range r.Series {
 			admitted += pt.Admitted
 			throttled += pt.Status429
+		}
+		// The trace has one line per request the origin counted.
+		if b, err := os.ReadFile(filepath.Join(traceDir, r.Strategy, "arrivals.log")); err != nil {
+			t.Errorf("%s: trace: %v", r.Strategy, err)
+		} else if n := int64(bytes.Count(b, []byte("\n"))); n != r.Requests {
+			t.Errorf("%s: %d arrivals traced, the origin counted %d requests", r.Strategy, n, r.Requests)
 		}
 		// Every stored job was one admitted request the timeline saw.
 		if admitted < 60 || r.Requests < 60 {

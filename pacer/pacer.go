@@ -797,8 +797,10 @@ func (p *Pacer) unspaced(pm Permit) bool {
 // Sent reports that the request of pm, started after Confirm, was written
 // to its connection at now: the instant the origin receives it, give or
 // take the network. Call it when the request's headers are written (the
-// worker calls it from net/http/httptrace's WroteRequest); a request that
-// failed before it was written is never reported, only given to Done.
+// worker calls it from net/http/httptrace's WroteRequest, and again once
+// net/http's flush to the socket has returned: WroteRequest precedes the
+// flush, ADR 0027); a request that failed before it was written is never
+// reported, only given to Done.
 // Later starts to the authority are spaced from the write by the interval
 // plus the start guard, as from an actual start (Confirm); with
 // Options.AwaitSends, a start waiting for this write is released. Calling

@@ -27,6 +27,19 @@ func (og *Origin) Handler(i int) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { og.serve(s, w, r) })
 }
 
+// Arrival is one request as the origin saw it (Options.OnArrival).
+type Arrival struct {
+	Authority int    // 0-based
+	Identity  string // the caller's identity key, as /stats labels it
+	Remote    string // the caller's address: one per connection
+	// Arrived is when the request arrived for the gap statistics: the
+	// kernel's receive time where stamped, else Handled.
+	Arrived time.Time
+	// Handled is the handler's clock, by which admission decided.
+	Handled time.Time
+	Outcome Outcome
+}
+
 // problem is the JSON body of every refusal. It carries only the caller's
 // own facts: a catalogue code, a reason about its own quota or the service,
 // and the delay it was told.
@@ -47,6 +60,10 @@ func (og *Origin) serve(s *shard, w http.ResponseWriter, r *http.Request) {
 	f := og.faults.Load()
 	c, tokenOK := og.identify(r)
 	d := s.admit(now, arrived, c, f.StoreDown && f.appliesTo(s.index), f.retryAfterFormat(s.index))
+	if og.onArrival != nil {
+		og.onArrival(Arrival{Authority: s.index, Identity: c.key, Remote: r.RemoteAddr,
+			Arrived: arrived, Handled: now, Outcome: d.outcome})
+	}
 	if d.hold > 0 && !og.tarpit(r, d.hold) {
 		return // the caller gave up while held
 	}

@@ -171,7 +171,6 @@ type identity struct {
 	c                caller
 	burst, sustained bucket
 	waitUntil        time.Time // the latest deadline this identity was told
-	lastArrival      time.Time
 	st               Counts
 	early            int64
 	gaps             gapStats

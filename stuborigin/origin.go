@@ -36,6 +36,12 @@ type Options struct {
 	Logger zerolog.Logger
 	// GapFloor, when set, makes /stats count arrival gaps below it.
 	GapFloor time.Duration
+	// OnArrival, when set, is called once per request to an authority,
+	// after its admission, with what the origin timed and decided: a trace
+	// to tell which two requests made a gap below the floor. It is called
+	// from the handlers' goroutines, concurrently and in the order the
+	// handlers ran, which is not always the order of arrival.
+	OnArrival func(Arrival)
 	// MaxIdentities per authority (default 100,000). A new identity beyond
 	// it is refused with 503 capacity_exhausted: evicting one would hand it
 	// a full bucket, which is failing open.
@@ -65,14 +71,16 @@ type Origin struct {
 	// handler, not the bytes on the wire, so the handler's own time would
 	// show gaps below the floor that no client sent.
 	kernel bool
-	log    zerolog.Logger
-	start  time.Time
-	salt   []byte
-	quotas map[string]*quotaSpec
-	shards []*shard
-	faults atomic.Pointer[Faults]
-	shutTO time.Duration
-	reg    *prometheus.Registry // served on the admin /metrics
+	// onArrival is Options.OnArrival (nil: no trace).
+	onArrival func(Arrival)
+	log       zerolog.Logger
+	start     time.Time
+	salt      []byte
+	quotas    map[string]*quotaSpec
+	shards    []*shard
+	faults    atomic.Pointer[Faults]
+	shutTO    time.Duration
+	reg       *prometheus.Registry // served on the admin /metrics
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -119,13 +127,14 @@ func New(p *Profile, o *Options) (*Origin, error) {
 		return nil, fmt.Errorf("stuborigin: profile: faults: %w", err)
 	}
 	og := &Origin{
-		profile: p,
-		clk:     opt.Clock,
-		kernel:  isReal(opt.Clock),
-		log:     opt.Logger,
-		start:   opt.Clock.Now(),
-		quotas:  map[string]*quotaSpec{},
-		shutTO:  opt.ShutdownTimeout,
+		profile:   p,
+		clk:       opt.Clock,
+		kernel:    isReal(opt.Clock),
+		onArrival: opt.OnArrival,
+		log:       opt.Logger,
+		start:     opt.Clock.Now(),
+		quotas:    map[string]*quotaSpec{},
+		shutTO:    opt.ShutdownTimeout,
 	}
 	if p.AnonymousSalt != "" {
 		og.salt = []byte(p.AnonymousSalt)

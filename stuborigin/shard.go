@@ -38,7 +38,6 @@ type shard struct {
 	st      Counts
 	early   int64
 	gaps    gapStats
-	last    time.Time
 	reasons map[string]int64
 	byKind  map[string]*kindCounts
 	tl      []Second
@@ -50,13 +49,53 @@ type kindCounts struct {
 	rejected           map[string]int64 // by reason
 }
 
+// gapWindow is how many of the latest arrivals gapStats keeps to place an
+// arrival whose handler ran after later ones': up to gapWindow-1 requests
+// handled ahead of it. Beyond that it is measured against the oldest kept.
+const gapWindow = 8
+
+// gapStats counts the gaps between consecutive arrivals in the order the
+// kernel received them. Arrivals are added in the order their handlers
+// ran, which on a loaded machine is not always that order: a handler
+// woken late can run after the next request's, and measuring from the
+// latest handled then counts a negative gap as one below the floor. An
+// arrival before the latest is put in its place among the recent ones: it
+// splits the gap between its neighbours in two.
 type gapStats struct {
 	n          int64
 	min        time.Duration
 	belowFloor int64
+	recent     []time.Time // the latest arrivals, oldest first, at most gapWindow
 }
 
-func (g *gapStats) add(d, floor time.Duration) {
+func (g *gapStats) add(at time.Time, floor time.Duration) {
+	i := len(g.recent)
+	for i > 0 && at.Before(g.recent[i-1]) {
+		i--
+	}
+	if i > 0 && i < len(g.recent) {
+		// The gap between the two neighbours was counted; it is two now.
+		g.n--
+		if floor > 0 && g.recent[i].Sub(g.recent[i-1]) < floor {
+			g.belowFloor--
+		}
+		// min stays right: each half is shorter than the whole.
+	}
+	if i > 0 {
+		g.count(at.Sub(g.recent[i-1]), floor)
+	}
+	if i < len(g.recent) {
+		g.count(g.recent[i].Sub(at), floor)
+	}
+	g.recent = append(g.recent, time.Time{})
+	copy(g.recent[i+1:], g.recent[i:])
+	g.recent[i] = at
+	if len(g.recent) > gapWindow {
+		g.recent = append(g.recent[:0], g.recent[1:]...)
+	}
+}
+
+func (g *gapStats) count(d, floor time.Duration) {
 	if g.n == 0 || d < g.min {
 		g.min = d
 	}
@@ -91,14 +130,8 @@ func (s *shard) admit(now, arrived time.Time, c caller, storeDown bool, raFormat
 		id.early++
 		s.early++
 	}
-	if !id.lastArrival.IsZero() {
-		id.gaps.add(arrived.Sub(id.lastArrival), s.floor)
-	}
-	id.lastArrival = arrived
-	if !s.last.IsZero() {
-		s.gaps.add(arrived.Sub(s.last), s.floor)
-	}
-	s.last = arrived
+	id.gaps.add(arrived, s.floor)
+	s.gaps.add(arrived, s.floor)
 
 	var (
 		d       decision

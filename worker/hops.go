@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http/httptrace"
 	"sync"
 	"time"
@@ -32,6 +33,7 @@ type hopSet struct {
 	mu        sync.Mutex
 	firstUsed bool
 	hops      []*hopPermit
+	conn      net.Conn // the connection of the latest request (httptrace's GotConn)
 }
 
 // hopDeps are what the hops of every fetch are admitted and reported
@@ -55,6 +57,9 @@ type hopPermit struct {
 	once    sync.Once
 	status  int
 	verdict pacer.Verdict
+	// disarm cancels the report of its write after the flush
+	// (fetch.AfterNextWrite) once the hop is done; guarded by hopSet.mu.
+	disarm func()
 }
 
 // gate is the fetch.Gate of the job.
@@ -95,23 +100,60 @@ func (h *hopSet) gate(ctx context.Context, _ int, a authority.Authority) (func(f
 // put in the context of the fetch, it is the net/http trace of each hop's
 // request. A fetch's hops run one after the other, each admitted by gate
 // before its request starts, so a write belongs to the latest hop
-// admitted. WroteRequest fires once the request is written (for a GET,
-// just before its buffer is flushed), also when the write failed: bytes may
-// have left. It does not fire for a proxy's CONNECT, which the origin never
-// sees. A request net/http retries on a new connection fires it again,
-// which moves the write later.
+// admitted. WroteRequest fires once the request is written into net/http's
+// buffer, also when the write failed: bytes may have left. For an HTTP/1.1
+// GET that is just before the buffer is flushed to the socket, so the write
+// is reported twice: at once, which ends the pacer's wait for it, and again
+// when the flush has returned (fetch.AfterNextWrite), which moves it to when
+// the bytes were with the kernel. A goroutine descheduled between the two
+// would otherwise let the origin receive the request later than the pacer
+// spaced the next one from (issue 35). It does not fire for a proxy's
+// CONNECT, which the origin never sees. A request net/http retries on a new
+// connection fires it again, which moves the write later.
 func (h *hopSet) trace() *httptrace.ClientTrace {
-	return &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
-		h.mu.Lock()
-		var pm pacer.Permit
-		if n := len(h.hops); n > 0 {
-			pm = h.hops[n-1].pm
-		}
-		h.mu.Unlock()
-		if pm.Authority != "" {
+	return &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			h.mu.Lock()
+			h.conn = info.Conn
+			h.mu.Unlock()
+		},
+		WroteRequest: func(httptrace.WroteRequestInfo) {
+			h.mu.Lock()
+			var hp *hopPermit
+			if n := len(h.hops); n > 0 {
+				hp = h.hops[n-1]
+			}
+			conn := h.conn
+			h.mu.Unlock()
+			if hp == nil || hp.pm.Authority == "" {
+				return
+			}
+			pm := hp.pm
 			h.d.pacer.Sent(h.d.clk.Now(), pm)
-		}
-	}}
+			if conn == nil {
+				return
+			}
+			disarm := fetch.AfterNextWrite(conn, func() { h.d.pacer.Sent(h.d.clk.Now(), pm) })
+			h.mu.Lock()
+			if hp.disarm != nil {
+				hp.disarm()
+			}
+			hp.disarm = disarm
+			h.mu.Unlock()
+		},
+		// The answer has begun, so the request was flushed: an armed report
+		// still waiting is HTTP/2's (its WroteRequest follows the flush),
+		// and the connection's next write would be a window update or
+		// another stream's request.
+		GotFirstResponseByte: func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if n := len(h.hops); n > 0 && h.hops[n-1].disarm != nil {
+				h.hops[n-1].disarm()
+				h.hops[n-1].disarm = nil
+			}
+		},
+	}
 }
 
 func (h *hopSet) done(p *hopPermit, r fetch.Result) {
@@ -121,6 +163,10 @@ func (h *hopSet) done(p *hopPermit, r fetch.Result) {
 		v := d.pacer.Done(now, p.pm, pacer.Response{Status: r.Status, Header: r.Header, Err: r.Err, Cancelled: r.Cancelled, URL: h.url})
 		h.mu.Lock()
 		p.status, p.verdict = r.Status, v
+		if p.disarm != nil {
+			p.disarm()
+			p.disarm = nil
+		}
 		h.mu.Unlock()
 		if r.Status != 0 || (r.Err != nil && !r.Cancelled) {
 			host, port := authority.Split(p.pm.Authority)

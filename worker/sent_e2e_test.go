@@ -17,6 +17,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/fetch/fetchtest"
 	"github.com/mirrorworker/mirrorworker/internal/rxstamp"
 	"github.com/mirrorworker/mirrorworker/jobs"
+	"github.com/mirrorworker/mirrorworker/pacer"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
@@ -112,4 +113,64 @@ func TestFloorHoldsAtTheOriginBehindASlowConnect(t *testing.T) {
 	for i := range n {
 		e.checkStored(fmt.Sprint("s/", i), body(fmt.Sprint("/o/", i)))
 	}
+}
+
+// lateFlushPacer reports the first write to its pacer and then returns
+// late, as a writing goroutine descheduled on a loaded machine does:
+// net/http calls the trace's WroteRequest (and so Pacer.Sent) before it
+// flushes a GET to the socket, so the flush waits for Sent to return. Only
+// the first: a delay on every write would delay every arrival alike.
+type lateFlushPacer struct {
+	*pacer.Pacer
+	late  time.Duration
+	calls *atomic.Int32
+}
+
+func (p lateFlushPacer) Sent(now time.Time, pm pacer.Permit) {
+	p.Pacer.Sent(now, pm)
+	if p.calls.Add(1) == 1 {
+		time.Sleep(p.late) // the fault itself, not a wait for something to happen
+	}
+}
+
+// TestFloorHoldsWhenTheFlushIsLate: the write the worker reports when
+// net/http says a request is written precedes the flush that sends it; the
+// first request's flush 40 ms late (the writing goroutine descheduled) at a
+// 100 ms floor and an in-flight cap of 2 let the origin's kernel receive
+// the second about 62 ms after it, the pacer having spaced the next start
+// from the report. Reported again once the flush has returned
+// (fetch.AfterNextWrite), the write is spaced from when the bytes left:
+// no two arrivals closer than the floor.
+//
+// It asserts gaps as the origin timed them, so it stays serial (ADR 0024).
+func TestFloorHoldsWhenTheFlushIsLate(t *testing.T) {
+	const (
+		floor = 100 * time.Millisecond
+		late  = 40 * time.Millisecond
+		n     = 6
+	)
+	e := newEnv(t, 30*time.Second)
+	o := newOrigin(t)
+	var js []jobs.Job
+	for i := range n {
+		js = append(js, jobs.Job{ID: fmt.Sprint("l-", i), URL: fmt.Sprintf("http://%s/o/%d", o.auth, i), Target: fmt.Sprint("l/", i)})
+	}
+	e.publish(js...)
+	r := e.start(lateFlushPacer{Pacer: testPacer(floor, 2, nil, 0, nil), late: late, calls: new(atomic.Int32)}, worker.Options{Concurrency: 8})
+	r.f.waitFor(t, n, isOutcome(worker.OutcomeStored), 60*time.Second)
+
+	log := o.log()
+	if len(log) != n {
+		t.Fatalf("the origin saw %d requests, want %d", len(log), n)
+	}
+	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
+	minGap := time.Hour
+	for i := 1; i < len(log); i++ {
+		gap := log[i].at.Sub(log[i-1].at)
+		minGap = min(minGap, gap)
+		if gap < floor {
+			t.Errorf("requests %s and %s reached the origin %v apart, floor %v", log[i-1].path, log[i].path, gap, floor)
+		}
+	}
+	t.Logf("the first flush %v late; smallest gap between arrivals %v, floor %v", late, minGap, floor)
 }

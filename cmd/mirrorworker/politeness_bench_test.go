@@ -38,7 +38,9 @@ import (
 // floor (between two arrivals at the origin) and dead letters. Nothing is
 // asserted: the numbers are the result. Each rate's load-test report
 // (report.html, report.json) goes to MW_BENCH_POLITENESS_REPORT/rate-R
-// when it is set.
+// when it is set, and each run's per-request trace (the origin's arrivals,
+// the pod's departures: loadtest.Options.TraceDir) beside it, in
+// trace-floor-F/ or trace-curl/.
 //
 //	make bench-politeness
 //	go test -run '^$' -bench Politeness -benchtime 1x -timeout 120m -v ./cmd/mirrorworker/
@@ -122,6 +124,14 @@ func (c politenessCell) origin() string {
 	return fmt.Sprintf("%g r/s", c.rate)
 }
 
+// traceName names the cell's trace directory beside its origin's report.
+func (c politenessCell) traceName() string {
+	if c.curl {
+		return "curl"
+	}
+	return "floor-" + c.floor.String()
+}
+
 func (c politenessCell) client() string {
 	if c.curl {
 		return "curl --retry 10"
@@ -189,11 +199,15 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 	if c.curl {
 		name = strategy.CurlRetry
 	}
+	var traceDir string
+	if dir := os.Getenv("MW_BENCH_POLITENESS_REPORT"); dir != "" {
+		traceDir = filepath.Join(dir, c.dir(), "trace-"+c.traceName())
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit+5*time.Minute)
 	defer cancel()
 	rep, err := loadtest.Run(ctx, loadtest.Options{
 		Jobs: files, Authorities: 1, Workers: 1, Profile: p, Strategies: []string{name},
-		PodBinary: exe, TimeLimit: limit, Dir: b.TempDir(),
+		PodBinary: exe, TimeLimit: limit, Dir: b.TempDir(), TraceDir: traceDir,
 		Title:  "politeness: nginx-like origin at " + c.origin(),
 		Logger: zerolog.Nop(),
 	})

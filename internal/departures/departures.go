@@ -100,10 +100,25 @@ func (f recordingFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gat
 	return f.f.Do(ctx, req, g.Admitted(func(a authority.Authority) { f.r.sent(a.String()) }))
 }
 
-// recordingPacer notes every start its pacer confirms.
+// recordingPacer notes every start its pacer confirms, and passes each
+// write the worker reports (Sent) to a log that keeps them (WriteRecorder).
 type recordingPacer struct {
 	worker.Pacer
 	r *recorder
+}
+
+// WriteRecorder is a Recorder that also keeps the instant the worker
+// reported each request written (worker.Pacer.Sent, the instant the pacer
+// spaces the next start from): a trace to set beside the origin's arrivals.
+type WriteRecorder interface {
+	RecordWrite(auth string, t time.Time)
+}
+
+func (p recordingPacer) Sent(now time.Time, pm pacer.Permit) {
+	p.Pacer.Sent(now, pm)
+	if w, ok := p.r.log.(WriteRecorder); ok {
+		w.RecordWrite(pm.Authority, now)
+	}
 }
 
 func (p recordingPacer) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error) {
@@ -144,7 +159,14 @@ func (r *recorder) pacer(p worker.Pacer) worker.Pacer {
 type Log struct {
 	mu sync.Mutex
 	f  *os.File
+	// writes is path+WritesSuffix (RecordWrite), opened at the first.
+	writes     *os.File
+	writesPath string
 }
+
+// WritesSuffix names the file beside a Log's path in which it keeps the
+// writes the worker reported (RecordWrite), in the same line format.
+const WritesSuffix = ".writes"
 
 // Open opens path for appending; an empty path returns nil (no recording).
 func Open(path string) (*Log, error) {
@@ -155,7 +177,7 @@ func Open(path string) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("departure log: %w", err)
 	}
-	return &Log{f: f}, nil
+	return &Log{f: f, writesPath: path + WritesSuffix}, nil
 }
 
 // Wrap makes the worker of d record every request it sends in l; on a nil
@@ -178,6 +200,26 @@ func (l *Log) Record(auth string, t time.Time) {
 	}
 }
 
+// RecordWrite appends one line to the writes file (WritesSuffix); a file
+// that cannot be opened loses the line, as a failed write does.
+func (l *Log) RecordWrite(auth string, t time.Time) {
+	line := strconv.AppendInt(nil, t.UnixNano(), 10)
+	line = append(append(append(line, ' '), auth...), '\n')
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return
+	}
+	if l.writes == nil {
+		f, err := os.OpenFile(l.writesPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return
+		}
+		l.writes = f
+	}
+	l.writes.Write(line)
+}
+
 // Close closes the file; nil is a no-op.
 func (l *Log) Close() error {
 	if l == nil {
@@ -187,6 +229,10 @@ func (l *Log) Close() error {
 	defer l.mu.Unlock()
 	err := l.f.Close()
 	l.f = nil
+	if l.writes != nil {
+		l.writes.Close()
+		l.writes = nil
+	}
 	return err
 }
 
