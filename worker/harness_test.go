@@ -431,9 +431,16 @@ func (s *statusRecorder) Write(b []byte) (int, error) {
 // worker's fake clock (TestFloorOnTheFakeClock).
 func checkFloor(t testing.TB, name string, log []arrival, floor time.Duration) {
 	t.Helper()
+	minGap := checkGaps(t, name, log, floor, floor/3)
+	t.Logf("%s: smallest gap between request arrivals %v", name, minGap)
+}
+
+// checkGaps fails t for every two consecutive arrivals in log (in the order
+// they arrived) closer than floor less slack, and returns the smallest gap.
+func checkGaps(t testing.TB, name string, log []arrival, floor, slack time.Duration) time.Duration {
+	t.Helper()
 	log = append([]arrival(nil), log...)
 	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
-	slack := floor / 3
 	minGap := time.Hour
 	for i := 1; i < len(log); i++ {
 		gap := log[i].at.Sub(log[i-1].at)
@@ -442,7 +449,7 @@ func checkFloor(t testing.TB, name string, log []arrival, floor time.Duration) {
 			t.Errorf("%s: requests %d (%s) and %d (%s) arrived %v apart, floor %v", name, i-1, log[i-1].path, i, log[i].path, gap, floor)
 		}
 	}
-	t.Logf("%s: smallest gap between request arrivals %v", name, minGap)
+	return minGap
 }
 
 // testPacer returns a pacer whose default floor and cap are floor and cap.

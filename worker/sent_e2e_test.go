@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sort"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,15 +96,7 @@ func TestFloorHoldsAtTheOriginBehindASlowConnect(t *testing.T) {
 	if len(log) != n {
 		t.Fatalf("the origin saw %d requests, want %d", len(log), n)
 	}
-	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
-	minGap := time.Hour
-	for i := 1; i < len(log); i++ {
-		gap := log[i].at.Sub(log[i-1].at)
-		minGap = min(minGap, gap)
-		if gap < floor-relaySlack {
-			t.Errorf("requests %s and %s reached the origin %v apart, floor %v", log[i-1].path, log[i].path, gap, floor)
-		}
-	}
+	minGap := checkGaps(t, "arrivals", log, floor, relaySlack)
 	t.Logf("%d CONNECTs (the first held %v); smallest gap between arrivals %v, floor %v", connects.Load(), hold, minGap, floor)
 	if connects.Load() < 1 {
 		t.Error("no CONNECT: the requests did not go through the proxy")
@@ -163,14 +154,6 @@ func TestFloorHoldsWhenTheFlushIsLate(t *testing.T) {
 	if len(log) != n {
 		t.Fatalf("the origin saw %d requests, want %d", len(log), n)
 	}
-	sort.Slice(log, func(i, j int) bool { return log[i].at.Before(log[j].at) })
-	minGap := time.Hour
-	for i := 1; i < len(log); i++ {
-		gap := log[i].at.Sub(log[i-1].at)
-		minGap = min(minGap, gap)
-		if gap < floor {
-			t.Errorf("requests %s and %s reached the origin %v apart, floor %v", log[i-1].path, log[i].path, gap, floor)
-		}
-	}
+	minGap := checkGaps(t, "arrivals", log, floor, 0)
 	t.Logf("the first flush %v late; smallest gap between arrivals %v, floor %v", late, minGap, floor)
 }

@@ -87,17 +87,7 @@ type subjectTap struct {
 func startSubjectTap(b testing.TB, nc *nats.Conn) *subjectTap {
 	b.Helper()
 	t := &subjectTap{inboxOf: map[string]string{}, counts: map[string]subjectCount{}}
-	sub, err := nc.Subscribe(">", t.handle)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := sub.SetPendingLimits(-1, -1); err != nil {
-		b.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		b.Fatal(err)
-	}
-	t.sub = sub
+	t.sub = subscribeUnbounded(b, nc, ">", t.handle)
 	return t
 }
 

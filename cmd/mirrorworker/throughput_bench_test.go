@@ -252,7 +252,16 @@ func newAckWatch(warm, measured int, onWarm func()) *ackWatch {
 // subscribe watches stream's acks on nc.
 func (a *ackWatch) subscribe(b testing.TB, nc *nats.Conn, stream string) {
 	b.Helper()
-	sub, err := nc.Subscribe("$JS.ACK."+stream+".>", a.handle)
+	sub := subscribeUnbounded(b, nc, "$JS.ACK."+stream+".>", a.handle)
+	b.Cleanup(func() { sub.Unsubscribe() })
+}
+
+// subscribeUnbounded subscribes h to subject on nc with no pending limit
+// (a benchmark's watcher must not drop what it counts as a slow consumer)
+// and returns once the server has the interest.
+func subscribeUnbounded(b testing.TB, nc *nats.Conn, subject string, h nats.MsgHandler) *nats.Subscription {
+	b.Helper()
+	sub, err := nc.Subscribe(subject, h)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -262,7 +271,7 @@ func (a *ackWatch) subscribe(b testing.TB, nc *nats.Conn, stream string) {
 	if err := nc.Flush(); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { sub.Unsubscribe() })
+	return sub
 }
 
 func (a *ackWatch) handle(m *nats.Msg) {
