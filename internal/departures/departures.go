@@ -157,18 +157,17 @@ func (r *recorder) pacer(p worker.Pacer) worker.Pacer {
 // loses none of the lines it wrote. A nil *Log records nothing. Safe for
 // concurrent use.
 type Log struct {
-	mu sync.Mutex
-	f  *os.File
-	// writes is path+WritesSuffix (RecordWrite), opened at the first.
-	writes     *os.File
-	writesPath string
+	mu     sync.Mutex
+	f      *os.File
+	writes *os.File // path+WritesSuffix (RecordWrite)
 }
 
 // WritesSuffix names the file beside a Log's path in which it keeps the
 // writes the worker reported (RecordWrite), in the same line format.
 const WritesSuffix = ".writes"
 
-// Open opens path for appending; an empty path returns nil (no recording).
+// Open opens path and path+WritesSuffix for appending; an empty path
+// returns nil (no recording).
 func Open(path string) (*Log, error) {
 	if path == "" {
 		return nil, nil
@@ -177,7 +176,12 @@ func Open(path string) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("departure log: %w", err)
 	}
-	return &Log{f: f, writesPath: path + WritesSuffix}, nil
+	w, err := os.OpenFile(path+WritesSuffix, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("departure log: %w", err)
+	}
+	return &Log{f: f, writes: w}, nil
 }
 
 // Wrap makes the worker of d record every request it sends in l; on a nil
@@ -190,34 +194,21 @@ func (l *Log) Wrap(d *worker.Deps) {
 }
 
 // Record appends one line.
-func (l *Log) Record(auth string, t time.Time) {
-	line := strconv.AppendInt(nil, t.UnixNano(), 10)
-	line = append(append(append(line, ' '), auth...), '\n')
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f != nil {
-		l.f.Write(line) // best effort: a lost line shows as a pod with fewer requests
-	}
-}
+func (l *Log) Record(auth string, t time.Time) { l.append(&l.f, auth, t) }
 
-// RecordWrite appends one line to the writes file (WritesSuffix); a file
-// that cannot be opened loses the line, as a failed write does.
-func (l *Log) RecordWrite(auth string, t time.Time) {
+// RecordWrite appends one line to the writes file (WritesSuffix).
+func (l *Log) RecordWrite(auth string, t time.Time) { l.append(&l.writes, auth, t) }
+
+// append writes "<unix ns> <auth>" to *f unless the log is closed; best
+// effort: a lost line shows as a pod with fewer requests.
+func (l *Log) append(f **os.File, auth string, t time.Time) {
 	line := strconv.AppendInt(nil, t.UnixNano(), 10)
 	line = append(append(append(line, ' '), auth...), '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.f == nil {
-		return
+	if *f != nil {
+		(*f).Write(line)
 	}
-	if l.writes == nil {
-		f, err := os.OpenFile(l.writesPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-		if err != nil {
-			return
-		}
-		l.writes = f
-	}
-	l.writes.Write(line)
 }
 
 // Close closes the file; nil is a no-op.
@@ -228,11 +219,8 @@ func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	err := l.f.Close()
-	l.f = nil
-	if l.writes != nil {
-		l.writes.Close()
-		l.writes = nil
-	}
+	l.writes.Close()
+	l.f, l.writes = nil, nil
 	return err
 }
 
