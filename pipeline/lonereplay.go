@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
@@ -31,6 +32,9 @@ import (
 // publish its facts (5 s at most).
 const LoneReplayPatience = 30 * time.Second
 
+// loneReplayPoll is how often a waiting pod reads the replays' entries.
+const loneReplayPoll = 200 * time.Millisecond
+
 // podsBucket opens jobs.PodsBucket, creating it for a pod of the shared
 // consumer (EnsureWork creates it in the partitioned layout).
 func (pod *Pod) podsBucket(ctx context.Context) (jetstream.KeyValue, error) {
@@ -51,7 +55,7 @@ func (pod *Pod) podsBucket(ctx context.Context) (jetstream.KeyValue, error) {
 // status is the pod's entry in jobs.PodsBucket: written by the lease
 // manager (podHooks.Status), or by announce with the shared consumer.
 func (pod *Pod) status() []byte {
-	st := pod.Worker.Status(pod.id, pod.version, pod.Owned(), pod.parts.Pacer.Snapshot(time.Now()))
+	st := pod.Worker.Status(pod.id, pod.version, pod.Owned(), pod.parts.Pacer.Snapshot(pod.parts.Clock.Now()))
 	st.AllowPrivateNetworks = pod.parts.cfg.Fetch != nil && pod.parts.cfg.Fetch.AllowPrivate
 	b, _ := json.Marshal(st)
 	return withReplayTargets(b, pod.replay)
@@ -81,7 +85,8 @@ func refreshEvery(ctx context.Context, kv jetstream.KeyValue) time.Duration {
 // announce keeps the entry of a pod of the shared consumer in kv until
 // ctx ends, then deletes it.
 func (pod *Pod) announce(ctx context.Context, kv jetstream.KeyValue) {
-	t := time.NewTicker(refreshEvery(ctx, kv))
+	every := refreshEvery(ctx, kv)
+	t := pod.parts.Clock.NewTimer(every)
 	defer t.Stop()
 	failing := false
 	for {
@@ -101,7 +106,8 @@ func (pod *Pod) announce(ctx context.Context, kv jetstream.KeyValue) {
 				pod.log.Warn().Err(err).Msg("withdraw the pod from " + jobs.PodsBucket + " (it expires by itself)")
 			}
 			return
-		case <-t.C:
+		case <-t.C():
+			t.Reset(every)
 		}
 	}
 }
@@ -126,7 +132,9 @@ func (pod *Pod) awaitLoneReplays(ctx context.Context, pods jetstream.KeyValue) {
 	if pods != nil {
 		every = refreshEvery(ctx, pods)
 	}
-	began, lastPut := time.Now(), time.Now()
+	clk := pod.parts.Clock
+	began := clk.Now()
+	lastPut := began
 	waited := false
 	for {
 		runs, err := jobs.Entries[jobs.ReplayRun](ctx, kv)
@@ -153,19 +161,17 @@ func (pod *Pod) awaitLoneReplays(ctx context.Context, pods jetstream.KeyValue) {
 				Msg("waiting for replays that pace their own requests to stop and hand their jobs to the pods, before taking work")
 			waited = true
 		}
-		if time.Since(began) > LoneReplayPatience {
+		if clk.Now().Sub(began) > LoneReplayPatience {
 			pod.log.Warn().Strs("replays", alone).Str("waited", LoneReplayPatience.String()).
 				Msg("replays still pace their own requests: taking work anyway (their requests and this pod's may come closer than the floor; stop them or check that they reach NATS)")
 			pod.fenceFrom(ctx, runs, waited)
 			return
 		}
-		select {
-		case <-ctx.Done():
+		if !clock.Sleep(clk, loneReplayPoll, ctx.Done()) {
 			return
-		case <-time.After(200 * time.Millisecond):
 		}
-		if time.Since(lastPut) >= every {
-			lastPut = time.Now()
+		if now := clk.Now(); now.Sub(lastPut) >= every {
+			lastPut = now
 			if err := pod.putStatus(ctx, pods); err != nil && ctx.Err() == nil {
 				pod.log.Warn().Err(err).Msg("announce the pod in " + jobs.PodsBucket)
 			}
@@ -184,7 +190,7 @@ func (pod *Pod) fenceFrom(ctx context.Context, runs []jobs.ReplayRun, waited boo
 			pod.log.Warn().Err(err).Msg("restore the pacer facts a replay published")
 		}
 	}
-	n := pod.parts.Pacer.FenceAll(time.Now(), jobs.LastStartsOf(runs)...)
+	n := pod.parts.Pacer.FenceAll(pod.parts.Clock.Now(), jobs.LastStartsOf(runs)...)
 	if waited || n > 0 {
 		pod.log.Info().Int("authorities", n).Msg("replays pacing alone have stopped: this pod's first requests are spaced from their last starts")
 	}

@@ -68,6 +68,10 @@ type Config struct {
 	Auth worker.AuthRule
 	// MaxDeletes is worker.Options.MaxDeletesPerMinute (negative: no limit).
 	MaxDeletes int
+	// Clock is what the workers, the fact follower and a pod (its grants,
+	// its wait for replays pacing alone, its announcement) read and wait
+	// on; nil is clock.Real{}. The pacer takes each instant from them.
+	Clock clock.Clock
 	// Registerer gets the worker's and the sink's metrics; nil keeps them
 	// on a private registry.
 	Registerer prometheus.Registerer
@@ -91,6 +95,9 @@ type Parts struct {
 	// Credentials is the loaded credential set (nil without
 	// Config.Credentials).
 	Credentials *credentials.Store
+	// Clock is Config.Clock (clock.Real{} if it was nil): a command that
+	// runs more beside the parts (a replay) reads the same one.
+	Clock clock.Clock
 
 	js       jetstream.JetStream
 	cfg      Config
@@ -108,7 +115,10 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Parts{Metrics: metrics, Pacer: c.Pacer, js: js, cfg: c}
+	p := &Parts{Metrics: metrics, Pacer: c.Pacer, Clock: c.Clock, js: js, cfg: c}
+	if p.Clock == nil {
+		p.Clock = clock.Real{}
+	}
 	fo := &fetch.Options{}
 	if c.Fetch != nil {
 		*fo = *c.Fetch
@@ -171,7 +181,7 @@ func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdow
 		AckWait:       p.cfg.AckWait,
 		ShutdownGrace: shutdownGrace,
 		WorkerID:      p.cfg.WorkerID,
-		Clock:         clock.Real{},
+		Clock:         p.Clock,
 		Logger:        p.cfg.Logger,
 		Metrics:       p.Metrics,
 		Auth:          p.cfg.Auth,
@@ -234,7 +244,7 @@ func NewGroup(log zerolog.Logger) *lifecycle.Group {
 // the services (RunOptions.Services: its Run); Close it if it is not run.
 func (p *Parts) Follow(ctx context.Context, js jetstream.JetStream, self string, log zerolog.Logger) (*facts.Follower, error) {
 	p.Sink.SetPod(self)
-	f, err := facts.NewFollower(ctx, js, p.Pacer, self, clock.Real{}, log)
+	f, err := facts.NewFollower(ctx, js, p.Pacer, self, p.Clock, log)
 	if err != nil {
 		return nil, err
 	}

@@ -118,7 +118,7 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 			d.Owns = func(p int) bool { m := mgrp.Load(); return m != nil && m.Owns(p) }
 		}
 		if o.ReplayTargets != nil {
-			d.ReplayTarget = (&replayOpener{js: js, targets: o.ReplayTargets}).open
+			d.ReplayTarget = (&replayOpener{js: js, targets: o.ReplayTargets, clk: p.Clock}).open
 			pod.replay = o.ReplayTargets.Specs()
 		}
 		if o.Adjust != nil {
@@ -134,13 +134,13 @@ func (p *Parts) StartPod(ctx context.Context, o *PodOptions) (*Pod, error) {
 		// while the worker serves the authority's partition, fenced from its
 		// take-over like the worker's first request.
 		Owns: func(auth string) bool {
-			_, ok := pod.Worker.GrantOwns(time.Now(), auth)
+			_, ok := pod.Worker.GrantOwns(p.Clock.Now(), auth)
 			return ok
 		},
 		// Live jobs first: a grant takes at most one start in four while
 		// the pod's live jobs for the authority wait (docs/adr/0025).
-		Defer: func(auth string) time.Duration { return pod.Worker.GrantLiveFirst(time.Now(), auth) },
-		ID:    o.PodID, Logger: o.Logger,
+		Defer: func(auth string) time.Duration { return pod.Worker.GrantLiveFirst(p.Clock.Now(), auth) },
+		ID:    o.PodID, Clock: p.Clock, Logger: o.Logger,
 	})
 	if pod.Partitions > 0 {
 		if pod.mgr, err = pod.newManager(ctx, o); err != nil {

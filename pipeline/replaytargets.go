@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/mirror"
 	"github.com/mirrorworker/mirrorworker/worker"
@@ -63,6 +64,7 @@ func TargetSpec(root string) string {
 type replayOpener struct {
 	js      jetstream.JetStream
 	targets *ReplayTargets
+	clk     clock.Clock // times how long an entry read is trusted
 
 	mu   sync.Mutex
 	kv   jetstream.KeyValue
@@ -92,7 +94,7 @@ func (o *replayOpener) open(ctx context.Context, run, spec string) (worker.Targe
 // jobs.ReplaysBucket (its replay ended or died). A lookup that fails
 // otherwise lets the job through: a NATS hiccup must not drop work.
 func (o *replayOpener) check(ctx context.Context, run string) error {
-	now := time.Now()
+	now := o.clk.Now()
 	o.mu.Lock()
 	seen, kv := o.live[run], o.kv
 	o.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
+	"github.com/mirrorworker/mirrorworker/clock"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/worker"
 )
@@ -31,7 +32,7 @@ func TestReplayOpener(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := &replayOpener{js: js, targets: &ReplayTargets{Own: TargetSpec(own.Root()), OwnT: own,
-		Allowed: map[string]worker.Target{TargetSpec(other.Root()): other}}}
+		Allowed: map[string]worker.Target{TargetSpec(other.Root()): other}}, clk: clock.Real{}}
 
 	// No bucket yet: no replay is running.
 	if _, err := o.open(ctx, "r1", TargetSpec(own.Root())); !errors.Is(err, worker.ErrReplayOver) {

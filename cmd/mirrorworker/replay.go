@@ -362,7 +362,7 @@ func replayJobs(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, c *r
 			Subjects: plan.subjects,
 			Consumer: &jobs.ConsumerOptions{AckWait: c.ackWait, MaxAckPending: c.maxAckPending, Replicas: c.streamReplicas},
 			Progress: newProgress(c.progress, stderr),
-			Waits:    loneWaits(replay.PodWaits(js), replay.PacerWaits(parts.Pacer, time.Now)),
+			Waits:    loneWaits(replay.PodWaits(js), replay.PacerWaits(parts.Pacer, parts.Clock.Now)),
 			Logger:   log,
 		})
 		return err
@@ -432,7 +432,7 @@ type loneReplay struct {
 
 // alone is the replay's work: its own worker, then the pods'.
 func (l *loneReplay) alone() *replay.Lone {
-	starts := &replay.Starts{}
+	starts := &replay.Starts{Clock: l.parts.Clock} // the worker's, below
 	l.starts = starts
 	local := func(ctx context.Context, cons jetstream.Consumer) error {
 		depLog, err := departures.Open(readTestHooks(l.c.getenv).departures)
@@ -458,9 +458,9 @@ func (l *loneReplay) alone() *replay.Lone {
 	}
 	return replay.Alone(l.kv, replay.AloneOptions{
 		Run: l.run, Target: l.spec, Local: local, Starts: starts, Flush: l.parts.Sink.Flush, Logger: l.log,
-		Clock: clock.Real{}, // the workers' (pipeline.Parts.NewWorker), as Starts's
+		Clock: l.parts.Clock, // the workers' (pipeline.Parts.NewWorker), as Starts's
 		Sync:  l.parts.SyncFacts,
-		Fence: func(lasts ...map[string]time.Time) int { return l.parts.Pacer.FenceAll(time.Now(), lasts...) },
+		Fence: func(lasts ...map[string]time.Time) int { return l.parts.Pacer.FenceAll(l.parts.Clock.Now(), lasts...) },
 		Pods:  func(ctx context.Context) (map[string][]string, error) { return replay.LivePods(ctx, l.js) },
 		Waiting: func(e jobs.ReplayRun) {
 			fmt.Fprintf(l.stderr, "replay %s: waiting for replay %s (into %s) to end: it paces its own requests, and with no pod running replays run one at a time (a pod that starts does the work of both)\n",
