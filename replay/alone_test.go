@@ -217,15 +217,35 @@ func TestAloneEndsWithItsEntryLeftToExpire(t *testing.T) {
 type lone struct {
 	run     string
 	release chan struct{}
+	clk     clock.Clock // the replay's and its starts'
 	starts  *replay.Starts
-	ran     atomic.Int64 // unix nanoseconds of the local work's first request
+	ran     atomic.Int64 // unix nanoseconds of the local work's first request, on clk
 	mu      sync.Mutex   // guards fenced and waited
 	fenced  map[string]time.Time
 	waited  []string
 }
 
-func newLone(run string) *lone {
-	return &lone{run: run, release: make(chan struct{}), starts: &replay.Starts{}, fenced: map[string]time.Time{}}
+func newLone(run string) *lone { return newLoneOn(run, clock.Real{}) }
+
+// newLoneOn is newLone on clk.
+func newLoneOn(run string, clk clock.Clock) *lone {
+	return &lone{run: run, release: make(chan struct{}), clk: clk, starts: &replay.Starts{Clock: clk}, fenced: map[string]time.Time{}}
+}
+
+// stepUntil moves a lone replay on clk until cond holds: each time the
+// replay waits for its next poll (a timer armed poll from now), the clock
+// advances by step.
+func stepUntil(t *testing.T, clk *clock.Fake, poll, step time.Duration, what string, cond func() bool) {
+	t.Helper()
+	waitUntil(t, what, func() bool {
+		if cond() {
+			return true
+		}
+		if slices.Contains(clk.Deadlines(), clk.Now().Add(poll)) {
+			clk.Advance(step)
+		}
+		return false
+	})
 }
 
 // ackAll is a hand-over's work that acks every job it is given, counting
@@ -248,11 +268,14 @@ func ackAll(acked *atomic.Int64) replay.Work {
 	}
 }
 
+// lonePoll is the lone replays' Poll in these tests.
+const lonePoll = 20 * time.Millisecond
+
 func (l *lone) options(t *testing.T, pods func() map[string][]string, handover func(jobs.ReplayRun)) replay.AloneOptions {
 	d := &worker.Deps{Fetcher: gateFetcher{}}
 	l.starts.Wrap(d)
 	return replay.AloneOptions{
-		Run: l.run, Target: "file:///" + l.run, Starts: l.starts, Poll: 20 * time.Millisecond,
+		Run: l.run, Target: "file:///" + l.run, Starts: l.starts, Poll: lonePoll, Clock: l.clk,
 		Local: func(ctx context.Context, c jetstream.Consumer) error {
 			for ctx.Err() == nil {
 				b, err := c.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond))
@@ -260,7 +283,7 @@ func (l *lone) options(t *testing.T, pods func() map[string][]string, handover f
 					continue
 				}
 				for m := range b.Messages() {
-					l.ran.CompareAndSwap(0, time.Now().UnixNano())
+					l.ran.CompareAndSwap(0, l.clk.Now().UnixNano())
 					if _, err := d.Fetcher.Do(ctx, fetch.Request{}, func(context.Context, int, authority.Authority) (func(fetch.Result), error) {
 						return func(fetch.Result) {}, nil
 					}); err != nil {
@@ -455,7 +478,8 @@ func consumers(t *testing.T, js jetstream.JetStream) int {
 // the pods' pace while none runs but an owner still answers; once none
 // answers either, it stops the granted work, fences its own pacer from the
 // last start the pods granted, writes its entry Alone with PodsGone, says
-// so, and does the rest of the jobs itself.
+// so, and does the rest of the jobs itself. The replay runs on a fake
+// clock: GoneAfter passes when the test advances it, not in wall time.
 func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
 	js, _ := brokertest.Streams(t)
 	ctx := brokertest.Context(t)
@@ -471,13 +495,14 @@ func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
 		running, silent  atomic.Bool // a pod runs; no owner answers
 		asked            atomic.Int32
 		grantedAcked     atomic.Int64
-		grantedAt        atomic.Int64 // unix nanoseconds of the granted request's start
+		grantedAt        atomic.Int64 // unix nanoseconds of the granted request's start, on clk
 		orphaned         atomic.Int32
 		duringAlone      atomic.Pointer[jobs.ReplayRun]
 		localAckedBefore atomic.Int64
 	)
 	running.Store(true)
-	l := newLone("r3")
+	clk := clock.NewFake(time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC))
+	l := newLoneOn("r3", clk)
 	close(l.release)
 	o := l.options(t, func() map[string][]string {
 		if running.Load() {
@@ -498,7 +523,7 @@ func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
 				}
 				for m := range b.Messages() {
 					if _, err := granted.Fetcher.Do(ctx, fetch.Request{}, func(context.Context, int, authority.Authority) (func(fetch.Result), error) {
-						grantedAt.Store(time.Now().UnixNano())
+						grantedAt.Store(clk.Now().UnixNano())
 						return func(fetch.Result) {}, nil
 					}); err != nil {
 						t.Error(err)
@@ -530,12 +555,15 @@ func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
 		done <- err
 	}()
 	// No pod runs, but an owner still answers (a pod between lease rounds
-	// that still grants): the replay keeps the pods' pace.
-	waitUntil(t, "the replay asking whether the owners answer", func() bool { return asked.Load() >= 3 })
+	// that still grants): the replay keeps the pods' pace. Each step is
+	// GoneAfter: from the second poll on, it asks.
+	waitUntil(t, "the granted request, then the pods gone", func() bool { return !running.Load() })
+	stepUntil(t, clk, lonePoll, replay.GoneAfter, "the replay asking whether the owners answer", func() bool { return asked.Load() >= 3 })
 	if r, ok := readRun(t, kv, "r3"); !ok || r.Alone || l.ran.Load() != 0 {
 		t.Fatalf("the replay paced alone while an owner answered: entry %+v, own request at %d", r, l.ran.Load())
 	}
 	silent.Store(true)
+	stepUntil(t, clk, lonePoll, lonePoll, "the replay's end", func() bool { return len(done) > 0 })
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -560,7 +588,8 @@ func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
 // TestAloneGoesBackToThePodsWhenOneReturns: a replay that paces alone
 // again because its pods went hands the rest over once a pod returns, as
 // one that began alone: its own request stopped first, the entry handed
-// over with its last start and no PodsGone.
+// over with its last start and no PodsGone. The replay runs on a fake
+// clock, as above.
 func TestAloneGoesBackToThePodsWhenOneReturns(t *testing.T) {
 	js, _ := brokertest.Streams(t)
 	ctx := brokertest.Context(t)
@@ -579,7 +608,8 @@ func TestAloneGoesBackToThePodsWhenOneReturns(t *testing.T) {
 		acked     atomic.Int64
 	)
 	running.Store(true)
-	l := newLone("r4") // its local work holds its job until stopped
+	clk := clock.NewFake(time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC))
+	l := newLoneOn("r4", clk) // its local work holds its job until stopped
 	o := l.options(t, func() map[string][]string {
 		if running.Load() {
 			return map[string][]string{"pod-1": nil}
@@ -605,8 +635,9 @@ func TestAloneGoesBackToThePodsWhenOneReturns(t *testing.T) {
 		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})
 		done <- err
 	}()
-	waitUntil(t, "the replay's own request after the pods went", func() bool { return l.ran.Load() != 0 })
+	stepUntil(t, clk, lonePoll, replay.GoneAfter, "the replay's own request after the pods went", func() bool { return l.ran.Load() != 0 })
 	running.Store(true) // a pod returns
+	stepUntil(t, clk, lonePoll, lonePoll, "the replay's end", func() bool { return len(done) > 0 })
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
