@@ -23,7 +23,9 @@ func newDepartures() *departures { return &departures{at: map[string][]time.Time
 
 // wrap makes the worker of d record its departures, at the instants its
 // pacer confirmed the starts (departlog.Wrap).
-func (d *departures) wrap(wd *worker.Deps) { departlog.Wrap(wd, d) }
+func (d *departures) wrap(wd *worker.Deps) {
+	wd.Fetcher, wd.Pacer = departlog.Wrap(wd.Fetcher, wd.Pacer, d)
+}
 
 // Record takes one departure (departlog.Recorder).
 func (d *departures) Record(auth string, t time.Time) {

@@ -65,7 +65,7 @@ func TestDepartureLogsMergeAcrossPods(t *testing.T) {
 	}
 	var nilLog *departlog.Log
 	var d0 worker.Deps
-	if nilLog.Wrap(&d0); d0.Fetcher != nil || d0.Pacer != nil || nilLog.Close() != nil {
+	if d0.Fetcher, d0.Pacer = nilLog.Wrap(d0.Fetcher, d0.Pacer); d0.Fetcher != nil || d0.Pacer != nil || nilLog.Close() != nil {
 		t.Error("a nil departlog.Log must wrap nothing and close cleanly")
 	}
 	if l, err := departlog.Open(""); l != nil || err != nil {

@@ -449,7 +449,7 @@ func (l *loneReplay) alone() *replay.Lone {
 			o.Replay = l.run
 			d.JS = replay.SeparateDeadLetters(d.JS)
 			starts.Wrap(d)
-			depLog.Wrap(d) // as pods and the granted worker log theirs
+			d.Fetcher, d.Pacer = depLog.Wrap(d.Fetcher, d.Pacer) // as pods and the granted worker log theirs
 		})
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
@@ -521,7 +521,7 @@ func (l *loneReplay) granted(ctx context.Context, cons jetstream.Consumer) error
 		o.Replay = l.run
 		d.JS = replay.SeparateDeadLetters(d.JS)
 		d.Pacer = paced
-		depLog.Wrap(d)
+		d.Fetcher, d.Pacer = depLog.Wrap(d.Fetcher, d.Pacer)
 		l.starts.Wrap(d) // the last grants fence the replay's own pacer if the pods all go
 	})
 	if err != nil {

@@ -633,7 +633,7 @@ func (p *natsStage) podOptions(depLog *departures.Log) *pipeline.PodOptions {
 		Logger: p.log,
 		Adjust: func(o *worker.Options, d *worker.Deps) {
 			o.StopNow = c.stopNow
-			depLog.Wrap(d)
+			d.Fetcher, d.Pacer = depLog.Wrap(d.Fetcher, d.Pacer)
 			p.hooks.adjust(o, d)
 		},
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/fetch"
 	"github.com/mirrorworker/mirrorworker/pacer"
-	"github.com/mirrorworker/mirrorworker/worker"
 )
 
 // Env names the file to which a `mirrorworker run` process started by the
@@ -36,12 +35,33 @@ type Recorder interface {
 	Record(auth string, t time.Time)
 }
 
-// Wrap makes the worker of d record every request it sends to rec, at the
-// instant its pacer confirmed the start (see recorder).
-func Wrap(d *worker.Deps, rec Recorder) {
+// Fetcher is a worker's fetcher (worker.Fetcher).
+type Fetcher interface {
+	Do(ctx context.Context, r fetch.Request, g fetch.Gate) (*fetch.Response, error)
+}
+
+// Pacer is a worker's pacer: worker.Pacer's methods, repeated here so that
+// this package stands below the worker it wraps (the tests hold the two
+// method sets equal). Wrap watches Confirm and Sent and passes the rest on.
+type Pacer interface {
+	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
+	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
+	Sent(now time.Time, pm pacer.Permit)
+	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
+	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
+	Fence(now time.Time, auth string, at time.Time)
+	Apply(now time.Time, ev pacer.Event)
+	PaceKey(auth string) string
+	Changed() <-chan struct{}
+}
+
+// Wrap returns a worker's fetcher f and pacer p recording every request
+// the worker sends to rec, at the instant p confirmed the start (see
+// recorder): the worker is built with the two it returns
+// (d.Fetcher, d.Pacer = departures.Wrap(d.Fetcher, d.Pacer, rec)).
+func Wrap(f Fetcher, p Pacer, rec Recorder) (Fetcher, Pacer) {
 	r := &recorder{log: rec, confirmed: map[string][]time.Time{}}
-	d.Fetcher = recordingFetcher{f: d.Fetcher, r: r}
-	d.Pacer = r.pacer(d.Pacer)
+	return recordingFetcher{f: f, r: r}, recordingPacer{Pacer: p, r: r}
 }
 
 // recorder times each request a worker sends at the instant its pacer
@@ -92,7 +112,7 @@ func (r *recorder) sent(auth string) {
 }
 
 type recordingFetcher struct {
-	f worker.Fetcher
+	f Fetcher
 	r *recorder
 }
 
@@ -103,12 +123,12 @@ func (f recordingFetcher) Do(ctx context.Context, req fetch.Request, g fetch.Gat
 // recordingPacer notes every start its pacer confirms, and passes each
 // write the worker reports (Sent) to a log that keeps them (WriteRecorder).
 type recordingPacer struct {
-	worker.Pacer
+	Pacer
 	r *recorder
 }
 
 // WriteRecorder is a Recorder that also keeps the instant the worker
-// reported each request written (worker.Pacer.Sent, the instant the pacer
+// reported each request written (Pacer.Sent, the instant the pacer
 // spaces the next start from): a trace to set beside the origin's arrivals.
 type WriteRecorder interface {
 	RecordWrite(auth string, t time.Time)
@@ -127,27 +147,6 @@ func (p recordingPacer) Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, e
 		p.r.confirm(pm.Authority, now)
 	}
 	return cpm, err
-}
-
-// applier is the method the worker looks for on its pacer beyond
-// worker.Pacer (an operator's pause, authfail.go): the wrapper keeps it.
-type applier interface {
-	Apply(now time.Time, ev pacer.Event)
-}
-
-type recordingApplier struct {
-	recordingPacer
-	a applier
-}
-
-func (p recordingApplier) Apply(now time.Time, ev pacer.Event) { p.a.Apply(now, ev) }
-
-func (r *recorder) pacer(p worker.Pacer) worker.Pacer {
-	rp := recordingPacer{Pacer: p, r: r}
-	if a, ok := p.(applier); ok {
-		return recordingApplier{recordingPacer: rp, a: a}
-	}
-	return rp
 }
 
 // Log appends one line per request a process sends, "<unix ns>
@@ -184,13 +183,12 @@ func Open(path string) (*Log, error) {
 	return &Log{f: f, writes: w}, nil
 }
 
-// Wrap makes the worker of d record every request it sends in l; on a nil
-// Log it changes nothing.
-func (l *Log) Wrap(d *worker.Deps) {
+// Wrap is Wrap into l; on a nil Log it returns f and p unchanged.
+func (l *Log) Wrap(f Fetcher, p Pacer) (Fetcher, Pacer) {
 	if l == nil {
-		return
+		return f, p
 	}
-	Wrap(d, l)
+	return Wrap(f, p, l)
 }
 
 // Record appends one line.

@@ -15,6 +15,16 @@ import (
 	"github.com/mirrorworker/mirrorworker/worker"
 )
 
+// A worker's fetcher and pacer are this package's Fetcher and Pacer: the
+// method sets are equal, so that Wrap takes and returns what a worker is
+// built with, and this package need not import the worker.
+var (
+	_ Fetcher        = worker.Fetcher(nil)
+	_ worker.Fetcher = Fetcher(nil)
+	_ Pacer          = worker.Pacer(nil)
+	_ worker.Pacer   = Pacer(nil)
+)
+
 // taken is a Recorder that keeps what it is given.
 type taken struct {
 	mu sync.Mutex
@@ -69,7 +79,7 @@ func TestLogRoundTrip(t *testing.T) {
 	}
 	var nilLog *Log
 	var d0 worker.Deps
-	if nilLog.Wrap(&d0); d0.Fetcher != nil || d0.Pacer != nil || nilLog.Close() != nil {
+	if d0.Fetcher, d0.Pacer = nilLog.Wrap(d0.Fetcher, d0.Pacer); d0.Fetcher != nil || d0.Pacer != nil || nilLog.Close() != nil {
 		t.Error("a nil Log must wrap nothing and close cleanly")
 	}
 	if l, err := Open(""); l != nil || err != nil {
@@ -115,7 +125,7 @@ func TestDeparturesAreTheConfirmedStarts(t *testing.T) {
 	d := &taken{}
 	slot := &gateOnly{}
 	deps := worker.Deps{Pacer: hp, Fetcher: slot}
-	Wrap(&deps, d)
+	deps.Fetcher, deps.Pacer = Wrap(deps.Fetcher, deps.Pacer, d)
 	if _, ok := deps.Pacer.(interface {
 		Apply(time.Time, pacer.Event)
 	}); !ok {
