@@ -68,9 +68,10 @@ type Config struct {
 	Auth worker.AuthRule
 	// MaxDeletes is worker.Options.MaxDeletesPerMinute (negative: no limit).
 	MaxDeletes int
-	// Clock is what the workers, the fact follower and a pod (its grants,
-	// its wait for replays pacing alone, its announcement) read and wait
-	// on; nil is clock.Real{}. The pacer takes each instant from them.
+	// Clock is what the workers, the fact follower and a pod (its lease
+	// manager, its grants, its wait for replays pacing alone, its
+	// announcement) read and wait on; nil is clock.Real{}. The pacer takes
+	// each instant from them.
 	Clock clock.Clock
 	// Registerer gets the worker's and the sink's metrics; nil keeps them
 	// on a private registry.
