@@ -5,7 +5,6 @@ import (
 	"container/heap"
 	"fmt"
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
@@ -13,7 +12,7 @@ import (
 	"github.com/mirrorworker/mirrorworker/stuborigin/limitreq"
 )
 
-var traceDrain = os.Getenv("MW_TRACE_DRAIN") != ""
+const traceDrain = false
 
 type answer struct {
 	at time.Time
