@@ -1107,17 +1107,17 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		}
 	}
 	step := p.firstStepFor(e, cool)
-	if (first || e.answered == 0) && e.pace <= 0 && e.firstStep <= 0 && cool > 0 && e.rd.burst > 0 {
-		// The cold blast's refusal (or one to a request that crossed
-		// it, nothing admitted since): no pace is known, but the blast
+	if (first || (e.answered == 0 && started == e.escAt)) && e.pace <= 0 && e.firstStep <= 0 && cool > 0 && e.rd.burst > 0 {
+		// The cold blast's refusal (or one to a request started as it
+		// came back, which crossed it): no pace is known, but the blast
 		// read the bucket's depth and the refusal its cooldown. The
 		// 2 s step left a 10 r/s origin idle for 2 s after the probe
 		// and the ramp halved down from there (about 4 s of its
 		// capacity). The step is instead the spacing at which a bucket
 		// of that depth just drains within the cooldown: an origin at
 		// least that fast is empty when the probe goes, and the ramp
-		// starts from it; a slower one refuses again soon after the
-		// probe, and that refusal (with admissions since) steps 2 s as
+		// starts from it; a slower one refuses the probe or the
+		// requests soon after it, and that refusal steps 2 s as
 		// before. ADR 0029, "The seventh look".
 		step = min(cool/int64(e.rd.burst), step)
 	}
