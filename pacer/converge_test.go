@@ -105,6 +105,9 @@ func drainBucket(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files int, r
 				}
 				last = now
 				r.requests++
+				if traceDrain && r.requests < 60 {
+					t.Logf("TRACE %6.3fs req %d", now.Sub(t0).Seconds(), r.requests)
+				}
 				p.Sent(now, pm)
 				// The origin times its Retry-After from the refusal, as
 				// the stub does: a request already on its way when the
@@ -201,11 +204,15 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		// holds the pace long enough to fill the reading's window: the
 		// next reading keeps the bound before (1.50x with 5 rejections
 		// when it read none and crept past the rate again). An
-		// operator's first step of 100 ms settles at about 1.15x.
-		{10, 0, 0, 0, 1.25, 6, 1, false},
-		{10, 0, 0, time.Millisecond, 1.25, 6, 1, false},
-		{10, 0, 0, 2 * time.Millisecond, 1.25, 6, 1, false},
-		{10, 0, 0, 30 * time.Millisecond, 1.25, 6, 1, false},
+		// operator's first step of 100 ms settles at about 1.15x. The
+		// blast's refusal now steps to the cooldown over the blast's
+		// depth (333 ms here) instead of 2 s (the seventh look): the
+		// first silence costs about 2 s instead of 5.9 s, 1.13-1.14x
+		// at every latency (1.23x before, and these rows fail).
+		{10, 0, 0, 0, 1.17, 6, 1, false},
+		{10, 0, 0, time.Millisecond, 1.17, 6, 1, false},
+		{10, 0, 0, 2 * time.Millisecond, 1.17, 6, 1, false},
+		{10, 0, 0, 30 * time.Millisecond, 1.17, 6, 1, false},
 		{10, 0, 100 * time.Millisecond, 0, 1.2, 6, 1, false},
 		{10, 100 * time.Millisecond, 0, 0, 1.05, 0, 0, false},
 		{10, time.Second, 0, 0, 1.05, 0, 0, false},
@@ -252,5 +259,40 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 				t.Errorf("drain ratio %.3f (want at most %.2f), %d rejections (want at most %d)", ratio, tt.maxRatio, r.rejections, tt.maxRej)
 			}
 		})
+	}
+}
+
+// TestConvergenceSweep drains 300 files at floor 0 from limiters of
+// 0.5 to 50 r/s, bursts 5 and 10, refusing with 429 and a Retry-After of
+// 1 s or 2 s, or with 503 and none (ADR 0029, the seventh look), and logs
+// each cell's ratio and rejections.
+func TestConvergenceSweep(t *testing.T) {
+	const files = 300
+	for _, ra := range []time.Duration{time.Second, 2 * time.Second, 0} {
+		for _, burst := range []int64{5, 10} {
+			for _, rate := range []float64{0.5, 1, 2, 5, 10, 20, 50} {
+				if ra == 0 && (burst != 5 || rate == 0.5 || rate == 20) {
+					// The limiter's 503 is read only while other
+					// requests succeed (backoff.go): in these cells
+					// the blast's second refusal is read as a
+					// failure, which drainBucket does not model.
+					continue
+				}
+				t.Run(fmt.Sprintf("ra%s_burst%d_%gr/s", ra, burst, rate), func(t *testing.T) {
+					p := pacer.New(&pacer.Options{
+						Policy:     &pacer.Policy{Default: pacer.Limits{MaxInFlight: 2}},
+						Rand:       fixedRand(0),
+						AwaitSends: true,
+					})
+					r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: burst}}, files, ra, 20*time.Millisecond)
+					bound := float64(files) / rate
+					ratio := r.drain.Seconds() / bound
+					t.Logf("SWEEP ra %s burst %d rate %g: ratio %.3f, %d rejections of %d, %d early (%d crossing)", ra, burst, rate, ratio, r.rejections, r.requests, r.early, r.crossed)
+					if told := r.early - r.crossed; told != 0 || r.crossed > 1 {
+						t.Errorf("%d requests arrived while a Retry-After was in force after a refusal had come back, %d crossed the first (want 0 and at most 1)", told, r.crossed)
+					}
+				})
+			}
+		}
 	}
 }

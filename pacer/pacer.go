@@ -1067,8 +1067,9 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 	if e.rd != nil {
 		e.rd.blastEnd = 0 // a later escalation: the blast is counted
 	}
+	first := e.rd == nil
 	switch {
-	case e.rd == nil:
+	case first:
 		// The first refusal: the admissions before it, from a cold
 		// start, were what an empty bucket takes in a row (nginx's
 		// burst and one more); one still in flight that started before
@@ -1105,7 +1106,22 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			e.rd.capIv, e.rd.up = 0, 0
 		}
 	}
-	iv := min(max(2*e.interval, p.firstStepFor(e, cool), e.floor), top)
+	step := p.firstStepFor(e, cool)
+	if (first || (e.answered == 0 && started == e.escAt)) && e.pace <= 0 && e.firstStep <= 0 && cool > 0 && e.rd.burst > 0 {
+		// The cold blast's refusal (or one to a request started as it
+		// came back, which crossed it): no pace is known, but the blast
+		// read the bucket's depth and the refusal its cooldown. The
+		// 2 s step left a 10 r/s origin idle for 2 s after the probe
+		// and the ramp halved down from there (about 4 s of its
+		// capacity). The step is instead the spacing at which a bucket
+		// of that depth just drains within the cooldown: an origin at
+		// least that fast is empty when the probe goes, and the ramp
+		// starts from it; a slower one refuses the probe or the
+		// requests soon after it, and that refusal steps 2 s as
+		// before. ADR 0029, "The seventh look".
+		step = min(cool/int64(e.rd.burst), step)
+	}
+	iv := min(max(2*e.interval, step, e.floor), top)
 	if e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
 		// Refused again before the answers since the last escalation
 		// could read anything: the pace they came back to is too fast
