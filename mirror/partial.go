@@ -165,6 +165,13 @@ func (t *FileTarget) noteKept(n partialName) {
 	t.kept[n] = t.keptSeq
 }
 
+// anyKept reports whether any kept file may be there.
+func (t *FileTarget) anyKept() bool {
+	t.keptMu.Lock()
+	defer t.keptMu.Unlock()
+	return len(t.kept) > 0
+}
+
 // mayHoldKept reports whether n's file may be there, and the sequence
 // number of its last keep, for forgetKept.
 func (t *FileTarget) mayHoldKept(n partialName) (seq uint64, ok bool) {
@@ -255,6 +262,9 @@ func (t *FileTarget) Resume(ctx context.Context, key, url string) (Kept, error) 
 	// open (a failed open per job cost more than the rest of Resume). A
 	// file another process kept since is not resumed here: the body comes
 	// whole, as from a bucket served by another pod (ADR 0035).
+	if !t.anyKept() {
+		return nil, nil // nothing kept at all, the usual case: not even a hash
+	}
 	n := partialNameOf(key)
 	seq, ok := t.mayHoldKept(n)
 	if !ok {
