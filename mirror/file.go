@@ -87,6 +87,16 @@ type FileTarget struct {
 	// wait on each other. Puts with an attribute only need it to remove a
 	// sidecar before their rename.
 	keyMu [64]sync.Mutex
+
+	// keptMu guards kept: the files of partDir this process may find
+	// there, those Open listed and those it kept since, each with the
+	// sequence number of its last keep (keptSeq), so that a Resume that
+	// finds the file gone forgets it only if no keep came meanwhile. A key
+	// not in it has no file this process could resume, and Resume opens
+	// nothing for it (partial.go). Never held across I/O.
+	keptMu  sync.Mutex
+	kept    map[partialName]uint64
+	keptSeq uint64
 }
 
 // Options configure a FileTarget. A nil *Options means the zero value.
@@ -154,6 +164,9 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 	}
 	if _, err := sweepPartials(t.partDir, time.Now(), cmp.Or(t.opt.PartialMaxAge, DefaultPartialMaxAge)); err != nil {
 		return nil, fmt.Errorf("open target: remove old partial file: %w", err)
+	}
+	if t.kept, err = listPartials(t.partDir); err != nil {
+		return nil, fmt.Errorf("open target: list partial files: %w", err)
 	}
 	if t.xattrs, err = t.probeXattr(); err != nil {
 		return nil, fmt.Errorf("open target: %w", err)

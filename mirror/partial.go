@@ -124,8 +124,71 @@ func (k *fileKept) Discard() {
 // partialPath is where the kept start of key's body waits: one file per
 // key, whose name does not reveal the key.
 func (t *FileTarget) partialPath(key string) string {
+	return t.partialFile(partialNameOf(key))
+}
+
+// partialName is the name of a key's kept file under partDir, as bytes:
+// the first 20 bytes of the key's sha256, hex-encoded in the name.
+type partialName [20]byte
+
+func partialNameOf(key string) partialName {
 	s := sha256.Sum256([]byte(key))
-	return filepath.Join(t.partDir, hex.EncodeToString(s[:20]))
+	return partialName(s[:20])
+}
+
+func (t *FileTarget) partialFile(n partialName) string {
+	return filepath.Join(t.partDir, hex.EncodeToString(n[:]))
+}
+
+// listPartials names the kept files under dir, for FileTarget.kept.
+func listPartials(dir string) (map[partialName]uint64, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[partialName]uint64, len(entries))
+	for _, e := range entries {
+		var n partialName
+		if b, err := hex.DecodeString(e.Name()); err == nil && len(b) == len(n) {
+			copy(n[:], b)
+			m[n] = 0
+		}
+	}
+	return m, nil
+}
+
+// noteKept records that this process kept n's file.
+func (t *FileTarget) noteKept(n partialName) {
+	t.keptMu.Lock()
+	defer t.keptMu.Unlock()
+	t.keptSeq++
+	t.kept[n] = t.keptSeq
+}
+
+// anyKept reports whether any kept file may be there.
+func (t *FileTarget) anyKept() bool {
+	t.keptMu.Lock()
+	defer t.keptMu.Unlock()
+	return len(t.kept) > 0
+}
+
+// mayHoldKept reports whether n's file may be there, and the sequence
+// number of its last keep, for forgetKept.
+func (t *FileTarget) mayHoldKept(n partialName) (seq uint64, ok bool) {
+	t.keptMu.Lock()
+	defer t.keptMu.Unlock()
+	seq, ok = t.kept[n]
+	return seq, ok
+}
+
+// forgetKept forgets n's file, found gone or taken, unless it was kept
+// again since mayHoldKept said seq.
+func (t *FileTarget) forgetKept(n partialName, seq uint64) {
+	t.keptMu.Lock()
+	defer t.keptMu.Unlock()
+	if cur, ok := t.kept[n]; ok && cur == seq {
+		delete(t.kept, n)
+	}
 }
 
 // keepable reports whether a failed transfer of size bytes with the
@@ -172,9 +235,11 @@ func (t *FileTarget) keep(f *tempFile, h hash.Hash, rec partialRecord) (err erro
 	if err := f.sync(); err != nil {
 		return fmt.Errorf("keep partial: %w", err)
 	}
-	if err := rename(f.name, t.partialPath(rec.Key)); err != nil {
+	n := partialNameOf(rec.Key)
+	if err := rename(f.name, t.partialFile(n)); err != nil {
 		return fmt.Errorf("keep partial: %w", err)
 	}
+	t.noteKept(n)
 	return f.close()
 }
 
@@ -192,10 +257,24 @@ func (t *FileTarget) Resume(ctx context.Context, key, url string) (Kept, error) 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	p := t.partialPath(key)
+	// Kept files come from this process's failed transfers, or were there
+	// when it opened the target: for any other key there is nothing to
+	// open (a failed open per job cost more than the rest of Resume). A
+	// file another process kept since is not resumed here: the body comes
+	// whole, as from a bucket served by another pod (ADR 0035).
+	if !t.anyKept() {
+		return nil, nil // nothing kept at all, the usual case: not even a hash
+	}
+	n := partialNameOf(key)
+	seq, ok := t.mayHoldKept(n)
+	if !ok {
+		return nil, nil
+	}
+	p := t.partialFile(n)
 	fd, err := openRetry(p, syscall.O_RDWR|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	switch {
 	case err == syscall.ENOENT:
+		t.forgetKept(n, seq)
 		return nil, nil
 	case err != nil:
 		return nil, fmt.Errorf("resume %q: %w", key, &fs.PathError{Op: "open", Path: p, Err: err})
@@ -243,6 +322,7 @@ func (t *FileTarget) Resume(ctx context.Context, key, url string) (Kept, error) 
 		f.abort()
 		return nil, fmt.Errorf("resume %q: %w", key, &fs.PathError{Op: "unlink", Path: p, Err: err})
 	}
+	t.forgetKept(n, seq) // taken: a failure of this attempt keeps it again
 	if err := f.truncate(rec.Size); err != nil {
 		f.abort()
 		return nil, fmt.Errorf("resume %q: %w", key, err)

@@ -221,3 +221,57 @@ func TestResumeLifecycle(t *testing.T) {
 		t.Errorf("starts older than PartialMaxAge left at Open: %v", p)
 	}
 }
+
+// TestResumeLooksOnlyForWhatItKnows: Resume opens the kept file of a key
+// only if this process kept it or found it at Open, so that the jobs with
+// nothing kept (nearly all) cost no failed open each. A file another
+// process keeps after this one opened the root is not resumed here (the
+// body comes whole); a process opened after it resumes it.
+func TestResumeLooksOnlyForWhatItKnows(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789"), 10000)
+	want := mirror.Expect{SHA256: hexSum(data), Size: int64(len(data)), HasSize: true}
+	const url, key = "http://origin.test/big", "obj"
+	meta := mirror.Meta{URL: url, ETag: `"v1"`}
+	ctx := context.Background()
+	root := t.TempDir()
+	opt := &mirror.Options{ResumeMin: 4096}
+	open := func() *mirror.FileTarget {
+		t.Helper()
+		ft, err := mirror.OpenWith(root, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ft
+	}
+	earlier, keeper := open(), open()
+	if _, err := keeper.Put(ctx, key, cutReader(data, 60000, errCut), want, meta); !errors.Is(err, errCut) {
+		t.Fatalf("Put of a cut body: %v", err)
+	}
+	tests := []struct {
+		name  string
+		ft    *mirror.FileTarget
+		found bool
+	}{
+		{name: "opened before the keep", ft: earlier, found: false},
+		{name: "opened after the keep", ft: open(), found: true},
+		{name: "the keeper", ft: keeper, found: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k, err := tc.ft.Resume(ctx, key, url)
+			if err != nil {
+				t.Fatalf("Resume: %v", err)
+			}
+			if (k != nil) != tc.found {
+				t.Fatalf("Resume found %v, want %v", k != nil, tc.found)
+			}
+			if k == nil {
+				return
+			}
+			if k.Partial().Size != 60000 {
+				t.Errorf("kept %d bytes, want 60000", k.Partial().Size)
+			}
+			k.Release() // for the next case
+		})
+	}
+}

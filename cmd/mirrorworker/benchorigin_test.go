@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +28,14 @@ import (
 // benchOriginEnv makes the test binary serve benchmark authorities:
 // "first,count,port,bodySize". It is not a MIRRORWORKER_ variable.
 const benchOriginEnv = "MW_BENCH_ORIGIN"
+
+// benchDistinctEnv (MW_BENCH_DISTINCT=1) makes every object's body differ:
+// it starts with the object's number, and keeps its size. Without it every
+// object is the same bytes, so that each Put finds the sha256 index naming
+// another key (ADR 0034); a real mirror's files mostly differ, and then a
+// Put records a new entry (a bolt write) instead. The origin processes
+// inherit it from the benchmark's environment.
+const benchDistinctEnv = "MW_BENCH_DISTINCT"
 
 // benchAuthsPerProcess bounds the authorities one origin process serves: a
 // listener and up to about two connections each stay well within a file
@@ -53,6 +62,7 @@ func benchOriginMain(spec string) error {
 	for i := range body {
 		body[i] = byte('a' + i%26)
 	}
+	distinct := os.Getenv(benchDistinctEnv) != ""
 	type connState struct{ seen atomic.Bool }
 	type key struct{}
 	var accepted, measured, requests atomic.Int64
@@ -69,6 +79,12 @@ func benchOriginMain(spec string) error {
 				measured.Add(1)
 			}
 			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			if distinct {
+				b := slices.Clone(body)
+				copy(b, strconv.AppendInt(nil, n, 10))
+				w.Write(b)
+				return
+			}
 			w.Write(body)
 		}),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {

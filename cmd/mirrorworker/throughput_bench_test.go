@@ -51,7 +51,10 @@ import (
 // MW_BENCH_JOBS sets the measured jobs per configuration (default: 10,000,
 // and 20,000 at 10,000 authorities); MW_BENCH_WORKER_ARGS adds flags to
 // the worker (e.g. "--concurrency 64"); MW_BENCH_ONLY=worker (or raw) runs
-// one pipeline alone, for -cpuprofile or strace. MW_BENCH_PROCS=1 runs
+// one pipeline alone, for -cpuprofile or strace; MW_BENCH_DISTINCT=1 makes
+// every object's bytes differ (the default serves one body to every job,
+// which each Put finds in the sha256 index under another key; see
+// benchDistinctEnv). MW_BENCH_PROCS=1 runs
 // each side of each round as a process of its own on a nats-server process
 // of its own, with a store and mirror deleted after the round (CPU is then
 // the pipeline's and its nats-server's), as issue 40 measured it; there

@@ -99,13 +99,13 @@ func (t *Target) record(ctx context.Context, key string, stored mirror.Meta, err
 	if err != nil || stored.SHA256 == "" {
 		return stored, err
 	}
-	// An entry that names a key holding these bytes already is left
-	// alone: one read instead of a write (and, in a bolt file, an fsync).
-	if cur, lerr := t.idx.Lookup(ctx, stored.SHA256); lerr == nil && cur != key {
-		if ok := t.holds(ctx, cur, stored.SHA256, stored.Size); ok {
-			return stored, nil
-		}
-	} else if lerr == nil {
+	// An entry for these bytes is left alone, whichever key it names, and
+	// that key is not read: a read per Put of bytes stored before (a Stat,
+	// its xattr and JSON) cost more than the rest of the index together,
+	// and buys little, since CopyKnown checks the bytes of every entry it
+	// uses and forgets a stale one. A stale entry left here costs at most
+	// one later fetch, by the first job that meets it (ADR 0034).
+	if _, lerr := t.idx.Lookup(ctx, stored.SHA256); lerr == nil {
 		return stored, nil
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
@@ -114,12 +114,6 @@ func (t *Target) record(ctx context.Context, key string, stored mirror.Meta, err
 		t.log.Warn().Err(err).Str("key", key).Msg("record the object's sha256 in the index; later jobs for the same bytes fetch them")
 	}
 	return stored, nil
-}
-
-// holds reports whether key's metadata says it holds sum of size bytes.
-func (t *Target) holds(ctx context.Context, key, sum string, size int64) bool {
-	m, err := t.Store.Stat(ctx, key)
-	return err == nil && strings.EqualFold(m.SHA256, sum) && m.Size == size
 }
 
 // CopyKnown stores under key the bytes want names, copied from another

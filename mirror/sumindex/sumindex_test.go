@@ -181,6 +181,69 @@ func TestPutKeepsAGoodEntry(t *testing.T) {
 	}
 }
 
+// statCounter is a file target that counts its Stats.
+type statCounter struct {
+	*mirror.FileTarget
+	stats atomic.Int64
+}
+
+func (s *statCounter) Stat(ctx context.Context, key string) (mirror.Meta, error) {
+	s.stats.Add(1)
+	return s.FileTarget.Stat(ctx, key)
+}
+
+// TestPutLeavesAStaleEntryToTheCopy: a Put of bytes the index already
+// names under another key reads nothing of that key, even when it no longer
+// holds them; the next copy that meets the stale entry forgets it, and the
+// job, fetched instead, lands byte-exact and names itself in the index.
+func TestPutLeavesAStaleEntryToTheCopy(t *testing.T) {
+	ctx := context.Background()
+	ft, idx, _ := open(t)
+	sc := &statCounter{FileTarget: ft}
+	tgt := sumindex.Wrap(sc, idx, zerolog.Nop())
+	body := "same bytes"
+	sum := hexSHA([]byte(body))
+	put := func(key, b string) {
+		t.Helper()
+		if _, err := tgt.Put(ctx, key, strings.NewReader(b), mirror.Expect{}, mirror.Meta{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("first", body)
+	put("first", "other bytes now") // the entry for body goes stale
+	put("second", body)
+	if n := sc.stats.Load(); n != 0 {
+		t.Errorf("Puts read %d keys' metadata, want none", n)
+	}
+	if k, err := idx.Lookup(ctx, sum); err != nil || k != "first" {
+		t.Fatalf("entry %q, %v; want the stale one left, first", k, err)
+	}
+	want := mirror.Expect{SHA256: sum}
+	if _, _, err := tgt.CopyKnown(ctx, "third", want, mirror.Meta{}); !errors.Is(err, sumindex.ErrNoCopy) {
+		t.Fatalf("copy from a stale entry: %v, want ErrNoCopy", err)
+	}
+	if _, err := ft.Stat(ctx, "third"); !errors.Is(err, mirror.ErrNotFound) {
+		t.Errorf("third stored (%v) from a stale entry", err)
+	}
+	if k, err := idx.Lookup(ctx, sum); !errors.Is(err, mirror.ErrNotFound) {
+		t.Fatalf("entry %q, %v; want the stale one forgotten", k, err)
+	}
+	// The job is fetched instead: its Put lands and records it.
+	if _, err := tgt.Put(ctx, "third", strings.NewReader(body), want, mirror.Meta{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(t, ft, "third"); got != body {
+		t.Errorf("third holds %q", got)
+	}
+	from, _, err := tgt.CopyKnown(ctx, "fourth", want, mirror.Meta{})
+	if err != nil || from != "third" {
+		t.Fatalf("copy after the fetch: from %q, %v; want third", from, err)
+	}
+	if got := read(t, ft, "fourth"); got != body {
+		t.Errorf("fourth holds %q", got)
+	}
+}
+
 // TestSecondProcessIsRefused: the file is one process's at a time; a
 // second open waits, then says who is in the way.
 func TestSecondProcessIsRefused(t *testing.T) {
