@@ -147,3 +147,50 @@ func TestPartitionedMovesJobsOfAnEarlierVersion(t *testing.T) {
 		t.Errorf("origin got %d requests, want the 4 jobs not done before", n)
 	}
 }
+
+// TestEveryPartitionPullsOnceAdded: once a pod has added its partitions,
+// every one of them has a pull waiting on the server. The pulls of the
+// first partitions added were sized for the few served then (256, 250,
+// 166, ... of MaxHeld 1000) and held that room until they expired: the
+// partitions added after them waited a whole PullWait for room, and a job
+// published into one sat in the stream that long (0.93 s after each pod's
+// start in the politeness benchmark, ADR 0029's eighth look). PullWait is
+// long here so that no expiry hides the wait; nothing is published.
+func TestEveryPartitionPullsOnceAdded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 30*time.Second)
+	const pullWait = 4 * time.Second
+	r := e.startPartitioned(testPacer(0, 2, nil, 0, nil), worker.Options{PullWait: pullWait})
+	defer r.stop(t)
+	ctx := context.Background()
+	waiting := func() []int {
+		var none []int
+		for i := range r.owned {
+			c, err := e.js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			info, err := c.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.NumWaiting == 0 {
+				none = append(none, i)
+			}
+		}
+		return none
+	}
+	// Half the expiry: a partition without a pull by then waits for room
+	// that only an expiry frees.
+	deadline := time.Now().Add(pullWait / 2)
+	for {
+		none := waiting()
+		if len(none) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d partitions have no pull waiting %s after they were added: %v", len(none), len(r.owned), pullWait/2, none)
+		}
+		time.Sleep(20 * time.Millisecond) // polls the server's state; no time is meant to pass
+	}
+}

@@ -449,10 +449,15 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 
 // partitionBatch is the most one partition's pull asks for. A pull holds
 // its room for up to PullWait while it waits for messages: each partition
-// being served gets a fair share of MaxHeld, so that empty partitions
-// cannot starve busy ones.
+// gets a fair share of MaxHeld, so that empty partitions cannot starve
+// busy ones. The share is of every partition the pod may come to serve,
+// not of those it serves now: a pull sized while the lease manager was
+// still adding partitions (256, 250, 166, ... of 1000 for the first ones
+// of 32) kept that room until it expired, and the partitions added after
+// it found none: their jobs waited a whole PullWait in the stream at each
+// pod's start and take-over (0.93 s in the politeness benchmark, ADR 0029).
 func (w *Worker) partitionBatch() int {
-	n := max(w.parts.count(), 1)
+	n := max(w.o.Partitions, w.parts.count(), 1)
 	return max(1, min(w.o.PullBatch, w.o.MaxHeld/(2*n)))
 }
 

@@ -52,7 +52,9 @@ import (
 // MW_BENCH_POLITENESS_LIMIT bounds each run (default 30m: a run that has
 // not drained by then is reported undrained); MW_BENCH_POLITENESS_PARALLEL
 // runs that many at once (default 1: one after another, so that no run's
-// gaps are another's CPU contention). ns/op is meaningless.
+// gaps are another's CPU contention); MW_BENCH_POLITENESS_PODLOG=debug keeps
+// the pods' log at that level in each trace directory (pods.log). ns/op is
+// meaningless.
 func BenchmarkPoliteness(b *testing.B) {
 	files := 300
 	if v, err := strconv.Atoi(os.Getenv("MW_BENCH_POLITENESS_FILES")); err == nil && v > 0 {
@@ -205,11 +207,14 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit+5*time.Minute)
 	defer cancel()
+	log, podLevel, closeLog := podLog(b, traceDir)
+	defer closeLog()
 	rep, err := loadtest.Run(ctx, loadtest.Options{
 		Jobs: files, Authorities: 1, Workers: 1, Profile: p, Strategies: []string{name},
 		PodBinary: exe, TimeLimit: limit, Dir: b.TempDir(), TraceDir: traceDir,
-		Title:  "politeness: nginx-like origin at " + c.origin(),
-		Logger: zerolog.Nop(),
+		Title:       "politeness: nginx-like origin at " + c.origin(),
+		Logger:      log,
+		PodLogLevel: podLevel,
 	})
 	if err != nil {
 		b.Errorf("%s, %s: %v", c.origin(), c.client(), err)
@@ -223,6 +228,25 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early", c.origin(), c.client(),
 		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early)
 	return out
+}
+
+// podLog is the pods' log of a run: with MW_BENCH_POLITENESS_PODLOG set to
+// a level ("debug") and a trace directory, every pod's lines at that level
+// go to pods.log in it (the scheduler's deferrals and parkings, each store),
+// beside the arrivals and departures they explain; otherwise nothing.
+func podLog(b *testing.B, traceDir string) (zerolog.Logger, string, func()) {
+	level := os.Getenv("MW_BENCH_POLITENESS_PODLOG")
+	if level == "" || traceDir == "" {
+		return zerolog.Nop(), "", func() {}
+	}
+	if err := os.MkdirAll(traceDir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(traceDir, "pods.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return zerolog.New(f).With().Timestamp().Logger(), level, func() { f.Close() }
 }
 
 func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
