@@ -1182,11 +1182,11 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 			iv, e.halvedAt = max(target, iv/2), n
 		}
 	} else if e.rd != nil && e.rd.tight {
-		// A tight reading's pace is the middle of its bounds
-		// (reading.go): a creep past it would buy at most the rest of
-		// the spread for a refusal that costs a Retry-After (a creep
-		// toward the upper bound took one or two more at 10 r/s: ADR
-		// 0029, the eighth look).
+		// A tight reading's pace is a quarter of its spread above its
+		// lower bound (reading.go): a creep past it would buy at most
+		// the rest of the spread for a refusal that costs a Retry-After
+		// (a creep toward the upper bound took one or two more at
+		// 10 r/s: ADR 0029, the eighth look).
 		iv = max(target, iv)
 	} else {
 		steps := int64(e.decaySteps)

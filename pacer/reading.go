@@ -189,18 +189,16 @@ func (rd *reading) crossing(seq uint64, n int64) int64 {
 // the spread above its lower bound, with no creep, since each rejection a
 // creep provokes costs a whole Retry-After. Held at the lower bound itself
 // it paid the whole spread when the rate is near the upper one (a pod read
-// 1.9 r/s for 2). A quarter above it still paid the rate's place past
-// that quarter: the 10 r/s ramp's reading is [9.60, 10.29] for 10, the
-// rate at 0.58 of the spread, and a quarter read 102.3 ms, 2.3% slow.
-// Where the depth was read right and the bucket emptied in the window,
-// neither bound is biased (each errs by what the last admission or the
-// refusal left of a request's worth), so the middle,
-// which errs by at most half the spread either way, is the estimate:
-// 100.6 ms there. Where the rate is below it, the overshoot (5% at most)
-// fills a bucket of depth b in b/(0.05 r) s (60 s at 2 r/s, 12 s at
-// 10 r/s) before one refusal tightens the reading. A looser
+// 1.9 r/s for 2); a quarter above it pays at most three quarters of it,
+// and where the rate is below that point, overshoots it by at most a
+// quarter of 10%, which a bucket of depth b absorbs for b/(0.025 r) s
+// (120 s at 2 r/s) before one refusal tightens the reading. A looser
 // one's middle errs either way by up to half the spread: the creep from
-// it is looseCreep times faster (ADR 0029).
+// it is looseCreep times faster (ADR 0029). The middle was tried for a
+// tight reading too (the eighth look): right in virtual time, where the
+// 10 r/s ramp reads [9.60, 10.29] for 10, but the pods' readings, from
+// starts that are not arrivals, put the rate lower in the spread, and
+// their middle paced 99 ms for 100 and was refused twice more.
 //
 // The upper bound is a rate the origin refused: a creep past it is bound
 // to be refused again, one Retry-After and a first step for a reading
@@ -211,7 +209,7 @@ func (rd *reading) crossing(seq uint64, n int64) int64 {
 // high and every bound slow, ADR 0029).
 const (
 	tightReading = 0.9
-	tightPlace   = 0.5
+	tightPlace   = 0.25
 	looseCreep   = 4
 	upperMargin  = 1.02
 )
