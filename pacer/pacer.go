@@ -643,6 +643,11 @@ func (p *Pacer) decideLocked(e *entry, n int64, q ask) decision {
 	if d.reason != "" {
 		return d
 	}
+	if e.rd != nil && e.rd.spend > 0 {
+		// The bucket a cooldown drained is spent back first (reading.go,
+		// spendFor): the floor, not the interval, spaces these.
+		d.spacing = min(d.spacing, e.floor)
+	}
 	over := false
 	if e.bud != nil && !q.noCap {
 		var pace int64
@@ -1130,7 +1135,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// answers do not bring the interval straight back to it.
 		e.pace = min(2*e.pace, top)
 	}
-	e.rd.n, e.rd.dropped = 0, false
+	e.rd.n, e.rd.dropped, e.rd.spend = 0, false, 0
 	e.escAt, e.answered = n, 0
 	if iv != e.interval {
 		e.interval, e.pubIv = iv, iv
@@ -1154,6 +1159,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	}
 	if e.rd != nil {
 		e.rd.admitted(cmp.Or(started, n))
+		if e.rd.spend > 0 && !probe {
+			e.rd.spend--
+		}
 	}
 	if e.answeredOn < math.MaxInt32 {
 		e.answeredOn++
@@ -1165,6 +1173,7 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	if iv > target && e.pace > 0 {
 		// A pace read from the origin's own refusals: straight to it.
 		iv = target
+		e.rd.spendFor(n, e.escAt, e.answered)
 	} else if iv > target {
 		// No pace learned yet: the ramp halves per answer, at most once
 		// per rampHalving (reading.go), so that the refusal it ends in
@@ -1175,7 +1184,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	} else if e.rd != nil && e.rd.tight {
 		// A tight reading's pace is a quarter of its spread above its
 		// lower bound (reading.go): a creep past it would buy at most
-		// the rest of the spread for a refusal that costs a Retry-After.
+		// the rest of the spread for a refusal that costs a Retry-After
+		// (a creep toward the upper bound took one or two more at
+		// 10 r/s: ADR 0029, the eighth look).
 		iv = max(target, iv)
 	} else {
 		steps := int64(e.decaySteps)
