@@ -247,6 +247,39 @@ func TestLeavingAGroupTakesALearnedCooldownAlong(t *testing.T) {
 	}
 }
 
+// TestAGroupsLateFactBindsAMemberThatLeft: a group's cooldown told before
+// a change that takes a member out, whose fact reaches this pod only after
+// it applied the change (a slow link), binds the member's new pace too, as
+// the change would have carried it had the fact come first.
+func TestAGroupsLateFactBindsAMemberThatLeft(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const a, b = "a.example:80", "b.example:80"
+	p := pacer.New(&pacer.Options{Policy: groupPolicy(a, b), StartGuard: -1})
+	pm, _ := p.Acquire(t0, a, 0)
+	pm, _ = p.Confirm(t0, pm)
+	p.Done(t0.Add(10*time.Millisecond), pm, pacer.Response{Status: 200})
+	// Another pod's 429 to the group at t1-50ms; this pod applies the
+	// change at t1 and reads the fact at t1+50ms.
+	t1 := t0.Add(5 * time.Second)
+	p.SetPolicyAt(t1, groupPolicy(b))
+	told := t1.Add(-50 * time.Millisecond)
+	p.Apply(t1.Add(50*time.Millisecond), pacer.Event{Type: pacer.EventCooldown, Authority: "group:web", At: told,
+		Until: told.Add(4 * time.Second), Interval: 600 * time.Millisecond})
+	var re *pacer.RefusedError
+	if _, err := p.Acquire(t1.Add(2500*time.Millisecond), a, 0); !errors.As(err, &re) || re.Reason != pacer.ReasonCooling {
+		t.Fatalf("a, out of the group, inside the group's Retry-After told before the change: %v, want cooling", err)
+	}
+	if pm, err := p.Acquire(told.Add(4*time.Second), a, 0); err != nil || !pm.Probe {
+		t.Fatalf("a at the cooldown's end: %+v %v, want the probe", pm, err)
+	}
+	// A fact told after the change is the group's alone.
+	p.Apply(t1.Add(5*time.Second), pacer.Event{Type: pacer.EventCooldown, Authority: "group:web", At: t1.Add(5 * time.Second),
+		Until: t1.Add(9 * time.Second)})
+	if wait, _, reason := p.ReadyIn(t1.Add(6*time.Second), a); reason == pacer.ReasonCooling {
+		t.Fatalf("a after a cooldown the group was told after a left: wait %s %s, want no cooldown", wait, reason)
+	}
+}
+
 // TestAPatternMemberLeavingTakesTheGroupsStateAlong: a member matched by a
 // pattern, which a pod cannot list, that leaves its group on a pod that
 // never served it: its first request under its own pace waits out the
