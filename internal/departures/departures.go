@@ -20,6 +20,7 @@ import (
 
 	"github.com/mirrorworker/mirrorworker/authority"
 	"github.com/mirrorworker/mirrorworker/fetch"
+	"github.com/mirrorworker/mirrorworker/grant"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
 
@@ -40,20 +41,11 @@ type Fetcher interface {
 	Do(ctx context.Context, r fetch.Request, g fetch.Gate) (*fetch.Response, error)
 }
 
-// Pacer is a worker's pacer: worker.Pacer's methods, repeated here so that
-// this package stands below the worker it wraps (the tests hold the two
-// method sets equal). Wrap watches Confirm and Sent and passes the rest on.
-type Pacer interface {
-	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
-	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
-	Sent(now time.Time, pm pacer.Permit)
-	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
-	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
-	Fence(now time.Time, auth string, at time.Time)
-	Apply(now time.Time, ev pacer.Event)
-	PaceKey(auth string) string
-	Changed() <-chan struct{}
-}
+// Pacer is a worker's pacer (worker.Pacer), as grant.Local already states
+// it below the worker: this package wraps one without importing the worker
+// (the tests hold the method sets equal). Wrap watches Confirm and Sent
+// and passes the rest on.
+type Pacer = grant.Local
 
 // Wrap returns a worker's fetcher f and pacer p recording every request
 // the worker sends to rec, at the instant p confirmed the start (see
