@@ -162,11 +162,8 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 	if _, _, err := sweepTemps(t.tmpDir); err != nil {
 		return nil, fmt.Errorf("open target: remove stale temporary file: %w", err)
 	}
-	if _, err := sweepPartials(t.partDir, time.Now(), cmp.Or(t.opt.PartialMaxAge, DefaultPartialMaxAge)); err != nil {
-		return nil, fmt.Errorf("open target: remove old partial file: %w", err)
-	}
-	if t.kept, err = listPartials(t.partDir); err != nil {
-		return nil, fmt.Errorf("open target: list partial files: %w", err)
+	if t.kept, err = sweepPartials(t.partDir, time.Now(), cmp.Or(t.opt.PartialMaxAge, DefaultPartialMaxAge)); err != nil {
+		return nil, fmt.Errorf("open target: remove old partial files: %w", err)
 	}
 	if t.xattrs, err = t.probeXattr(); err != nil {
 		return nil, fmt.Errorf("open target: %w", err)

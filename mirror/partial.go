@@ -140,21 +140,15 @@ func (t *FileTarget) partialFile(n partialName) string {
 	return filepath.Join(t.partDir, hex.EncodeToString(n[:]))
 }
 
-// listPartials names the kept files under dir, for FileTarget.kept.
-func listPartials(dir string) (map[partialName]uint64, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, err
+// partialNameFrom is the partialName a file under partDir is named by, if
+// it is one.
+func partialNameFrom(file string) (n partialName, ok bool) {
+	b, err := hex.DecodeString(file)
+	if err != nil || len(b) != len(n) {
+		return n, false
 	}
-	m := make(map[partialName]uint64, len(entries))
-	for _, e := range entries {
-		var n partialName
-		if b, err := hex.DecodeString(e.Name()); err == nil && len(b) == len(n) {
-			copy(n[:], b)
-			m[n] = 0
-		}
-	}
-	return m, nil
+	copy(n[:], b)
+	return n, true
 }
 
 // noteKept records that this process kept n's file.
@@ -380,19 +374,26 @@ func readTrailer(fd int, size int64) (partialRecord, error) {
 }
 
 // sweepPartials removes the kept files under dir not modified since
-// maxAge before now (their retry is not coming) and that no attempt holds.
-func sweepPartials(dir string, now time.Time, maxAge time.Duration) (removed int, err error) {
+// maxAge before now (their retry is not coming) and that no attempt holds,
+// and returns the names of those it leaves (FileTarget.kept): one read of
+// the directory at Open for both.
+func sweepPartials(dir string, now time.Time, maxAge time.Duration) (map[partialName]uint64, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return 0, err
+		return nil, err
+	}
+	left := make(map[partialName]uint64, len(entries))
+	keep := func(file string) {
+		if n, ok := partialNameFrom(file); ok {
+			left[n] = 0
+		}
 	}
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
 		if !e.Type().IsRegular() {
 			if err := os.RemoveAll(p); err != nil {
-				return removed, err
+				return nil, err
 			}
-			removed++
 			continue
 		}
 		fi, err := e.Info()
@@ -400,20 +401,21 @@ func sweepPartials(dir string, now time.Time, maxAge time.Duration) (removed int
 			continue
 		}
 		if err != nil {
-			return removed, err
+			return nil, err
 		}
 		if now.Sub(fi.ModTime()) < maxAge {
+			keep(e.Name())
 			continue
 		}
-		ok, err := sweepFile(p)
+		removed, err := sweepFile(p)
 		if err != nil {
-			return removed, err
+			return nil, err
 		}
-		if ok {
-			removed++
+		if !removed {
+			keep(e.Name()) // held by an attempt, or gone: Resume forgets it then
 		}
 	}
-	return removed, nil
+	return left, nil
 }
 
 // PutResume is Put for an attempt that took k (Resume): the body's first
