@@ -186,10 +186,13 @@ func (p *Pacer) urlKey(u string) uint64 {
 //     came back within LimiterAnswerWithin of its start and the origin
 //     let others through: a success arrived after the latest failure
 //     counted against the origin, and after the latest refusal so read,
-//     unless this request started before that refusal came (it was sent
-//     under the same pace and says nothing new). So an origin that answers
-//     every request 503 is read as a limiter for at most the requests in
-//     flight when it turned, then as failing.
+//     unless this request started before that refusal came, or at the
+//     same instant (it was sent under the same pace and says nothing
+//     new). Before any answer but limiter's refusals (the cold blast), the
+//     first is a limiter's while another request is in flight, and the
+//     rest of the blast crossed it. So an origin that answers every
+//     request 503 is read as a limiter for at most the requests in flight
+//     when it turned (or at the start), then as failing.
 //   - Any other 5xx of URL u is that URL's failure (outcomeURL: the job's
 //     failure, no backoff step) unless something else went wrong since
 //     another URL last succeeded: a 5xx of another URL, a failure counted
@@ -214,7 +217,7 @@ func (p *Pacer) judgeLocked(e *entry, pm Permit, n int64, r Response, u uint64, 
 	case r.Status == 0:
 		a.originBad = n
 		return oc
-	case p.limiterLocked(a, pm, n, *fb):
+	case p.limiterLocked(a, pm, n, *fb, e.inFlight):
 		fb.Limiter = true
 		a.limiter = n
 		return outcomeNone
@@ -230,7 +233,9 @@ func (p *Pacer) judgeLocked(e *entry, pm Permit, n int64, r Response, u uint64, 
 }
 
 // limiterLocked says whether a 503 is a rate limiter's refusal (judgeLocked).
-func (p *Pacer) limiterLocked(a *answers, pm Permit, n int64, fb Feedback) bool {
+// inFlight is how many other requests of the authority are still
+// unanswered.
+func (p *Pacer) limiterLocked(a *answers, pm Permit, n int64, fb Feedback, inFlight int32) bool {
 	if fb.Status != 503 || fb.Throttled() || fb.Exhausted() || pm.Start.IsZero() {
 		return false
 	}
@@ -238,5 +243,18 @@ func (p *Pacer) limiterLocked(a *answers, pm Permit, n int64, fb Feedback) bool 
 	if n-start > int64(LimiterAnswerWithin) {
 		return false
 	}
-	return a.ok > a.originBad && (a.ok > a.limiter || start < a.limiter)
+	// Sent before the latest refusal so read came back, or as it came
+	// (the same instant: granted before the pacer read it). It was sent
+	// under the same pace and tells nothing new.
+	crossed := a.limiter != 0 && start <= a.limiter
+	if a.ok > a.originBad {
+		return a.ok > a.limiter || crossed
+	}
+	// No success yet and nothing failed: the cold blast, whose refusals
+	// may come back before the successes sent with them (a 503 is quicker
+	// than a body). Its first is a limiter's while another request is on
+	// its way (a lone request refused before any success is a failure);
+	// the rest of the blast crossed it. An origin that answers 503 to
+	// everything is read as failing from the first request sent after.
+	return a.ok == 0 && a.originBad == 0 && a.bad == 0 && (crossed || a.limiter == 0 && inFlight > 0)
 }
