@@ -49,6 +49,8 @@ import (
 // comma-separated rate:floor pairs and rate:curl ("2:100ms,10:0,2:curl"),
 // each with an optional ":503" for nginx's default answer instead (503
 // without Retry-After: "10:100ms:503");
+// MW_BENCH_POLITENESS_BURST sets the limiter's burst= (default 5; 0 is
+// nginx's default, limit_req without burst=);
 // MW_BENCH_POLITENESS_LIMIT bounds each run (default 30m: a run that has
 // not drained by then is reported undrained); MW_BENCH_POLITENESS_PARALLEL
 // runs that many at once (default 1: one after another, so that no run's
@@ -72,6 +74,13 @@ func BenchmarkPoliteness(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	burst := int64(5)
+	if v, err := strconv.ParseInt(os.Getenv("MW_BENCH_POLITENESS_BURST"), 10, 64); err == nil && v >= 0 {
+		burst = v
+	}
+	for i := range cells {
+		cells[i].burst = burst
+	}
 	b.Setenv(asMainEnv, "1") // the pods are os.Executable(): this test binary
 	exe, err := os.Executable()
 	if err != nil {
@@ -90,7 +99,7 @@ func BenchmarkPoliteness(b *testing.B) {
 		}
 		wg.Wait()
 		var sb strings.Builder
-		fmt.Fprintf(&sb, "politeness: %d files, nginx-like origin (limit_req burst 5 nodelay; 429 + Retry-After: 2, or, marked 503, nginx's default 503 without Retry-After), %d run(s) at once\n", files, parallel)
+		fmt.Fprintf(&sb, "politeness: %d files, nginx-like origin (limit_req burst %d nodelay; 429 + Retry-After: 2, or, marked 503, nginx's default 503 without Retry-After), %d run(s) at once\n", files, burst, parallel)
 		writePolitenessTable(&sb, results)
 		fmt.Fprint(os.Stdout, sb.String())
 		if dir := os.Getenv("MW_BENCH_POLITENESS_REPORT"); dir != "" {
@@ -109,6 +118,7 @@ type politenessCell struct {
 	// nginxDefault: the origin answers as nginx does by default, 503
 	// without Retry-After, instead of 429 with Retry-After: 2.
 	nginxDefault bool
+	burst        int64 // limit_req burst=
 }
 
 // dir names the report directory of the cell's origin.
@@ -187,10 +197,10 @@ func (r politenessResult) bound() float64 {
 }
 
 func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Duration, exe string) politenessResult {
-	lr := &stuborigin.LimitReq{Rate: c.rate, Burst: 5, NoDelay: true,
+	lr := &stuborigin.LimitReq{Rate: c.rate, Burst: c.burst, NoDelay: true,
 		Status: 429, RetryAfter: stuborigin.Duration{Duration: 2 * time.Second}}
 	if c.nginxDefault {
-		lr = &stuborigin.LimitReq{Rate: c.rate, Burst: 5, NoDelay: true} // 503, no Retry-After
+		lr = &stuborigin.LimitReq{Rate: c.rate, Burst: c.burst, NoDelay: true} // 503, no Retry-After
 	}
 	p := &loadtest.Profile{
 		Name:  fmt.Sprintf("nginx-limit-req-%gr/s", c.rate),
