@@ -301,3 +301,82 @@ func TestLimiter503SettlesLikeA429(t *testing.T) {
 		t.Errorf("503 run drained in %s, the 429 run in %s: want within 1.1x", d503, d429)
 	}
 }
+
+// TestLimiter503ColdBlast: the cold blast's refusals may come back before
+// the successes sent with them (a 503 is quicker than a body). The first is
+// a limiter's while another request is on its way, the rest of the blast
+// crossed it, a request sent at the very instant a refusal came back (granted
+// before the pacer read it) crossed it too; an origin that answers 503 to
+// everything is read as failing from the first request sent after the blast.
+func TestLimiter503ColdBlast(t *testing.T) {
+	const a = "origin.example:443"
+	ms := time.Millisecond
+	newPacer := func() (*pacer.Pacer, *[]pacer.Event) {
+		var evs []pacer.Event
+		return pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}},
+			StartGuard: -1, Rand: func() float64 { return 0 }, OnEvent: func(ev pacer.Event) { evs = append(evs, ev) }}), &evs
+	}
+	start := func(p *pacer.Pacer, at time.Time) pacer.Permit {
+		t.Helper()
+		pm, err := p.Acquire(at, a, 0)
+		if err == nil {
+			pm, err = p.Confirm(at, pm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pm
+	}
+	no := func(u string) pacer.Response { return pacer.Response{Status: 503, URL: u} }
+	ok := func(u string) pacer.Response { return pacer.Response{Status: 200, URL: u} }
+
+	t.Run("a refusal before the success sent with it", func(t *testing.T) {
+		p, evs := newPacer()
+		x, y := start(p, t0), start(p, t0)
+		if v := p.Done(t0.Add(5*ms), y, no("/y")); !v.Throttled || v.Reason != "limiter" || !v.Until.IsZero() {
+			t.Fatalf("the blast's refusal: %+v, want a limiter's, no cooldown", v)
+		}
+		p.Done(t0.Add(20*ms), x, ok("/x"))
+		if n := countEvents(*evs, pacer.EventBackoff); n != 0 {
+			t.Errorf("%d backoff facts, want none", n)
+		}
+	})
+	t.Run("a request sent as the refusal came back", func(t *testing.T) {
+		p, _ := newPacer()
+		p.Done(t0, start(p, t0), ok("/ok"))
+		x := start(p, t0.Add(ms))
+		at := t0.Add(20 * ms)
+		y := start(p, at) // granted at the instant x's refusal comes back, before the pacer reads it
+		if v := p.Done(at, x, no("/x")); !v.Throttled {
+			t.Fatalf("the refusal: %+v, want a limiter's", v)
+		}
+		if v := p.Done(at.Add(20*ms), y, no("/y")); !v.Throttled {
+			t.Fatalf("a request sent as the refusal came back: %+v, want a limiter's (it crossed the refusal)", v)
+		}
+	})
+	t.Run("an origin answering 503 to everything from the start", func(t *testing.T) {
+		p, evs := newPacer()
+		x, y := start(p, t0), start(p, t0)
+		for i, pm := range []pacer.Permit{x, y} {
+			if v := p.Done(t0.Add(time.Duration(5+i)*ms), pm, no(fmt.Sprintf("/%d", i))); !v.Throttled {
+				t.Fatalf("blast request %d: %+v, want a limiter's (the blast is read as one)", i, v)
+			}
+		}
+		at := t0.Add(10 * ms)
+		if wait, _, _ := p.ReadyIn(at, a); wait > 0 {
+			at = at.Add(wait)
+		}
+		if v := p.Done(at.Add(5*ms), start(p, at), no("/2")); v.Throttled {
+			t.Fatalf("the first 503 after the blast: %+v, want a failure", v)
+		}
+		if st := p.Snapshot(at)[0]; st.State != pacer.StateBackoff || countEvents(*evs, pacer.EventBackoff) != 1 {
+			t.Fatalf("state %+v, %d backoff facts: want backoff, one fact", st, countEvents(*evs, pacer.EventBackoff))
+		}
+	})
+	t.Run("a lone request refused before any success", func(t *testing.T) {
+		p, _ := newPacer()
+		if v := p.Done(t0.Add(5*ms), start(p, t0), no("/x")); v.Throttled {
+			t.Fatalf("%+v, want a failure: nothing else was on its way", v)
+		}
+	})
+}
