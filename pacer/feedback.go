@@ -91,7 +91,8 @@ type Feedback struct {
 	Announces bool
 	// Limiter is set by the pacer, never by ParseFeedback: it read this
 	// 503 without a valid Retry-After as a rate limiter's refusal (it came
-	// back at once while other requests succeed, docs/adr/0030). It is
+	// back at once while other requests succeed, or in the cold blast,
+	// docs/adr/0030). It is
 	// throttling without a cooldown: the interval escalates as for a 429,
 	// no pause starts, no failure is counted.
 	Limiter bool
