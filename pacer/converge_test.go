@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/heap"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"testing"
 	"time"
@@ -14,19 +15,30 @@ import (
 
 const traceDrain = false
 
-type answer struct {
-	at time.Time
-	pm pacer.Permit
-	ok bool
+// event is a request reaching the origin (arrive) or its answer coming
+// back; seq orders events at the same instant as they were made.
+type event struct {
+	at     time.Time
+	seq    int
+	pm     pacer.Permit
+	arrive bool
+	ok     bool // an answer: admitted
+	// known is whether a refusal had come back when the request left.
+	known bool
 }
 
-type answers []answer
+type events []event
 
-func (a answers) Len() int           { return len(a) }
-func (a answers) Less(i, j int) bool { return a[i].at.Before(a[j].at) }
-func (a answers) Swap(i, j int)      { a[i], a[j] = a[j], a[i] }
-func (a *answers) Push(x any)        { *a = append(*a, x.(answer)) }
-func (a *answers) Pop() any {
+func (a events) Len() int { return len(a) }
+func (a events) Less(i, j int) bool {
+	if !a[i].at.Equal(a[j].at) {
+		return a[i].at.Before(a[j].at)
+	}
+	return a[i].seq < a[j].seq
+}
+func (a events) Swap(i, j int) { a[i], a[j] = a[j], a[i] }
+func (a *events) Push(x any)   { *a = append(*a, x.(event)) }
+func (a *events) Pop() any {
 	old := *a
 	x := old[len(old)-1]
 	*a = old[:len(old)-1]
@@ -46,6 +58,25 @@ type bucketDrain struct {
 	// known to throttle.
 	crossed int
 	minGap  time.Duration // the shortest gap between two requests at the origin
+	// paces is the learned pace after each refusal (State.Pace), in order.
+	paces []time.Duration
+	// refusedAt is when each refusal reached the origin, from t0.
+	refusedAt []time.Duration
+}
+
+// drainOptions are drainBucket's departures from a request that reaches
+// the origin as it starts and is answered after a fixed latency.
+type drainOptions struct {
+	// lag, when positive, delays each request's arrival at the origin
+	// after its start by a uniform draw in [0, lag), as a pod's requests
+	// reach the stub late by a goroutine's scheduling and a write: two
+	// requests in flight may arrive in the other order than they
+	// started. The answer comes latency after the arrival.
+	lag  time.Duration
+	seed uint64
+	// quickRefusal answers a refusal this much sooner than an admission
+	// (at most latency): a 429 has no body to send, a file has.
+	quickRefusal time.Duration
 }
 
 // drainBucket fetches files from one authority through p on a virtual clock, as the
@@ -56,21 +87,65 @@ type bucketDrain struct {
 // (retryAfter 0), which starts no cooldown.
 func drainBucket(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files int, retryAfter, latency time.Duration) bucketDrain {
 	t.Helper()
+	return drainBucketWith(t, p, o, files, retryAfter, latency, drainOptions{})
+}
+
+// drainBucketWith is drainBucket with the departures of do.
+func drainBucketWith(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files int, retryAfter, latency time.Duration, do drainOptions) bucketDrain {
+	t.Helper()
 
 	var (
 		r       = bucketDrain{minGap: time.Hour}
 		now     = t0
-		pending answers
+		pending events
+		seq     int
 		left    = files // files not yet fetched
 		out     = 0     // requests in flight
 		told    time.Time
 		last    time.Time
 		next    = t0 // when the pacer said to ask again
 		refused bool // a refusal has come back
+		rnd     = rand.New(rand.NewPCG(do.seed, 1))
 	)
 	refuse := pacer.Response{Status: 503}
 	if retryAfter > 0 {
 		refuse = pacer.Response{Status: 429, Header: http.Header{"Retry-After": {fmt.Sprint(int(retryAfter / time.Second))}}}
+	}
+	push := func(ev event) {
+		seq++
+		ev.seq = seq
+		heap.Push(&pending, ev)
+	}
+	// arrive is the origin's side of a request reaching it at at.
+	arrive := func(at time.Time, pm pacer.Permit, known bool) {
+		if at.Before(told) {
+			r.early++
+			if !known {
+				r.crossed++
+			}
+			if traceDrain {
+				t.Logf("TRACE %6.3fs early, told until %.3fs, a refusal known %v", at.Sub(t0).Seconds(), told.Sub(t0).Seconds(), known)
+			}
+		}
+		if !last.IsZero() {
+			r.minGap = min(r.minGap, at.Sub(last))
+		}
+		last = at
+		// The origin times its Retry-After from the refusal, as
+		// the stub does: a request already on its way when the
+		// refusal left (two in flight) is early by its account.
+		ok := o.Admit(at)
+		if !ok {
+			r.refusedAt = append(r.refusedAt, at.Sub(t0))
+			if retryAfter > 0 && at.Add(retryAfter).After(told) {
+				told = at.Add(retryAfter)
+			}
+		}
+		back := latency
+		if !ok {
+			back = max(0, latency-do.quickRefusal)
+		}
+		push(event{at: at.Add(back), pm: pm, ok: ok})
 	}
 	for left > 0 {
 		if r.requests > 100*files {
@@ -91,40 +166,29 @@ func drainBucket(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files int, r
 			} else if err != nil {
 				t.Fatal(err)
 			} else {
-				if now.Before(told) {
-					r.early++
-					if !refused {
-						r.crossed++
-					}
-					if traceDrain {
-						t.Logf("TRACE %6.3fs early, told until %.3fs, in flight %d, a refusal known %v", now.Sub(t0).Seconds(), told.Sub(t0).Seconds(), out, refused)
-					}
-				}
-				if !last.IsZero() {
-					r.minGap = min(r.minGap, now.Sub(last))
-				}
-				last = now
 				r.requests++
 				if traceDrain && r.requests < 60 {
 					t.Logf("TRACE %6.3fs req %d", now.Sub(t0).Seconds(), r.requests)
 				}
 				p.Sent(now, pm)
-				// The origin times its Retry-After from the refusal, as
-				// the stub does: a request already on its way when the
-				// refusal left (two in flight) is early by its account.
-				ok := o.Admit(now)
-				if !ok && retryAfter > 0 && now.Add(retryAfter).After(told) {
-					told = now.Add(retryAfter)
-				}
-				heap.Push(&pending, answer{at: now.Add(latency), pm: pm, ok: ok})
 				out++
+				if do.lag > 0 {
+					push(event{at: now.Add(time.Duration(rnd.Int64N(int64(do.lag)))), pm: pm, arrive: true, known: refused})
+				} else {
+					arrive(now, pm, refused)
+				}
 				continue
 			}
 		}
-		// Nothing can start now: the next event is an answer or the wait's end.
+		// Nothing can start now: the next event is an arrival, an answer
+		// or the wait's end.
 		if len(pending) > 0 && (out >= left || !pending[0].at.After(next)) {
-			a := heap.Pop(&pending).(answer)
+			a := heap.Pop(&pending).(event)
 			now = a.at
+			if a.arrive {
+				arrive(a.at, a.pm, a.known)
+				continue
+			}
 			out--
 			next = now // an answer wakes the jobs the in-flight cap held back
 			if a.ok {
@@ -144,8 +208,9 @@ func drainBucket(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files int, r
 			if v := p.Done(now, a.pm, rf); !v.Throttled {
 				t.Fatalf("refusal %d (%d) not read as throttling: %+v", r.rejections, rf.Status, v)
 			}
+			st := p.Snapshot(now)[0]
+			r.paces = append(r.paces, time.Duration(st.Pace))
 			if traceDrain {
-				st := p.Snapshot(now)[0]
 				t.Logf("TRACE %6.2fs 429 left %d interval %s pace %s", now.Sub(t0).Seconds(), left, st.Interval, st.Pace)
 			}
 			continue
