@@ -1077,12 +1077,12 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 	case first:
 		// The first refusal: the admissions before it, from a cold
 		// start, were what an empty bucket takes in a row (nginx's
-		// burst and one more); one still in flight that started before
-		// it is counted when answered (reading.admitted).
+		// burst and one more); one still in flight as it came back is
+		// counted when answered (reading.admitted, blastEnd).
 		e.rd = &reading{}
 		if e.answered > 0 && e.answered <= maxBlast {
 			e.rd.burst = e.answered
-			e.rd.blastEnd = started
+			e.rd.blastEnd = n
 		}
 	case e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt:
 		// Two readings of the answers since the last escalation, for a

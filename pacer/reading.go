@@ -50,10 +50,17 @@ type reading struct {
 	// first blast read it: nginx's burst= plus one (limitreq), which is
 	// the bucket's depth in the bounds below. 0: unknown.
 	burst int32
-	// blastEnd is the start of the first refused request while the
-	// blast is still being counted (0 after): an admission started
-	// before it and answered after the refusal (two in flight, the
-	// refusal's short answer overtaking a body) belongs to the blast.
+	// blastEnd is when the first refusal came back, while the blast is
+	// still being counted (0 after): an admission started at or before
+	// it and answered after it belongs to the blast. It was in flight
+	// beside the refused request, sent before anything was known, and
+	// the origin took it before the refused one: granted at the same
+	// instant, or later and overtaking it (a pod's refused request was
+	// confirmed 4 ms after its grant, and the stub ran the handler of
+	// the one granted 6 ms after it first), its body answered after the
+	// refusal's short answer. Counted only when started before the
+	// refused request, it was lost, and a pod read the depth one short
+	// in 2 runs of 12 (ADR 0029, the tenth look).
 	blastEnd int64
 	// tight is whether the last reading's two bounds were within
 	// tightReading of each other: the rate is known, the pace is near
@@ -230,7 +237,7 @@ func (rd *reading) capFor(iv, floor int64, hold int32) int64 {
 
 // admitted records an admission started at start.
 func (rd *reading) admitted(start int64) {
-	if start < rd.blastEnd && rd.burst < maxBlast {
+	if start <= rd.blastEnd && rd.burst < maxBlast {
 		rd.burst++
 	}
 	if rd.n == readingSize {
