@@ -1099,11 +1099,19 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			fast = (n - e.resumed) / int64(e.answeredOn)
 		}
 		pace := (slow + fast) / 2
-		if r := e.rd.rate(cmp.Or(started, n)); r > 0 {
-			pace = min(pace, int64(1e9/r))
+		held := heldRefusalLocked(e, started)
+		mean := true
+		if r := e.rd.rate(cmp.Or(started, n), held); r > 0 {
+			if read := int64(1e9 / r); held > 0 && pace <= held {
+				// The answers' mean is as fast as a pace the
+				// origin has just refused: the bounds alone.
+				pace, mean = read, false
+			} else if read <= pace {
+				pace, mean = read, false
+			}
 		}
 		e.pace = min(max(pace, e.floor), top)
-		if e.pace < e.rd.capIv {
+		if (held == 0 || mean) && e.pace < e.rd.capIv {
 			// The answers over time admitted more than the upper
 			// bound: the depth read from the blast was too high (a
 			// blast slower than 1/r), and so is its interval: it
@@ -1135,7 +1143,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// answers do not bring the interval straight back to it.
 		e.pace = min(2*e.pace, top)
 	}
-	e.rd.n, e.rd.dropped, e.rd.spend = 0, false, 0
+	e.rd.reset(n)
 	e.escAt, e.answered = n, 0
 	if iv != e.interval {
 		e.interval, e.pubIv = iv, iv
@@ -1143,6 +1151,27 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			Reason: reason, Interval: time.Duration(iv)})
 	}
 	return true
+}
+
+// heldRefusalLocked is the interval that a refused request, started at
+// started, was sent at when the refusal came while the interval held a
+// learned pace (or crept below it) well after the cooldown: the probe
+// answered, the spend over, and at least twice the bucket's depth answered
+// since the probe (the step after it, the spend, then as many at the pace
+// as the bucket is deep). Such a refusal proves that the origin's rate is
+// below 1/interval (reading.rate), where a refusal soon after a cooldown
+// may be the bucket not yet drained. 0 for any other refusal. The entry's
+// lock must be held.
+func heldRefusalLocked(e *entry, started int64) int64 {
+	rd := e.rd
+	if rd == nil || e.pace <= 0 || e.until != 0 || e.interval > e.pace || rd.spend > 0 ||
+		started == 0 || e.resumed <= e.escAt || started < e.resumed {
+		return 0
+	}
+	if e.answeredOn < max(2*rd.burst+2, 2*minPaceAnswers) {
+		return 0
+	}
+	return e.interval
 }
 
 // answeredLocked counts an answer without throttling and, once no cooldown
