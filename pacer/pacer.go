@@ -912,8 +912,8 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		e.answeredOn = min(e.answeredOn+1, math.MaxInt32)
 	}
 	if e.rd != nil {
-		if learn && oc == outcomeOK {
-			e.rd.admitted(startOr(pm, n))
+		if learn && oc == outcomeOK && e.rd.admitted(startOr(pm, n)) {
+			p.blastGrewLocked(e)
 		}
 		e.rd.answered(pm.seq, startOr(pm, n), n, false, p.probeWait)
 	}
@@ -1133,6 +1133,9 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// requests soon after it, and that refusal steps 2 s as
 		// before. ADR 0029, "The seventh look".
 		step = min(cool/int64(e.rd.burst), step)
+		if first {
+			e.rd.blastCool, e.rd.blastBase = cool, max(2*e.interval, e.floor)
+		}
 	}
 	iv := min(max(2*e.interval, step, e.floor), top)
 	if e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
@@ -1151,6 +1154,28 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			Reason: reason, Interval: time.Duration(iv)})
 	}
 	return true
+}
+
+// blastGrewLocked steps the interval from the blast's depth again when an
+// admission of the cold blast was counted after its refusal came back
+// (reading.admitted): the step was the cooldown over the depth counted by
+// then (escalateLocked, the seventh look), one short, so 400 ms for a
+// bucket of 6 at 2 s, and the ramp started from there (a pod that stepped
+// 400 ms read its rate 9% fast from a ramp that went 400, 200, 100, 50 ms).
+// Only while nothing else has moved the interval since, no pace is learned
+// and no operator set a first step; no fact is published (one restored
+// says the slower step). The entry's lock must be held.
+func (p *Pacer) blastGrewLocked(e *entry) {
+	rd := e.rd
+	if rd.blastCool <= 0 || e.pace > 0 || e.firstStep > 0 || rd.burst < 2 {
+		return
+	}
+	top := max(p.maxInterval, e.floor)
+	was := min(max(rd.blastBase, min(rd.blastCool/int64(rd.burst-1), p.firstStep)), top)
+	if e.interval != was {
+		return
+	}
+	e.interval = min(max(rd.blastBase, min(rd.blastCool/int64(rd.burst), p.firstStep)), top)
 }
 
 // heldRefusalLocked is the interval that a refused request, started at
@@ -1187,7 +1212,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		e.answered++
 	}
 	if e.rd != nil {
-		e.rd.admitted(cmp.Or(started, n))
+		if e.rd.admitted(cmp.Or(started, n)) {
+			p.blastGrewLocked(e)
+		}
 		if e.rd.spend > 0 && !probe {
 			e.rd.spend--
 		}

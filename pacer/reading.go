@@ -109,6 +109,13 @@ type reading struct {
 	total int32
 	first int64
 	since int64
+	// blastCool is the cooldown of the cold blast's refusal when its
+	// step was the cooldown over the depth (escalateLocked), and
+	// blastBase what else bounded that step from below (twice the
+	// interval before, the floor); 0 otherwise. An admission of the
+	// blast counted after the refusal deepens the bucket, and the step
+	// with it (blastGrewLocked).
+	blastCool, blastBase int64
 }
 
 // reset starts the reading of a new window at the escalation at n.
@@ -255,10 +262,12 @@ func (rd *reading) capFor(iv, floor int64, hold int32) int64 {
 	return rd.capIv
 }
 
-// admitted records an admission started at start.
-func (rd *reading) admitted(start int64) {
+// admitted records an admission started at start, and reports whether it
+// was counted into the blast after its refusal.
+func (rd *reading) admitted(start int64) (blast bool) {
 	if start <= rd.blastEnd && rd.burst < maxBlast {
 		rd.burst++
+		blast = true
 	}
 	if start >= rd.since && rd.total < math.MaxInt32 {
 		if rd.total == 0 || start < rd.first {
@@ -277,6 +286,7 @@ func (rd *reading) admitted(start int64) {
 	}
 	rd.at[i] = start
 	rd.n++
+	return blast
 }
 
 // rate reads (and notes whether it is tight) the origin's rate, in
