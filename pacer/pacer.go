@@ -912,8 +912,8 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		e.answeredOn = min(e.answeredOn+1, math.MaxInt32)
 	}
 	if e.rd != nil {
-		if learn && oc == outcomeOK {
-			e.rd.admitted(startOr(pm, n))
+		if learn && oc == outcomeOK && e.rd.admitted(startOr(pm, n)) {
+			p.blastGrewLocked(e)
 		}
 		e.rd.answered(pm.seq, startOr(pm, n), n, false, p.probeWait)
 	}
@@ -1077,12 +1077,12 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 	case first:
 		// The first refusal: the admissions before it, from a cold
 		// start, were what an empty bucket takes in a row (nginx's
-		// burst and one more); one still in flight that started before
-		// it is counted when answered (reading.admitted).
+		// burst and one more); one still in flight as it came back is
+		// counted when answered (reading.admitted, blastEnd).
 		e.rd = &reading{}
 		if e.answered > 0 && e.answered <= maxBlast {
 			e.rd.burst = e.answered
-			e.rd.blastEnd = started
+			e.rd.blastEnd = n
 		}
 	case e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt:
 		// Two readings of the answers since the last escalation, for a
@@ -1099,11 +1099,19 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			fast = (n - e.resumed) / int64(e.answeredOn)
 		}
 		pace := (slow + fast) / 2
-		if r := e.rd.rate(cmp.Or(started, n)); r > 0 {
-			pace = min(pace, int64(1e9/r))
+		held := heldRefusalLocked(e, started)
+		mean := true
+		if r := e.rd.rate(cmp.Or(started, n), held); r > 0 {
+			if read := int64(1e9 / r); held > 0 && pace <= held {
+				// The answers' mean is as fast as a pace the
+				// origin has just refused: the bounds alone.
+				pace, mean = read, false
+			} else if read <= pace {
+				pace, mean = read, false
+			}
 		}
 		e.pace = min(max(pace, e.floor), top)
-		if e.pace < e.rd.capIv {
+		if (held == 0 || mean) && e.pace < e.rd.capIv {
 			// The answers over time admitted more than the upper
 			// bound: the depth read from the blast was too high (a
 			// blast slower than 1/r), and so is its interval: it
@@ -1125,6 +1133,9 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// requests soon after it, and that refusal steps 2 s as
 		// before. ADR 0029, "The seventh look".
 		step = min(cool/int64(e.rd.burst), step)
+		if first {
+			e.rd.blastCool, e.rd.blastBase = cool, max(2*e.interval, e.floor)
+		}
 	}
 	iv := min(max(2*e.interval, step, e.floor), top)
 	if e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
@@ -1135,7 +1146,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// answers do not bring the interval straight back to it.
 		e.pace = min(2*e.pace, top)
 	}
-	e.rd.n, e.rd.dropped, e.rd.spend = 0, false, 0
+	e.rd.reset(n)
 	e.escAt, e.answered = n, 0
 	if iv != e.interval {
 		e.interval, e.pubIv = iv, iv
@@ -1143,6 +1154,49 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			Reason: reason, Interval: time.Duration(iv)})
 	}
 	return true
+}
+
+// blastGrewLocked steps the interval from the blast's depth again when an
+// admission of the cold blast was counted after its refusal came back
+// (reading.admitted): the step was the cooldown over the depth counted by
+// then (escalateLocked, the seventh look), one short, so 400 ms for a
+// bucket of 6 at 2 s, and the ramp started from there (a pod that stepped
+// 400 ms read its rate 9% fast from a ramp that went 400, 200, 100, 50 ms).
+// Only while nothing else has moved the interval since, no pace is learned
+// and no operator set a first step; no fact is published (one restored
+// says the slower step). The entry's lock must be held.
+func (p *Pacer) blastGrewLocked(e *entry) {
+	rd := e.rd
+	if rd.blastCool <= 0 || e.pace > 0 || e.firstStep > 0 || rd.burst < 2 {
+		return
+	}
+	top := max(p.maxInterval, e.floor)
+	was := min(max(rd.blastBase, min(rd.blastCool/int64(rd.burst-1), p.firstStep)), top)
+	if e.interval != was {
+		return
+	}
+	e.interval = min(max(rd.blastBase, min(rd.blastCool/int64(rd.burst), p.firstStep)), top)
+}
+
+// heldRefusalLocked is the interval that a refused request, started at
+// started, was sent at when the refusal came while the interval held a
+// learned pace (or crept below it) well after the cooldown: the probe
+// answered, the spend over, and at least twice the bucket's depth answered
+// since the probe (the step after it, the spend, then as many at the pace
+// as the bucket is deep). Such a refusal proves that the origin's rate is
+// below 1/interval (reading.rate), where a refusal soon after a cooldown
+// may be the bucket not yet drained. 0 for any other refusal. The entry's
+// lock must be held.
+func heldRefusalLocked(e *entry, started int64) int64 {
+	rd := e.rd
+	if rd == nil || e.pace <= 0 || e.until != 0 || e.interval > e.pace || rd.spend > 0 ||
+		started == 0 || e.resumed <= e.escAt || started < e.resumed {
+		return 0
+	}
+	if e.answeredOn < max(2*rd.burst+2, 2*minPaceAnswers) {
+		return 0
+	}
+	return e.interval
 }
 
 // answeredLocked counts an answer without throttling and, once no cooldown
@@ -1158,7 +1212,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		e.answered++
 	}
 	if e.rd != nil {
-		e.rd.admitted(cmp.Or(started, n))
+		if e.rd.admitted(cmp.Or(started, n)) {
+			p.blastGrewLocked(e)
+		}
 		if e.rd.spend > 0 && !probe {
 			e.rd.spend--
 		}

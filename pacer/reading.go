@@ -1,6 +1,9 @@
 package pacer
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // The reading of an origin's rate after a throttling answer (ADR 0029).
 //
@@ -50,10 +53,17 @@ type reading struct {
 	// first blast read it: nginx's burst= plus one (limitreq), which is
 	// the bucket's depth in the bounds below. 0: unknown.
 	burst int32
-	// blastEnd is the start of the first refused request while the
-	// blast is still being counted (0 after): an admission started
-	// before it and answered after the refusal (two in flight, the
-	// refusal's short answer overtaking a body) belongs to the blast.
+	// blastEnd is when the first refusal came back, while the blast is
+	// still being counted (0 after): an admission started at or before
+	// it and answered after it belongs to the blast. It was in flight
+	// beside the refused request, sent before anything was known, and
+	// the origin took it before the refused one: granted at the same
+	// instant, or later and overtaking it (a pod's refused request was
+	// confirmed 4 ms after its grant, and the stub ran the handler of
+	// the one granted 6 ms after it first), its body answered after the
+	// refusal's short answer. Counted only when started before the
+	// refused request, it was lost, and a pod read the depth one short
+	// in 2 runs of 12 (ADR 0029, the tenth look).
 	blastEnd int64
 	// tight is whether the last reading's two bounds were within
 	// tightReading of each other: the rate is known, the pace is near
@@ -62,8 +72,12 @@ type reading struct {
 	tight bool
 	// dropped is whether admissions since the last escalation fell out of
 	// at: the window may then have lost the bucket's last empty instant,
-	// and the upper bound, which needs it, is not read.
+	// and the upper bound, which needs it, is not read (but at a held
+	// pace: rate).
 	dropped bool
+	// deeper is whether a refusal at a held pace has read the blast's
+	// depth one deeper already (rate): once.
+	deeper  bool
 	capHeld int32
 	// open is the permit of the latest start (its confirm, moved to its
 	// write) not yet answered, 0 if none, and openAt that start; rtt is
@@ -88,6 +102,26 @@ type reading struct {
 	// floor while a bucket that a cooldown drained fills back
 	// (spendFor); 0 when it does not.
 	spend int32
+	// total counts the admissions started since the last escalation
+	// (since), first the earliest of their starts: the bucket's empty
+	// instant after a cooldown, which the upper bound of a refusal at a
+	// held pace counts from when the window lost it (dropped).
+	total int32
+	first int64
+	since int64
+	// blastCool is the cooldown of the cold blast's refusal when its
+	// step was the cooldown over the depth (escalateLocked), and
+	// blastBase what else bounded that step from below (twice the
+	// interval before, the floor); 0 otherwise. An admission of the
+	// blast counted after the refusal deepens the bucket, and the step
+	// with it (blastGrewLocked).
+	blastCool, blastBase int64
+}
+
+// reset starts the reading of a new window at the escalation at n.
+func (rd *reading) reset(n int64) {
+	rd.n, rd.dropped, rd.spend = 0, false, 0
+	rd.total, rd.first, rd.since = 0, 0, n
 }
 
 // spendHeadroom is how much of the bucket's depth the spend after a
@@ -228,10 +262,18 @@ func (rd *reading) capFor(iv, floor int64, hold int32) int64 {
 	return rd.capIv
 }
 
-// admitted records an admission started at start.
-func (rd *reading) admitted(start int64) {
-	if start < rd.blastEnd && rd.burst < maxBlast {
+// admitted records an admission started at start, and reports whether it
+// was counted into the blast after its refusal.
+func (rd *reading) admitted(start int64) (blast bool) {
+	if start <= rd.blastEnd && rd.burst < maxBlast {
 		rd.burst++
+		blast = true
+	}
+	if start >= rd.since && rd.total < math.MaxInt32 {
+		if rd.total == 0 || start < rd.first {
+			rd.first = start
+		}
+		rd.total++
 	}
 	if rd.n == readingSize {
 		copy(rd.at[:], rd.at[1:])
@@ -244,15 +286,85 @@ func (rd *reading) admitted(start int64) {
 	}
 	rd.at[i] = start
 	rd.n++
+	return blast
 }
 
-// rate reads (and notes whether it is tight) the origin's rate, in requests per second, from a refusal
-// of a request started at t and the admissions before it; 0 when they
-// bound nothing. It is the middle of the two bounds, or the upper one
-// alone (less a tenth) when the admissions bound nothing below it.
-func (rd *reading) rate(t int64) float64 {
+// rate reads (and notes whether it is tight) the origin's rate, in
+// requests per second, from a refusal of a request started at t and the
+// admissions before it; 0 when they bound nothing. It is the middle of the
+// two bounds, a quarter of a tight reading's spread above its lower bound,
+// or the upper one alone (less a tenth) when the admissions bound nothing
+// below it.
+//
+// held is the interval the refused request was sent at when it is a
+// refusal at a held pace (heldRefusalLocked), 0 otherwise. The origin
+// refused a steady 1/held: under a rate of at least that, each request
+// spaced by held from an admitted one leaves the bucket no fuller than the
+// one before, and is admitted too. So the upper bound is at most 1/held;
+// where the cooldown emptied the bucket, the window's upper bound counts
+// from the first admission since the escalation also when the window lost
+// it (the same pace came back every 8.5 s in a pod: its windows held more
+// than 64 admissions, read no upper bound, and joined the bounds before
+// unchanged), and the bounds of the readings before that contradict the
+// window's (their lower bound above its upper one) were read with a depth
+// one short: the window is read again, once, one deeper. The pace is then
+// the lower bound, not a quarter above it: the quarter was a bet the origin
+// has refused (ADR 0029, the tenth look).
+func (rd *reading) rate(t, held int64) float64 {
+	// Where the silence before the first admission since the
+	// escalation did not leak a bucket of the depth read at the lower
+	// bound known (a 1 s Retry-After at 5 r/s and a depth of 11), the
+	// window's upper bound, which counts from an empty bucket, may be
+	// too low: it is not read from the first admission, and its
+	// contradicting the readings before says nothing of the depth.
+	emptied := held > 0 && rd.total > 0 && rd.first > rd.since &&
+		float64(rd.first-rd.since)/1e9*float64(rd.lo) >= float64(rd.burst)
+	lo, up := rd.bounds(t, held, emptied)
+	rd.tight, rd.capIv, rd.capHeld = false, 0, 0
+	// The bounds of the readings before hold as long as the rate does:
+	// the tightest of them join this window's, unless they contradict
+	// it (the rate changed, or a depth was misread), when this window's
+	// alone are read.
+	if pl, pu := float64(rd.lo), float64(rd.up); pl > 0 || pu > 0 {
+		cl, cu := max(lo, pl), up
+		if pu > 0 && (cu <= 0 || pu < cu) {
+			cu = pu
+		}
+		switch {
+		case cu <= 0 || cl < cu:
+			lo, up = cl, cu
+		case emptied && !rd.deeper && rd.burst > 0 && rd.burst < maxBlast:
+			rd.burst++
+			rd.deeper = true
+			lo, up = rd.bounds(t, held, emptied)
+		}
+	}
+	rd.lo, rd.up = float32(lo), float32(up)
+	if up > 0 {
+		rd.capIv = int64(upperMargin * 1e9 / up)
+	}
+	switch {
+	case up <= 0:
+		return lo
+	case lo <= 0 || lo >= up:
+		return up * 0.9
+	}
+	rd.tight = lo >= tightReading*up
+	switch {
+	case rd.tight && held > 0:
+		return lo
+	case rd.tight:
+		return lo + tightPlace*(up-lo)
+	}
+	return (lo + up) / 2
+}
+
+// bounds are the window's lower and upper bounds on the rate at the depth
+// read (the comment at the top) for a refusal of a request started at t;
+// 0 where they bound nothing. held is rate's, and emptied whether the
+// bucket was empty at the first admission since the escalation.
+func (rd *reading) bounds(t, held int64, emptied bool) (lo, up float64) {
 	b := float64(rd.burst)
-	var up, lo float64
 	for i := int32(0); i < rd.n; i++ {
 		d := float64(t-rd.at[i]) / 1e9
 		if d <= 0 {
@@ -271,38 +383,24 @@ func (rd *reading) rate(t int64) float64 {
 			}
 		}
 	}
-	rd.tight, rd.capIv, rd.capHeld = false, 0, 0
 	if rd.dropped {
-		up = 0
-	}
-	// The bounds of the readings before hold as long as the rate does:
-	// the tightest of them join this window's, unless they contradict
-	// it (the rate changed, or a depth was misread), when this window's
-	// alone are read.
-	if pl, pu := float64(rd.lo), float64(rd.up); pl > 0 || pu > 0 {
-		cl, cu := max(lo, pl), up
-		if pu > 0 && (cu <= 0 || pu < cu) {
-			cu = pu
-		}
-		if cu <= 0 || cl < cu {
-			lo, up = cl, cu
+		// The window may have lost the bucket's last empty instant: its
+		// upper bound is none, but at a held pace (the probe into the
+		// bucket the cooldown emptied, then the pace) that instant is
+		// the first admission since the escalation, which rd.total
+		// counts from.
+		if d := float64(t-rd.first) / 1e9; emptied && d > 0 {
+			up = max(up, (float64(rd.total)+1-b)/d)
+		} else {
+			up = 0
 		}
 	}
-	rd.lo, rd.up = float32(lo), float32(up)
-	if up > 0 {
-		rd.capIv = int64(upperMargin * 1e9 / up)
+	if held > 0 {
+		if ref := 1e9 / float64(held); up <= 0 || up > ref {
+			up = ref
+		}
 	}
-	switch {
-	case up <= 0:
-		return lo
-	case lo <= 0 || lo >= up:
-		return up * 0.9
-	}
-	rd.tight = lo >= tightReading*up
-	if rd.tight {
-		return lo + tightPlace*(up-lo)
-	}
-	return (lo + up) / 2
+	return lo, up
 }
 
 // startOr is pm's start, or n for a permit not made by Acquire.
