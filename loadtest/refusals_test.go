@@ -62,7 +62,7 @@ func TestSplitNeedsDepartures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			told, crossed, list := l.split(tt.starts, t0)
+			told, crossed, _, list := l.split(tt.starts, nil, t0)
 			if told != tt.told || crossed != tt.crossed || len(list) != 2 {
 				t.Fatalf("told %d crossed %d (%d listed), want %d and %d", told, crossed, len(list), tt.told, tt.crossed)
 			}
@@ -167,7 +167,7 @@ func TestEarlySplitAgainstTheStubOrigin(t *testing.T) {
 	if !c.Arrived.After(aTold.Written) {
 		t.Fatalf("c arrived %v, before a's refusal was written (%v)", c.Arrived, aTold.Written)
 	}
-	gotTold, gotCrossed, list := l.split(map[int][]time.Time{0: starts}, starts[0])
+	gotTold, gotCrossed, _, list := l.split(map[int][]time.Time{0: starts}, nil, starts[0])
 	if gotTold != 1 || gotCrossed != 1 {
 		t.Fatalf("told %d, crossed %d; want 1 and 1: %+v", gotTold, gotCrossed, list)
 	}
@@ -178,7 +178,7 @@ func TestEarlySplitAgainstTheStubOrigin(t *testing.T) {
 		t.Errorf("the origin counts %d early, want 2: the split is of its count", st.Early)
 	}
 	// Without the client's departures nothing is known: the origin's count.
-	if told, crossed, _ := l.split(nil, starts[0]); told != 2 || crossed != 0 {
+	if told, crossed, _, _ := l.split(nil, nil, starts[0]); told != 2 || crossed != 0 {
 		t.Errorf("without departures: told %d, crossed %d; want 2 and 0", told, crossed)
 	}
 }
