@@ -296,11 +296,10 @@ func (l *refusalLog) writeTrace(dir string, early []EarlyRequest) error {
 		}
 		side := ""
 		if e.ClientSide != "" {
-			read := "-"
+			side = " client side: " + e.ClientSide
 			if e.ClientReadMs != nil {
-				read = fmt.Sprintf("%.3f", *e.ClientReadMs)
+				side += fmt.Sprintf(" (granted %.3f ms from %s's first reading of a refusal)", *e.ClientReadMs, e.Client)
 			}
-			side = fmt.Sprintf(" client side: %s (granted %s ms after %s began reading a refusal)", e.ClientSide, read, e.Client)
 		}
 		b = fmt.Appendf(b, "early %s authority %d arrived %.6f s refusal written %.6f s margin %.3f ms last start %s ms%s\n",
 			e.Class, e.Authority, e.Arrived, e.RefusalWritten, e.MarginMs, last, side)

@@ -246,7 +246,7 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 		if e.ClientSide != "" {
 			side = "; " + e.ClientSide
 			if e.ClientReadMs != nil {
-				side += fmt.Sprintf(" (granted %.3f ms after %s began reading a refusal)", *e.ClientReadMs, e.Client)
+				side += fmt.Sprintf(" (granted %.3f ms from %s's first reading of a refusal; negative: before)", *e.ClientReadMs, e.Client)
 			}
 		}
 		b.Logf("%s, %s: early %s: arrived %.6f s, %.3f ms after the refusal was written%s", c.origin(), c.client(), e.Class, e.Arrived, e.MarginMs, side)
