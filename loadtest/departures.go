@@ -17,14 +17,95 @@ import (
 type departures struct {
 	mu sync.Mutex
 	at map[string][]time.Time
+	// clients holds each client's own starts and reads (a pod, an
+	// in-process worker), by name: what the pod-side split of the early
+	// requests sets side by side (refusals.go).
+	clients map[string]*clientLog
 }
 
-func newDepartures() *departures { return &departures{at: map[string][]time.Time{}} }
+// clientLog is one client's starts, each with the instant its pacer's
+// Confirm returned (zero: not logged), and the answers it read, per
+// authority; readsLogged says the client logs its reads at all.
+type clientLog struct {
+	starts      map[string][]clientStart
+	reads       map[string][]departlog.Read
+	readsLogged bool
+}
+
+type clientStart struct{ at, returned time.Time }
+
+func newDepartures() *departures {
+	return &departures{at: map[string][]time.Time{}, clients: map[string]*clientLog{}}
+}
 
 // wrap makes the worker of d record its departures, at the instants its
-// pacer confirmed the starts (departlog.Wrap).
-func (d *departures) wrap(wd *worker.Deps) {
-	wd.Fetcher, wd.Pacer = departlog.Wrap(wd.Fetcher, wd.Pacer, d)
+// pacer confirmed the starts, and the answers it read (departlog.Wrap),
+// as the client name.
+func (d *departures) wrap(name string, wd *worker.Deps) {
+	wd.Fetcher, wd.Pacer = departlog.Wrap(wd.Fetcher, wd.Pacer, d.client(name, true))
+}
+
+// client returns the recorder of one client's departures and reads: it
+// adds each start to d's merged departures too.
+func (d *departures) client(name string, readsLogged bool) *clientRecorder {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c := d.clients[name]
+	if c == nil {
+		c = &clientLog{starts: map[string][]clientStart{}, reads: map[string][]departlog.Read{}}
+		d.clients[name] = c
+	}
+	c.readsLogged = c.readsLogged || readsLogged
+	return &clientRecorder{d: d, c: c}
+}
+
+// clientRecorder records into one client's log (departlog.StartRecorder,
+// departlog.ReadRecorder). Safe for concurrent use.
+type clientRecorder struct {
+	d *departures
+	c *clientLog
+}
+
+func (r *clientRecorder) Record(auth string, t time.Time) { r.RecordStart(auth, t, time.Time{}) }
+
+func (r *clientRecorder) RecordStart(auth string, at, returned time.Time) {
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	r.d.at[auth] = append(r.d.at[auth], at)
+	r.c.starts[auth] = append(r.c.starts[auth], clientStart{at: at, returned: returned})
+}
+
+func (r *clientRecorder) RecordRead(auth string, rd departlog.Read) {
+	r.d.mu.Lock()
+	defer r.d.mu.Unlock()
+	r.c.reads[auth] = append(r.c.reads[auth], rd)
+}
+
+// clientView is one client's starts and reads by the index of their
+// authority (departures.byClient).
+type clientView struct {
+	name        string
+	starts      map[int][]clientStart
+	reads       map[int][]departlog.Read
+	readsLogged bool
+}
+
+// byClient is a copy of every client's starts and reads by the index of
+// their authority in auths, by name; nil when no client was recorded.
+func (d *departures) byClient(auths []string) []clientView {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []clientView
+	for name, c := range d.clients {
+		v := clientView{name: name, starts: map[int][]clientStart{}, reads: map[int][]departlog.Read{}, readsLogged: c.readsLogged}
+		for i, a := range auths {
+			v.starts[i] = append([]clientStart(nil), c.starts[a]...)
+			v.reads[i] = append([]departlog.Read(nil), c.reads[a]...)
+		}
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
 }
 
 // Record takes one departure (departlog.Recorder).
@@ -70,8 +151,20 @@ func (d *departures) byIndex(auths []string) map[int][]time.Time {
 	return out
 }
 
-// readDepartureLog adds the departures in path to d and returns how many
-// there were. A missing file is no departures (the pod sent nothing).
-func (d *departures) readDepartureLog(path string) (int64, error) {
-	return departlog.ReadFile(path, d)
+// readDepartureLog adds the departures in path (and the answers read, in
+// path+departlog.ReadsSuffix) to d as client name's, and returns how many
+// departures there were. A missing file is no departures (the pod sent
+// nothing); a missing reads file is a pod that did not log its reads.
+func (d *departures) readDepartureLog(name, path string) (int64, error) {
+	n, err := departlog.ReadFile(path, d.client(name, false))
+	if err != nil {
+		return n, err
+	}
+	r := d.client(name, false)
+	if _, ok, err := departlog.ReadReads(path+departlog.ReadsSuffix, r); err != nil {
+		return n, err
+	} else if ok {
+		d.client(name, true)
+	}
+	return n, nil
 }

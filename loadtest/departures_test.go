@@ -46,12 +46,12 @@ func TestDepartureLogsMergeAcrossPods(t *testing.T) {
 
 	d := newDepartures()
 	for _, p := range pods {
-		n, err := d.readDepartureLog(p.path)
+		n, err := d.readDepartureLog(filepath.Base(p.path), p.path)
 		if err != nil || n != 6 {
 			t.Fatalf("%s: %d departures, err %v; want 6", p.path, n, err)
 		}
 	}
-	if n, err := d.readDepartureLog(filepath.Join(dir, "idle-pod")); n != 0 || err != nil {
+	if n, err := d.readDepartureLog("idle-pod", filepath.Join(dir, "idle-pod")); n != 0 || err != nil {
 		t.Fatalf("missing log: %d, %v; want 0, nil", n, err)
 	}
 	// 8001: 0, 30, 100, 130, ... 430: 9 gaps, 5 of 30 ms and 4 of 70 ms;

@@ -461,7 +461,7 @@ func (r *run) inProcess(ctx context.Context, res *Result) error {
 		}
 		insts[len(insts)-1].parts = parts
 		wk, err := parts.NewWorker(cons, target, 2*time.Second, func(_ *worker.Options, d *worker.Deps) {
-			r.sent.wrap(d)
+			r.sent.wrap(id, d)
 		})
 		if err != nil {
 			return err
@@ -560,6 +560,9 @@ func (r *run) pods(ctx context.Context, res *Result) error {
 		if err := r.trace.keep(p.departures+departlog.WritesSuffix, p.id+".writes"); err != nil {
 			return err
 		}
+		if err := r.trace.keep(p.departures+departlog.ReadsSuffix, p.id+".reads"); err != nil {
+			return err
+		}
 		podCPU += pr.CPUSeconds
 		res.Pods = append(res.Pods, pr)
 	}
@@ -625,7 +628,7 @@ func (m *measure) finish(ctx context.Context, res *Result, read func(context.Con
 	}
 	starts := m.r.sent.byIndex(m.r.auths)
 	res.DeparturesLogged = starts != nil
-	res.EarlyTold, res.EarlyCrossed, res.EarlyRequests = m.r.refusals.split(starts, m.start)
+	res.EarlyTold, res.EarlyCrossed, res.EarlyToldUnread, res.EarlyRequests = m.r.refusals.split(starts, m.r.sent.byClient(m.r.auths), m.start)
 	if m.r.trace != nil {
 		if err := m.r.refusals.writeTrace(m.r.trace.dir, res.EarlyRequests); err != nil {
 			o.Logger.Warn().Err(err).Msg("early trace not written")

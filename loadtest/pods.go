@@ -173,7 +173,7 @@ func (p *pod) stop() {
 func (p *pod) result(d *departures) (PodResult, error) {
 	r := PodResult{ID: p.id}
 	var err error
-	r.Requests, err = d.readDepartureLog(p.departures)
+	r.Requests, err = d.readDepartureLog(p.id, p.departures)
 	if ps := p.cmd.ProcessState; ps != nil {
 		r.CPUSeconds = (ps.UserTime() + ps.SystemTime()).Seconds()
 		r.MaxRSSBytes = maxRSS(ps)

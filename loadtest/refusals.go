@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/stuborigin"
 )
 
@@ -45,6 +46,98 @@ func ClassifyEarly(left, written time.Time) string {
 	return EarlyCrossed
 }
 
+// The told requests are split again, from the clients' side (the pods'
+// own logs: each start with the instant its pacer's Confirm returned, and
+// each answer the client read, at the instant its pacer was told it,
+// internal/departures.Read): a request told to wait by the origin may
+// still have been granted before the client that sent it had read the
+// refusal (the answer in the socket, the HTTP client, or a goroutine not
+// yet run), which no pacer can avoid; or after its pacer had taken it,
+// which is a politeness bug. Conservative again: "before its client read
+// it" needs proof, anything else counts as after.
+
+// Pod-side classes of a told request (EarlyRequest.ClientSide).
+const (
+	// ToldUnread: every start that can be the request's was granted (its
+	// Confirm returned) before its client began telling its pacer of any
+	// refusal read after the origin wrote the one that told.
+	ToldUnread = "before its client read a refusal"
+	// ToldRead: a start that can be the request's was granted when its
+	// client's pacer had been told, or was being told, of a refusal; or
+	// the logs cannot say.
+	ToldRead = "after its client read a refusal, or not proven before"
+)
+
+// ClassifyToldStart says whether one start was granted before its client
+// read the refusal: confirmed is the instant its pacer's Confirm returned,
+// reads the answers that client read from the authority. Only a refusal
+// whose reading began at or after written (the instant the origin began
+// writing the answer that told; the client cannot have begun reading it
+// sooner) can be that answer. Unread when confirmed is before every such
+// read's Called (the pacer granted the start before it was given the
+// answer); margin is confirmed minus the first such read's Called
+// (negative: before), ok false when there is none. A zero confirmed or
+// written (not known) is read.
+func ClassifyToldStart(confirmed, written time.Time, reads []departlog.Read) (class string, margin time.Duration, ok bool) {
+	if confirmed.IsZero() || written.IsZero() {
+		return ToldRead, 0, false
+	}
+	var first time.Time
+	for _, r := range reads {
+		if r.Refusal() && !r.Called.Before(written) && (first.IsZero() || r.Called.Before(first)) {
+			first = r.Called
+		}
+	}
+	if first.IsZero() {
+		return ToldUnread, 0, false
+	}
+	if confirmed.Before(first) {
+		return ToldUnread, confirmed.Sub(first), true
+	}
+	return ToldRead, confirmed.Sub(first), true
+}
+
+// clientSide classifies a told request to authority auth that arrived at
+// arrived, its refusal written at written: unread only when the clients
+// logged their reads and every start logged to auth before arrived (any
+// of them can be the request's: a log has no request identity) is
+// ToldUnread, and there is at least one. It returns the class, the
+// client and margin of the start nearest the refusal's reading (the
+// largest margin; nil when no start had a read to set against), and
+// whether anything was known.
+func clientSide(clients []clientView, auth int, arrived, written time.Time) (class, client string, margin *float64) {
+	if len(clients) == 0 || written.IsZero() {
+		return ToldRead, "", nil
+	}
+	class = ToldUnread
+	n := 0
+	var worst time.Duration
+	for _, c := range clients {
+		for _, st := range c.starts[auth] {
+			if st.at.After(arrived) {
+				continue
+			}
+			n++
+			cl, m, ok := ClassifyToldStart(st.returned, written, c.reads[auth])
+			if !c.readsLogged {
+				cl = ToldRead
+			}
+			if cl == ToldRead {
+				class = ToldRead
+			}
+			if ok && (margin == nil || m > worst) {
+				worst, client = m, c.name
+				ms := float64(m) / float64(time.Millisecond)
+				margin = &ms
+			}
+		}
+	}
+	if n == 0 {
+		class = ToldRead
+	}
+	return class, client, margin
+}
+
 // EarlyRequest is one request the origin counted early, as the report
 // shows it (Result.EarlyRequests): times in seconds since the run started.
 type EarlyRequest struct {
@@ -65,6 +158,16 @@ type EarlyRequest struct {
 	// before Arrived (a pacer's confirm: the request left no sooner), in
 	// milliseconds after RefusalWritten; absent without departure logs.
 	LastStartMs *float64 `json:"last_start_ms,omitempty"`
+	// ClientSide, for a told request, is ToldUnread or ToldRead: whether
+	// the client that sent it had read a refusal when its pacer granted it.
+	// ClientReadMs is, of the starts that can be the request's, the latest
+	// one's grant (its Confirm returned) less its client's first reading of
+	// a refusal after RefusalWritten (negative: granted before the client
+	// read it), in milliseconds; Client names that client. Absent when no
+	// such reading was logged.
+	ClientSide   string   `json:"client_side,omitempty"`
+	ClientReadMs *float64 `json:"client_read_ms,omitempty"`
+	Client       string   `json:"client,omitempty"`
 }
 
 // refusalLog collects, from the origin's hooks, the arrivals and the
@@ -120,7 +223,12 @@ func firstWritten(told []stuborigin.Told, a stuborigin.Arrival) time.Time {
 // takes. The clients' logs must agree: a crossing needs at least as many
 // starts logged before the answer was written as arrivals before it, else
 // a clock or a log is wrong and the request counts as told.
-func (l *refusalLog) split(starts map[int][]time.Time, t0 time.Time) (told, crossed int64, out []EarlyRequest) {
+//
+// Each told request is split again from the clients' side (clientSide):
+// toldUnread counts those proved granted before their client read a
+// refusal; the others (told less toldUnread) were granted after, or are
+// not proved.
+func (l *refusalLog) split(starts map[int][]time.Time, clients []clientView, t0 time.Time) (told, crossed, toldUnread int64, out []EarlyRequest) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, ts := range l.arrivals {
@@ -153,6 +261,12 @@ func (l *refusalLog) split(starts map[int][]time.Time, t0 time.Time) (told, cros
 			told++
 		}
 		e := EarlyRequest{Authority: a.Authority, Class: c, Arrived: secs(a.Arrived), LastStartMs: last}
+		if c == EarlyTold {
+			e.ClientSide, e.Client, e.ClientReadMs = clientSide(clients, a.Authority, a.Arrived, w)
+			if e.ClientSide == ToldUnread {
+				toldUnread++
+			}
+		}
 		if !w.IsZero() {
 			e.RefusalWritten = secs(w)
 			e.MarginMs = float64(a.Arrived.Sub(w)) / float64(time.Millisecond)
@@ -160,7 +274,7 @@ func (l *refusalLog) split(starts map[int][]time.Time, t0 time.Time) (told, cros
 		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Arrived < out[j].Arrived })
-	return told, crossed, out
+	return told, crossed, toldUnread, out
 }
 
 // writeTrace writes early.log into dir: one line per early request, and
@@ -180,8 +294,15 @@ func (l *refusalLog) writeTrace(dir string, early []EarlyRequest) error {
 		if e.LastStartMs != nil {
 			last = fmt.Sprintf("%.3f", *e.LastStartMs)
 		}
-		b = fmt.Appendf(b, "early %s authority %d arrived %.6f s refusal written %.6f s margin %.3f ms last start %s ms\n",
-			e.Class, e.Authority, e.Arrived, e.RefusalWritten, e.MarginMs, last)
+		side := ""
+		if e.ClientSide != "" {
+			side = " client side: " + e.ClientSide
+			if e.ClientReadMs != nil {
+				side += fmt.Sprintf(" (granted %.3f ms from %s's first reading of a refusal)", *e.ClientReadMs, e.Client)
+			}
+		}
+		b = fmt.Appendf(b, "early %s authority %d arrived %.6f s refusal written %.6f s margin %.3f ms last start %s ms%s\n",
+			e.Class, e.Authority, e.Arrived, e.RefusalWritten, e.MarginMs, last, side)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "early.log"), b, 0o644); err != nil {
 		return fmt.Errorf("trace: %w", err)

@@ -3,10 +3,14 @@ package loadtest
 import (
 	"context"
 	"io"
+	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	departlog "github.com/mirrorworker/mirrorworker/internal/departures"
 	"github.com/mirrorworker/mirrorworker/stuborigin"
 )
 
@@ -62,7 +66,7 @@ func TestSplitNeedsDepartures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			told, crossed, list := l.split(tt.starts, t0)
+			told, crossed, _, list := l.split(tt.starts, nil, t0)
 			if told != tt.told || crossed != tt.crossed || len(list) != 2 {
 				t.Fatalf("told %d crossed %d (%d listed), want %d and %d", told, crossed, len(list), tt.told, tt.crossed)
 			}
@@ -167,7 +171,7 @@ func TestEarlySplitAgainstTheStubOrigin(t *testing.T) {
 	if !c.Arrived.After(aTold.Written) {
 		t.Fatalf("c arrived %v, before a's refusal was written (%v)", c.Arrived, aTold.Written)
 	}
-	gotTold, gotCrossed, list := l.split(map[int][]time.Time{0: starts}, starts[0])
+	gotTold, gotCrossed, _, list := l.split(map[int][]time.Time{0: starts}, nil, starts[0])
 	if gotTold != 1 || gotCrossed != 1 {
 		t.Fatalf("told %d, crossed %d; want 1 and 1: %+v", gotTold, gotCrossed, list)
 	}
@@ -178,7 +182,7 @@ func TestEarlySplitAgainstTheStubOrigin(t *testing.T) {
 		t.Errorf("the origin counts %d early, want 2: the split is of its count", st.Early)
 	}
 	// Without the client's departures nothing is known: the origin's count.
-	if told, crossed, _ := l.split(nil, starts[0]); told != 2 || crossed != 0 {
+	if told, crossed, _, _ := l.split(nil, nil, starts[0]); told != 2 || crossed != 0 {
 		t.Errorf("without departures: told %d, crossed %d; want 2 and 0", told, crossed)
 	}
 }
@@ -208,6 +212,155 @@ func TestVerdictCountsOnlyTheTold(t *testing.T) {
 			r := &Report{Results: []Result{res}}
 			if v := r.Verdict(); v[0] != tt.verdict {
 				t.Errorf("verdict %q, want %q", v[0], tt.verdict)
+			}
+		})
+	}
+}
+
+// TestClassifyToldStart: a start granted (its Confirm returned) before its
+// client began telling its pacer of a refusal read after the origin wrote
+// the one that told was granted unread; at or after that instant, or with
+// an instant unknown, it counts as read. Reads of answers that are no
+// refusal, and readings begun before the refusal was written (another
+// answer), do not count. Real timestamps, one clock.
+func TestClassifyToldStart(t *testing.T) {
+	written := time.Now()
+	at := func(us int) time.Time { return written.Add(time.Duration(us) * time.Microsecond) }
+	refusal := func(called int) departlog.Read {
+		return departlog.Read{Called: at(called), Returned: at(called + 20), Status: 429, Throttled: true}
+	}
+	tests := []struct {
+		name      string
+		confirmed time.Time
+		written   time.Time
+		reads     []departlog.Read
+		want      string
+		margin    time.Duration
+		ok        bool
+	}{
+		{name: "granted 750 us before its client read the refusal", confirmed: at(750), written: written, reads: []departlog.Read{refusal(1500)}, want: ToldUnread, margin: -750 * time.Microsecond, ok: true},
+		{name: "granted 1 ns before", confirmed: at(1500).Add(-1), written: written, reads: []departlog.Read{refusal(1500)}, want: ToldUnread, margin: -1, ok: true},
+		{name: "granted as the pacer was being told", confirmed: at(1510), written: written, reads: []departlog.Read{refusal(1500)}, want: ToldRead, margin: 10 * time.Microsecond, ok: true},
+		{name: "granted after its client read it", confirmed: at(2500), written: written, reads: []departlog.Read{refusal(1500)}, want: ToldRead, margin: time.Millisecond, ok: true},
+		{name: "the first refusal read counts", confirmed: at(2500), written: written, reads: []departlog.Read{refusal(3000), refusal(2000)}, want: ToldRead, margin: 500 * time.Microsecond, ok: true},
+		{name: "a 503 without the pacer's verdict is a refusal", confirmed: at(2500), written: written, reads: []departlog.Read{{Called: at(2000), Returned: at(2010), Status: 503}}, want: ToldRead, margin: 500 * time.Microsecond, ok: true},
+		{name: "a 200 read is no refusal", confirmed: at(2500), written: written, reads: []departlog.Read{{Called: at(2000), Returned: at(2010), Status: 200}}, want: ToldUnread},
+		{name: "a refusal read before this one was written is another", confirmed: at(2500), written: written, reads: []departlog.Read{refusal(-100)}, want: ToldUnread},
+		{name: "no refusal read at all", confirmed: at(2500), written: written, want: ToldUnread},
+		{name: "grant unknown", written: written, reads: []departlog.Read{refusal(1500)}, want: ToldRead},
+		{name: "refusal's write unknown", confirmed: at(750), reads: []departlog.Read{refusal(1500)}, want: ToldRead},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, margin, ok := ClassifyToldStart(tt.confirmed, tt.written, tt.reads)
+			if got != tt.want || ok != tt.ok || (ok && margin != tt.margin) {
+				t.Errorf("ClassifyToldStart = %q, %v, %v; want %q, %v, %v", got, margin, ok, tt.want, tt.margin, tt.ok)
+			}
+		})
+	}
+}
+
+// TestSplitFromTheClientSide: a told request counts as granted before its
+// pod read a refusal only when every start its pod logs could make it was
+// granted before that pod began reading one, the pods log their reads,
+// and a start is logged at all. The logs go through real departure-log
+// files, as the pods write them.
+func TestSplitFromTheClientSide(t *testing.T) {
+	t0 := time.Now()
+	at := func(us int) time.Time { return t0.Add(time.Duration(us) * time.Microsecond) }
+	const auth = "127.0.0.1:8001"
+	// The origin refused x (arrived at 0), began writing its 429 at
+	// 1000 us, telling until 2 s; e arrived at 3250 us, early.
+	l := newRefusalLog()
+	l.arrival(stuborigin.Arrival{Identity: "i", Arrived: at(0), Handled: at(0), Outcome: stuborigin.RateLimited})
+	l.toldHook(stuborigin.Told{Identity: "i", Decided: at(0), Written: at(1000), Until: at(2_000_000)})
+	l.arrival(stuborigin.Arrival{Identity: "i", Arrived: at(3250), Handled: at(3300), Outcome: stuborigin.RateLimited, Early: true})
+	type start struct{ at, returned int }
+	type pod struct {
+		starts    []start
+		reads     []int // Called of each 429 read
+		noReads   bool  // an old pod: no reads file
+		noReturns bool  // starts logged without the Confirm's return
+	}
+	tests := []struct {
+		name    string
+		pods    map[string]pod
+		unread  bool
+		readMs  float64 // the reported margin, when there is one
+		hasRead bool
+	}{
+		{name: "granted 0.75 ms after the write, its pod read it 1.4 ms later",
+			pods:   map[string]pod{"pod1": {starts: []start{{-5000, -4990}, {1750, 1760}}, reads: []int{3160}}},
+			unread: true, readMs: -1.4, hasRead: true},
+		{name: "granted after its pod began reading the 429",
+			pods:   map[string]pod{"pod1": {starts: []start{{-5000, -4990}, {3100, 3110}}, reads: []int{3000}}},
+			unread: false, readMs: 0.11, hasRead: true},
+		{name: "granted by one pod before it read, but another pod's start after its own read could be the request",
+			pods: map[string]pod{
+				"pod1": {starts: []start{{1750, 1760}}, reads: []int{3160}},
+				"pod2": {starts: []start{{3000, 3010}}, reads: []int{2000}},
+			},
+			unread: false, readMs: 1.01, hasRead: true},
+		{name: "no refusal read by then",
+			pods:   map[string]pod{"pod1": {starts: []start{{1750, 1760}}}},
+			unread: true},
+		{name: "an old pod logs no reads",
+			pods:   map[string]pod{"pod1": {starts: []start{{1750, 1760}}, noReads: true}},
+			unread: false},
+		{name: "an old pod logs no Confirm returns",
+			pods:   map[string]pod{"pod1": {starts: []start{{1750, 1760}}, reads: []int{3160}, noReturns: true}},
+			unread: false},
+		{name: "no start logged before the arrival",
+			pods:   map[string]pod{"pod1": {starts: []start{{4000, 4010}}, reads: []int{3160}}},
+			unread: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			d := newDepartures()
+			for name, p := range tt.pods {
+				path := filepath.Join(dir, name)
+				lg, err := departlog.Open(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range p.starts {
+					if p.noReturns {
+						lg.Record(auth, at(s.at))
+					} else {
+						lg.RecordStart(auth, at(s.at), at(s.returned))
+					}
+				}
+				for _, c := range p.reads {
+					lg.RecordRead(auth, departlog.Read{Called: at(c), Returned: at(c + 30), Status: 429, Throttled: true})
+				}
+				lg.Close()
+				if p.noReads {
+					os.Remove(path + departlog.ReadsSuffix)
+				}
+				if _, err := d.readDepartureLog(name, path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			auths := []string{auth}
+			told, crossed, unread, list := l.split(d.byIndex(auths), d.byClient(auths), t0)
+			if told != 1 || crossed != 0 || len(list) != 1 {
+				t.Fatalf("told %d, crossed %d, %d listed; want the one told", told, crossed, len(list))
+			}
+			e := list[0]
+			want, wantSide := int64(0), ToldRead
+			if tt.unread {
+				want, wantSide = 1, ToldUnread
+			}
+			if unread != want || e.ClientSide != wantSide {
+				t.Errorf("unread %d, client side %q; want %d, %q (%+v)", unread, e.ClientSide, want, wantSide, e)
+			}
+			if (e.ClientReadMs != nil) != tt.hasRead || (tt.hasRead && math.Abs(*e.ClientReadMs-tt.readMs) > 1e-6) {
+				t.Errorf("client read margin %v, want %v (%v)", e.ClientReadMs, tt.readMs, tt.hasRead)
+			}
+			res := Result{Early: 1, EarlyTold: told, EarlyCrossed: crossed, EarlyToldUnread: unread}
+			if res.Told() != 1 || res.ToldAfterRead() != 1-want {
+				t.Errorf("Told %d, ToldAfterRead %d", res.Told(), res.ToldAfterRead())
 			}
 		})
 	}

@@ -115,6 +115,14 @@ type Result struct {
 	EarlyCrossed     int64          `json:"early_crossed"`
 	DeparturesLogged bool           `json:"departures_logged"`
 	EarlyRequests    []EarlyRequest `json:"early_requests,omitempty"`
+	// EarlyToldUnread is how many of the told (Told) are proved, from the
+	// clients' own logs, to have been granted before the client that sent
+	// them had read any refusal after the one that told (refusals.go,
+	// clientSide): the origin had written it, the client's pacer had not
+	// been told. ToldAfterRead is the rest of the told: granted after the
+	// client read a refusal, or not proved before (a politeness bug unless
+	// a log says otherwise). It does not change Told or the verdict.
+	EarlyToldUnread int64 `json:"early_told_before_client_read"`
 	// GapsBelowFloor: arrivals from one identity closer than the floor to the
 	// previous one from that identity. AuthorityGapsBelowFloor counts the
 	// same over all identities of an authority together.
@@ -222,6 +230,10 @@ var tableHeader = []string{
 // caller had been told to wait, or may have been: all but those the
 // departures prove crossed the refusal (EarlyCrossed).
 func (r Result) Told() int64 { return r.Early - r.EarlyCrossed }
+
+// ToldAfterRead is how many of the told (Told) are not proved to have been
+// granted before their client read a refusal (EarlyToldUnread).
+func (r Result) ToldAfterRead() int64 { return r.Told() - r.EarlyToldUnread }
 
 // Rude reports whether the strategy was rude to the origin by the origin's
 // own account: it sent requests while told to wait (Told: a request that
@@ -359,6 +371,10 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		if res.Early > 0 && !res.DeparturesLogged {
 			fmt.Fprintf(w, "%s: no departures logged, so its %d early requests all count as told to wait (the origin's count)\n", res.Strategy, res.Early)
+		}
+		if res.Told() > 0 {
+			fmt.Fprintf(w, "%s: of its %d told to wait (the origin had written the refusal), %d were granted before the client that sent them read a refusal, %d after it or not proved before\n",
+				res.Strategy, res.Told(), res.EarlyToldUnread, res.ToldAfterRead())
 		}
 		if len(res.Pods) > 0 {
 			var each []string

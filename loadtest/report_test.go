@@ -144,13 +144,14 @@ func TestReportTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
-	if len(lines) != 9 { // 3 verdict lines, header, 3 rows, the pods line, the error line
+	if len(lines) != 10 { // 3 verdict lines, header, 3 rows, the pods line, the told line, the error line
 		t.Fatalf("table has %d lines:\n%s", len(lines), b.String())
 	}
 	for _, want := range []string{"goodput", "hostpacer", "processes", "0.99", "error", "cooldown: start origin",
 		"hostpacer: 2 pods, sharing the partitions 4.2 s after they started; requests sent: loadtest-hostpacer-pod1 110, loadtest-hostpacer-pod2 100",
 		"Finished first without being rude: hostpacer, drained in 25.4 s (9 429s, 0 told to wait, 0 bans).",
 		"fixed drained in 27.9 s (2.5 s later), rudely: 310 requests sent while told to wait; 1 ban, 6.0 s banned in all, 90 requests wasted during them.",
+		"fixed: of its 310 told to wait (the origin had written the refusal), 0 were granted before the client that sent them read a refusal, 310 after it or not proved before",
 		"cooldown could not run."} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())

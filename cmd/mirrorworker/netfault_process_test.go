@@ -287,11 +287,14 @@ func readDepartures(t *testing.T, files []string) map[string][]departure {
 			t.Fatal(err)
 		}
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			ns, auth, ok := strings.Cut(line, " ")
-			if !ok {
+			// "<unix ns> <authority>", and the instant the pod's Confirm
+			// returned after it where logged (departlog.Log.RecordStart).
+			f := strings.Fields(line)
+			if len(f) < 2 {
 				continue
 			}
-			n, err := strconv.ParseInt(ns, 10, 64)
+			auth := f[1]
+			n, err := strconv.ParseInt(f[0], 10, 64)
 			if err != nil {
 				t.Fatalf("departure log %s: %q", f, line)
 			}

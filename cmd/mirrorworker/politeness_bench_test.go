@@ -238,10 +238,18 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 		out.res.Strategy = c.client()
 		rep.Results[0].Strategy = c.client()
 	}
-	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early (%d told to wait, %d crossed a refusal)", c.origin(), c.client(),
-		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early, out.res.Told(), out.res.EarlyCrossed)
+	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early (%d told to wait, %d crossed a refusal); of the told, %d granted before the pod read a refusal, %d after it or not proved before", c.origin(), c.client(),
+		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early, out.res.Told(), out.res.EarlyCrossed,
+		out.res.EarlyToldUnread, out.res.ToldAfterRead())
 	for _, e := range out.res.EarlyRequests {
-		b.Logf("%s, %s: early %s: arrived %.6f s, %.3f ms after the refusal was written", c.origin(), c.client(), e.Class, e.Arrived, e.MarginMs)
+		side := ""
+		if e.ClientSide != "" {
+			side = "; " + e.ClientSide
+			if e.ClientReadMs != nil {
+				side += fmt.Sprintf(" (granted %.3f ms from %s's first reading of a refusal; negative: before)", *e.ClientReadMs, e.Client)
+			}
+		}
+		b.Logf("%s, %s: early %s: arrived %.6f s, %.3f ms after the refusal was written%s", c.origin(), c.client(), e.Class, e.Arrived, e.MarginMs, side)
 	}
 	return out
 }
@@ -267,7 +275,7 @@ func podLog(b *testing.B, traceDir string) (zerolog.Logger, string, func()) {
 
 func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
 	tw := tabwriter.NewWriter(sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "origin\tclient\tdrained\tdrain s\tbound s\tratio\trequests\trejections\t% of requests\twhile told to wait\tcrossed a refusal\tgaps<floor\tdead letters\t")
+	fmt.Fprintln(tw, "origin\tclient\tdrained\tdrain s\tbound s\tratio\trequests\trejections\t% of requests\twhile told to wait\t(of which after the pod read it)\tcrossed a refusal\tgaps<floor\tdead letters\t")
 	for _, r := range results {
 		res := r.res
 		rej := res.Status429 + res.Status503 + res.Status403
@@ -282,9 +290,9 @@ func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
 		if res.Error != "" {
 			drained = "error: " + res.Error
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t%d\t%d\t\n",
 			r.cell.origin(), r.cell.client(), drained, res.DrainSeconds, r.bound(), res.DrainSeconds/r.bound(),
-			res.Requests, rej, pct, res.Told(), res.EarlyCrossed, res.GapsBelowFloor, res.DeadLettered)
+			res.Requests, rej, pct, res.Told(), res.ToldAfterRead(), res.EarlyCrossed, res.GapsBelowFloor, res.DeadLettered)
 	}
 	tw.Flush()
 }

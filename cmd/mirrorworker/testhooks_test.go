@@ -89,4 +89,12 @@ func TestRunLogsDeparturesToTheGivenEnvironment(t *testing.T) {
 	if got := strings.Count(string(b), "\n"); got != n {
 		t.Errorf("%d departures logged, want %d:\n%s", got, n, b)
 	}
+	// Each answer the worker read, beside them (a 200 each).
+	r, err := os.ReadFile(deps + departlog.ReadsSuffix)
+	if err != nil {
+		t.Fatalf("no reads beside the departure log: %v", err)
+	}
+	if got := strings.Count(string(r), " 200 0 "); got != n {
+		t.Errorf("%d answers read logged, want %d 200s:\n%s", got, n, r)
+	}
 }

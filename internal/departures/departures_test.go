@@ -2,6 +2,7 @@ package departures
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -158,5 +159,119 @@ func TestDeparturesAreTheConfirmedStarts(t *testing.T) {
 	}
 	if g := gated[1].Sub(gated[0]); g >= floor {
 		t.Errorf("the gates were %s apart: the slow slot did not make the case this test is for", g)
+	}
+}
+
+// both keeps the starts with the instant Confirm returned, and the reads.
+type both struct {
+	taken
+	starts [][2]time.Time
+	reads  []Read
+}
+
+func (b *both) RecordStart(auth string, at, returned time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.starts = append(b.starts, [2]time.Time{at, returned})
+}
+
+func (b *both) RecordRead(auth string, r Read) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reads = append(b.reads, r)
+}
+
+// TestLogKeepsReadsAndConfirmReturns: a Log's starts with the instant
+// Confirm returned and its reads come back from ReadFile and ReadReads as
+// written; an old two-field line still reads as a start without it; a
+// line cut short is skipped; a missing reads file says so.
+func TestLogKeepsReadsAndConfirmReturns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pod")
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.RecordStart("127.0.0.1:8001", t0, t0.Add(30*time.Microsecond))
+	l.Record("127.0.0.1:8001", t0.Add(time.Millisecond))
+	r429 := Read{Called: t0.Add(2 * time.Millisecond), Returned: t0.Add(2*time.Millisecond + 40*time.Microsecond), Status: 429, Throttled: true}
+	l.RecordRead("127.0.0.1:8001", r429)
+	l.RecordRead("127.0.0.1:8001", Read{Called: t0.Add(3 * time.Millisecond), Returned: t0.Add(3 * time.Millisecond), Status: 200})
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path+ReadsSuffix, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString("1767225600000000000 1767225600000000001 429 1 127.0") // killed mid-line
+	f.Close()
+	b := &both{}
+	if n, err := ReadFile(path, b); n != 2 || err != nil {
+		t.Fatalf("ReadFile = %d, %v; want 2, nil", n, err)
+	}
+	if len(b.starts) != 1 || !b.starts[0][0].Equal(t0) || !b.starts[0][1].Equal(t0.Add(30*time.Microsecond)) {
+		t.Errorf("starts with their returns: %v", b.starts)
+	}
+	if at := b.of("127.0.0.1:8001"); len(at) != 1 || !at[0].Equal(t0.Add(time.Millisecond)) {
+		t.Errorf("the start without a return: %v", at)
+	}
+	n, ok, err := ReadReads(path+ReadsSuffix, b)
+	if n != 2 || !ok || err != nil {
+		t.Fatalf("ReadReads = %d, %v, %v; want 2, true, nil", n, ok, err)
+	}
+	if got := b.reads[0]; !got.Called.Equal(r429.Called) || !got.Returned.Equal(r429.Returned) || got.Status != 429 || !got.Throttled || !got.Refusal() {
+		t.Errorf("read back %+v, want %+v", got, r429)
+	}
+	if b.reads[1].Refusal() {
+		t.Errorf("a 200 read as a refusal: %+v", b.reads[1])
+	}
+	if _, ok, err := ReadReads(filepath.Join(t.TempDir(), "old-pod.reads"), b); ok || err != nil {
+		t.Errorf("missing reads file: exists %v, %v", ok, err)
+	}
+}
+
+// TestWrapRecordsTheReads: the recording pacer times each answer the
+// worker tells its pacer (Done) with the pacer's verdict, and each start
+// with the instant Confirm returned; a request given back unsent is no
+// read. A real pacer and a 429 with Retry-After: it is throttled.
+func TestWrapRecordsTheReads(t *testing.T) {
+	const url = "http://127.0.0.1:9/x"
+	a, err := authority.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := a.String()
+	hp := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}}})
+	b := &both{}
+	deps := worker.Deps{Pacer: hp, Fetcher: &gateOnly{}}
+	deps.Fetcher, deps.Pacer = Wrap(deps.Fetcher, deps.Pacer, b)
+	pm, err := deps.Pacer.Acquire(time.Now(), auth, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pm, err = pacer.Wait(context.Background(), clock.Real{}, deps.Pacer, pm); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := deps.Fetcher.Do(context.Background(), fetch.Request{URL: url}, func(context.Context, int, authority.Authority) (func(fetch.Result), error) {
+		return func(fetch.Result) {
+			deps.Pacer.Done(time.Now(), pm, pacer.Response{Status: 429, Header: http.Header{"Retry-After": {"2"}}})
+		}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pm2, err := hp.Acquire(time.Now().Add(3*time.Second), auth, time.Minute)
+	if err == nil {
+		deps.Pacer.Done(time.Now(), pm2, pacer.Response{Cancelled: true})
+	}
+	if len(b.starts) != 1 || b.starts[0][1].Before(b.starts[0][0]) {
+		t.Fatalf("starts %v, want one, returned no sooner than given", b.starts)
+	}
+	if len(b.reads) != 1 {
+		t.Fatalf("reads %+v, want the 429 alone", b.reads)
+	}
+	r := b.reads[0]
+	if r.Status != 429 || !r.Throttled || r.Returned.Before(r.Called) || r.Called.Before(b.starts[0][1]) {
+		t.Errorf("read %+v after the start %v: want a throttled 429, called after the start returned, returned no sooner than called", r, b.starts[0])
 	}
 }
