@@ -495,3 +495,56 @@ func TestARefusedPaceSlowsDown(t *testing.T) {
 		})
 	}
 }
+
+// TestASlowLimiterSettles drains 300 files at floor 0 from limiters slower
+// than the contract's 2 s first step, where few answers come back between
+// two refusals: nginx's default 503 without Retry-After (no cooldown) at
+// burst 0 and 5, and a 429 whose 1 s Retry-After is shorter than the
+// origin's spacing. It asserts the drain settles: at most 2% of the
+// requests refused and the drain within 1.05x of the origin's bound (a
+// burst lets it finish under it). Before, no pace was read from the ramp's
+// refusals (fewer than minPaceAnswers answers between them), and the
+// interval went 2 s, 1 s, refused, 2 s: 299 of 599 requests refused at
+// burst 0, 178 of 478 at burst 5, 151 of 451 with the 1 s Retry-After
+// (ADR 0029, the eleventh look).
+func TestASlowLimiterSettles(t *testing.T) {
+	const files = 300
+	tests := []struct {
+		name       string
+		rate       float64
+		burst      int64
+		retryAfter time.Duration // 0: 503 without Retry-After
+	}{
+		{"503_burst0_0.5r/s", 0.5, 0, 0},
+		{"503_burst5_0.5r/s", 0.5, 5, 0},
+		{"429_ra1s_burst0_0.5r/s", 0.5, 0, time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := pacer.New(&pacer.Options{
+				Policy:     &pacer.Policy{Default: pacer.Limits{MaxInFlight: 2}},
+				Rand:       fixedRand(0),
+				AwaitSends: true,
+			})
+			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: tt.rate, Burst: tt.burst}}, files, tt.retryAfter, 20*time.Millisecond)
+			ratio := r.drain.Seconds() * tt.rate / files
+			paces := r.paces
+			if len(paces) > 8 {
+				paces = paces[len(paces)-8:]
+			}
+			t.Logf("ratio %.3f, %d rejections of %d, paces after the last %d %v", ratio, r.rejections, r.requests, len(paces), paces)
+			if r.rejections > r.requests/50 {
+				t.Errorf("%d rejections of %d requests (want at most 2%%)", r.rejections, r.requests)
+			}
+			if ratio > 1.05 {
+				t.Errorf("drain ratio %.3f (want at most 1.05)", ratio)
+			}
+			if told := r.early - r.crossed; told != 0 || r.crossed > 1 {
+				t.Errorf("%d requests arrived while a Retry-After was in force after a refusal had come back, %d crossed the first (want 0 and at most 1)", told, r.crossed)
+			}
+			if r.failed != 0 || r.dead != 0 {
+				t.Errorf("%d refusals read as failures, %d jobs dead-lettered (want 0 and 0)", r.failed, r.dead)
+			}
+		})
+	}
+}

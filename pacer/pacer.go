@@ -1119,6 +1119,20 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			e.rd.capIv, e.rd.up = 0, 0
 		}
 	}
+	ramped := false
+	if !first && e.pace <= 0 && e.firstStep <= 0 && e.escAt != 0 && e.answered > 0 && e.answered < minPaceAnswers {
+		// The ramp's refusal before minPaceAnswers answers came back
+		// since the last escalation (a slow origin: at 0.5 r/s the
+		// ramp goes 2 s, 1 s, refused). The answers read no pace, but
+		// the origin admitted the level above the refused one and
+		// refused this one: that level is the pace. Without it, no
+		// pace was ever learned where no cooldown gives the answers
+		// time (a limiter's 503): the interval stepped to 2 s, halved
+		// to 1 s at the next answer and was refused again, half the
+		// requests of a run (ADR 0029, the eleventh look).
+		e.pace = min(max(2*e.interval, e.floor), top)
+		ramped = true
+	}
 	step := p.firstStepFor(e, cool)
 	if (first || (e.answered == 0 && started == e.escAt)) && e.pace <= 0 && e.firstStep <= 0 && cool > 0 && e.rd.burst > 0 {
 		// The cold blast's refusal (or one to a request started as it
@@ -1138,7 +1152,20 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		}
 	}
 	iv := min(max(2*e.interval, step, e.floor), top)
-	if e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
+	crept := !ramped && e.pace > 0 && e.interval < e.pace && !e.rd.tight && e.escAt != 0 &&
+		e.answered > 0 && e.answered < minPaceAnswers && e.firstStep <= 0
+	if crept {
+		// Refused while the creep was below the pace, before the
+		// answers could read anything: the origin admitted the pace
+		// and refused the creep, so the pace holds and the creep
+		// stops at it (or a little above the refused interval) for
+		// Decay answers (reading.capFor). Doubling the pace here, as
+		// below, sent a 0.5 r/s origin's 2 s pace to 4 s after every
+		// creep's refusal, and the creep took 90 answers back (ADR
+		// 0029, the eleventh look).
+		e.rd.capIv, e.rd.capHeld = max(e.pace, int64(upperMargin*float64(e.interval))), 0
+	}
+	if !ramped && !crept && e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
 		// Refused again before the answers since the last escalation
 		// could read anything: the pace they came back to is too fast
 		// (the origin's limit dropped). It doubles with the interval,
