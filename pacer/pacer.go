@@ -57,6 +57,9 @@ const (
 	// minPaceAnswers is how many answers between two escalations it takes
 	// to learn a pace from them: fewer say too little about the rate.
 	minPaceAnswers = 3
+	// limiterTick is a limiter's clock resolution: nginx counts the
+	// time between two requests in whole milliseconds.
+	limiterTick = int64(time.Millisecond)
 )
 
 // State names of State.State and the keys of Counts.
@@ -1109,6 +1112,15 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			} else if read <= pace {
 				pace, mean = read, false
 			}
+		}
+		if e.rd.burst == 1 && e.rd.lo > 0 {
+			// A bucket of depth 1 (nginx's limit_req without
+			// burst=) absorbs no pace faster than its rate, and
+			// a limiter counts in whole milliseconds: an admission
+			// g apart proves a rate of 1/(g + 1 ms) at least, not
+			// 1/g. The pace is the lower bound's spacing and that
+			// tick, never faster (ADR 0029, the eleventh look).
+			pace = max(pace, int64(1e9/float64(e.rd.lo))+limiterTick)
 		}
 		e.pace = min(max(pace, e.floor), top)
 		if (held == 0 || mean) && e.pace < e.rd.capIv {
