@@ -55,6 +55,21 @@ func (d *departures) belowFloor(floor time.Duration) (n int64, minGap time.Durat
 	return n, minGap
 }
 
+// byIndex is a copy of the departures by the index of their authority in
+// auths, nil when none was recorded (the strategy logs no departures).
+func (d *departures) byIndex(auths []string) map[int][]time.Time {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.at) == 0 {
+		return nil
+	}
+	out := make(map[int][]time.Time, len(auths))
+	for i, a := range auths {
+		out[i] = append([]time.Time(nil), d.at[a]...)
+	}
+	return out
+}
+
 // readDepartureLog adds the departures in path to d and returns how many
 // there were. A missing file is no departures (the pod sent nothing).
 func (d *departures) readDepartureLog(path string) (int64, error) {

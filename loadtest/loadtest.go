@@ -312,8 +312,13 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 		return fail(err)
 	}
 	defer trace.close()
+	refusals := newRefusalLog()
+	onArrival := refusals.arrival
+	if ta := trace.arrival(); ta != nil {
+		onArrival = func(a stuborigin.Arrival) { refusals.arrival(a); ta(a) }
+	}
 	og, err := stuborigin.New(p.Origin, &stuborigin.Options{
-		Authorities: o.Authorities, GapFloor: p.Floor, OnArrival: trace.arrival(),
+		Authorities: o.Authorities, GapFloor: p.Floor, OnArrival: onArrival, OnTold: refusals.toldHook,
 		Logger: o.Logger.With().Str("component", "stub-origin").Logger(),
 	})
 	if err != nil {
@@ -325,6 +330,7 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 	}
 	defer og.Close()
 	akeys := make([]string, len(urls))
+	auths := make([]string, len(urls))
 	for i, s := range urls {
 		u, err := url.Parse(s)
 		if err != nil {
@@ -335,8 +341,10 @@ func runStrategy(ctx context.Context, o *Options, name, ordinal string) Result {
 			return fail(err)
 		}
 		akeys[i] = a.Key()
+		auths[i] = a.String()
 	}
-	r := &run{o: o, name: name, ordinal: ordinal, dir: dir, emb: emb, js: js, og: og, urls: urls, akeys: akeys, sent: newDepartures(), trace: trace}
+	r := &run{o: o, name: name, ordinal: ordinal, dir: dir, emb: emb, js: js, og: og, urls: urls, akeys: akeys, auths: auths,
+		sent: newDepartures(), trace: trace, refusals: refusals}
 	switch {
 	case pods:
 		err = r.pods(ctx, &res)
@@ -360,8 +368,10 @@ type run struct {
 	js            jetstream.JetStream
 	og            *stuborigin.Origin
 	urls, akeys   []string
+	auths         []string // "host:port" of each authority, as departures name them
 	sent          *departures
 	trace         *trace // nil: no trace kept
+	refusals      *refusalLog
 }
 
 // inProcess runs the strategy's workers in this process, each on its own
@@ -612,6 +622,14 @@ func (m *measure) finish(ctx context.Context, res *Result, read func(context.Con
 	fillOrigin(res, st, m.start, drain)
 	if allowed := p.AllowedAdmissions(o.Authorities, 1, drain); allowed > 0 {
 		res.Goodput = float64(res.Admitted) / allowed
+	}
+	starts := m.r.sent.byIndex(m.r.auths)
+	res.DeparturesLogged = starts != nil
+	res.EarlyTold, res.EarlyCrossed, res.EarlyRequests = m.r.refusals.split(starts, m.start)
+	if m.r.trace != nil {
+		if err := m.r.refusals.writeTrace(m.r.trace.dir, res.EarlyRequests); err != nil {
+			o.Logger.Warn().Err(err).Msg("early trace not written")
+		}
 	}
 	var minSent time.Duration
 	res.SentGapsBelowFloor, minSent = m.r.sent.belowFloor(p.Floor)

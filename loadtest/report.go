@@ -103,8 +103,18 @@ type Result struct {
 	// BanPeriods are the bans, in seconds since the strategy's run started,
 	// with the authority's index.
 	BanPeriods []BanPeriod `json:"ban_periods,omitempty"`
-	// Early: requests that arrived while their identity had been told to wait.
-	Early int64 `json:"early"`
+	// Early is the origin's count (its /stats): requests that arrived
+	// before a deadline their identity had been told, whether or not they
+	// were sent before the answer that told it (refusals.go). EarlyTold
+	// were sent after the origin had written that answer, or may have been
+	// (the rude kind); EarlyCrossed were on their way before it was written.
+	// Without departure logs (DeparturesLogged false) every one is told.
+	// EarlyRequests lists them.
+	Early            int64          `json:"early"`
+	EarlyTold        int64          `json:"early_told"`
+	EarlyCrossed     int64          `json:"early_crossed"`
+	DeparturesLogged bool           `json:"departures_logged"`
+	EarlyRequests    []EarlyRequest `json:"early_requests,omitempty"`
 	// GapsBelowFloor: arrivals from one identity closer than the floor to the
 	// previous one from that identity. AuthorityGapsBelowFloor counts the
 	// same over all identities of an authority together.
@@ -204,17 +214,24 @@ func (r *Report) WriteJSON(w io.Writer) error {
 // tableHeader names the summary columns, shared by the text table and the
 // HTML table so the two never disagree.
 var tableHeader = []string{
-	"strategy", "mode", "drained", "drain s", "jobs/s", "goodput", "429s", "503s", "early",
+	"strategy", "mode", "drained", "drain s", "jobs/s", "goodput", "429s", "503s", "told to wait", "crossed",
 	"bans", "banned s", "in bans", "gaps<floor", "sent<floor", "deliv/job", "dead", "cpu s", "heap MiB",
 }
 
+// Told is how many of the origin's early requests were sent while their
+// caller had been told to wait, or may have been: all but those the
+// departures prove crossed the refusal (EarlyCrossed).
+func (r Result) Told() int64 { return r.Early - r.EarlyCrossed }
+
 // Rude reports whether the strategy was rude to the origin by the origin's
-// own account: it sent requests while told to wait, or earned a ban. 429s
+// own account: it sent requests while told to wait (Told: a request that
+// was on its way before the origin wrote its refusal is not), or earned a
+// ban. 429s
 // alone are not rude (a strategy that learns only from 429s, without
 // rate-limit headers, needs some), and neither are gaps below the floor,
 // which timing noise on a loaded machine also makes (the table marks them).
 func (r Result) Rude() bool {
-	return r.Early > 0 || r.Bans > 0 || r.RequestsDuringBans > 0
+	return r.Told() > 0 || r.Bans > 0 || r.RequestsDuringBans > 0
 }
 
 // cell is one summary cell; Class marks a rude number ("rude") or a
@@ -242,7 +259,7 @@ func (r Result) cells() []cell {
 	}
 	return []cell{
 		{Text: r.Strategy}, {Text: r.Mode}, {Text: drained}, {Text: f1(r.DrainSeconds)}, {Text: f1(r.JobsPerSec)}, {Text: f2(r.Goodput)},
-		count(r.Status429, "warn"), count(r.Status503, "warn"), count(r.Early, "rude"),
+		count(r.Status429, "warn"), count(r.Status503, "warn"), count(r.Told(), "rude"), {Text: itoa(r.EarlyCrossed)},
 		count(r.Bans, "rude"), banned, count(r.RequestsDuringBans, "rude"),
 		{Text: itoa(r.GapsBelowFloor)}, count(r.SentGapsBelowFloor, "warn"),
 		{Text: f2(r.DeliveriesPerJob)}, {Text: strconv.Itoa(r.DeadLettered)}, {Text: f1(r.CPUSeconds)},
@@ -260,8 +277,12 @@ func (r *Report) Verdict() []string {
 	}
 	var out []string
 	if winner != nil {
-		out = append(out, fmt.Sprintf("Finished first without being rude: %s, drained in %s s (%s 429s, 0 early, 0 bans).",
-			winner.Strategy, f1(winner.DrainSeconds), itoa(winner.Status429)))
+		crossed := ""
+		if winner.EarlyCrossed > 0 {
+			crossed = fmt.Sprintf(", %s crossed a refusal in flight", itoa(winner.EarlyCrossed))
+		}
+		out = append(out, fmt.Sprintf("Finished first without being rude: %s, drained in %s s (%s 429s, 0 told to wait%s, 0 bans).",
+			winner.Strategy, f1(winner.DrainSeconds), itoa(winner.Status429), crossed))
 	} else {
 		out = append(out, "No strategy drained without being rude.")
 	}
@@ -291,8 +312,8 @@ func (r *Report) Verdict() []string {
 			continue
 		}
 		var costs []string
-		if res.Early > 0 {
-			costs = append(costs, itoa(res.Early)+" "+plural64(res.Early, "request", "requests")+" sent while told to wait")
+		if t := res.Told(); t > 0 {
+			costs = append(costs, itoa(t)+" "+plural64(t, "request", "requests")+" sent while told to wait")
 		}
 		if res.Bans > 0 {
 			costs = append(costs, fmt.Sprintf("%s %s, %s s banned in all, %s requests wasted during them",
@@ -335,6 +356,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 	for _, res := range r.Results {
 		if res.Error != "" {
 			fmt.Fprintf(w, "%s: %s\n", res.Strategy, res.Error)
+		}
+		if res.Early > 0 && !res.DeparturesLogged {
+			fmt.Fprintf(w, "%s: no departures logged, so its %d early requests all count as told to wait (the origin's count)\n", res.Strategy, res.Early)
 		}
 		if len(res.Pods) > 0 {
 			var each []string

@@ -69,7 +69,7 @@ func sampleReport() *loadtest.Report {
 			},
 			{
 				Strategy: "fixed", Mode: loadtest.ModeInProcess, Drained: true, DrainSeconds: 27.9, JobsStored: 200, JobsPerSec: 7.17,
-				AdmittedPerSec: 7.2, Goodput: 0.9, Requests: 600, Status429: 400, Early: 310, GapsBelowFloor: 0,
+				AdmittedPerSec: 7.2, Goodput: 0.9, Requests: 600, Status429: 400, Early: 310, DeparturesLogged: true, GapsBelowFloor: 0,
 				Bans: 1, BannedSeconds: 6, RequestsDuringBans: 90, BanPeriods: []loadtest.BanPeriod{{Authority: 2, Start: 10, End: 16}},
 				DeliveriesPerJob: 3.4, DeadLettered: 0, CPUSeconds: 5.5, PeakHeapBytes: 52 << 20, Series: series(28, 7, 15),
 			},
@@ -149,7 +149,7 @@ func TestReportTable(t *testing.T) {
 	}
 	for _, want := range []string{"goodput", "hostpacer", "processes", "0.99", "error", "cooldown: start origin",
 		"hostpacer: 2 pods, sharing the partitions 4.2 s after they started; requests sent: loadtest-hostpacer-pod1 110, loadtest-hostpacer-pod2 100",
-		"Finished first without being rude: hostpacer, drained in 25.4 s (9 429s, 0 early, 0 bans).",
+		"Finished first without being rude: hostpacer, drained in 25.4 s (9 429s, 0 told to wait, 0 bans).",
 		"fixed drained in 27.9 s (2.5 s later), rudely: 310 requests sent while told to wait; 1 ban, 6.0 s banned in all, 90 requests wasted during them.",
 		"cooldown could not run."} {
 		if !strings.Contains(b.String(), want) {

@@ -796,3 +796,37 @@ func benchPutParallel(b *testing.B, keyOf func(i int64) string) {
 		}
 	})
 }
+
+// TestObjectsAreReadableByAllWhateverTheUmask: objects are published to
+// readers (0644) under any umask. createTemp chmods only when the umask
+// narrowed the mode given to open, so a narrowing umask is the case that
+// needs it. Not parallel: the umask is the process's.
+func TestObjectsAreReadableByAllWhateverTheUmask(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		umask int
+	}{
+		{name: "usual", umask: 0o022},
+		{name: "none", umask: 0},
+		{name: "owner only", umask: 0o077},
+		{name: "no read for others", umask: 0o026},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forLayouts(t, func(t *testing.T, o *mirror.Options) {
+				ft := openWith(t, o)
+				old := syscall.Umask(tc.umask)
+				defer syscall.Umask(old)
+				if _, err := ft.Put(context.Background(), "h/d/obj", strings.NewReader("bytes"), mirror.Expect{}, mirror.Meta{}); err != nil {
+					t.Fatal(err)
+				}
+				fi, err := os.Lstat(filepath.Join(ft.Root(), "h", "d", "obj"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := fi.Mode().Perm(); got != 0o644 {
+					t.Errorf("object mode %v under umask %#o, want -rw-r--r--", got, tc.umask)
+				}
+			})
+		})
+	}
+}

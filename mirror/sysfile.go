@@ -51,7 +51,8 @@ func createTemp(dir, prefix string) (*tempFile, error) {
 		// lock it first (then our flock fails) or lock and unlink it
 		// before we lock (then it has no link left). Either way it is
 		// the sweep's; take another name.
-		switch ok, err := f.lock(); {
+		ok, mode, err := f.lock()
+		switch {
 		case err != nil:
 			f.abort()
 			return nil, err
@@ -59,10 +60,15 @@ func createTemp(dir, prefix string) (*tempFile, error) {
 			syscall.Close(fd)
 			continue
 		}
-		// The umask may have narrowed the mode given to open.
-		if err := f.op("chmod", func() error { return syscall.Fchmod(fd, 0o644) }); err != nil {
-			f.abort()
-			return nil, err
+		// The umask may have narrowed the mode given to open. The lock's
+		// fstat has read the mode already: with the usual umask (022)
+		// it is 0644 and the chmod, a journalled inode update per
+		// object, is skipped.
+		if mode != 0o644 {
+			if err := f.op("chmod", func() error { return syscall.Fchmod(fd, 0o644) }); err != nil {
+				f.abort()
+				return nil, err
+			}
 		}
 		return f, nil
 	}
@@ -71,22 +77,24 @@ func createTemp(dir, prefix string) (*tempFile, error) {
 
 // lock takes the exclusive lock on the new file without waiting. It
 // reports false when a sweep holds the lock or has already unlinked the
-// file. On a file system without flock it goes on unlocked (the sweep
-// there cannot tell live files from dead ones, see lockedForSweep).
-func (f *tempFile) lock() (bool, error) {
+// file, and the file's permission bits as its fstat read them (mode is
+// 0, which no file is created with here, when it did not fstat). On a
+// file system without flock it goes on unlocked (the sweep there cannot
+// tell live files from dead ones, see lockedForSweep).
+func (f *tempFile) lock() (ok bool, mode uint32, err error) {
 	switch err := flockRetry(f.fd, syscall.LOCK_EX|syscall.LOCK_NB); {
 	case err == syscall.EWOULDBLOCK:
-		return false, nil
+		return false, 0, nil
 	case err != nil && noLocks(err):
-		return true, nil
+		return true, 0, nil
 	case err != nil:
-		return false, &fs.PathError{Op: "flock", Path: f.name, Err: err}
+		return false, 0, &fs.PathError{Op: "flock", Path: f.name, Err: err}
 	}
 	var st syscall.Stat_t
 	if err := f.op("fstat", func() error { return syscall.Fstat(f.fd, &st) }); err != nil {
-		return false, err
+		return false, 0, err
 	}
-	return st.Nlink > 0, nil
+	return st.Nlink > 0, st.Mode & 0o7777, nil
 }
 
 func (f *tempFile) op(name string, call func() error) error {

@@ -513,7 +513,7 @@ func TestARefusedPaceSlowsDown(t *testing.T) {
 // admissions was up to 1% faster than the rate (99.3 ms at 10 r/s), refused
 // at once, and doubled: 1.90x at 1 r/s, 2.43x at 10 r/s with RA 2 s. The
 // start at 10 r/s (the blast's step is the whole Retry-After at depth 1)
-// still costs most of the rest (ADR 0029, the eleventh look).
+// still costs most of the rest (ADR 0029, the twelfth look).
 func TestALimiterSettles(t *testing.T) {
 	const files = 300
 	tests := []struct {

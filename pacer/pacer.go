@@ -1119,7 +1119,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			// a limiter counts in whole milliseconds: an admission
 			// g apart proves a rate of 1/(g + 1 ms) at least, not
 			// 1/g. The pace is the lower bound's spacing and that
-			// tick, never faster (ADR 0029, the eleventh look).
+			// tick, never faster (ADR 0029, the twelfth look).
 			pace = max(pace, int64(1e9/float64(e.rd.lo))+limiterTick)
 		}
 		e.pace = min(max(pace, e.floor), top)
@@ -1141,7 +1141,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// pace was ever learned where no cooldown gives the answers
 		// time (a limiter's 503): the interval stepped to 2 s, halved
 		// to 1 s at the next answer and was refused again, half the
-		// requests of a run (ADR 0029, the eleventh look).
+		// requests of a run (ADR 0029, the twelfth look).
 		e.pace = min(max(2*e.interval, e.floor), top)
 		ramped = true
 	}
@@ -1174,7 +1174,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// Decay answers (reading.capFor). Doubling the pace here, as
 		// below, sent a 0.5 r/s origin's 2 s pace to 4 s after every
 		// creep's refusal, and the creep took 90 answers back (ADR
-		// 0029, the eleventh look).
+		// 0029, the twelfth look).
 		e.rd.capIv, e.rd.capHeld = max(e.pace, int64(upperMargin*float64(e.interval))), 0
 	}
 	if !ramped && !crept && e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {

@@ -38,6 +38,28 @@ type Arrival struct {
 	// Handled is the handler's clock, by which admission decided.
 	Handled time.Time
 	Outcome Outcome
+	// Early: it came before a deadline its identity had been told (what
+	// /stats counts as early).
+	Early bool
+}
+
+// Told is one answer that told its caller to wait (Options.OnTold): a
+// Retry-After, or an exhausted rate-limit header's reset. With the
+// Arrivals it tells which early request was sent after its caller had been
+// told, and which was already on its way when the answer left.
+type Told struct {
+	Authority int    // 0-based
+	Identity  string // the caller's identity key, as /stats labels it
+	// Decided is the handler's clock when admission decided (Arrival's
+	// Handled of the same request): from then on the identity's later
+	// requests are early until Until.
+	Decided time.Time
+	// Written is the origin's clock just before the answer's first byte
+	// was written: the answer left no sooner (net/http sends it when the
+	// handler returns), so a request that left its client before Written
+	// was on its way before any word of the answer was.
+	Written time.Time
+	Until   time.Time // the deadline the answer told
 }
 
 // problem is the JSON body of every refusal. It carries only the caller's
@@ -62,10 +84,13 @@ func (og *Origin) serve(s *shard, w http.ResponseWriter, r *http.Request) {
 	d := s.admit(now, arrived, c, f.StoreDown && f.appliesTo(s.index), f.retryAfterFormat(s.index))
 	if og.onArrival != nil {
 		og.onArrival(Arrival{Authority: s.index, Identity: c.key, Remote: r.RemoteAddr,
-			Arrived: arrived, Handled: now, Outcome: d.outcome})
+			Arrived: arrived, Handled: now, Outcome: d.outcome, Early: d.early})
 	}
 	if d.hold > 0 && !og.tarpit(r, d.hold) {
 		return // the caller gave up while held
+	}
+	if og.onTold != nil && !d.toldUntil.IsZero() {
+		og.onTold(Told{Authority: s.index, Identity: c.key, Decided: now, Written: og.clk.Now(), Until: d.toldUntil})
 	}
 
 	h := w.Header()

@@ -125,6 +125,11 @@ type decision struct {
 	retryAfter string
 	// hold is how long a tarpit holds the answer (0: none).
 	hold time.Duration
+	// early: the request came before a deadline its identity had been
+	// told. toldUntil is the deadline this answer tells (a Retry-After, or
+	// an exhausted rate-limit header's reset), zero when it tells none.
+	early     bool
+	toldUntil time.Time
 }
 
 // headerValue is one rate-limit header reading: the caller's binding

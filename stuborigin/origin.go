@@ -42,6 +42,10 @@ type Options struct {
 	// from the handlers' goroutines, concurrently and in the order the
 	// handlers ran, which is not always the order of arrival.
 	OnArrival func(Arrival)
+	// OnTold, when set, is called once per answer that tells its caller
+	// a deadline to wait for, just before the answer is written (Told),
+	// from the handlers' goroutines, concurrently.
+	OnTold func(Told)
 	// MaxIdentities per authority (default 100,000). A new identity beyond
 	// it is refused with 503 capacity_exhausted: evicting one would hand it
 	// a full bucket, which is failing open.
@@ -73,14 +77,16 @@ type Origin struct {
 	kernel bool
 	// onArrival is Options.OnArrival (nil: no trace).
 	onArrival func(Arrival)
-	log       zerolog.Logger
-	start     time.Time
-	salt      []byte
-	quotas    map[string]*quotaSpec
-	shards    []*shard
-	faults    atomic.Pointer[Faults]
-	shutTO    time.Duration
-	reg       *prometheus.Registry // served on the admin /metrics
+	// onTold is Options.OnTold (nil: none).
+	onTold func(Told)
+	log    zerolog.Logger
+	start  time.Time
+	salt   []byte
+	quotas map[string]*quotaSpec
+	shards []*shard
+	faults atomic.Pointer[Faults]
+	shutTO time.Duration
+	reg    *prometheus.Registry // served on the admin /metrics
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -131,6 +137,7 @@ func New(p *Profile, o *Options) (*Origin, error) {
 		clk:       opt.Clock,
 		kernel:    isReal(opt.Clock),
 		onArrival: opt.OnArrival,
+		onTold:    opt.OnTold,
 		log:       opt.Logger,
 		start:     opt.Clock.Now(),
 		quotas:    map[string]*quotaSpec{},

@@ -154,13 +154,15 @@ func (s *shard) admit(now, arrived time.Time, c caller, storeDown bool, raFormat
 		case RetryAfterSeconds, "":
 			secs := max(ceilSeconds(d.wait), 1)
 			d.retryAfter = strconv.FormatInt(secs, 10)
-			id.waitUntil = later(id.waitUntil, now.Add(time.Duration(secs)*time.Second))
+			d.toldUntil = now.Add(time.Duration(secs) * time.Second)
+			id.waitUntil = later(id.waitUntil, d.toldUntil)
 		case RetryAfterHTTPDate:
 			at := now.Add(d.wait)
 			if t := at.Truncate(time.Second); t.Before(at) {
 				at = t.Add(time.Second)
 			}
 			d.retryAfter = at.UTC().Format(http.TimeFormat)
+			d.toldUntil = at
 			id.waitUntil = later(id.waitUntil, at)
 		case RetryAfterMalformed:
 			d.retryAfter = "soon-ish"
@@ -168,9 +170,11 @@ func (s *shard) admit(now, arrived time.Time, c caller, storeDown bool, raFormat
 	}
 	if s.headers != HeadersNone && d.view != nil {
 		if hv := d.view.header(); hv.remaining == 0 && hv.reset > 0 {
-			id.waitUntil = later(id.waitUntil, now.Add(time.Duration(hv.reset)*time.Second))
+			d.toldUntil = later(d.toldUntil, now.Add(time.Duration(hv.reset)*time.Second))
+			id.waitUntil = later(id.waitUntil, d.toldUntil)
 		}
 	}
+	d.early = early
 	if penalize {
 		s.afterAdmitLocked(id, now, d)
 	}

@@ -33,9 +33,12 @@ import (
 // It prints one table: per run the drain time, the origin's own bound
 // (files / rate, or files x floor where the floor is slower than the
 // origin), their ratio, requests, rejections (count and % of requests),
-// requests that arrived while told to wait (before a Retry-After the
-// caller was given expired, as the origin times them), gaps below the
-// floor (between two arrivals at the origin) and dead letters. Nothing is
+// the requests the origin counted early (before a Retry-After the caller
+// was given expired) split in two (loadtest.ClassifyEarly): "while told to
+// wait", sent after the origin had written the refusal or not known to
+// have left before it, and "crossed a refusal", known to have left before
+// (on their way when it was written), gaps below the floor (between two
+// arrivals at the origin) and dead letters. Nothing is
 // asserted: the numbers are the result. Each rate's load-test report
 // (report.html, report.json) goes to MW_BENCH_POLITENESS_REPORT/rate-R
 // when it is set, and each run's per-request trace (the origin's arrivals,
@@ -235,8 +238,11 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 		out.res.Strategy = c.client()
 		rep.Results[0].Strategy = c.client()
 	}
-	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early", c.origin(), c.client(),
-		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early)
+	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early (%d told to wait, %d crossed a refusal)", c.origin(), c.client(),
+		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early, out.res.Told(), out.res.EarlyCrossed)
+	for _, e := range out.res.EarlyRequests {
+		b.Logf("%s, %s: early %s: arrived %.6f s, %.3f ms after the refusal was written", c.origin(), c.client(), e.Class, e.Arrived, e.MarginMs)
+	}
 	return out
 }
 
@@ -261,7 +267,7 @@ func podLog(b *testing.B, traceDir string) (zerolog.Logger, string, func()) {
 
 func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
 	tw := tabwriter.NewWriter(sb, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "origin\tclient\tdrained\tdrain s\tbound s\tratio\trequests\trejections\t% of requests\twhile told to wait\tgaps<floor\tdead letters\t")
+	fmt.Fprintln(tw, "origin\tclient\tdrained\tdrain s\tbound s\tratio\trequests\trejections\t% of requests\twhile told to wait\tcrossed a refusal\tgaps<floor\tdead letters\t")
 	for _, r := range results {
 		res := r.res
 		rej := res.Status429 + res.Status503 + res.Status403
@@ -276,9 +282,9 @@ func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
 		if res.Error != "" {
 			drained = "error: " + res.Error
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t%d\t\n",
 			r.cell.origin(), r.cell.client(), drained, res.DrainSeconds, r.bound(), res.DrainSeconds/r.bound(),
-			res.Requests, rej, pct, res.Early, res.GapsBelowFloor, res.DeadLettered)
+			res.Requests, rej, pct, res.Told(), res.EarlyCrossed, res.GapsBelowFloor, res.DeadLettered)
 	}
 	tw.Flush()
 }

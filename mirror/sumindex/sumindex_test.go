@@ -372,3 +372,109 @@ func BenchmarkMillionEntries(b *testing.B) {
 		})
 	}
 }
+
+// TestAddsAreSeenAtOnceAndCommittedInOrder: an Add returns before its
+// commit (Bolt.CommitDelay), yet Lookup sees it at once; a Forget after
+// it wins over it, in memory and on disk; and Close commits what waits.
+func TestAddsAreSeenAtOnceAndCommittedInOrder(t *testing.T) {
+	ctx := context.Background()
+	path := sumindex.BoltPath(t.TempDir())
+	idx, err := sumindex.OpenBolt(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, forgotten, moved := hexSHA([]byte("kept")), hexSHA([]byte("forgotten")), hexSHA([]byte("moved"))
+	for _, e := range []sumindex.Entry{{kept, "a"}, {forgotten, "b"}, {moved, "c"}, {moved, "d"}} {
+		if err := idx.Add(ctx, e.Sum, e.Key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Well within CommitDelay of the Adds, unless the machine stalls; the
+	// checks hold either way.
+	if k, err := idx.Lookup(ctx, kept); err != nil || k != "a" {
+		t.Errorf("Lookup right after Add: %q, %v; want a", k, err)
+	}
+	if err := idx.Forget(ctx, forgotten, "b"); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, c := range []struct {
+			name, sum, want string
+		}{
+			{name: "kept", sum: kept, want: "a"},
+			{name: "forgotten", sum: forgotten},
+			{name: "moved", sum: moved, want: "d"},
+		} {
+			k, err := idx.Lookup(ctx, c.sum)
+			switch {
+			case c.want == "" && !errors.Is(err, mirror.ErrNotFound):
+				t.Errorf("%s: %s: %q, %v; want no entry", when, c.name, k, err)
+			case c.want != "" && (err != nil || k != c.want):
+				t.Errorf("%s: %s: %q, %v; want %q", when, c.name, k, err, c.want)
+			}
+		}
+	}
+	check("after the Forget")
+	if err := idx.Add(ctx, hexSHA([]byte("last")), "e"); err != nil {
+		t.Fatal(err)
+	}
+	if err := idx.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if idx, err = sumindex.OpenBolt(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	defer idx.Close()
+	check("reopened")
+	if k, err := idx.Lookup(ctx, hexSHA([]byte("last"))); err != nil || k != "e" {
+		t.Errorf("reopened: the Add just before Close: %q, %v; want e", k, err)
+	}
+	if n, err := idx.Len(); err != nil || n != 3 {
+		t.Errorf("reopened: %d entries, %v; want 3", n, err)
+	}
+}
+
+// TestAnAddIsCommittedWithoutAFlush: the committer commits on its own,
+// with no Close, Len or Forget to make it. The file is held by this
+// handle, and Len would flush, so the entry is looked for in copies of
+// the file taken while the handle stays open.
+func TestAnAddIsCommittedWithoutAFlush(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := sumindex.BoltPath(dir)
+	idx, err := sumindex.OpenBolt(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idx.Close()
+	sum := hexSHA([]byte("on its own"))
+	if err := idx.Add(ctx, sum, "k"); err != nil {
+		t.Fatal(err)
+	}
+	cp := dir + "/copy.db"
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(cp, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// A copy taken during a commit may not open; the next one will.
+		c, lerr := sumindex.OpenBolt(cp, 0)
+		if lerr == nil {
+			var k string
+			k, lerr = c.Lookup(ctx, sum)
+			c.Close()
+			if lerr == nil && k == "k" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the entry is not in the file %v after its Add: %v", 30*time.Second, lerr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
