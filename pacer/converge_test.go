@@ -495,3 +495,67 @@ func TestARefusedPaceSlowsDown(t *testing.T) {
 		})
 	}
 }
+
+// TestALimiterSettles drains 300 files at floor 0 from limiters where
+// few answers come back between two refusals, or where nothing absorbs a
+// pace a little fast, and asserts that the drain settles: at most 2% of
+// the requests refused and the drain within maxRatio of the origin's bound.
+//
+// Slower than the contract's 2 s first step: nginx's default 503 without
+// Retry-After (no cooldown) at burst 0 and 5, and a 429 whose 1 s
+// Retry-After is shorter than the origin's spacing. Before, no pace was
+// read from the ramp's refusals (fewer than minPaceAnswers answers between
+// them), and the interval went 2 s, 1 s, refused, 2 s: 299 of 599 requests
+// refused at burst 0, 178 of 478 at burst 5, 151 of 451 with the 1 s
+// Retry-After.
+//
+// Without burst= (a bucket of depth 1): the pace read from whole-millisecond
+// admissions was up to 1% faster than the rate (99.3 ms at 10 r/s), refused
+// at once, and doubled: 1.90x at 1 r/s, 2.43x at 10 r/s with RA 2 s. The
+// start at 10 r/s (the blast's step is the whole Retry-After at depth 1)
+// still costs most of the rest (ADR 0029, the twelfth look).
+func TestALimiterSettles(t *testing.T) {
+	const files = 300
+	tests := []struct {
+		name       string
+		rate       float64
+		burst      int64
+		retryAfter time.Duration // 0: 503 without Retry-After
+		maxRatio   float64
+	}{
+		{"503_burst0_0.5r/s", 0.5, 0, 0, 1.05},
+		{"503_burst5_0.5r/s", 0.5, 5, 0, 1.05},
+		{"429_ra1s_burst0_0.5r/s", 0.5, 0, time.Second, 1.05},
+		{"503_burst0_1r/s", 1, 0, 0, 1.05},
+		{"503_burst0_2r/s", 2, 0, 0, 1.1},
+		{"429_ra2s_burst0_10r/s", 10, 0, 2 * time.Second, 1.6},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := pacer.New(&pacer.Options{
+				Policy:     &pacer.Policy{Default: pacer.Limits{MaxInFlight: 2}},
+				Rand:       fixedRand(0),
+				AwaitSends: true,
+			})
+			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: tt.rate, Burst: tt.burst}}, files, tt.retryAfter, 20*time.Millisecond)
+			ratio := r.drain.Seconds() * tt.rate / files
+			paces := r.paces
+			if len(paces) > 8 {
+				paces = paces[len(paces)-8:]
+			}
+			t.Logf("ratio %.3f, %d rejections of %d, paces after the last %d %v", ratio, r.rejections, r.requests, len(paces), paces)
+			if r.rejections > r.requests/50 {
+				t.Errorf("%d rejections of %d requests (want at most 2%%)", r.rejections, r.requests)
+			}
+			if ratio > tt.maxRatio {
+				t.Errorf("drain ratio %.3f (want at most %.2f)", ratio, tt.maxRatio)
+			}
+			if told := r.early - r.crossed; told != 0 || r.crossed > 1 {
+				t.Errorf("%d requests arrived while a Retry-After was in force after a refusal had come back, %d crossed the first (want 0 and at most 1)", told, r.crossed)
+			}
+			if r.failed != 0 || r.dead != 0 {
+				t.Errorf("%d refusals read as failures, %d jobs dead-lettered (want 0 and 0)", r.failed, r.dead)
+			}
+		})
+	}
+}

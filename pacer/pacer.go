@@ -57,6 +57,9 @@ const (
 	// minPaceAnswers is how many answers between two escalations it takes
 	// to learn a pace from them: fewer say too little about the rate.
 	minPaceAnswers = 3
+	// limiterTick is a limiter's clock resolution: nginx counts the
+	// time between two requests in whole milliseconds.
+	limiterTick = int64(time.Millisecond)
 )
 
 // State names of State.State and the keys of Counts.
@@ -1110,6 +1113,15 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 				pace, mean = read, false
 			}
 		}
+		if e.rd.burst == 1 && e.rd.lo > 0 {
+			// A bucket of depth 1 (nginx's limit_req without
+			// burst=) absorbs no pace faster than its rate, and
+			// a limiter counts in whole milliseconds: an admission
+			// g apart proves a rate of 1/(g + 1 ms) at least, not
+			// 1/g. The pace is the lower bound's spacing and that
+			// tick, never faster (ADR 0029, the twelfth look).
+			pace = max(pace, int64(1e9/float64(e.rd.lo))+limiterTick)
+		}
 		e.pace = min(max(pace, e.floor), top)
 		if (held == 0 || mean) && e.pace < e.rd.capIv {
 			// The answers over time admitted more than the upper
@@ -1118,6 +1130,20 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 			// neither stops the creep nor joins the next reading.
 			e.rd.capIv, e.rd.up = 0, 0
 		}
+	}
+	ramped := false
+	if !first && e.pace <= 0 && e.firstStep <= 0 && e.escAt != 0 && e.answered > 0 && e.answered < minPaceAnswers {
+		// The ramp's refusal before minPaceAnswers answers came back
+		// since the last escalation (a slow origin: at 0.5 r/s the
+		// ramp goes 2 s, 1 s, refused). The answers read no pace, but
+		// the origin admitted the level above the refused one and
+		// refused this one: that level is the pace. Without it, no
+		// pace was ever learned where no cooldown gives the answers
+		// time (a limiter's 503): the interval stepped to 2 s, halved
+		// to 1 s at the next answer and was refused again, half the
+		// requests of a run (ADR 0029, the twelfth look).
+		e.pace = min(max(2*e.interval, e.floor), top)
+		ramped = true
 	}
 	step := p.firstStepFor(e, cool)
 	if (first || (e.answered == 0 && started == e.escAt)) && e.pace <= 0 && e.firstStep <= 0 && cool > 0 && e.rd.burst > 0 {
@@ -1138,7 +1164,20 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		}
 	}
 	iv := min(max(2*e.interval, step, e.floor), top)
-	if e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
+	crept := !ramped && e.pace > 0 && e.interval < e.pace && !e.rd.tight && e.escAt != 0 &&
+		e.answered > 0 && e.answered < minPaceAnswers && e.firstStep <= 0
+	if crept {
+		// Refused while the creep was below the pace, before the
+		// answers could read anything: the origin admitted the pace
+		// and refused the creep, so the pace holds and the creep
+		// stops at it (or a little above the refused interval) for
+		// Decay answers (reading.capFor). Doubling the pace here, as
+		// below, sent a 0.5 r/s origin's 2 s pace to 4 s after every
+		// creep's refusal, and the creep took 90 answers back (ADR
+		// 0029, the twelfth look).
+		e.rd.capIv, e.rd.capHeld = max(e.pace, int64(upperMargin*float64(e.interval))), 0
+	}
+	if !ramped && !crept && e.pace > 0 && e.answered < minPaceAnswers && e.escAt != 0 && e.firstStep <= 0 {
 		// Refused again before the answers since the last escalation
 		// could read anything: the pace they came back to is too fast
 		// (the origin's limit dropped). It doubles with the interval,
