@@ -96,6 +96,23 @@ type drainJob struct {
 	ready time.Time // not before: the job's own retry backoff after a failure
 }
 
+// checkHeld fails t where the drain broke what holds whatever the pace: a
+// request sent while a Retry-After was in force after a refusal had come
+// back, more than maxCrossed crossing the first refusal (sent before it came
+// back), a limiter's refusal read as a failure, a job dead-lettered.
+func (r bucketDrain) checkHeld(t *testing.T, maxCrossed int) {
+	t.Helper()
+	if told := r.early - r.crossed; told != 0 {
+		t.Errorf("%d requests arrived while a Retry-After was in force, sent after a refusal had come back (want 0)", told)
+	}
+	if r.crossed > maxCrossed {
+		t.Errorf("%d requests crossed the first refusal (want at most %d)", r.crossed, maxCrossed)
+	}
+	if r.failed != 0 || r.dead != 0 {
+		t.Errorf("%d refusals read as failures, %d jobs dead-lettered (want 0 and 0: a limiter's refusal is throttling)", r.failed, r.dead)
+	}
+}
+
 // drainBucket fetches files from one authority through p on a virtual clock, as the
 // worker does (two in flight, every answer latency after the request, a
 // refused job back when the pacer says), against nginx's limit_req
@@ -373,15 +390,7 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 			ratio := r.drain.Seconds() / bound.Seconds()
 			t.Logf("drain %.1fs, bound %s, ratio %.3f, %d requests, %d rejections (%.1f%%), %d early (%d crossing the first refusal), closest gap %s, %d failed, %d dead",
 				r.drain.Seconds(), bound, ratio, r.requests, r.rejections, 100*float64(r.rejections)/float64(r.requests), r.early, r.crossed, r.minGap, r.failed, r.dead)
-			if r.failed != 0 || r.dead != 0 {
-				t.Errorf("%d refusals read as failures, %d jobs dead-lettered (want 0 and 0)", r.failed, r.dead)
-			}
-			if told := r.early - r.crossed; told != 0 {
-				t.Errorf("%d requests arrived while a Retry-After was in force, sent after a refusal had come back (want 0)", told)
-			}
-			if r.crossed > tt.maxCrossed {
-				t.Errorf("%d requests crossed the first refusal (want at most %d)", r.crossed, tt.maxCrossed)
-			}
+			r.checkHeld(t, tt.maxCrossed)
 			if r.minGap < tt.floor {
 				t.Errorf("closest gap %s, below the floor %s", r.minGap, tt.floor)
 			}
@@ -415,12 +424,7 @@ func TestConvergenceSweep(t *testing.T) {
 					bound := float64(files) / rate
 					ratio := r.drain.Seconds() / bound
 					t.Logf("SWEEP ra %s burst %d rate %g: ratio %.3f, %d rejections of %d, %d early (%d crossing), %d failed, %d dead", ra, burst, rate, ratio, r.rejections, r.requests, r.early, r.crossed, r.failed, r.dead)
-					if told := r.early - r.crossed; told != 0 || r.crossed > 1 {
-						t.Errorf("%d requests arrived while a Retry-After was in force after a refusal had come back, %d crossed the first (want 0 and at most 1)", told, r.crossed)
-					}
-					if r.failed != 0 || r.dead != 0 {
-						t.Errorf("%d refusals read as failures, %d jobs dead-lettered (want 0 and 0: a limiter's refusal is throttling)", r.failed, r.dead)
-					}
+					r.checkHeld(t, 1)
 				})
 			}
 		}
@@ -483,14 +487,9 @@ func TestARefusedPaceSlowsDown(t *testing.T) {
 						i+1, pc, spacing, after[0])
 				}
 			}
-			if told := r.early - r.crossed; told != 0 || r.crossed > 1 {
-				t.Errorf("%d requests arrived while a Retry-After was in force after a refusal had come back, %d crossed the first (want 0 and at most 1)", told, r.crossed)
-			}
+			r.checkHeld(t, 1)
 			if r.rejections > files/50 {
 				t.Errorf("%d rejections (want at most %d, 2%%)", r.rejections, files/50)
-			}
-			if r.failed != 0 || r.dead != 0 {
-				t.Errorf("%d refusals read as failures, %d jobs dead-lettered (want 0 and 0)", r.failed, r.dead)
 			}
 		})
 	}
@@ -550,12 +549,7 @@ func TestALimiterSettles(t *testing.T) {
 			if ratio > tt.maxRatio {
 				t.Errorf("drain ratio %.3f (want at most %.2f)", ratio, tt.maxRatio)
 			}
-			if told := r.early - r.crossed; told != 0 || r.crossed > 1 {
-				t.Errorf("%d requests arrived while a Retry-After was in force after a refusal had come back, %d crossed the first (want 0 and at most 1)", told, r.crossed)
-			}
-			if r.failed != 0 || r.dead != 0 {
-				t.Errorf("%d refusals read as failures, %d jobs dead-lettered (want 0 and 0)", r.failed, r.dead)
-			}
+			r.checkHeld(t, 1)
 		})
 	}
 }
