@@ -1081,9 +1081,15 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		// The first refusal: the admissions before it, from a cold
 		// start, were what an empty bucket takes in a row (nginx's
 		// burst and one more); one still in flight as it came back is
-		// counted when answered (reading.admitted, blastEnd).
+		// counted when answered (reading.admitted, blastEnd). So is
+		// the blast's only admission when the refusal overtook it (none
+		// answered yet: nginx without burst= answers the refused 503,
+		// no body, before the admitted file); left uncounted, the depth
+		// was unknown, the depth-1 pace's tick never applied, and a
+		// pace 1 ms fast was refused and doubled for the rest of the
+		// run (ADR 0029, the twelfth look).
 		e.rd = &reading{}
-		if e.answered > 0 && e.answered <= maxBlast {
+		if e.answered <= maxBlast {
 			e.rd.burst = e.answered
 			e.rd.blastEnd = n
 		}
