@@ -96,6 +96,12 @@ type drainJob struct {
 	ready time.Time // not before: the job's own retry backoff after a failure
 }
 
+// drainPacer is the pacer the drains run: the worker's (sends awaited,
+// no jitter) with limits l.
+func drainPacer(l pacer.Limits) *pacer.Pacer {
+	return pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: l}, Rand: fixedRand(0), AwaitSends: true})
+}
+
 // checkHeld fails t where the drain broke what holds whatever the pace: a
 // request sent while a Retry-After was in force after a refusal had come
 // back, more than maxCrossed crossing the first refusal (sent before it came
@@ -377,11 +383,7 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 			name, ra = name+"_503", 0
 		}
 		t.Run(name, func(t *testing.T) {
-			p := pacer.New(&pacer.Options{
-				Policy:     &pacer.Policy{Default: pacer.Limits{Floor: tt.floor, MaxInFlight: 2, FirstStep: tt.firstStep}},
-				Rand:       fixedRand(0),
-				AwaitSends: true,
-			})
+			p := drainPacer(pacer.Limits{Floor: tt.floor, MaxInFlight: 2, FirstStep: tt.firstStep})
 			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: tt.rate, Burst: 5}}, files, ra, latency)
 			bound := time.Duration(float64(files) / tt.rate * float64(time.Second))
 			if f := time.Duration(files) * tt.floor; f > bound {
@@ -415,11 +417,7 @@ func TestConvergenceSweep(t *testing.T) {
 		for _, burst := range []int64{0, 5, 10} {
 			for _, rate := range []float64{0.5, 1, 2, 5, 10, 20, 50} {
 				t.Run(fmt.Sprintf("ra%s_burst%d_%gr/s", ra, burst, rate), func(t *testing.T) {
-					p := pacer.New(&pacer.Options{
-						Policy:     &pacer.Policy{Default: pacer.Limits{MaxInFlight: 2}},
-						Rand:       fixedRand(0),
-						AwaitSends: true,
-					})
+					p := drainPacer(pacer.Limits{MaxInFlight: 2})
 					r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: burst}}, files, ra, 20*time.Millisecond)
 					bound := float64(files) / rate
 					ratio := r.drain.Seconds() / bound
@@ -465,11 +463,7 @@ func TestARefusedPaceSlowsDown(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := pacer.New(&pacer.Options{
-				Policy:     &pacer.Policy{Default: pacer.Limits{MaxInFlight: 2}},
-				Rand:       fixedRand(0),
-				AwaitSends: true,
-			})
+			p := drainPacer(pacer.Limits{MaxInFlight: 2})
 			r := drainBucketWith(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: tt.rate, Burst: tt.burst}}, files, 2*time.Second, tt.latency, tt.do)
 			spacing := time.Duration(float64(time.Second) / tt.rate)
 			t.Logf("ratio %.3f, %d rejections of %d, paces after each %v, refused at %v",
@@ -544,11 +538,7 @@ func TestALimiterSettles(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := pacer.New(&pacer.Options{
-				Policy:     &pacer.Policy{Default: pacer.Limits{MaxInFlight: 2}},
-				Rand:       fixedRand(0),
-				AwaitSends: true,
-			})
+			p := drainPacer(pacer.Limits{MaxInFlight: 2})
 			r := drainBucketWith(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: tt.rate, Burst: tt.burst}}, files, tt.retryAfter, 20*time.Millisecond, tt.do)
 			ratio := r.drain.Seconds() * tt.rate / files
 			paces := r.paces
