@@ -67,6 +67,8 @@ type bucketDrain struct {
 	paces []time.Duration
 	// refusedAt is when each refusal reached the origin, from t0.
 	refusedAt []time.Duration
+	// starts is when each request started, from t0.
+	starts []time.Duration
 }
 
 // drainOptions are drainBucket's departures from a request that reaches
@@ -230,6 +232,7 @@ func drainBucketWith(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files in
 				j := queue[i]
 				queue = append(queue[:i], queue[i+1:]...)
 				r.requests++
+				r.starts = append(r.starts, now.Sub(t0))
 				if traceDrain && r.requests < 60 {
 					t.Logf("TRACE %6.3fs req %d %s", now.Sub(t0).Seconds(), r.requests, j.url)
 				}
@@ -398,6 +401,56 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 			}
 			if ratio > tt.maxRatio || r.rejections > tt.maxRej {
 				t.Errorf("drain ratio %.3f (want at most %.2f), %d rejections (want at most %d)", ratio, tt.maxRatio, r.rejections, tt.maxRej)
+			}
+		})
+	}
+}
+
+// TestTheDepthIsSpentFromTheProbe drains the 10 r/s rows of
+// TestConvergesToTheOriginsRate (burst 5, Retry-After 2 s, floor 0) and
+// checks what follows the probe after the ramp's refusal, whose reading is
+// tight and whose cooldown drained the bucket: the depth less
+// spendHeadroom (4 requests) goes at once after the probe, each as soon
+// as the one before is answered. Before, the request after the probe left
+// at the escalated interval (twice the pace, 205 ms) into a bucket
+// already empty, and the spend followed its answer (ADR 0029, the
+// thirteenth look).
+func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
+	const (
+		files = 300
+		ra    = 2 * time.Second
+		spent = 4 // the depth (nginx's burst 5, plus one) less spendHeadroom
+	)
+	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond} {
+		t.Run(latency.String(), func(t *testing.T) {
+			p := drainPacer(pacer.Limits{MaxInFlight: 2})
+			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: 10, Burst: 5}}, files, ra, latency)
+			t.Logf("ratio %.3f, %d rejections, refused at %v", r.drain.Seconds()/30, r.rejections, r.refusedAt)
+			if len(r.refusedAt) == 0 || r.refusedAt[len(r.refusedAt)-1] < time.Second {
+				t.Fatalf("refused at %v: no refusal after the cold blast's", r.refusedAt)
+			}
+			told := r.refusedAt[len(r.refusedAt)-1] + ra
+			probe := -1
+			for i, s := range r.starts {
+				if s >= told {
+					probe = i
+					break
+				}
+			}
+			if probe < 0 || probe+spent >= len(r.starts) {
+				t.Fatalf("no probe and %d requests after %s", spent, told)
+			}
+			// Each spent request waits for the answer to the one before
+			// it (the crossing rule), and for nothing else.
+			for i := probe + 1; i <= probe+spent; i++ {
+				if gap := r.starts[i] - r.starts[i-1]; gap > latency+time.Millisecond {
+					t.Errorf("request %d after the probe at %s left %s after the one before (want at most the answer's %s): starts %v",
+						i-probe, r.starts[probe], gap, latency, r.starts[probe:probe+spent+1])
+				}
+			}
+			r.checkHeld(t, 1)
+			if r.rejections > 3 {
+				t.Errorf("%d rejections (want at most 3: the blast's pair, one signal, and the ramp's)", r.rejections)
 			}
 		})
 	}

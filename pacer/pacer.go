@@ -1267,6 +1267,15 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	if e.answeredOn < math.MaxInt32 {
 		e.answeredOn++
 	}
+	if probe && e.until == 0 && e.pace > 0 && e.interval > e.pace {
+		// The probe's answer leaves the interval as it is, but the
+		// bucket the cooldown drained is spent from here (spendFor),
+		// not from the answer to one request more at the escalated
+		// interval: that request left twice the pace after the probe
+		// (205 ms at 10 r/s) into a bucket already empty, and the
+		// spend with it (ADR 0029, the thirteenth look).
+		e.rd.spendFor(n, e.escAt, e.answered)
+	}
 	if probe || e.until != 0 || e.interval <= e.floor {
 		return
 	}

@@ -100,8 +100,10 @@ type reading struct {
 	lo, up float32
 	// spend is how many answers more the interval gives way to the
 	// floor while a bucket that a cooldown drained fills back
-	// (spendFor); 0 when it does not.
+	// (spendFor); 0 when it does not. spent is whether a spend was
+	// started since the last escalation.
 	spend int32
+	spent bool
 	// total counts the admissions started since the last escalation
 	// (since), first the earliest of their starts: the bucket's empty
 	// instant after a cooldown, which the upper bound of a refusal at a
@@ -120,7 +122,7 @@ type reading struct {
 
 // reset starts the reading of a new window at the escalation at n.
 func (rd *reading) reset(n int64) {
-	rd.n, rd.dropped, rd.spend = 0, false, 0
+	rd.n, rd.dropped, rd.spend, rd.spent = 0, false, 0, false
 	rd.total, rd.first, rd.since = 0, 0, n
 }
 
@@ -129,27 +131,31 @@ func (rd *reading) reset(n int64) {
 // one for a pace a little faster than the rate.
 const spendHeadroom = 2
 
-// spendFor starts the spend of the bucket at n, the first answer at the
-// learned pace after the escalation at esc, with answered admissions
-// since. A pace at or under the rate never fills the bucket, so the burst
-// that a cooldown gave back was never taken: at 10 r/s, six requests'
-// worth of the origin's capacity, 0.6 s of every refusal's silence (ADR
-// 0029, "The arithmetic limit" counts it taken back; the eighth look).
-// Only a tight reading knows the depth and a rate to spend it against,
-// and only when the lower bound's leak since the escalation empties a
-// bucket as deep as the depth plus the admissions since (the probe and
-// the request after it): at 2 r/s with a 1 s Retry-After it does not,
-// and nothing is spent. The spend leaves spendHeadroom of the depth; the
+// spendFor starts the spend of the bucket at n, the probe's answer
+// after the escalation at esc (or the first answer at the learned pace
+// after it, where the bucket had not drained by the probe's), with
+// answered admissions since; once per escalation. A pace at or under the
+// rate never fills the bucket, so the burst that a cooldown gave back was
+// never taken: at 10 r/s, six requests' worth of the origin's capacity,
+// 0.6 s of every refusal's silence (ADR 0029, "The arithmetic limit"
+// counts it taken back; the eighth look). Only a tight reading knows the
+// depth and a rate to spend it against, and only when the lower bound's
+// leak since the escalation empties a bucket as deep as the depth plus
+// the admissions since (the probe, and the request after it where the
+// spend starts there): at 2 r/s with a 1 s Retry-After it does not, and
+// nothing is spent. The spend leaves spendHeadroom of the depth; the
 // crossing rule still holds each spent request until the one before it
-// is answered.
+// is answered. It starts at the probe's answer since the thirteenth look:
+// from the next answer, the request between left at the escalated
+// interval into a bucket already empty.
 func (rd *reading) spendFor(n, esc int64, answered int32) {
-	if rd == nil || !rd.tight || rd.burst <= spendHeadroom || rd.lo <= 0 {
+	if rd == nil || rd.spent || !rd.tight || rd.burst <= spendHeadroom || rd.lo <= 0 {
 		return
 	}
 	if float64(n-esc)/1e9*float64(rd.lo) < float64(rd.burst+answered) {
 		return
 	}
-	rd.spend = rd.burst - spendHeadroom
+	rd.spend, rd.spent = rd.burst-spendHeadroom, true
 }
 
 // crossingRTTs is how many refusal round trips an unanswered request
