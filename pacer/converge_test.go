@@ -361,7 +361,9 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		// at every latency (1.23x before, and these rows fail). The
 		// bucket that the second cooldown drained is now spent back
 		// before the pace holds (the eighth look): 1.121-1.130x
-		// (1.134-1.140x without, and these rows fail).
+		// (1.134-1.140x without, and these rows fail); from the
+		// probe's answer since the thirteenth look, 1.117-1.127x
+		// (TestTheDepthIsSpentFromTheProbe).
 		{10, 0, 0, 0, 1.133, 6, 1, false},
 		{10, 0, 0, time.Millisecond, 1.133, 6, 1, false},
 		{10, 0, 0, 2 * time.Millisecond, 1.133, 6, 1, false},
