@@ -1227,8 +1227,9 @@ func (p *Pacer) blastGrewLocked(e *entry) {
 // started, was sent at when the refusal came while the interval held a
 // learned pace (or crept below it) well after the cooldown: the probe
 // answered, the spend over, and at least twice the bucket's depth answered
-// since the probe (the step after it, the spend, then as many at the pace
-// as the bucket is deep). Such a refusal proves that the origin's rate is
+// since the probe (the spend, the request at the escalated interval where
+// the spend did not start at the probe's answer, then as many at the pace
+// as the bucket is deep, and more). Such a refusal proves that the origin's rate is
 // below 1/interval (reading.rate), where a refusal soon after a cooldown
 // may be the bucket not yet drained. 0 for any other refusal. The entry's
 // lock must be held.
