@@ -26,7 +26,8 @@
 //     Limit with a window) instead of run to zero (budget.go, ADR 0006);
 //   - header parsing usable on its own (ParseRetryAfter, ParseFeedback,
 //     ParseQuotas);
-//   - the policy file (ParsePolicy, LoadPolicy): floors and in-flight caps;
+//   - the policy file (ParsePolicy, LoadPolicy): floors, in-flight caps,
+//     bandwidth, first step and decay, per authority and group;
 //   - state inspection (Snapshot, Counts), facts for publication
 //     (Options.OnEvent) and their replay after a cold start (Apply);
 //   - compressed time for load tests (Options.Scale).

@@ -75,7 +75,7 @@ const (
 
 // Options configure a Pacer. The zero value of every field is its default.
 type Options struct {
-	// Policy gives floors and in-flight caps; nil is the default policy.
+	// Policy gives the limits (floors, caps, steps, groups); nil is the default policy.
 	Policy *Policy
 	// QuietWindow is how long without a throttling signal before an escalated
 	// interval halves; 0 means 30 min, negative disables this decay. It

@@ -49,9 +49,10 @@ type Limits struct {
 	Decay     int
 }
 
-// Policy holds the floors and in-flight caps: a default and per-authority
-// overrides keyed by normalised "host:port". A nil *Policy is the default
-// policy (floor 1 s, cap 2). A Policy is read-only once built and safe for
+// Policy holds the limits (floor, in-flight cap, bandwidth, first step,
+// decay): a default, per-authority overrides keyed by normalised
+// "host:port", and groups. A nil *Policy is the default policy (floor 1 s,
+// cap 2). A Policy is read-only once built and safe for
 // concurrent use.
 type Policy struct {
 	Default     Limits

@@ -44,7 +44,7 @@ type Config struct {
 	FailureBudget int           // worker.Options.FailureBudget
 	AckWait       time.Duration // worker.Options.AckWait; must match the consumer's
 	WorkerID      string        // worker.Options.WorkerID
-	Policy        *pacer.Policy // floors and in-flight caps of the HostPacer
+	Policy        *pacer.Policy // the HostPacer's limits (floors, caps, bandwidth, steps, groups)
 	TimeScale     float64       // pacer.Options.Scale: load tests only
 	// Pacer, if set, is used instead of a HostPacer built from Policy and
 	// TimeScale; it is not wired to the event sink (the load test's

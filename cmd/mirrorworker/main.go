@@ -103,7 +103,7 @@ func commands() map[string]command {
 		"pause":       {summary: "stop every worker from sending requests to one authority for a while", run: cmdPause},
 		"resume":      {summary: "end an operator's pause of an authority on every worker", run: cmdResume},
 		"status":      {summary: "show the pods, their partitions and each busy authority's state", run: cmdStatus},
-		"policy":      {summary: "change floors and in-flight caps on a running cluster (set|show|list|delete)", run: cmdPolicy},
+		"policy":      {summary: "change a running cluster's politeness: floors, caps, bandwidth, steps, groups (set|show|list|delete)", run: cmdPolicy},
 		"verify":      {summary: "audit a mirror target: missing, corrupt and orphaned objects (--repair re-enqueues their jobs)", run: cmdVerify},
 	}
 }

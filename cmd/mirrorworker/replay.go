@@ -64,7 +64,7 @@ func (c *replayConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.dryRun, "dry-run", false, "count the jobs a replay would re-drive, per authority, and fetch nothing")
 
 	c.workerFlags.register(fs, workerDefaults{
-		policyHelp:        "policy file of per-authority floors and in-flight caps (use the live worker's; the live policy in MIRROR_POLICY applies over it)",
+		policyHelp:        "policy file of per-authority and group limits (floor, in-flight cap, bandwidth, first step, decay) (use the live worker's; the live policy in MIRROR_POLICY applies over it)",
 		ackWaitHelp:       "replay consumer AckWait: an unacknowledged job is redelivered after this",
 		maxAckPendingHelp: "replay consumer MaxAckPending: jobs delivered and not yet acknowledged",
 		workerIDHelp:      "name of this replay in logs and dead letters (default replay-<hostname>-<pid>)",

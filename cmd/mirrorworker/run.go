@@ -89,7 +89,7 @@ func (c *runConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.adminAddr, "admin-addr", admin.DefaultAddr, "address of the admin HTTP endpoint (/metrics, /healthz, /readyz, /debug/pacer): all interfaces by default so that kubelet probes and Prometheus reach it in a pod; 127.0.0.1:"+admin.DefaultPort+" keeps it on the host; port 0: any free port (env MIRRORWORKER_ADMIN_ADDR)")
 
 	c.workerFlags.register(fs, workerDefaults{
-		policyHelp:        "policy file of per-authority floors and in-flight caps",
+		policyHelp:        "policy file of per-authority and group limits (floor, in-flight cap, bandwidth, first step, decay)",
 		ackWaitHelp:       "consumer AckWait: an unacknowledged job is redelivered after this",
 		maxAckPendingHelp: "consumer MaxAckPending: jobs delivered and not yet acknowledged, across all workers",
 		workerIDHelp:      "name of this worker in logs, events and NATS (default <hostname>-<pid>)",
