@@ -566,8 +566,9 @@ func TestALimiterSettles(t *testing.T) {
 // clock: any two arrivals closer than the starts they left at is a refusal,
 // whatever the mean pace. Before, the pace held a tick above the rate was
 // refused by the jitter and doubled, or read again from admissions as
-// jittered and came out slower: a 503 limiter at 2 r/s drained in 1.99x
-// and 10 r/s in 2.03x with 2 ms of lag (ADR 0029, the thirteenth look).
+// jittered and came out slower: a 503 limiter drained in up to 1.99x at
+// 2 r/s (5 and 10 ms of lag) and 2.03x at 10 r/s (2 ms) (ADR 0029, the
+// thirteenth look).
 //
 // The drain with lag is held against the same cell without it (the start,
 // which lag does not change much, costs most of a 10 or 20 r/s drain:

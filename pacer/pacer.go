@@ -1215,8 +1215,9 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 // closer together whenever the second is later on its way than the first
 // (a goroutine's scheduling, a write, the origin's handler), and the pace
 // held a tick above the rate was refused for it and doubled, then read
-// again from admissions just as jittered (ADR 0029, the thirteenth look:
-// 2 to 10 ms of lag drained in a median of 1.18x, up to 1.99x). The pace
+// again from admissions just as jittered (ADR 0029: with 2 to 10 ms of
+// lag the twelfth look's grid drained in a median of 1.18x, up to 1.99x;
+// the thirteenth look). The pace
 // is right and the arrivals' spread is not covered: the margin above the
 // lower bound's spacing goes to twice itself and a tick (1, 3, 7, 15 ms
 // from limiterTick) and the pace moves by as much, while the margin stays
