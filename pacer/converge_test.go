@@ -611,3 +611,71 @@ func TestALimiterSettles(t *testing.T) {
 		})
 	}
 }
+
+// TestADepthOnePaceCoversItsJitter drains 300 files at floor 0 from
+// nginx's default limiter (no burst=: a bucket of depth 1) at 2, 10 and 20
+// r/s, refusing with 503 and no Retry-After or with 429 and a Retry-After of
+// 2 s, while each request reaches the origin late after its start by up to
+// 0, 2, 5 or 10 ms (drainOptions.lag, four seeds each). Such a bucket admits
+// a request only a whole 1/rate after the last admitted one by its own
+// clock: any two arrivals closer than the starts they left at is a refusal,
+// whatever the mean pace. Before, the pace held a tick above the rate was
+// refused by the jitter and doubled, or read again from admissions as
+// jittered and came out slower: a 503 limiter drained in up to 1.99x at
+// 2 r/s (5 and 10 ms of lag) and 2.03x at 10 r/s (2 ms) (ADR 0029, the
+// thirteenth look).
+//
+// The drain with lag is held against the same cell without it (the start,
+// which lag does not change much, costs most of a 10 or 20 r/s drain:
+// the twelfth look): at most 3 refusals more (the margin's steps, 1, 3,
+// 7, 15 ms), and a ratio at most 5% of the bound above it (the margin)
+// plus, for each refusal more, the Retry-After and two paces it costs.
+func TestADepthOnePaceCoversItsJitter(t *testing.T) {
+	const files = 300
+	for _, ra := range []time.Duration{0, 2 * time.Second} {
+		for _, rate := range []float64{2, 10, 20} {
+			drain := func(t *testing.T, lag time.Duration, seed uint64) bucketDrain {
+				p := drainPacer(pacer.Limits{MaxInFlight: 2})
+				return drainBucketWith(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate}}, files, ra, 20*time.Millisecond, drainOptions{lag: lag, seed: seed})
+			}
+			base := drain(t, 0, 0)
+			baseRatio := base.drain.Seconds() * rate / files
+			kind := "503"
+			if ra > 0 {
+				kind = "429_ra" + ra.String()
+			}
+			t.Logf("JITTER %s %g r/s lag 0: ratio %.3f, %d rejections of %d, paces %v", kind, rate, baseRatio, base.rejections, base.requests, base.paces)
+			perRefusal := (ra.Seconds() + 2/rate) * rate / files
+			spacing := time.Duration(float64(time.Second) / rate)
+			for _, lag := range []time.Duration{2 * time.Millisecond, 5 * time.Millisecond, 10 * time.Millisecond} {
+				for seed := uint64(1); seed <= 4; seed++ {
+					t.Run(fmt.Sprintf("%s_%gr/s_lag%s_seed%d", kind, rate, lag, seed), func(t *testing.T) {
+						r := drain(t, lag, seed)
+						ratio := r.drain.Seconds() * rate / files
+						t.Logf("JITTER %s %g r/s lag %s seed %d: ratio %.3f, %d rejections of %d, paces %v", kind, rate, lag, seed, ratio, r.rejections, r.requests, r.paces)
+						more := max(0, r.rejections-base.rejections)
+						if more > 3 {
+							t.Errorf("%d rejections, %d without lag (want at most 3 more)", r.rejections, base.rejections)
+						}
+						most := baseRatio + 0.05 + float64(more)*perRefusal
+						if ramped := len(r.paces) > 2 && r.paces[2] >= 2*spacing; ramped {
+							// Left (ADR 0029, the thirteenth look): at
+							// 2 r/s the ramp's level of 500 ms is the
+							// rate itself, the jitter refused it before
+							// any pace was learned, and the ramp's rule
+							// (the twelfth look) learned the level
+							// above, 1 s, from which the loose creep
+							// takes about 70 s back.
+							most += 0.1
+							t.Logf("the ramp's level at the rate refused: pace %s for %s", r.paces[2], spacing)
+						}
+						if ratio > most {
+							t.Errorf("drain ratio %.3f, %.3f without lag (want at most %.3f: 5%% and %d refusals more)", ratio, baseRatio, most, more)
+						}
+						r.checkHeld(t, 1)
+					})
+				}
+			}
+		}
+	}
+}

@@ -118,6 +118,23 @@ type reading struct {
 	// blast counted after the refusal deepens the bucket, and the step
 	// with it (blastGrewLocked).
 	blastCool, blastBase int64
+	// margin is what a depth-1 pace holds above the lower bound's
+	// spacing (0: limiterTick, the limiter's clock), widened by each
+	// refusal at that pace (jitterLocked).
+	margin int64
+}
+
+// maxJitterMargin is the most a depth-1 pace's margin may add to the
+// spacing it covers, as a fraction of it: past it a refusal at the pace is
+// read as the origin's rate dropping, not as the arrivals' jitter.
+const maxJitterMargin = 0.2
+
+// marginOr is the depth-1 pace's margin above the lower bound's spacing.
+func (rd *reading) marginOr() int64 {
+	if rd.margin <= 0 {
+		return limiterTick
+	}
+	return rd.margin
 }
 
 // reset starts the reading of a new window at the escalation at n.
