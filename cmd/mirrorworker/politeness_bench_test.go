@@ -238,7 +238,7 @@ func runPolitenessCell(b *testing.B, c politenessCell, files int, limit time.Dur
 		out.res.Strategy = c.client()
 		rep.Results[0].Strategy = c.client()
 	}
-	b.Logf("%s, %s: drained %v in %.1f s, %d requests, %d refused, %d early (%d told to wait, %d crossed a refusal); of the told, %d granted before the pod read a refusal, %d after it or not proved before", c.origin(), c.client(),
+	b.Logf("%s, %s: drained %v in %.2f s, %d requests, %d refused, %d early (%d told to wait, %d crossed a refusal); of the told, %d granted before the pod read a refusal, %d after it or not proved before", c.origin(), c.client(),
 		out.res.Drained, out.res.DrainSeconds, out.res.Requests, out.res.Status429+out.res.Status503, out.res.Early, out.res.Told(), out.res.EarlyCrossed,
 		out.res.EarlyToldUnread, out.res.ToldAfterRead())
 	for _, e := range out.res.EarlyRequests {
@@ -290,7 +290,7 @@ func writePolitenessTable(sb *strings.Builder, results []politenessResult) {
 		if res.Error != "" {
 			drained = "error: " + res.Error
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.1f\t%.1f\t%.2f\t%d\t%d\t%.1f\t%d\t%d\t%d\t%d\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.1f\t%.3f\t%d\t%d\t%.1f\t%d\t%d\t%d\t%d\t%d\t\n",
 			r.cell.origin(), r.cell.client(), drained, res.DrainSeconds, r.bound(), res.DrainSeconds/r.bound(),
 			res.Requests, rej, pct, res.Told(), res.ToldAfterRead(), res.EarlyCrossed, res.GapsBelowFloor, res.DeadLettered)
 	}
