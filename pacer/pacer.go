@@ -1245,9 +1245,60 @@ func (p *Pacer) jitterLocked(e *entry, started int64) bool {
 	if float64(wider) > maxJitterMargin*float64(e.pace-m) {
 		return false
 	}
-	rd.margin = wider
+	if rd.narrowed {
+		// Refused before the narrowed margin held: the jitter is still
+		// there, and the next narrowing waits twice as long.
+		rd.hold = min(2*rd.holdOr(), marginHoldMax)
+	}
+	rd.margin, rd.calm, rd.narrowed, rd.spiked = wider, 0, false, true
 	e.pace = min(e.pace+wider-m, max(p.maxInterval, e.floor))
 	return true
+}
+
+// narrowLocked counts an answer to a request started at started, sent at a
+// depth-1 pace whose margin a refusal widened (jitterLocked), and halves the
+// margin back toward limiterTick (15, 7, 3, 1 ms, the widening's steps in
+// reverse) once rd.holdOr() such answers came with no refusal; the pace
+// and the interval move with it. A narrowing that held that long resets the
+// wait to marginCalm. Back at the tick, one more calm spell loosens the
+// reading once. Without it a spell of late arrivals left the pace up to
+// maxJitterMargin slow for the authority's life in the pod (ADR 0029, the
+// thirteenth look, "The margin narrows"). The entry's lock must be held.
+func (p *Pacer) narrowLocked(e *entry, started int64) {
+	rd := e.rd
+	if rd.burst != 1 || e.pace <= 0 || e.firstStep > 0 ||
+		e.until != 0 || e.interval != e.pace || started <= e.escAt {
+		return
+	}
+	if rd.calm++; rd.calm < rd.holdOr() {
+		return
+	}
+	if rd.narrowed {
+		rd.hold, rd.narrowed = 0, false // the last narrowing held
+	}
+	rd.calm = 0
+	var to int64
+	switch m := rd.marginOr(); {
+	case m > limiterTick:
+		narrow := max((m-limiterTick)/2, limiterTick)
+		to, rd.margin = e.pace-(m-narrow), narrow
+	case rd.spiked:
+		// The margin is back at the tick, but the reading the pace
+		// came from may have been read from admissions as late as
+		// the refusals that widened it (a spell from the start read
+		// 9.69 r/s for 10, and held 104 ms for good). Once, the
+		// reading is loosened: the creep goes below the pace, and
+		// its refusal reads the rate again from the admissions
+		// since, on time now.
+		rd.spiked = false
+		rd.tight, rd.capIv, rd.up = false, 0, 0
+		return
+	default:
+		return
+	}
+	rd.narrowed = true
+	e.pace = max(to, e.floor)
+	e.interval = e.pace
 }
 
 // blastGrewLocked steps the interval from the blast's depth again when an
@@ -1311,6 +1362,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		}
 		if e.rd.spend > 0 && !probe {
 			e.rd.spend--
+		}
+		if !probe {
+			p.narrowLocked(e, started)
 		}
 	}
 	if e.answeredOn < math.MaxInt32 {

@@ -118,9 +118,34 @@ type reading struct {
 	blastCool, blastBase int64
 	// margin is what a depth-1 pace holds above the lower bound's
 	// spacing (0: limiterTick, the limiter's clock), widened by each
-	// refusal at that pace (jitterLocked).
-	margin int64
+	// refusal at that pace (jitterLocked) and narrowed again after
+	// calm answers at it without one (narrowLocked); narrowed is whether
+	// the last change narrowed it, hold how many answers the next
+	// narrowing waits for (0: marginCalm), doubled by each narrowing
+	// refused before the next, and spiked whether a refusal widened it
+	// since the reading was last loosened.
+	margin   int64
+	calm     int32
+	hold     int32
+	narrowed bool
+	spiked   bool
 }
+
+// marginCalm is how many answers at a depth-1 pace, with no refusal, the
+// margin holds before it halves back toward limiterTick (narrowLocked):
+// the margin widened for a spell of late arrivals (a busy pod, a slow
+// handler) would otherwise keep the pace up to maxJitterMargin slow for
+// the authority's life. A narrowing the jitter still refuses costs a
+// refusal (and a Retry-After), and doubles the wait for the next one, so
+// that a steady jitter is asked about ever more rarely. 100 was measured
+// against 50 and 200 (ADR 0029, the thirteenth look, "The margin
+// narrows"): 200 costs a few refusals less under a steady jitter and
+// takes about twice as long back after a spell.
+const marginCalm = 200
+
+// marginHoldMax is the most answers a narrowing waits for after refusals:
+// with a steady jitter, at most one refusal per marginHoldMax answers.
+const marginHoldMax = 32 * marginCalm
 
 // maxJitterMargin is the most a depth-1 pace's margin may add to the
 // spacing it covers, as a fraction of it: past it a refusal at the pace is
@@ -133,6 +158,15 @@ func (rd *reading) marginOr() int64 {
 		return limiterTick
 	}
 	return rd.margin
+}
+
+// holdOr is how many answers at a depth-1 pace the next narrowing of its
+// margin waits for.
+func (rd *reading) holdOr() int32 {
+	if rd.hold <= 0 {
+		return marginCalm
+	}
+	return rd.hold
 }
 
 // reset starts the reading of a new window at the escalation at n.
