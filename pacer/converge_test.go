@@ -69,6 +69,9 @@ type bucketDrain struct {
 	refusedAt []time.Duration
 	// starts is when each request started, from t0.
 	starts []time.Duration
+	// answerPaces is the learned pace after each admission's answer, in
+	// order (State.Pace).
+	answerPaces []time.Duration
 }
 
 // drainOptions are drainBucket's departures from a request that reaches
@@ -81,6 +84,10 @@ type drainOptions struct {
 	// started. The answer comes latency after the arrival.
 	lag  time.Duration
 	seed uint64
+	// lagRequests, when positive, is how many requests from the first
+	// are late by lag; the later ones arrive as they start (a spell of
+	// load that passes).
+	lagRequests int
 	// quickRefusal answers a refusal this much sooner than an admission
 	// (at most latency): a 429 has no body to send, a file has.
 	quickRefusal time.Duration
@@ -237,7 +244,7 @@ func drainBucketWith(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files in
 					t.Logf("TRACE %6.3fs req %d %s", now.Sub(t0).Seconds(), r.requests, j.url)
 				}
 				p.Sent(now, pm)
-				if do.lag > 0 {
+				if do.lag > 0 && (do.lagRequests <= 0 || r.requests <= do.lagRequests) {
 					push(event{at: now.Add(time.Duration(rnd.Int64N(int64(do.lag)))), pm: pm, job: j, arrive: true, known: refused})
 				} else {
 					arrive(now, pm, j, refused)
@@ -266,6 +273,7 @@ func drainBucketWith(t *testing.T, p *pacer.Pacer, o *limitreq.Limiter, files in
 				left--
 				p.Done(now, a.pm, pacer.Response{Status: 200, URL: a.job.url})
 				r.drain = now.Sub(t0)
+				r.answerPaces = append(r.answerPaces, time.Duration(p.Snapshot(now)[0].Pace))
 				if traceDrain && left%20 == 0 {
 					st := p.Snapshot(now)[0]
 					t.Logf("TRACE %6.2fs left %d interval %s", now.Sub(t0).Seconds(), left, st.Interval)
@@ -628,8 +636,15 @@ func TestALimiterSettles(t *testing.T) {
 // The drain with lag is held against the same cell without it (the start,
 // which lag does not change much, costs most of a 10 or 20 r/s drain:
 // the twelfth look): at most 3 refusals more (the margin's steps, 1, 3,
-// 7, 15 ms), and a ratio at most 5% of the bound above it (the margin)
-// plus, for each refusal more, the Retry-After and two paces it costs.
+// 7, 15 ms), and a ratio at most 5% of the bound above it plus the lag's
+// own share of the spacing (lag × rate: a pace that covers arrivals up to
+// lag apart is that much slower) plus, for each refusal more, the
+// Retry-After and two paces it costs. One refusal more is allowed for a
+// narrowing of the margin the jitter refused (marginCalm answers after the
+// last widening: at most one in 300 files). (The lag's share was left out while
+// the cell without lag paid 2 s more at its start than the cells with it,
+// the crossing sibling's second escalation: ADR 0029, the thirteenth look,
+// "The crossing sibling".)
 func TestADepthOnePaceCoversItsJitter(t *testing.T) {
 	const files = 300
 	for _, ra := range []time.Duration{0, 2 * time.Second} {
@@ -654,10 +669,10 @@ func TestADepthOnePaceCoversItsJitter(t *testing.T) {
 						ratio := r.drain.Seconds() * rate / files
 						t.Logf("JITTER %s %g r/s lag %s seed %d: ratio %.3f, %d rejections of %d, paces %v", kind, rate, lag, seed, ratio, r.rejections, r.requests, r.paces)
 						more := max(0, r.rejections-base.rejections)
-						if more > 3 {
-							t.Errorf("%d rejections, %d without lag (want at most 3 more)", r.rejections, base.rejections)
+						if more > 4 {
+							t.Errorf("%d rejections, %d without lag (want at most 4 more)", r.rejections, base.rejections)
 						}
-						most := baseRatio + 0.05 + float64(more)*perRefusal
+						most := baseRatio + 0.05 + lag.Seconds()*rate + float64(more)*perRefusal
 						if ramped := len(r.paces) > 2 && r.paces[2] >= 2*spacing; ramped {
 							// Left (ADR 0029, the thirteenth look): at
 							// 2 r/s the ramp's level of 500 ms is the
@@ -670,11 +685,71 @@ func TestADepthOnePaceCoversItsJitter(t *testing.T) {
 							t.Logf("the ramp's level at the rate refused: pace %s for %s", r.paces[2], spacing)
 						}
 						if ratio > most {
-							t.Errorf("drain ratio %.3f, %.3f without lag (want at most %.3f: 5%% and %d refusals more)", ratio, baseRatio, most, more)
+							t.Errorf("drain ratio %.3f, %.3f without lag (want at most %.3f: 5%%, the lag's share and %d refusals more)", ratio, baseRatio, most, more)
 						}
 						r.checkHeld(t, 1)
 					})
 				}
+			}
+		}
+	}
+}
+
+// TestADepthOneMarginNarrows drains 1500 files from nginx's default limiter
+// (depth 1) at 10 and 20 r/s, 503 or 429 with a Retry-After of 2 s, while
+// the first 200 requests reach the origin late by up to 10 ms (a spell of
+// load on the pod, then none). The refusals that the late arrivals drew
+// widened the depth-1 pace's margin (jitterLocked); before, it never
+// narrowed, and the pace stayed up to 20% slow for the authority's life
+// (the reading from those arrivals, 4-12% slow, with it). Now the margin
+// halves back after marginCalm answers without a refusal, and once back at
+// the tick the reading is loosened once, so the creep reads the rate again
+// (ADR 0029, the thirteenth look, "The margin narrows"). The pace must be
+// back within 1 ms of the drain's without lag (its last pace) from answer
+// 1000 on, with at most 2% of requests refused and at most 4 refusals more
+// than the drain without lag has plus the spell's own (the margin's
+// widenings counted in the first 300 answers).
+func TestADepthOneMarginNarrows(t *testing.T) {
+	const files, spell, back = 1500, 200, 1000
+	for _, ra := range []time.Duration{0, 2 * time.Second} {
+		for _, rate := range []float64{10, 20} {
+			drain := func(t *testing.T, lag time.Duration, seed uint64) bucketDrain {
+				p := drainPacer(pacer.Limits{MaxInFlight: 2})
+				return drainBucketWith(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate}}, files, ra, 20*time.Millisecond, drainOptions{lag: lag, seed: seed, lagRequests: spell})
+			}
+			base := drain(t, 0, 0)
+			basePace := base.answerPaces[len(base.answerPaces)-1]
+			kind := "503"
+			if ra > 0 {
+				kind = "429_ra" + ra.String()
+			}
+			for seed := uint64(1); seed <= 4; seed++ {
+				t.Run(fmt.Sprintf("%s_%gr/s_seed%d", kind, rate, seed), func(t *testing.T) {
+					r := drain(t, 10*time.Millisecond, seed)
+					ratio := r.drain.Seconds() * rate / files
+					spellRefusals := 0
+					for _, at := range r.refusedAt {
+						if at.Seconds()*rate <= 300 {
+							spellRefusals++
+						}
+					}
+					worst := time.Duration(0)
+					for _, pc := range r.answerPaces[back:] {
+						worst = max(worst, pc)
+					}
+					t.Logf("NARROW %s %g r/s seed %d: ratio %.3f (%.3f without lag), %d rejections of %d (%d without lag, %d in the spell), paces %v, the pace from answer %d at most %s (%s without lag)",
+						kind, rate, seed, ratio, base.drain.Seconds()*rate/files, r.rejections, r.requests, base.rejections, spellRefusals, r.paces, back, worst, basePace)
+					if worst > basePace+time.Millisecond {
+						t.Errorf("pace %s after answer %d, %s without lag (want within 1ms)", worst, back, basePace)
+					}
+					if float64(r.rejections) > 0.02*float64(r.requests) {
+						t.Errorf("%d rejections of %d requests (want at most 2%%)", r.rejections, r.requests)
+					}
+					if r.rejections > base.rejections+spellRefusals+4 {
+						t.Errorf("%d rejections, %d without lag and %d in the spell (want at most 4 more)", r.rejections, base.rejections, spellRefusals)
+					}
+					r.checkHeld(t, 1)
+				})
 			}
 		}
 	}

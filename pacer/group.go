@@ -273,6 +273,7 @@ func (p *Pacer) carry(n int64, from, to string) {
 func timingOf(e *entry) entry {
 	src := *e
 	src.members, src.bud, src.rule = nil, nil, nil
+	src.escSeq = 0 // a permit number of e's shard, which another's are not
 	return src
 }
 
@@ -293,6 +294,7 @@ func (p *Pacer) mergeLocked(d, src *entry) {
 	d.pace = max(d.pace, src.pace)
 	if src.escAt > d.escAt {
 		d.escAt, d.answered = src.escAt, src.answered
+		d.escSeq = 0 // src's shard numbers its permits apart from d's
 		d.resumed, d.answeredOn = src.resumed, src.answeredOn
 		if src.rd != nil {
 			rd := *src.rd

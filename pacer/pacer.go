@@ -234,6 +234,7 @@ type entry struct {
 	// ramp (the halving toward a pace not yet learned) last halved: at
 	// most once per rampHalving (reading.go).
 	escAt       int64
+	escSeq      uint64 // the shard's latest permit at escAt: granted before it
 	halvedAt    int64
 	resumed     int64
 	pace        int64
@@ -975,7 +976,7 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 		if pm.seq != 0 {
 			started = pm.Start.UnixNano()
 		}
-		p.learnLocked(e, key, n, started, probe, *fb, &fx)
+		p.learnLocked(e, key, n, started, pm.seq, s.seq, probe, *fb, &fx)
 	}
 	if e.rd != nil {
 		// After learnLocked, which makes the reading at the first
@@ -998,8 +999,9 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 }
 
 // learnLocked reads the answer to a request that started at started (0:
-// unknown, a permit not made by Acquire). The entry's lock must be held.
-func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool, fb Feedback, fx *facts) {
+// unknown, a permit not made by Acquire), permit seq (0: the same), while
+// granted is the shard's latest permit. The entry's lock must be held.
+func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, seq, granted uint64, probe bool, fb Feedback, fx *facts) {
 	throttled, exhausted := fb.Throttled(), fb.Exhausted()
 	if probe && !throttled {
 		e.until, e.ceiling = 0, p.fallbackMin
@@ -1022,7 +1024,7 @@ func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool,
 		if fb.Status == 429 && !(fb.RetryAfterValid && fb.RetryAfter > 0) {
 			cool = max(cool, p.fallbackMin)
 		}
-		p.escalateLocked(e, auth, n, started, cool, fb.Status, fb.Reason(), fx)
+		p.escalateLocked(e, auth, n, started, seq, granted, cool, fb.Status, fb.Reason(), fx)
 	}
 	// The pause: a positive Retry-After wins, else the longest exhausted
 	// reset; a 429 without a positive Retry-After waits at least the fallback.
@@ -1057,18 +1059,24 @@ func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, probe bool,
 }
 
 // escalateLocked raises e's interval for a throttling answer to a request
-// that started at started (0: unknown): ×2, at least the first step and the
-// floor, at most MaxInterval or the floor. Once per signal: an answer to a
-// request started before the last escalation was sent under the interval
-// that escalation already doubled and carries no news, so it changes
-// nothing and escalateLocked reports false. An escalation also learns the
+// that started at started (0: unknown), permit seq, with granted the
+// shard's latest permit: ×2, at least the first step and the floor, at most
+// MaxInterval or the floor. Once per signal: an answer to a request started
+// before the last escalation was sent under the interval that escalation
+// already doubled and carries no news, so it changes nothing and
+// escalateLocked reports false. So is one started at the escalation's very
+// instant but granted before it (escSeq): on a virtual clock, or a coarse
+// one, the request that a blast's admission freed a place for starts at the
+// instant its sibling's refusal comes back, before the pacer reads it, and
+// its refusal doubled the depth-1 step of 2 s to 4 s (ADR 0029, the
+// thirteenth look, "The crossing sibling"). An escalation also learns the
 // pace the origin admitted since the one before it (the answers without
 // throttling over the time between them, ADR 0029), which the interval then
 // comes back to quickly, and below which it only creeps. It neither starts
 // nor extends a cooldown: a signal that wants none (a limiter's 503) may
 // call it alone. The entry's lock must be held.
-func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, status int, reason string, fx *facts) bool {
-	if started != 0 && started < e.escAt {
+func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, granted uint64, cool int64, status int, reason string, fx *facts) bool {
+	if started != 0 && (started < e.escAt || started == e.escAt && seq != 0 && seq <= e.escSeq) {
 		return false
 	}
 	top := max(p.maxInterval, e.floor)
@@ -1198,7 +1206,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started, cool int64, st
 		e.pace = min(2*e.pace, top)
 	}
 	e.rd.reset(n)
-	e.escAt, e.answered = n, 0
+	e.escAt, e.escSeq, e.answered = n, granted, 0
 	if iv != e.interval {
 		e.interval, e.pubIv = iv, iv
 		fx.add(Event{Type: EventInterval, Authority: auth, At: time.Unix(0, n), Status: status,
@@ -1237,9 +1245,60 @@ func (p *Pacer) jitterLocked(e *entry, started int64) bool {
 	if float64(wider) > maxJitterMargin*float64(e.pace-m) {
 		return false
 	}
-	rd.margin = wider
+	if rd.narrowed {
+		// Refused before the narrowed margin held: the jitter is still
+		// there, and the next narrowing waits twice as long.
+		rd.hold = min(2*rd.holdOr(), marginHoldMax)
+	}
+	rd.margin, rd.calm, rd.narrowed, rd.spiked = wider, 0, false, true
 	e.pace = min(e.pace+wider-m, max(p.maxInterval, e.floor))
 	return true
+}
+
+// narrowLocked counts an answer to a request started at started, sent at a
+// depth-1 pace whose margin a refusal widened (jitterLocked), and halves the
+// margin back toward limiterTick (15, 7, 3, 1 ms, the widening's steps in
+// reverse) once rd.holdOr() such answers came with no refusal; the pace
+// and the interval move with it. A narrowing that held that long resets the
+// wait to marginCalm. Back at the tick, one more calm spell loosens the
+// reading once. Without it a spell of late arrivals left the pace up to
+// maxJitterMargin slow for the authority's life in the pod (ADR 0029, the
+// thirteenth look, "The margin narrows"). The entry's lock must be held.
+func (p *Pacer) narrowLocked(e *entry, started int64) {
+	rd := e.rd
+	if rd.burst != 1 || e.pace <= 0 || e.firstStep > 0 ||
+		e.until != 0 || e.interval != e.pace || started <= e.escAt {
+		return
+	}
+	if rd.calm++; rd.calm < rd.holdOr() {
+		return
+	}
+	if rd.narrowed {
+		rd.hold, rd.narrowed = 0, false // the last narrowing held
+	}
+	rd.calm = 0
+	var to int64
+	switch m := rd.marginOr(); {
+	case m > limiterTick:
+		narrow := max((m-limiterTick)/2, limiterTick)
+		to, rd.margin = e.pace-(m-narrow), narrow
+	case rd.spiked:
+		// The margin is back at the tick, but the reading the pace
+		// came from may have been read from admissions as late as
+		// the refusals that widened it (a spell from the start read
+		// 9.69 r/s for 10, and held 104 ms for good). Once, the
+		// reading is loosened: the creep goes below the pace, and
+		// its refusal reads the rate again from the admissions
+		// since, on time now.
+		rd.spiked = false
+		rd.tight, rd.capIv, rd.up = false, 0, 0
+		return
+	default:
+		return
+	}
+	rd.narrowed = true
+	e.pace = max(to, e.floor)
+	e.interval = e.pace
 }
 
 // blastGrewLocked steps the interval from the blast's depth again when an
@@ -1304,6 +1363,9 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		}
 		if e.rd.spend > 0 && !probe {
 			e.rd.spend--
+		}
+		if !probe {
+			p.narrowLocked(e, started)
 		}
 	}
 	if e.answeredOn < math.MaxInt32 {

@@ -446,8 +446,10 @@ func TestNeverShortensAPause(t *testing.T) {
 	if !v.Until.Equal(at(300 * time.Second)) {
 		t.Fatalf("shorter pause replaced the longer one: until %s", v.Until.Sub(t0))
 	}
-	if got := state(t, p, at(time.Second)).Interval; got != 4*time.Second {
-		t.Fatalf("interval %s, want 4s (each 429 escalates)", got)
+	// p2 was in flight with p1, granted before p1's 429 was read: one
+	// escalation per signal (ADR 0006 §4), although both came at t0.
+	if got := state(t, p, at(time.Second)).Interval; got != 2*time.Second {
+		t.Fatalf("interval %s, want 2s (one escalation for the two 429s in flight)", got)
 	}
 }
 
