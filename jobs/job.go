@@ -18,6 +18,7 @@ import (
 	"io"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -501,7 +502,22 @@ func parseHeaders(raw json.RawMessage) (map[string]string, error) {
 // checkJSON reports malformed JSON and duplicate object keys at any depth.
 // encoding/json silently keeps the last of two equal keys, so a job
 // {"url": A, "url": B} would mean different things to different readers.
+//
+// Every job goes through it, so well-formed JSON takes a scan that
+// allocates nothing for keys without escapes (duplicateKeys, after
+// json.Valid); only malformed JSON takes the tokenizer (checkJSONTokens),
+// whose error says what is wrong. Both find the same duplicates:
+// TestCheckJSONAgreesWithTheTokenizer.
 func checkJSON(data []byte) error {
+	if !json.Valid(data) {
+		return checkJSONTokens(data)
+	}
+	return duplicateKeys(data)
+}
+
+// checkJSONTokens is checkJSON by encoding/json's tokenizer, which
+// decodes every token (an allocation each).
+func checkJSONTokens(data []byte) error {
 	type frame struct {
 		keys    map[string]bool // nil for an array
 		wantKey bool
@@ -547,6 +563,87 @@ func checkJSON(data []byte) error {
 			valueDone()
 		}
 	}
+}
+
+// smallObject is how many keys an object's duplicates are looked for
+// among by comparison; past it, in a map (a hostile 64 KiB job can have
+// thousands of keys).
+const smallObject = 16
+
+// duplicateKeys reports the first duplicate object key in data, which
+// must be valid JSON (json.Valid), as checkJSONTokens would. Keys are
+// compared decoded: "url" and "\u0075rl" are the same key.
+func duplicateKeys(data []byte) error {
+	type frame struct {
+		object  bool
+		wantKey bool
+		first   int             // this object's first key in keys
+		seen    map[string]bool // its keys, once it has more than smallObject
+	}
+	var (
+		stackBuf [8]frame
+		keysBuf  [2 * smallObject][]byte
+	)
+	stack, keys := stackBuf[:0], keysBuf[:0]
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '{':
+			stack = append(stack, frame{object: true, wantKey: true, first: len(keys)})
+		case '[':
+			stack = append(stack, frame{})
+		case '}', ']':
+			if top := stack[len(stack)-1]; top.object {
+				keys = keys[:top.first]
+			}
+			stack = stack[:len(stack)-1]
+		case ',':
+			if top := &stack[len(stack)-1]; top.object {
+				top.wantKey = true
+			}
+		case '"':
+			start, escaped := i+1, false
+			for i++; data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					escaped = true
+					i++ // the escaped byte, a quote perhaps
+				}
+			}
+			if len(stack) == 0 { // the whole document is a string
+				continue
+			}
+			top := &stack[len(stack)-1]
+			if !top.object || !top.wantKey {
+				continue
+			}
+			top.wantKey = false
+			k := data[start:i]
+			if escaped {
+				var s string
+				if err := json.Unmarshal(data[start-1:i+1], &s); err != nil {
+					return invalid("", "malformed JSON: %v", err)
+				}
+				k = []byte(s)
+			}
+			if top.seen == nil && len(keys)-top.first < smallObject {
+				if slices.ContainsFunc(keys[top.first:], func(x []byte) bool { return bytes.Equal(x, k) }) {
+					return invalid("", "malformed JSON: duplicate key %q", Truncate(string(k), 64))
+				}
+				keys = append(keys, k)
+				continue
+			}
+			if top.seen == nil {
+				top.seen = make(map[string]bool, 2*smallObject)
+				for _, k := range keys[top.first:] {
+					top.seen[string(k)] = true
+				}
+			}
+			if top.seen[string(k)] {
+				return invalid("", "malformed JSON: duplicate key %q", Truncate(string(k), 64))
+			}
+			top.seen[string(k)] = true
+		}
+	}
+	return nil
 }
 
 func validID(s string) bool {

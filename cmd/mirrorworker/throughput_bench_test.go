@@ -63,8 +63,13 @@ import (
 // adds a count by subject class (bench_natscount_test.go; it loads the
 // server, so time nothing with it), MW_BENCH_NATS_PROFILE=dir saves a CPU
 // profile of each nats-server, and MW_BENCH_PARTITIONS=n makes the jobs
-// stream with n partitions. ns/op is meaningless here: each
-// configuration runs once per -count, whatever b.N.
+// stream with n partitions. Both sides' stores and mirrors are made under
+// $TMPDIR (b.TempDir, in both modes), so TMPDIR=/mnt/x runs them on the
+// file system mounted there (ADR 0036's eighth pass: a journalled ext4);
+// nothing else of a round writes there but the test binary's own build
+// when `go test` makes it (build it first with go test -c to keep that
+// out). ns/op is meaningless here: each configuration runs once per
+// -count, whatever b.N.
 func BenchmarkThroughput(b *testing.B) {
 	for _, c := range []struct {
 		name        string
