@@ -16,15 +16,15 @@ import (
 // closed) to a budget over a plain http.Client.Get's, counted in the same
 // process beside the same origin (ADR 0036, ninth pass). The budget is
 // what the client needs for its checks (the hop's authority, a context
-// with a cause, the idle, rate and deadline timers, the Response and the
-// body wrapper): a request printed and parsed again, the first hop's
-// authority parsed twice more, or a User-Agent slice per request each
-// exceed it.
+// with a cause, the read watch and the deadline's timer, the Response and
+// the body wrapper): a request printed and parsed again, the first hop's
+// authority parsed twice more, a User-Agent slice per request, or a timer
+// for the minimum rate beside the idle timeout's each exceed it.
 func TestDoAllocatesLittleBeyondNetHTTP(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the race detector's allocations would be counted; make test runs this plain (FULL_SIZE)")
 	}
-	const budget = 20
+	const budget = 18
 	payload := strings.Repeat("x", 4<<10)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, payload)

@@ -437,13 +437,11 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 		res:    Result{Status: hr.StatusCode, Header: hr.Header},
 		now:    time.Now,
 	}
-	b.timer = time.AfterFunc(b.idle, func() { cancel(ErrIdleTimeout) })
-	b.timer.Stop()
+	b.watch = time.AfterFunc(b.idle, b.watchCut)
+	b.watch.Stop()
 	if c.opt.MinRate > 0 {
 		b.minRate, b.window = c.opt.MinRate, c.opt.MinRateWindow
 		b.need = int64(float64(c.opt.MinRate) * c.opt.MinRateWindow.Seconds())
-		b.slow = time.AfterFunc(b.window, b.slowCut)
-		b.slow.Stop()
 	}
 	if hr.StatusCode < 200 || hr.StatusCode > 299 {
 		b.drain()
