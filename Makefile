@@ -10,9 +10,10 @@ RUN_ARGS  ?=
 RACE_PKGS := ./worker/... ./loadtest/... ./replay/... ./pipeline/... ./mirror/... ./cluster/... ./facts/... ./clock/... ./credentials/... ./pacer/... ./fetch/... ./stuborigin/... ./jobs/... ./admin/... ./strategy/... ./broker/... ./faultproxy/... ./policy/... ./bandwidth/...
 PKGS      := ./...
 # test-plain runs the other packages: the race run already runs every test of RACE_PKGS.
-# Their tests that shrink under the race detector (raceEnabled) run plain too, at full size.
+# Their tests that shrink under the race detector (raceEnabled) run plain too, at full size,
+# and so does fetch's allocation count, which skips under it.
 PLAIN_PKGS = $(filter-out $(shell $(GO) list $(RACE_PKGS)),$(shell $(GO) list $(PKGS)))
-FULL_SIZE  := ^(TestParkingIsolationAtScale|TestSimulatedClusterKeepsOnePace|TestSimulatedClusterLinkFaults)$$
+FULL_SIZE  := ^(TestParkingIsolationAtScale|TestSimulatedClusterKeepsOnePace|TestSimulatedClusterLinkFaults|TestDoAllocatesLittleBeyondNetHTTP)$$
 # The end-to-end tier: tests of worker/ that run thousands of jobs through
 # real JetStream, wait on real cooldowns and redeliveries, judge gaps as the
 # origin's kernel timed them, or need the server's ack wait are in files
@@ -93,7 +94,7 @@ test-plain:
 # tests run beside the other packages, each go test failing the target.
 test-waiting:
 	@MW_SKIPPED_FILE=$(SKIPPED) $(GO) test $(TESTFLAGS) -count=1 -timeout 25m -parallel $(PARALLEL) -skip '$(ORIGIN_TIMED)' $(PLAIN_PKGS) & plain=$$!; \
-	$(GO) test $(TESTFLAGS) -count=1 -timeout 15m -tags $(E2E_TAGS) -run '$(FULL_SIZE)' ./worker/ ./cluster/; full=$$?; \
+	$(GO) test $(TESTFLAGS) -count=1 -timeout 15m -tags $(E2E_TAGS) -run '$(FULL_SIZE)' ./worker/ ./cluster/ ./fetch/; full=$$?; \
 	wait $$plain && [ $$full -eq 0 ]
 
 test-timed:

@@ -26,20 +26,23 @@ type body struct {
 	want   int64 // Content-Length, or -1
 	idle   time.Duration
 	ctx    context.Context // the caller's
-	hctx   context.Context // this hop's request, cancelled by the idle timer
+	hctx   context.Context // this hop's request, cancelled by the watch and the deadline
 	cancel context.CancelCauseFunc
 	done   func(Result)
-	timer  *time.Timer // cancels hctx with ErrIdleTimeout; armed during each Read
-	now    func() time.Time
+	// watch is armed during each Read of rc, for whichever ends first:
+	// the idle timeout, or the minimum rate's window without its bytes.
+	// It cancels hctx with the cause Read chose (cut): one timer for both,
+	// so one Reset and one Stop a read (ADR 0036, ninth pass).
+	watch *time.Timer
+	now   func() time.Time
 
 	// The minimum rate: need bytes per window of time spent in reads. The
-	// slow timer cancels hctx with errRateCut when a read would carry the
-	// window past its end without the bytes; nil: no minimum. wBytes and
+	// watch cancels hctx with errRateCut when a read would carry the window
+	// past its end without the bytes; minRate 0: no minimum. wBytes and
 	// wTime are the current window's, touched by Read only.
 	minRate     int64
 	window      time.Duration
 	need        int64
-	slow        *time.Timer
 	wBytes      int64
 	wTime       time.Duration
 	deadline    *time.Timer   // cancels hctx with errDeadlineCut; nil: none
@@ -54,7 +57,8 @@ type body struct {
 	credit   int64
 
 	mu      sync.Mutex
-	reading bool // a read of rc is blocked; only then may the slow timer cut
+	reading bool  // a read of rc is blocked; only then may the watch cut
+	cut     error // the watch's cause for this read: ErrIdleTimeout or errRateCut
 	n       int64
 	err     error  // sticky read error
 	res     Result // reported on Close; res.Err is a transport failure only
@@ -86,22 +90,24 @@ func (b *body) Read(p []byte) (int, error) {
 			p = p[:b.credit]
 		}
 	}
-	b.timer.Reset(b.idle)
-	if b.slow != nil && b.wBytes < b.need {
-		b.slow.Reset(max(b.window-b.wTime, 0))
+	in, cut := b.idle, ErrIdleTimeout
+	if b.minRate > 0 && b.wBytes < b.need {
+		if left := max(b.window-b.wTime, 0); left < in {
+			in, cut = left, errRateCut
+		}
 	}
 	b.mu.Lock()
-	b.reading = true
+	b.reading, b.cut = true, cut // before the watch is armed: it may fire at once
 	b.mu.Unlock()
+	b.watch.Reset(in)
 	t0 := b.now()
 	n, err := b.rc.Read(p)
 	took := b.now().Sub(t0)
 	b.mu.Lock()
-	b.reading = false // from here the window is judged below, not by the slow timer
+	b.reading = false // from here the window is judged below, not by the watch
 	b.mu.Unlock()
-	b.timer.Stop()
-	if b.slow != nil {
-		b.slow.Stop()
+	b.watch.Stop()
+	if b.minRate > 0 {
 		b.wBytes += int64(n)
 		b.wTime += took
 		if b.wTime >= b.window {
@@ -147,7 +153,7 @@ func (b *body) Read(p []byte) (int, error) {
 
 // waitThrottle waits for the bandwidth caps to grant up to n bytes (no
 // more than the rest of a body of known length, and one byte to see its
-// end) and adds them to b.credit. The idle and slow timers are not armed
+// end) and adds them to b.credit. The watch is not armed
 // meanwhile, and the total deadline is stopped and moved later by the time
 // waited: a capped body is slow by the operator's choice, not the
 // origin's. n0 is the bytes read so far.
@@ -177,14 +183,16 @@ func (b *body) waitThrottle(n int, n0 int64) error {
 	return nil
 }
 
-// slowCut is the slow timer's function: a window ended while a read was
-// still waiting for bytes it lacked. A read that returned in the meantime
-// judges its window itself (bytes may have arrived at the last moment).
-func (b *body) slowCut() {
+// watchCut is the watch's function: a read still blocked has waited past
+// the idle timeout, or its window ended without the bytes it lacked. A
+// read that returned in the meantime is not cut: data came within the
+// idle timeout, and it judges its window itself (bytes may have arrived at
+// the last moment).
+func (b *body) watchCut() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.reading {
-		b.cancel(errRateCut)
+		b.cancel(b.cut)
 	}
 }
 
@@ -226,10 +234,7 @@ func (b *body) Close() error {
 	res.Cancelled = !b.eof && b.ctx.Err() != nil
 	b.mu.Unlock()
 
-	b.timer.Stop()
-	if b.slow != nil {
-		b.slow.Stop()
-	}
+	b.watch.Stop()
 	if b.deadline != nil {
 		b.deadline.Stop()
 	}

@@ -221,11 +221,16 @@ type Client struct {
 	proxyAddrs map[string]bool                       // host:port of the proxies, dialled unchecked
 	resolver   Resolver
 	tlsc       tlsClients // clients of credentials with TLS material
+	// userAgent is the User-Agent header's value, shared by every request
+	// (net/http does not modify a request's headers): one slice fewer per
+	// request.
+	userAgent []string
 }
 
 // New returns a Client; nil Options means the defaults.
 func New(o *Options) *Client {
 	c := &Client{opt: o.withDefaults()}
+	c.userAgent = []string{c.opt.UserAgent}
 	c.check = func(a netip.Addr) string { return CheckAddr(a, c.opt.AllowPrivate) }
 	c.resolver = c.opt.Resolver
 	if c.resolver == nil {
@@ -314,7 +319,9 @@ func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error
 				done = d
 			}
 		}
-		resp, err := c.send(ctx, u, a, r, sameAuthority(first, u), done)
+		// The first hop is the first authority by definition: not parsed
+		// again (sameAuthority takes two authority.FromURL).
+		resp, err := c.send(ctx, u, a, r, u == first || sameAuthority(first, u), done)
 		if err != nil {
 			return nil, fmt.Errorf("hop %d: %w", hop, err)
 		}
@@ -348,7 +355,7 @@ func (c *Client) Do(ctx context.Context, r Request, gate Gate) (*Response, error
 // Bodies of redirects and non-2xx answers are drained and closed here.
 func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r Request, firstAuthority bool, done func(Result)) (*Response, error) {
 	hctx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(hctx, http.MethodGet, u.String(), nil)
+	req, err := newGet(hctx, u)
 	if err != nil {
 		cancel(nil)
 		done(Result{Err: err})
@@ -360,7 +367,7 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 		}
 		req.Header[http.CanonicalHeaderKey(k)] = append([]string(nil), vs...)
 	}
-	req.Header.Set("User-Agent", c.opt.UserAgent)
+	req.Header["User-Agent"] = c.userAgent
 	if r.ETag != "" {
 		req.Header.Set("If-None-Match", r.ETag)
 	}
@@ -430,13 +437,11 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 		res:    Result{Status: hr.StatusCode, Header: hr.Header},
 		now:    time.Now,
 	}
-	b.timer = time.AfterFunc(b.idle, func() { cancel(ErrIdleTimeout) })
-	b.timer.Stop()
+	b.watch = time.AfterFunc(b.idle, b.watchCut)
+	b.watch.Stop()
 	if c.opt.MinRate > 0 {
 		b.minRate, b.window = c.opt.MinRate, c.opt.MinRateWindow
 		b.need = int64(float64(c.opt.MinRate) * c.opt.MinRateWindow.Seconds())
-		b.slow = time.AfterFunc(b.window, b.slowCut)
-		b.slow.Stop()
 	}
 	if hr.StatusCode < 200 || hr.StatusCode > 299 {
 		b.drain()
@@ -478,6 +483,21 @@ func (c *Client) send(ctx context.Context, u *url.URL, a authority.Authority, r 
 	}
 	resp.Body = b
 	return resp, nil
+}
+
+// newGet is http.NewRequestWithContext(ctx, "GET", u.String(), nil)
+// without printing u and parsing it back (ninth pass of ADR 0036): the
+// request gets a copy of u, with an empty port dropped as NewRequest drops
+// it. The only parse left is of "", whose URL the copy fills.
+func newGet(ctx context.Context, u *url.URL) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "", nil)
+	if err != nil {
+		return nil, err
+	}
+	*req.URL = *u
+	req.URL.Host = strings.TrimSuffix(u.Host, ":") // as net/http's removeEmptyPort
+	req.Host = req.URL.Host
+	return req, nil
 }
 
 // checkRange returns the length of the rest of the body that a 206 answer

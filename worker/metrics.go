@@ -59,12 +59,16 @@ type Metrics struct {
 	PacerWait        prometheus.Histogram
 	Inflight         prometheus.Gauge
 	DeliveriesPerJob prometheus.Histogram
-	HeldJobs         *prometheus.GaugeVec   // {state}
-	Cooldowns        *prometheus.CounterVec // {host,port,reason}
-	EventsDropped    prometheus.Counter
-	Partitions       prometheus.Gauge       // partitions this pod serves
-	ParkedJobs       *prometheus.GaugeVec   // {host,port}: jobs parked in MIRROR_PARKED
-	Parks            *prometheus.CounterVec // {op}: parked, unparked, lane, skip
+	HeldJobs         *prometheus.GaugeVec // {state}
+	// held are HeldJobs' series by heldStates, looked up once: the
+	// scheduler sets them at every change of its counts, several times a
+	// job (ADR 0036, ninth pass).
+	held          [len(heldStates)]prometheus.Gauge
+	Cooldowns     *prometheus.CounterVec // {host,port,reason}
+	EventsDropped prometheus.Counter
+	Partitions    prometheus.Gauge       // partitions this pod serves
+	ParkedJobs    *prometheus.GaugeVec   // {host,port}: jobs parked in MIRROR_PARKED
+	Parks         *prometheus.CounterVec // {op}: parked, unparked, lane, skip
 	// DeadLetters counts dead-letter records published, by reason code
 	// (jobs.Reason*, http_NNN): a bounded set, so safe as a label.
 	DeadLetters *prometheus.CounterVec // {reason}
@@ -254,8 +258,8 @@ func (m *Metrics) exportAtZero() {
 		m.Cooldowns.WithLabelValues(OtherHost, OtherHost, r)
 	}
 	m.ParkedJobs.WithLabelValues(OtherHost, OtherHost)
-	for _, s := range heldStates {
-		m.HeldJobs.WithLabelValues(s)
+	for i, s := range heldStates {
+		m.held[i] = m.HeldJobs.WithLabelValues(s)
 	}
 }
 
@@ -297,7 +301,7 @@ func (m *Metrics) CountEventDropped() { m.EventsDropped.Inc() }
 
 func (m *Metrics) setHeld(counts [3]int, busy int) {
 	for i, n := range counts {
-		m.HeldJobs.WithLabelValues(heldStates[i]).Set(float64(n))
+		m.held[i].Set(float64(n))
 	}
 	m.Inflight.Set(float64(busy))
 }
