@@ -4,9 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"net/http/httptrace"
-	"strings"
 	"testing"
 
 	"github.com/mirrorworker/mirrorworker/fetch"
@@ -21,12 +19,7 @@ import (
 //
 //	go test -run '^$' -bench BenchmarkRequestCost -benchmem -count 4 ./fetch/
 func BenchmarkRequestCost(b *testing.B) {
-	payload := strings.Repeat("x", 4<<10)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, payload)
-	}))
-	defer srv.Close()
-	url := srv.URL + "/o"
+	url, _ := fourKiBOrigin(b)
 	buf := make([]byte, 32<<10)
 
 	b.Run("raw", func(b *testing.B) {
