@@ -456,8 +456,10 @@ func (p *Pacer) firstStepFor(e *entry, cool int64) int64 {
 			// nothing follows the step to spend the drained depth
 			// (no probe, no spend), so a whole bucket's drain was
 			// that much of the origin's capacity left idle: 787 ms
-			// after the ramp's refusal at 10 r/s, 0.6 s of a 3.6 s
-			// excess. Half of it keeps a runway for a pace read
+			// after the ramp's refusal at 10 r/s, and with its
+			// unused depth 0.8 s of the 4.2 s the drain lost to
+			// the origin's best. Half of it keeps a runway for a
+			// pace read
 			// fast (at 5 r/s the pace after the ramp read 188 ms
 			// for 200, and without the drain the short fill that
 			// refused it read 208 ms for the rest of the run). ADR
