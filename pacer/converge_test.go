@@ -754,3 +754,58 @@ func TestADepthOneMarginNarrows(t *testing.T) {
 		}
 	}
 }
+
+// TestALimitersRefusalStepsHalfADrain drains 300 files at floor 0 from
+// nginx's default refusal, 503 without Retry-After (no cooldown), burst 5,
+// at 5, 10 and 20 r/s, and checks the silence after the ramp's refusal (the
+// first one after the cold blast's): the next request leaves within about
+// half the time the bucket takes to drain (its depth and the probe at the
+// rate; the bound is 0.9 of the whole drain, as the step is half the drain
+// at the reading's lower bound, 15 r/s for 20 here: 232 ms of a 300 ms
+// drain). Before, the step was the whole drain, sized for
+// the spend that follows a Retry-After; without one nothing spent the
+// drained depth back, and 10 r/s left 787 ms idle after the refusal, 5 r/s
+// 1.42 s, 20 r/s 464 ms (ADR
+// 0029, the fourteenth look).
+func TestALimitersRefusalStepsHalfADrain(t *testing.T) {
+	const (
+		files = 300
+		burst = 5
+	)
+	for _, rate := range []float64{5, 10, 20} {
+		t.Run(fmt.Sprintf("%gr/s", rate), func(t *testing.T) {
+			p := drainPacer(pacer.Limits{MaxInFlight: 2})
+			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: burst}}, files, 0, 20*time.Millisecond)
+			drain := time.Duration(float64(burst+1) / rate * float64(time.Second))
+			var ramp time.Duration
+			for _, at := range r.refusedAt {
+				if at > time.Second {
+					ramp = at
+					break
+				}
+			}
+			if ramp == 0 {
+				t.Fatalf("refused at %v: no refusal after the cold blast's", r.refusedAt)
+			}
+			next := time.Duration(-1)
+			for _, s := range r.starts {
+				if s > ramp {
+					next = s
+					break
+				}
+			}
+			t.Logf("ratio %.3f, %d rejections, refused at %v, next request %v after the ramp's refusal (a whole drain %v)",
+				r.drain.Seconds()*rate/files, r.rejections, r.refusedAt, next-ramp, drain)
+			if next < 0 {
+				t.Fatalf("no request after the ramp's refusal at %v", ramp)
+			}
+			if gap := next - ramp; gap > drain*9/10 {
+				t.Errorf("the next request left %v after the ramp's refusal (want at most %v, 0.9 of the bucket's drain %v at the rate)", gap, drain*9/10, drain)
+			}
+			r.checkHeld(t, 1)
+			if r.rejections > files/50 {
+				t.Errorf("%d rejections (want at most %d, 2%%)", r.rejections, files/50)
+			}
+		})
+	}
+}
