@@ -199,17 +199,7 @@ func TestLimiter503InFlightTogether(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}},
 		StartGuard: -1, Rand: func() float64 { return 0 }})
-	start := func(at time.Time) pacer.Permit {
-		t.Helper()
-		pm, err := p.Acquire(at, a, 0)
-		if err == nil {
-			pm, err = p.Confirm(at, pm)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pm
-	}
+	start := func(at time.Time) pacer.Permit { t.Helper(); return startAt(t, p, a, at) }
 	p.Done(t0, start(t0), pacer.Response{Status: 200, URL: "/ok"})
 	x, y := start(t0.Add(time.Millisecond)), start(t0.Add(2*time.Millisecond))
 	for i, pm := range []pacer.Permit{x, y} {
@@ -316,17 +306,7 @@ func TestLimiter503ColdBlast(t *testing.T) {
 		return pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}},
 			StartGuard: -1, Rand: func() float64 { return 0 }, OnEvent: func(ev pacer.Event) { evs = append(evs, ev) }}), &evs
 	}
-	start := func(p *pacer.Pacer, at time.Time) pacer.Permit {
-		t.Helper()
-		pm, err := p.Acquire(at, a, 0)
-		if err == nil {
-			pm, err = p.Confirm(at, pm)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pm
-	}
+	start := func(p *pacer.Pacer, at time.Time) pacer.Permit { t.Helper(); return startAt(t, p, a, at) }
 	no := func(u string) pacer.Response { return pacer.Response{Status: 503, URL: u} }
 	ok := func(u string) pacer.Response { return pacer.Response{Status: 200, URL: u} }
 
@@ -379,4 +359,18 @@ func TestLimiter503ColdBlast(t *testing.T) {
 			t.Fatalf("%+v, want a failure: nothing else was on its way", v)
 		}
 	})
+}
+
+// startAt starts a request to auth at at, granted and confirmed there (the
+// tests' pacers have no floor, so nothing makes it wait).
+func startAt(t *testing.T, p *pacer.Pacer, auth string, at time.Time) pacer.Permit {
+	t.Helper()
+	pm, err := p.Acquire(at, auth, 0)
+	if err == nil {
+		pm, err = p.Confirm(at, pm)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pm
 }
