@@ -159,10 +159,25 @@ func TestRestartOwesTheCooldown(t *testing.T) {
 	if len(times) < 3 {
 		t.Fatalf("the origin got %d requests, want the 429, the probe and the other job", len(times))
 	}
+	// The deadline is measured as the origin measures a wait: on the
+	// monotonic clock, from the 429's arrival. The pacer waits on the wall
+	// clock, until the fact's Until. The two agree while the wall clock
+	// does not move against the monotonic one; a failure gives both, so
+	// that it tells a request the pacer let out before its own deadline
+	// (a bug in the code) from a wall clock that gained on the monotonic
+	// one during the wait (ADR 0004, "Which clock a cooldown runs on").
 	deadline := throttledAt.Add(pause)
 	for i, at := range times[1:] {
 		if at.Before(deadline) {
-			t.Errorf("request %d came %s before the cooldown deadline", i+2, deadline.Sub(at))
+			gained := wallSince(throttledAt, at) - at.Sub(throttledAt)
+			t.Errorf("request %d came %s before the cooldown deadline (monotonic clock); on the wall clock, its arrival minus the fact's until is %s, and the wall clock gained %s on the monotonic one since the 429 (give or take a stamp's thread preempted between its two clock reads)",
+				i+2, deadline.Sub(at), wallSince(fact.Until, at), gained)
 		}
 	}
+}
+
+// wallSince is b - a on the wall clock alone, whatever monotonic readings
+// a and b carry.
+func wallSince(a, b time.Time) time.Duration {
+	return time.Duration(b.UnixNano() - a.UnixNano())
 }
