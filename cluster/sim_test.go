@@ -572,8 +572,9 @@ func (s *simulation) addPod(t *testing.T) *simPod {
 	p := &simPod{id: id, sim: s, joined: s.clk.Now(), ver: len(s.versions) - 1, joinVer: len(s.versions) - 1, applied: map[int]time.Time{},
 		reserve: []time.Duration{0, 5 * time.Millisecond, 50 * time.Millisecond, 400 * time.Millisecond}[s.rng.IntN(4)]}
 	p.pc = pacer.New(&pacer.Options{
-		Policy: s.versions[p.ver].p,
-		Rand:   s.rng.Float64,
+		Policy:   s.versions[p.ver].p,
+		Rand:     s.rng.Float64,
+		ColdHold: pacer.DefaultColdHold, // as a pod's (pipeline)
 		OnEvent: func(ev pacer.Event) {
 			// Facts travel over the pod's link: late when it is slow, held
 			// (the client's reconnect buffer) while it is cut or black-holed.
