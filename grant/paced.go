@@ -16,7 +16,7 @@ type Local interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
 	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
 	Sent(now time.Time, pm pacer.Permit)
-	Heard(now time.Time, pm pacer.Permit, status int)
+	Heard(now time.Time, pm pacer.Permit, status int) bool
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
 	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
 	Fence(now time.Time, auth string, at time.Time)
@@ -228,8 +228,8 @@ func (p *Paced) Sent(now time.Time, pm pacer.Permit) {
 // Heard tells the local pacer that an answer's headers are in; the owner
 // is not told (it learns the answer with Done, and its cold hold waits
 // for that at most Options.ColdHold).
-func (p *Paced) Heard(now time.Time, pm pacer.Permit, status int) {
-	p.Local.Heard(now, pm, status)
+func (p *Paced) Heard(now time.Time, pm pacer.Permit, status int) bool {
+	return p.Local.Heard(now, pm, status)
 }
 
 // Done reports the answer of a granted request to its owner and returns

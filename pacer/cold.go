@@ -58,19 +58,25 @@ func (p *Pacer) coldDoneLocked(e *entry, pm Permit, n int64, learn bool) {
 // request the cold hold keeps waiting for it (Options.ColdHold) without
 // waiting for a body of 40 MB, and the round trip to it is what the hold
 // waits for the next time. Any other status, and an authority past its
-// cold hold, change nothing: their Done follows at once. Heard publishes
-// nothing; calling it is optional (Done frees the hold as well), but a
-// request held in the meantime waits for the body.
-func (p *Pacer) Heard(now time.Time, pm Permit, status int) {
+// cold hold, change nothing: their Done follows at once. Heard reports
+// whether it ended the hold's wait on pm (a request to the authority may
+// start now that could not before: the caller wakes its queue). It
+// publishes nothing; calling it is optional (Done frees the hold as well),
+// but a request held in the meantime waits for the body.
+func (p *Pacer) Heard(now time.Time, pm Permit, status int) bool {
 	if pm.seq == 0 || status < 200 || status > 299 || p.coldHold <= 0 {
-		return
+		return false
 	}
 	n := now.UnixNano()
 	key := pm.paceKey()
 	s := p.shardFor(key)
 	s.mu.Lock()
-	if e := s.m[key]; e != nil && e.rd == nil && e.answered < ColdAnswers {
-		e.cold.heard(pm.seq, pm.Start.UnixNano(), n, true, p.coldHold)
+	defer s.mu.Unlock()
+	e := s.m[key]
+	if e == nil || e.rd != nil || e.answered >= ColdAnswers {
+		return false
 	}
-	s.mu.Unlock()
+	ended := e.cold.open == pm.seq
+	e.cold.heard(pm.seq, pm.Start.UnixNano(), n, true, p.coldHold)
+	return ended
 }

@@ -56,7 +56,10 @@ func TestTheColdBlastWaitsForEachAnswer(t *testing.T) {
 			}
 			x := mustGrant(t, p, start, 0)
 			if tt.heard != 0 {
-				p.Heard(start.Add(5*ms), x, tt.heard)
+				// It reports a wait it ended: a 2xx's, on the open request.
+				if got, want := p.Heard(start.Add(5*ms), x, tt.heard), tt.heard == 200; got != want {
+					t.Fatalf("Heard(%d) = %v, want %v", tt.heard, got, want)
+				}
 			}
 			if tt.done {
 				p.Done(start.Add(5*ms), x, resp(200))

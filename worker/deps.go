@@ -54,7 +54,7 @@ type Pacer interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
 	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
 	Sent(now time.Time, pm pacer.Permit)
-	Heard(now time.Time, pm pacer.Permit, status int)
+	Heard(now time.Time, pm pacer.Permit, status int) bool
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
 	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
 	Fence(now time.Time, auth string, at time.Time)
