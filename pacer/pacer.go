@@ -49,7 +49,7 @@ const (
 // refuses arrives after the refusal was written, while the origin has said
 // wait (ADR 0029, the fifteenth look). It is maxBlast, the most admissions
 // before a first refusal that the pacer still reads as a bucket's depth:
-// nginx's limit_req refuses within it up to burst=63 (its documentation's
+// nginx's limit_req refuses within it up to burst=62 (its documentation's
 // example is burst=5, examples elsewhere burst=20), and an HAProxy stick
 // table's "http_req_rate(10s) gt 20" at the 21st request; one that allows
 // 100 in 10 s, or an API gateway's burst of thousands, refuses after it.
