@@ -33,8 +33,12 @@ func (p *Pacer) coldStartedLocked(e *entry, seq uint64, n int64) {
 		return
 	}
 	e.cold.started(seq, n)
-	if e.coldFrom == 0 {
+	switch {
+	case e.coldFrom == 0:
 		e.coldFrom = n
+	case e.blastFrom == 0 && e.answered >= ColdAnswers:
+		// The first start after the hold: a blast begins here.
+		e.blastFrom, e.coldFrom = e.answered, n
 	}
 }
 

@@ -125,3 +125,36 @@ func TestTheColdBlastCrossesNoRefusal(t *testing.T) {
 		}
 	}
 }
+
+// A limiter whose rate is the cold hold's own (50 r/s, answers after 20 ms:
+// one request a round trip) refuses nothing during the hold; its burst goes
+// after it, at full speed, and its refusal is that blast's. Counted from
+// the cold start (64 answers and more) it read no depth and stepped 2 s,
+// and these drains took 2.10-2.14x; counted from the hold's end they take
+// what they took without the hold (main: 1.807, 1.462, 1.370x).
+func TestTheBlastAfterTheColdHoldReadsItsDepth(t *testing.T) {
+	const files = 300
+	tests := []struct {
+		burst    int64
+		maxRatio float64
+	}{
+		{0, 1.81},
+		{5, 1.47},
+		{10, 1.38},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("burst%d", tt.burst), func(t *testing.T) {
+			p := drainPacer(pacer.Limits{MaxInFlight: 2})
+			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: 50, Burst: tt.burst}}, files, 2*time.Second, 20*time.Millisecond)
+			ratio := r.drain.Seconds() * 50 / files
+			t.Logf("ratio %.3f, %d rejections of %d, paces %v, refused at %v", ratio, r.rejections, r.requests, r.paces, r.refusedAt)
+			if len(r.refusedAt) == 0 || r.refusedAt[0] < 64*20*time.Millisecond {
+				t.Fatalf("refused at %v: want the first refusal after the cold hold's 64 answers", r.refusedAt)
+			}
+			if ratio > tt.maxRatio {
+				t.Errorf("ratio %.3f (want at most %.2f)", ratio, tt.maxRatio)
+			}
+			r.checkHeld(t, 1)
+		})
+	}
+}

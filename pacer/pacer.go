@@ -267,15 +267,20 @@ type entry struct {
 	// fact only when it halves or reaches the floor; halvedAt when the
 	// ramp (the halving toward a pace not yet learned) last halved: at
 	// most once per rampHalving (reading.go).
-	escAt       int64
-	escSeq      uint64 // the shard's latest permit at escAt: granted before it
-	halvedAt    int64
-	resumed     int64
-	pace        int64
-	pubIv       int64
-	answered    int32
-	answeredOn  int32
-	decaySteps  int32  // Limits.Decay (0: DefaultDecay)
+	escAt      int64
+	escSeq     uint64 // the shard's latest permit at escAt: granted before it
+	halvedAt   int64
+	resumed    int64
+	pace       int64
+	pubIv      int64
+	answered   int32
+	answeredOn int32
+	decaySteps int32 // Limits.Decay (0: DefaultDecay)
+	// blastFrom is how many answers came before the cold blast a first
+	// refusal ends: 0 from a cold start, and the answered count at the
+	// first start after the cold hold ended without a refusal (coldFrom
+	// is then that start), whose full-speed burst is a blast of its own.
+	blastFrom   int32
 	firstStep   int64  // Limits.FirstStep (0: the pacer's scaled FirstStep)
 	until       int64  // cooldown deadline; set and passed = awaiting a probe
 	ceiling     int64  // fallback ceiling
@@ -1176,14 +1181,20 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 		// pace 1 ms fast was refused and doubled for the rest of the
 		// run (ADR 0029, the twelfth look).
 		e.rd = &reading{}
-		if e.answered <= maxBlast {
-			e.rd.burst = e.answered
+		if k := e.answered - e.blastFrom; k <= maxBlast {
+			// After a cold hold that ended with nothing refused
+			// (blastFrom > 0), the requests at full speed from its
+			// end are the blast: a limiter whose rate is the hold's
+			// own (50 r/s at 20 ms answers) refuses nothing during
+			// it and its burst after, and that refusal read no depth
+			// and stepped 2 s (ADR 0029, the fifteenth look).
+			e.rd.burst = k
 			e.rd.blastEnd = n
 			if p.coldHold > 0 && e.coldFrom != 0 && e.rd.burst > 1 {
-				// The cold hold sent the blast one at a time, a
-				// round trip apart: the bucket leaked meanwhile,
-				// and the count is deeper than the bucket by as
-				// much (reading.unleak).
+				// The blast took time, one request a round trip
+				// apart under the hold: the bucket leaked
+				// meanwhile, and the count is deeper than the
+				// bucket by as much (reading.unleak).
 				e.rd.blastSpan = max(0, cmp.Or(started, n)-e.coldFrom)
 			}
 		}
