@@ -375,14 +375,15 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		// (TestTheDepthIsSpentFromTheProbe). The cold hold (the
 		// fifteenth look) sends the blast one request a round trip: at
 		// 20 ms its leak is taken off the depth (reading.unleak,
-		// 1.124 -> 1.095x), but at 30 ms the bucket leaks 0.3 requests
-		// a round trip, the blast reads a depth of 8 for 6, the ramp's
-		// lower bound corrects it only to 7, and the drain takes 1.304x
-		// (1.127x without the hold): a cost of the hold, left.
+		// 1.124 -> 1.095x). At 30 ms the bucket leaks 0.3 requests a
+		// round trip and the blast counts 8 for a depth of 6: corrected
+		// at the ramp's lower bound it stayed 7, the pace was read
+		// 125 ms and the drain took 1.304x; corrected at its upper
+		// bound it is 6, 1.118x (1.127x without the hold).
 		{10, 0, 0, 0, 1.133, 6, 0, false},
 		{10, 0, 0, time.Millisecond, 1.133, 6, 0, false},
 		{10, 0, 0, 2 * time.Millisecond, 1.133, 6, 0, false},
-		{10, 0, 0, 30 * time.Millisecond, 1.31, 6, 0, false},
+		{10, 0, 0, 30 * time.Millisecond, 1.133, 6, 0, false},
 		{10, 0, 100 * time.Millisecond, 0, 1.2, 6, 0, false},
 		{10, 100 * time.Millisecond, 0, 0, 1.05, 0, 0, false},
 		{10, time.Second, 0, 0, 1.05, 0, 0, false},
@@ -438,9 +439,12 @@ func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
 		ra    = 2 * time.Second
 		spent = 4 // the depth (nginx's burst 5, plus one) less spendHeadroom
 	)
-	// Not at 30 ms: there the cold hold's blast reads the depth 7 for 6
-	// (TestConvergesToTheOriginsRate), the reading is not tight, and
-	// nothing is spent (ADR 0029, the fifteenth look).
+	// Not at 30 ms: there the cold hold's blast counts 8 for a depth of
+	// 6 and its refusal steps 2 s / 8 (250 ms, not 333 ms); the ramp's
+	// levels fall on 31 ms, refused after five, and the reading's bounds
+	// (8.9 to 10.1 r/s at the depth corrected to 6) are not tight, so
+	// nothing is spent. The drain takes 1.118x, main's with its spend
+	// 1.127x (ADR 0029, the fifteenth look).
 	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond} {
 		t.Run(latency.String(), func(t *testing.T) {
 			p := drainPacer(pacer.Limits{MaxInFlight: 2})

@@ -510,7 +510,7 @@ func startOr(pm Permit, n int64) int64 {
 
 // unleakRounds is how many times unleak reads the rate again from a
 // shallower depth: each reading from a depth too deep is slow, so the
-// depth it corrects to is still a little deep, never too shallow.
+// depth it corrects to may still be a little deep.
 const unleakRounds = 3
 
 // unleak is rate at the pace's first reading after a blast the cold hold
@@ -521,12 +521,16 @@ const unleakRounds = 3
 // [burst − r·blastSpan, burst + 1 − r·blastSpan): the ceiling of the lower
 // end. At 20 ms a round trip and 10 r/s, a bucket of 6 admitted 7 (0.12 s
 // leaked 1.2), and the pace read from a depth of 7 was 9% slow (ADR 0029,
-// the fifteenth look). r is taken at the reading's lower bound, which a
-// depth too deep only lowers: the depth it gives is never shallower than
-// the bucket (a first version at the middle of the bounds paced 78 ms for
-// 100). The bound read from the corrected depth is higher, and the count,
-// not the corrected depth, is corrected again with it, at most
-// unleakRounds times, once per blast.
+// the fifteenth look). r is taken at the reading's upper bound (its lower
+// one with none): read from a depth too deep the bounds are low, and at
+// the lower one the depth stayed too deep at 30 ms (8 counted over 0.24 s,
+// corrected to 7 for 6: a pace of 125 ms for 100, 1.304x); the upper bound
+// gives 6 and 1.118x. A depth one short is what a refused pace corrects
+// (the tenth look); one deep is paid for the rest of the run. The bound
+// read from the corrected depth is higher, and the count, not the
+// corrected depth, is corrected again with it, at most unleakRounds times,
+// once per blast (a first version took the leak off the depth it had
+// already corrected and went 7, 6, 5, 4).
 func (rd *reading) unleak(t, held int64) float64 {
 	span := rd.blastSpan
 	rd.blastSpan = 0
@@ -540,7 +544,11 @@ func (rd *reading) unleak(t, held int64) float64 {
 		if r <= 0 {
 			break
 		}
-		d := int32(math.Ceil(counted - float64(rd.lo)*float64(span)/1e9 - 1e-9))
+		at := float64(rd.lo)
+		if rd.up > 0 {
+			at = float64(rd.up)
+		}
+		d := int32(math.Ceil(counted - at*float64(span)/1e9 - 1e-9))
 		if d < 1 || d >= before.burst {
 			break
 		}
