@@ -1192,9 +1192,10 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 			e.rd.blastEnd = n
 			if p.coldHold > 0 && e.coldFrom != 0 && e.rd.burst > 1 {
 				// The blast took time, one request a round trip
-				// apart under the hold: the bucket leaked
-				// meanwhile, and the count is deeper than the
-				// bucket by as much (reading.unleak).
+				// apart under the hold (or two at once after
+				// it): the bucket leaked meanwhile, and the
+				// count is deeper than the bucket by as much
+				// (reading.unleak).
 				e.rd.blastSpan = max(0, cmp.Or(started, n)-e.coldFrom)
 			}
 		}

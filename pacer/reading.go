@@ -107,10 +107,10 @@ type reading struct {
 	total int32
 	first int64
 	since int64
-	// blastSpan is how long the first blast took when the cold hold sent
-	// it one request at a time (from its first start to the refused
-	// one's): the pace's first reading takes the bucket's leak in it off
-	// the depth (unleak); 0 after, or for a blast sent two at once.
+	// blastSpan is how long the first blast took under a pacer with the
+	// cold hold (from its first start, or the first after the hold's end,
+	// to the refused one's): the pace's first reading takes the bucket's
+	// leak in it off the depth (unleak); 0 after, or without the hold.
 	blastSpan int64
 	// blastCool is the cooldown of the cold blast's refusal when its
 	// step was the cooldown over the depth (escalateLocked), and
