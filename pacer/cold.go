@@ -23,7 +23,7 @@ func (p *Pacer) coldLocked(e *entry, seq uint64, n int64) int64 {
 	if p.coldHold <= 0 || e.rd != nil || e.answered >= ColdAnswers {
 		return 0
 	}
-	return e.cold.until(seq, n, crossingRTTs, p.coldHold)
+	return e.cold.until(seq, n, crossingRTTs, min(int64(MinColdHold), p.coldHold), p.coldHold)
 }
 
 // coldStartedLocked records the start of permit seq at n under the cold

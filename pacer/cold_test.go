@@ -15,8 +15,9 @@ import (
 // two in flight was the one that reached the origin after the cold blast's
 // refusal had been written (ADR 0029, the fifteenth look). A 2xx's headers
 // (Heard) or any answer (Done) free it; the hold ends twice the round trip
-// of the answers timed so far after the open request's start, or ColdHold
-// after it while none is timed, and for good after ColdAnswers answers.
+// of the answers timed so far after the open request's start (at least
+// MinColdHold, at most ColdHold), or ColdHold after it while none is timed,
+// and for good after ColdAnswers answers.
 func TestTheColdBlastWaitsForEachAnswer(t *testing.T) {
 	ms := time.Millisecond
 	tests := []struct {
@@ -34,10 +35,13 @@ func TestTheColdBlastWaitsForEachAnswer(t *testing.T) {
 		{"a refusal's headers do not", pacer.DefaultColdHold, 0, 0, 429, false, 5 * ms, pacer.DefaultColdHold - 5*ms},
 		{"its answer frees it", pacer.DefaultColdHold, 0, 0, 0, true, 5 * ms, 0},
 		{"a hung first request holds it ColdHold at most", pacer.DefaultColdHold, 0, 0, 0, false, pacer.DefaultColdHold, 0},
-		{"two round trips timed bound it", pacer.DefaultColdHold, 3, 10 * ms, 0, false, 5 * ms, 15 * ms},
-		{"and end it", pacer.DefaultColdHold, 3, 10 * ms, 0, false, 20 * ms, 0},
+		{"two round trips timed bound it", pacer.DefaultColdHold, 3, 20 * ms, 0, false, 5 * ms, 35 * ms},
+		{"and end it", pacer.DefaultColdHold, 3, 20 * ms, 0, false, 40 * ms, 0},
+		{"a refusal slower than fast admissions: MinColdHold holds it", pacer.DefaultColdHold, 3, ms, 0, false, 3 * ms, pacer.MinColdHold - 3*ms},
+		{"and ends it", pacer.DefaultColdHold, 3, ms, 0, false, pacer.MinColdHold, 0},
+		{"a ColdHold below MinColdHold bounds it", 10 * ms, 3, ms, 0, false, 3 * ms, 7 * ms},
 		{"past ColdAnswers answers: two at once", pacer.DefaultColdHold, pacer.ColdAnswers, ms, 0, false, ms, 0},
-		{"one answer short of it: still held", pacer.DefaultColdHold, pacer.ColdAnswers - 1, ms, 0, false, ms, ms},
+		{"one answer short of it: still held", pacer.DefaultColdHold, pacer.ColdAnswers - 1, ms, 0, false, ms, pacer.MinColdHold - ms},
 		{"without ColdHold: two at once", 0, 0, 0, 0, false, ms, 0},
 	}
 	for _, tt := range tests {

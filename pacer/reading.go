@@ -277,16 +277,16 @@ func (o *opening) heard(seq uint64, start, n int64, measure bool, most int64) {
 }
 
 // until is until when a request other than seq may not start at n: the
-// open request's start plus rtts round trips (at most most after it), while
-// it is unanswered and younger than that; 0 when nothing holds it. With no
-// round trip measured yet it holds for most.
-func (o *opening) until(seq uint64, n, rtts, most int64) int64 {
+// open request's start plus rtts round trips (at least least and at most
+// most after it), while it is unanswered and younger than that; 0 when
+// nothing holds it. With no round trip measured yet it holds for most.
+func (o *opening) until(seq uint64, n, rtts, least, most int64) int64 {
 	if o.open == 0 || o.open == seq {
 		return 0
 	}
 	hold := most
 	if o.rtt > 0 {
-		hold = min(hold, rtts*o.rtt)
+		hold = min(hold, max(rtts*o.rtt, least))
 	}
 	if until := o.openAt + hold; until > n {
 		return until
@@ -312,7 +312,7 @@ func (rd *reading) crossing(seq uint64, n int64) int64 {
 	if rd.rtt <= 0 {
 		return 0
 	}
-	return rd.until(seq, n, crossingRTTs, math.MaxInt64)
+	return rd.until(seq, n, crossingRTTs, 0, math.MaxInt64)
 }
 
 // A reading whose lower bound is at least tightReading of its upper one
