@@ -521,6 +521,10 @@ type simulation struct {
 	all       []*simPod
 	cancelled map[*simReq]bool
 	events    []string
+	// cooldowns are the cooldown facts every pod has published, as
+	// MIRROR_EVENTS keeps them for a pod that joins (ADR 0004), whether
+	// or not the pod that published one still runs.
+	cooldowns []simFact
 
 	linkFaults bool      // link faults are on (TestSimulatedClusterLinkFaults)
 	fault      *simFault // the link fault in progress, if any
@@ -572,8 +576,9 @@ func (s *simulation) addPod(t *testing.T) *simPod {
 	p := &simPod{id: id, sim: s, joined: s.clk.Now(), ver: len(s.versions) - 1, joinVer: len(s.versions) - 1, applied: map[int]time.Time{},
 		reserve: []time.Duration{0, 5 * time.Millisecond, 50 * time.Millisecond, 400 * time.Millisecond}[s.rng.IntN(4)]}
 	p.pc = pacer.New(&pacer.Options{
-		Policy: s.versions[p.ver].p,
-		Rand:   s.rng.Float64,
+		Policy:   s.versions[p.ver].p,
+		Rand:     s.rng.Float64,
+		ColdHold: pacer.DefaultColdHold, // as a pod's (pipeline)
 		OnEvent: func(ev pacer.Event) {
 			// Facts travel over the pod's link: late when it is slow, held
 			// (the client's reconnect buffer) while it is cut or black-holed.
@@ -595,7 +600,19 @@ func (s *simulation) addPod(t *testing.T) *simPod {
 	}
 	p.m = m
 	// A pod that joins has restored every fact so far (ADR 0004): give it
-	// what the live pods know by replaying their facts into it.
+	// the cooldowns published (those still on their way land later), and
+	// what the live pods know by replaying their facts into it. From the
+	// live pods alone, a cooldown learned by a pod killed since, while
+	// the only other pod was stopped with the fact unread in its inbox,
+	// was lost, and the new pod started requests inside the origin's
+	// Retry-After (seed 4, once the cold blast's depth read differently).
+	for _, f := range s.cooldowns {
+		if f.at.After(s.clk.Now()) {
+			p.inbox = append(p.inbox, f)
+		} else if f.ev.Until.After(s.clk.Now()) {
+			p.pc.Apply(s.clk.Now(), f.ev)
+		}
+	}
 	for _, q := range s.all {
 		if !q.killed {
 			for _, st := range q.pc.Snapshot(s.clk.Now()) {
@@ -645,6 +662,9 @@ func (s *simulation) factHeld(pod *simPod, auth string) bool {
 }
 
 func (s *simulation) deliver(from *simPod, f simFact) {
+	if f.ev.Type == pacer.EventCooldown {
+		s.cooldowns = append(s.cooldowns, f)
+	}
 	for _, q := range s.all {
 		if q != from && !q.killed {
 			q.inbox = append(q.inbox, f)

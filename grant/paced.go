@@ -16,6 +16,7 @@ type Local interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
 	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
 	Sent(now time.Time, pm pacer.Permit)
+	Heard(now time.Time, pm pacer.Permit, status int) bool
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
 	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
 	Fence(now time.Time, auth string, at time.Time)
@@ -38,6 +39,8 @@ const DefaultHold = 2 * time.Second
 // flight per authority, which bounds how many of the worker's slots one
 // authority's owner holds.
 func PacedLocal(inFlight int) *pacer.Pacer {
+	// No cold hold either (pacer.Options.ColdHold): the owner's pacer holds
+	// its cold blast, and this one learns no answer to end its own.
 	return pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: max(inFlight, 1)}}})
 }
 
@@ -220,6 +223,13 @@ func (p *Paced) Sent(now time.Time, pm pacer.Permit) {
 	if ok {
 		_ = p.c.Sent(pm.Authority, g) // best effort: the owner spaced from its answer already
 	}
+}
+
+// Heard tells the local pacer that an answer's headers are in; the owner
+// is not told (it learns the answer with Done, and its cold hold waits
+// for that at most Options.ColdHold).
+func (p *Paced) Heard(now time.Time, pm pacer.Permit, status int) bool {
+	return p.Local.Heard(now, pm, status)
 }
 
 // Done reports the answer of a granted request to its owner and returns

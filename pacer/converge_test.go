@@ -106,9 +106,9 @@ type drainJob struct {
 }
 
 // drainPacer is the pacer the drains run: the worker's (sends awaited,
-// no jitter) with limits l.
+// the cold hold, no jitter) with limits l.
 func drainPacer(l pacer.Limits) *pacer.Pacer {
-	return pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: l}, Rand: fixedRand(0), AwaitSends: true})
+	return pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: l}, Rand: fixedRand(0), AwaitSends: true, ColdHold: pacer.DefaultColdHold})
 }
 
 // checkHeld fails t where the drain broke what holds whatever the pace: a
@@ -329,16 +329,17 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		maxRej    int
 		// maxCrossed is how many requests may arrive inside a
 		// Retry-After having left before any refusal came back: at floor
-		// 0 the cold blast has two in flight, and the one beside the
-		// first refused request crosses its refusal. Once a refusal has
-		// come back, none may (two in flight or not): that is asserted
-		// for every row.
+		// 0 the cold blast had two in flight, and the one beside the
+		// first refused request crossed its refusal; the cold hold
+		// sends it one at a time (the fifteenth look). Once a refusal
+		// has come back, none may (two in flight or not): that is
+		// asserted for every row.
 		maxCrossed int
 		limiter    bool // 503 without Retry-After instead of 429 + Retry-After: 2
 	}{
 		// The benchmark's bar is 1.1 and 2% (6 of 300).
-		{2, 0, 0, 0, 1.1, 6, 1, false},
-		{2, 0, 0, time.Millisecond, 1.1, 6, 1, false},
+		{2, 0, 0, 0, 1.1, 6, 0, false},
+		{2, 0, 0, time.Millisecond, 1.1, 6, 0, false},
 		{2, 100 * time.Millisecond, 0, 0, 1.1, 6, 0, false},
 		{2, time.Second, 0, 0, 1.05, 0, 0, false},
 		// Short of the bar: a client that does not know the rate needs
@@ -371,12 +372,19 @@ func TestConvergesToTheOriginsRate(t *testing.T) {
 		// before the pace holds (the eighth look): 1.121-1.130x
 		// (1.134-1.140x without, and these rows fail); from the
 		// probe's answer since the thirteenth look, 1.117-1.127x
-		// (TestTheDepthIsSpentFromTheProbe).
-		{10, 0, 0, 0, 1.133, 6, 1, false},
-		{10, 0, 0, time.Millisecond, 1.133, 6, 1, false},
-		{10, 0, 0, 2 * time.Millisecond, 1.133, 6, 1, false},
-		{10, 0, 0, 30 * time.Millisecond, 1.133, 6, 1, false},
-		{10, 0, 100 * time.Millisecond, 0, 1.2, 6, 1, false},
+		// (TestTheDepthIsSpentFromTheProbe). The cold hold (the
+		// fifteenth look) sends the blast one request a round trip: at
+		// 20 ms its leak is taken off the depth (reading.unleak,
+		// 1.124 -> 1.095x). At 30 ms the bucket leaks 0.3 requests a
+		// round trip and the blast counts 8 for a depth of 6: corrected
+		// at the ramp's lower bound it stayed 7, the pace was read
+		// 125 ms and the drain took 1.304x; corrected at its upper
+		// bound it is 6, 1.118x (1.127x without the hold).
+		{10, 0, 0, 0, 1.133, 6, 0, false},
+		{10, 0, 0, time.Millisecond, 1.133, 6, 0, false},
+		{10, 0, 0, 2 * time.Millisecond, 1.133, 6, 0, false},
+		{10, 0, 0, 30 * time.Millisecond, 1.133, 6, 0, false},
+		{10, 0, 100 * time.Millisecond, 0, 1.2, 6, 0, false},
 		{10, 100 * time.Millisecond, 0, 0, 1.05, 0, 0, false},
 		{10, time.Second, 0, 0, 1.05, 0, 0, false},
 		// nginx's default refusal, 503 without Retry-After: throttling
@@ -431,7 +439,13 @@ func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
 		ra    = 2 * time.Second
 		spent = 4 // the depth (nginx's burst 5, plus one) less spendHeadroom
 	)
-	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond} {
+	// Not at 30 ms: there the cold hold's blast counts 8 for a depth of
+	// 6 and its refusal steps 2 s / 8 (250 ms, not 333 ms); the ramp's
+	// levels fall on 31 ms, refused after five, and the reading's bounds
+	// (8.9 to 10.1 r/s at the depth corrected to 6) are not tight, so
+	// nothing is spent. The drain takes 1.118x, main's with its spend
+	// 1.127x (ADR 0029, the fifteenth look).
+	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond} {
 		t.Run(latency.String(), func(t *testing.T) {
 			p := drainPacer(pacer.Limits{MaxInFlight: 2})
 			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: 10, Burst: 5}}, files, ra, latency)
@@ -458,9 +472,9 @@ func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
 						i-probe, r.starts[probe], gap, latency, r.starts[probe:probe+spent+1])
 				}
 			}
-			r.checkHeld(t, 1)
+			r.checkHeld(t, 0)
 			if r.rejections > 3 {
-				t.Errorf("%d rejections (want at most 3: the blast's pair, one signal, and the ramp's)", r.rejections)
+				t.Errorf("%d rejections (want at most 3: the blast's, and the ramp's)", r.rejections)
 			}
 		})
 	}
@@ -673,7 +687,16 @@ func TestADepthOnePaceCoversItsJitter(t *testing.T) {
 							t.Errorf("%d rejections, %d without lag (want at most 4 more)", r.rejections, base.rejections)
 						}
 						most := baseRatio + 0.05 + lag.Seconds()*rate + float64(more)*perRefusal
-						if ramped := len(r.paces) > 2 && r.paces[2] >= 2*spacing; ramped {
+						// The first pace learned: after the blast's refusal
+						// (and its crossing sibling's, without the cold hold).
+						var first time.Duration
+						for _, pc := range r.paces {
+							if pc > 0 {
+								first = pc
+								break
+							}
+						}
+						if ramped := first >= 2*spacing; ramped {
 							// Left (ADR 0029, the thirteenth look): at
 							// 2 r/s the ramp's level of 500 ms is the
 							// rate itself, the jitter refused it before
@@ -682,7 +705,7 @@ func TestADepthOnePaceCoversItsJitter(t *testing.T) {
 							// above, 1 s, from which the loose creep
 							// takes about 70 s back.
 							most += 0.1
-							t.Logf("the ramp's level at the rate refused: pace %s for %s", r.paces[2], spacing)
+							t.Logf("the ramp's level at the rate refused: pace %s for %s", first, spacing)
 						}
 						if ratio > most {
 							t.Errorf("drain ratio %.3f, %.3f without lag (want at most %.3f: 5%%, the lag's share and %d refusals more)", ratio, baseRatio, most, more)

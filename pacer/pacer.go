@@ -35,7 +35,39 @@ const (
 	// (ADR 0029 measured it).
 	MaxStartGuard = 2 * time.Millisecond
 	startGuardDiv = 50
+	// DefaultColdHold is the longest a request to an authority that has
+	// not refused anything yet waits for the answer to the one started
+	// before it (Options.ColdHold): the bound when no answer has been
+	// timed yet (a first request, its connection's set-up included), and
+	// the cap of twice the round trips timed since.
+	DefaultColdHold = time.Second
+	// MinColdHold is the least the cold hold waits for an unanswered
+	// request once round trips are timed (at most Options.ColdHold):
+	// twice the admissions' round trip alone is too short for a refusal
+	// slower than they are. In a pods run the blast's 429 came back in
+	// 3.76 ms where its admissions had taken 1.1-1.5 ms, the hold had
+	// ended at 3 ms, and the next request reached the origin after the
+	// refusal had been written (ADR 0029, the fifteenth look). A hold
+	// ends at the answer's headers (Heard), so the bound costs only
+	// where one answer is slower than the rest, at most ColdAnswers
+	// times per authority.
+	MinColdHold = 25 * time.Millisecond
 )
+
+// ColdAnswers is how many answers without a refusal an authority gets one
+// request at a time (Options.ColdHold): a limiter refuses a blast from a
+// cold start after its burst, and a second request sent beside the one it
+// refuses arrives after the refusal was written, while the origin has said
+// wait (ADR 0029, the fifteenth look). It is maxBlast, the most admissions
+// before a first refusal that the pacer still reads as a bucket's depth:
+// nginx's limit_req refuses within it up to burst=62 (its documentation's
+// example is burst=5, examples elsewhere burst=20), and an HAProxy stick
+// table's "http_req_rate(10s) gt 20" at the 21st request; one that allows
+// 100 in 10 s, or an API gateway's burst of thousands, refuses after it.
+// An origin that has answered that many without refusing is paced by its
+// floor alone, two at once at floor 0: the hold costs at most ColdAnswers
+// requests' overlap per authority (per entry: one forgotten starts cold).
+const ColdAnswers = maxBlast
 
 // StartGuardFor is the default start guard at floor (Options.StartGuard 0):
 // min(floor/50, MaxStartGuard).
@@ -143,6 +175,18 @@ type Options struct {
 	// caller that sets it and never calls Sent gets one request written at
 	// a time: each waits for the previous one's Done.
 	AwaitSends bool
+	// ColdHold bounds the cold hold: until an authority has answered
+	// ColdAnswers requests or refused one, a request to it does not start
+	// while the one started before it is unanswered (Done, or Heard with a
+	// 2xx status), at most ColdHold after that one's start and at most
+	// twice the round trip of the answers timed so far. Without it the
+	// second of two requests in flight in a cold blast was the one that
+	// arrived after the blast's refusal had been written (ADR 0029, the
+	// fifteenth look). 0 means none, as for a pacer that does not pace
+	// (grant.PacedLocal) and the tests of other rules; the worker's
+	// pipeline sets DefaultColdHold. It is not scaled: the round trip it
+	// covers is the network's, not the origin's.
+	ColdHold time.Duration
 }
 
 // Pacer is the HostPacer. Create it with New; the zero value is not usable.
@@ -168,7 +212,8 @@ type Pacer struct {
 	// derived from each authority's floor.
 	guard      int64
 	guardAuto  bool
-	awaitSends bool // Options.AwaitSends
+	awaitSends bool  // Options.AwaitSends
+	coldHold   int64 // Options.ColdHold (0: none)
 
 	// changeMu guards changed, the channel the next SetPolicy closes
 	// (Changed); nil until someone asks for it.
@@ -233,15 +278,20 @@ type entry struct {
 	// fact only when it halves or reaches the floor; halvedAt when the
 	// ramp (the halving toward a pace not yet learned) last halved: at
 	// most once per rampHalving (reading.go).
-	escAt       int64
-	escSeq      uint64 // the shard's latest permit at escAt: granted before it
-	halvedAt    int64
-	resumed     int64
-	pace        int64
-	pubIv       int64
-	answered    int32
-	answeredOn  int32
-	decaySteps  int32  // Limits.Decay (0: DefaultDecay)
+	escAt      int64
+	escSeq     uint64 // the shard's latest permit at escAt: granted before it
+	halvedAt   int64
+	resumed    int64
+	pace       int64
+	pubIv      int64
+	answered   int32
+	answeredOn int32
+	decaySteps int32 // Limits.Decay (0: DefaultDecay)
+	// blastFrom is how many answers came before the cold blast a first
+	// refusal ends: 0 from a cold start, and the answered count at the
+	// first start after the cold hold ended without a refusal (coldFrom
+	// is then that start), whose full-speed burst is a blast of its own.
+	blastFrom   int32
 	firstStep   int64  // Limits.FirstStep (0: the pacer's scaled FirstStep)
 	until       int64  // cooldown deadline; set and passed = awaiting a probe
 	ceiling     int64  // fallback ceiling
@@ -272,6 +322,12 @@ type entry struct {
 	// rd reads the origin's rate from its admissions and refusals
 	// (reading.go, ADR 0029); nil until the first throttling answer.
 	rd *reading
+	// cold is the request the cold hold waits on (coldLocked) and the
+	// round trip of the answers timed so far, while rd is nil; coldFrom
+	// is the first start under it, from which the first refusal times
+	// the blast (reading.blastSpan).
+	cold     opening
+	coldFrom int64
 	// rule is the state of Options.Rules that has no field above; nil
 	// with the HostPacer's own rule.
 	rule *ruled
@@ -314,6 +370,7 @@ func New(o *Options) *Pacer {
 		onEvent:         o.OnEvent,
 		rules:           o.Rules,
 		awaitSends:      o.AwaitSends,
+		coldHold:        max(0, int64(o.ColdHold)),
 	}
 	if o.Policy == nil {
 		p.policy.Store(DefaultPolicy())
@@ -324,7 +381,8 @@ func New(o *Options) *Pacer {
 		p.quiet = scaled(DefaultQuietWindow)
 	}
 	if p.rules != nil {
-		p.quiet = -1 // decay is the rule's Relax
+		p.quiet = -1   // decay is the rule's Relax
+		p.coldHold = 0 // the HostPacer's own rule, as the crossing rule is
 	}
 	if p.rnd == nil {
 		p.rnd = rand.Float64
@@ -583,8 +641,12 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth, key string, now time.Tim
 	if d.probe {
 		e.probeSeq = s.seq
 	}
-	if e.rd != nil && d.start == n {
-		e.rd.started(s.seq, n)
+	if d.start == n {
+		if e.rd != nil {
+			e.rd.started(s.seq, n)
+		} else {
+			p.coldStartedLocked(e, s.seq, n)
+		}
 	}
 	return Permit{Authority: auth, Start: now.Add(time.Duration(d.start - n)), Probe: d.probe, Interval: time.Duration(d.spacing), seq: s.seq, key: key}, nil
 }
@@ -692,14 +754,19 @@ func (p *Pacer) decideLocked(e *entry, n int64, q ask) decision {
 		held++
 	}
 	var cross int64
-	if e.rd != nil && !q.noCap {
+	if !q.noCap {
 		// Once throttled, no request starts while the latest one is
 		// unanswered and younger than two refusal round trips: it would
 		// cross that one's refusal on its way, and arrive while the
-		// origin had said wait (ADR 0029). A granted permit moves its
-		// start; a new request waits for the answer, which frees it as
-		// a place in the cap does.
-		cross = e.rd.crossing(q.seq, n)
+		// origin had said wait (ADR 0029). Before, the cold hold
+		// (coldLocked) keeps the blast one at a time. A granted permit
+		// moves its start; a new request waits for the answer, which
+		// frees it as a place in the cap does.
+		if e.rd != nil {
+			cross = e.rd.crossing(q.seq, n)
+		} else {
+			cross = p.coldLocked(e, q.seq, n)
+		}
 		if q.seq != 0 {
 			d.start = max(d.start, cross)
 		}
@@ -804,6 +871,8 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 	p.startedLocked(e, pm.seq, n)
 	if e.rd != nil {
 		e.rd.started(pm.seq, n)
+	} else {
+		p.coldStartedLocked(e, pm.seq, n)
 	}
 	if p.awaitSends && d.spacing+p.guardFor(e) > 0 && !p.unspaced(pm) {
 		e.unsent = pm.seq
@@ -847,6 +916,8 @@ func (p *Pacer) Sent(now time.Time, pm Permit) {
 		p.startedLocked(e, pm.seq, n)
 		if e.rd != nil {
 			e.rd.wrote(pm.seq, n)
+		} else {
+			e.cold.wrote(pm.seq, n)
 		}
 	}
 	s.mu.Unlock()
@@ -936,6 +1007,8 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 			p.blastGrewLocked(e)
 		}
 		e.rd.answered(pm.seq, startOr(pm, n), n, false, p.probeWait)
+	} else {
+		p.coldDoneLocked(e, pm, n, learn)
 	}
 	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
@@ -998,6 +1071,8 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 		// After learnLocked, which makes the reading at the first
 		// refusal: that refusal's round trip is the first measured.
 		e.rd.answered(pm.seq, startOr(pm, n), n, learn && throttled, p.probeWait)
+	} else {
+		p.coldDoneLocked(e, pm, n, learn)
 	}
 	p.healthLocked(e, key, n, r, oc, &fx)
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
@@ -1117,9 +1192,23 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 		// pace 1 ms fast was refused and doubled for the rest of the
 		// run (ADR 0029, the twelfth look).
 		e.rd = &reading{}
-		if e.answered <= maxBlast {
-			e.rd.burst = e.answered
+		if k := e.answered - e.blastFrom; k <= maxBlast {
+			// After a cold hold that ended with nothing refused
+			// (blastFrom > 0), the requests at full speed from its
+			// end are the blast: a limiter whose rate is the hold's
+			// own (50 r/s at 20 ms answers) refuses nothing during
+			// it and its burst after, and that refusal read no depth
+			// and stepped 2 s (ADR 0029, the fifteenth look).
+			e.rd.burst = k
 			e.rd.blastEnd = n
+			if p.coldHold > 0 && e.coldFrom != 0 && e.rd.burst > 1 {
+				// The blast took time, one request a round trip
+				// apart under the hold (or two at once after
+				// it): the bucket leaked meanwhile, and the
+				// count is deeper than the bucket by as much
+				// (reading.unleak).
+				e.rd.blastSpan = max(0, cmp.Or(started, n)-e.coldFrom)
+			}
 		}
 	case e.escAt != 0 && e.answered >= minPaceAnswers && n > e.escAt:
 		// Two readings of the answers since the last escalation, for a
@@ -1138,7 +1227,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 		pace := (slow + fast) / 2
 		held := heldRefusalLocked(e, started)
 		mean := true
-		if r := e.rd.rate(cmp.Or(started, n), held); r > 0 {
+		if r := e.rd.unleak(cmp.Or(started, n), held); r > 0 {
 			if read := int64(1e9 / r); held > 0 && pace <= held {
 				// The answers' mean is as fast as a pace the
 				// origin has just refused: the bounds alone.

@@ -79,17 +79,13 @@ type reading struct {
 	// depth one deeper already (rate): once.
 	deeper  bool
 	capHeld int32
-	// open is the permit of the latest start (its confirm, moved to its
-	// write) not yet answered, 0 if none, and openAt that start; rtt is
-	// how long a refusal takes to come back, from its start to its
-	// answer (the longest lately). While open is younger than
-	// crossingRTTs round trips, no other request starts: one sent then
-	// would be on its way when a refusal of open left the origin, and
-	// the origin counts it as early (ADR 0029, "Requests that cross a
-	// refusal").
-	open   uint64
-	openAt int64
-	rtt    int64
+	// opening's rtt is how long a refusal takes to come back, from its
+	// start to its answer (the longest lately). While its open request
+	// is younger than crossingRTTs round trips, no other request starts:
+	// one sent then would be on its way when a refusal of open left the
+	// origin, and the origin counts it as early (ADR 0029, "Requests
+	// that cross a refusal").
+	opening
 	// capIv is the interval a loose reading's creep stops at: the upper
 	// bound's rate less upperMargin (0: no upper bound read), and
 	// capHeld (beside dropped, where it costs no padding) how many
@@ -111,6 +107,11 @@ type reading struct {
 	total int32
 	first int64
 	since int64
+	// blastSpan is how long the first blast took under a pacer with the
+	// cold hold (from its first start, or the first after the hold's end,
+	// to the refused one's): the pace's first reading takes the bucket's
+	// leak in it off the depth (unleak); 0 after, or without the hold.
+	blastSpan int64
 	// blastCool is the cooldown of the cold blast's refusal when its
 	// step was the cooldown over the depth (escalateLocked), and
 	// blastBase what else bounded that step from below (twice the
@@ -230,21 +231,67 @@ const crossingRTTs = 2
 // doubling more than before.
 const rampHalving = int64(500 * time.Millisecond)
 
+// opening is the latest request started to an authority and not yet
+// answered, and the round trip its answer is expected within: what the
+// crossing rule (reading.crossing, once throttled) and the cold hold
+// (Pacer.coldLocked, before) hold the next request behind. The zero value
+// holds nothing.
+type opening struct {
+	// open is the permit of the latest start (its confirm, moved to its
+	// write) not yet answered, 0 if none, and openAt that start; rtt is
+	// the round trip the rule measures (0: none yet).
+	open   uint64
+	openAt int64
+	rtt    int64
+}
+
 // started records the actual start of permit seq at n (Acquire's grant
 // for now, or Confirm).
-func (rd *reading) started(seq uint64, n int64) {
-	if seq != 0 && n >= rd.openAt {
-		rd.open, rd.openAt = seq, n
+func (o *opening) started(seq uint64, n int64) {
+	if seq != 0 && n >= o.openAt {
+		o.open, o.openAt = seq, n
 	}
 }
 
 // wrote records the write of permit seq at n (Sent): the origin receives it
 // then, so a refusal's way back counts from there. A write reported after
 // the answer (Sent after Done) opens nothing.
-func (rd *reading) wrote(seq uint64, n int64) {
-	if seq != 0 && seq == rd.open {
-		rd.openAt = max(rd.openAt, n)
+func (o *opening) wrote(seq uint64, n int64) {
+	if seq != 0 && seq == o.open {
+		o.openAt = max(o.openAt, n)
 	}
+}
+
+// heard closes permit seq, started at start, if it is the open one, at n,
+// its answer's arrival; with measure, the answer's round trip (from its
+// write when it is the open one) becomes rtt, capped at most, while an
+// older one fades by an eighth per answer.
+func (o *opening) heard(seq uint64, start, n int64, measure bool, most int64) {
+	if seq != 0 && seq == o.open {
+		start = max(start, o.openAt)
+		o.open = 0
+	}
+	if measure && start != 0 && n > start {
+		o.rtt = max(min(n-start, most), o.rtt-o.rtt/8)
+	}
+}
+
+// until is until when a request other than seq may not start at n: the
+// open request's start plus rtts round trips (at least least and at most
+// most after it), while it is unanswered and younger than that; 0 when
+// nothing holds it. With no round trip measured yet it holds for most.
+func (o *opening) until(seq uint64, n, rtts, least, most int64) int64 {
+	if o.open == 0 || o.open == seq {
+		return 0
+	}
+	hold := most
+	if o.rtt > 0 {
+		hold = min(hold, max(rtts*o.rtt, least))
+	}
+	if until := o.openAt + hold; until > n {
+		return until
+	}
+	return 0
 }
 
 // answered records the answer at n to permit seq, started at start (its
@@ -254,26 +301,18 @@ func (rd *reading) wrote(seq uint64, n int64) {
 // eighth per refusal, so that one slow answer does not hold every later
 // start back for the rest of the run.
 func (rd *reading) answered(seq uint64, start, n int64, refused bool, most int64) {
-	if seq != 0 && seq == rd.open {
-		start = max(start, rd.openAt)
-		rd.open = 0
-	}
-	if refused && start != 0 && n > start {
-		rd.rtt = max(min(n-start, most), rd.rtt-rd.rtt/8)
-	}
+	rd.heard(seq, start, n, refused, most)
 }
 
 // crossing is until when a request other than seq may not start at n: the
 // open request's start plus crossingRTTs round trips, while it is
-// unanswered and younger than that; 0 when nothing holds it.
+// unanswered and younger than that; 0 when nothing holds it, or no refusal
+// has been timed yet.
 func (rd *reading) crossing(seq uint64, n int64) int64 {
-	if rd.open == 0 || rd.open == seq || rd.rtt <= 0 {
+	if rd.rtt <= 0 {
 		return 0
 	}
-	if until := rd.openAt + crossingRTTs*rd.rtt; until > n {
-		return until
-	}
-	return 0
+	return rd.until(seq, n, crossingRTTs, 0, math.MaxInt64)
 }
 
 // A reading whose lower bound is at least tightReading of its upper one
@@ -467,4 +506,56 @@ func startOr(pm Permit, n int64) int64 {
 		return n
 	}
 	return pm.Start.UnixNano()
+}
+
+// unleakRounds is how many times unleak reads the rate again from a
+// shallower depth: each reading from a depth too deep is slow, so the
+// depth it corrects to may still be a little deep.
+const unleakRounds = 3
+
+// unleak is rate at the pace's first reading after a blast the cold hold
+// sent one request at a time (blastSpan > 0), over blastSpan from its first
+// start to the refused one's: the bucket leaked r·blastSpan meanwhile, so
+// of the burst admissions counted it held only burst − r·blastSpan, and a
+// cold start's bucket of depth D admits burst in a row where D ∈
+// [burst − r·blastSpan, burst + 1 − r·blastSpan): the ceiling of the lower
+// end. At 20 ms a round trip and 10 r/s, a bucket of 6 admitted 7 (0.12 s
+// leaked 1.2), and the pace read from a depth of 7 was 9% slow (ADR 0029,
+// the fifteenth look). r is taken at the reading's upper bound (its lower
+// one with none): read from a depth too deep the bounds are low, and at
+// the lower one the depth stayed too deep at 30 ms (8 counted over 0.24 s,
+// corrected to 7 for 6: a pace of 125 ms for 100, 1.304x); the upper bound
+// gives 6 and 1.118x. A depth one short is what a refused pace corrects
+// (the tenth look); one deep is paid for the rest of the run. The bound
+// read from the corrected depth is higher, and the count, not the
+// corrected depth, is corrected again with it, at most unleakRounds times,
+// once per blast (a first version took the leak off the depth it had
+// already corrected and went 7, 6, 5, 4).
+func (rd *reading) unleak(t, held int64) float64 {
+	span := rd.blastSpan
+	rd.blastSpan = 0
+	if span <= 0 {
+		return rd.rate(t, held)
+	}
+	before := *rd
+	counted := float64(before.burst)
+	r := rd.rate(t, held)
+	for range unleakRounds {
+		if r <= 0 {
+			break
+		}
+		at := float64(rd.lo)
+		if rd.up > 0 {
+			at = float64(rd.up)
+		}
+		d := int32(math.Ceil(counted - at*float64(span)/1e9 - 1e-9))
+		if d < 1 || d >= before.burst {
+			break
+		}
+		// Read again from the bounds before this reading, at depth d.
+		before.burst = d
+		*rd = before
+		r = rd.rate(t, held)
+	}
+	return r
 }

@@ -155,7 +155,9 @@ func New(js jetstream.JetStream, c Config) (*Parts, error) {
 	p.Sink = facts.NewSink(pub, c.Logger, metrics)
 	if p.Pacer == nil {
 		// The worker reports every request's write (worker.Pacer.Sent).
-		p.Pacer = pacer.New(&pacer.Options{Policy: c.Policy, OnEvent: p.Sink.Handle, Scale: c.TimeScale, AwaitSends: true})
+		// It reports every 2xx answer's headers too (worker.Pacer.Heard),
+		// which end the cold hold's wait without the body.
+		p.Pacer = pacer.New(&pacer.Options{Policy: c.Policy, OnEvent: p.Sink.Handle, Scale: c.TimeScale, AwaitSends: true, ColdHold: pacer.DefaultColdHold})
 	}
 	return p, nil
 }

@@ -44,7 +44,8 @@ type Target interface {
 // connection (the worker reports every write it sees, from the fetch's
 // net/http trace, so that the floor holds between the requests as the
 // origin receives them: pacer.Options.AwaitSends), and Done is called
-// exactly once per grant. ReadyIn says,
+// exactly once per grant; Heard is told when a 2xx answer's headers are in
+// (its Done follows its body). ReadyIn says,
 // without side effects, how long until auth could take a request (parked
 // jobs come back by it, and a stale hint is checked against it); Fence
 // spaces the next start from at, when another pod may have started a
@@ -53,6 +54,7 @@ type Pacer interface {
 	Acquire(now time.Time, auth string, maxWait time.Duration) (pacer.Permit, error)
 	Confirm(now time.Time, pm pacer.Permit) (pacer.Permit, error)
 	Sent(now time.Time, pm pacer.Permit)
+	Heard(now time.Time, pm pacer.Permit, status int) bool
 	Done(now time.Time, pm pacer.Permit, r pacer.Response) pacer.Verdict
 	ReadyIn(now time.Time, auth string) (wait, spacing time.Duration, reason pacer.Reason)
 	Fence(now time.Time, auth string, at time.Time)

@@ -197,6 +197,27 @@ func (h *hopSet) close() {
 	}
 }
 
+// heard tells the pacer that the last hop's answer began with status, a
+// 2xx whose body streams now (pacer.Pacer.Heard: a request the cold hold
+// keeps waiting for it may start, not only once the body is in), and
+// wakes the authority's queue as a release does when that ended a wait.
+func (h *hopSet) heard(status int) {
+	h.mu.Lock()
+	var pm pacer.Permit
+	if n := len(h.hops); n > 0 {
+		pm = h.hops[n-1].pm
+	}
+	h.mu.Unlock()
+	if pm.Authority == "" {
+		return
+	}
+	now := h.d.clk.Now()
+	if h.d.pacer.Heard(now, pm, status) {
+		h.d.sched.released(now, pm.Authority)
+		h.d.wake()
+	}
+}
+
 // lastVerdict is the pacer's reading of the last reported hop.
 func (h *hopSet) lastVerdict() pacer.Verdict {
 	h.mu.Lock()

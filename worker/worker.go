@@ -842,6 +842,9 @@ func (w *Worker) process(ctx context.Context, j *heldJob, pm pacer.Permit) (requ
 		w.fetchFailed(ctx, j, err, hops, &kept)
 		return false
 	}
+	if resp.Body != nil {
+		hops.heard(resp.Status) // a 2xx: its Done waits for the body
+	}
 	v := hops.lastVerdict()
 	class := fetch.Classify(resp.Status)
 	if v.Throttled || class == fetch.ClassThrottled {

@@ -383,6 +383,9 @@ func (p *phasedPacer) PaceKey(auth string) string { return auth }
 // Sent has no spacing to keep.
 func (p *phasedPacer) Sent(time.Time, pacer.Permit) {}
 
+// Heard has no hold to end.
+func (p *phasedPacer) Heard(time.Time, pacer.Permit, int) bool { return false }
+
 // ReadyIn says what Acquire would: the wait until hold, then until open.
 func (p *phasedPacer) ReadyIn(now time.Time, _ string) (time.Duration, time.Duration, pacer.Reason) {
 	switch {
