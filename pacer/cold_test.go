@@ -68,16 +68,7 @@ func TestTheColdBlastWaitsForEachAnswer(t *testing.T) {
 			if tt.done {
 				p.Done(start.Add(5*ms), x, resp(200))
 			}
-			_, err := p.Acquire(start.Add(tt.ask), host, 0)
-			var re *pacer.RefusedError
-			switch {
-			case tt.wait == 0 && err != nil:
-				t.Fatalf("refused: %v", err)
-			case tt.wait != 0 && !errors.As(err, &re):
-				t.Fatalf("granted, want a refusal for %s", tt.wait)
-			case tt.wait != 0 && (re.Reason != pacer.ReasonInFlight || re.Wait != tt.wait):
-				t.Fatalf("refused %s for %s, want %s for %s", re.Reason, re.Wait, pacer.ReasonInFlight, tt.wait)
-			}
+			acquireWaits(t, p, start.Add(tt.ask), tt.wait)
 		})
 	}
 }

@@ -1,7 +1,6 @@
 package pacer_test
 
 import (
-	"errors"
 	"testing"
 	"time"
 
@@ -63,16 +62,7 @@ func TestNoRequestCrossesARefusal(t *testing.T) {
 			if tt.lateSent {
 				p.Sent(start.Add(tt.answered), x)
 			}
-			_, err := p.Acquire(start.Add(tt.ask), host, 0)
-			var re *pacer.RefusedError
-			switch {
-			case tt.wait == 0 && err != nil:
-				t.Fatalf("refused: %v", err)
-			case tt.wait != 0 && !errors.As(err, &re):
-				t.Fatalf("granted, want a refusal for %s", tt.wait)
-			case tt.wait != 0 && (re.Reason != pacer.ReasonInFlight || re.Wait != tt.wait):
-				t.Fatalf("refused %s for %s, want %s for %s", re.Reason, re.Wait, pacer.ReasonInFlight, tt.wait)
-			}
+			acquireWaits(t, p, start.Add(tt.ask), tt.wait)
 		})
 	}
 }

@@ -64,6 +64,23 @@ func mustGrant(t *testing.T, p *pacer.Pacer, now time.Time, maxWait time.Duratio
 	return pm
 }
 
+// acquireWaits asks for a request to host at now and checks the answer: a
+// grant when wait is 0, else a refusal by the in-flight cap (the crossing
+// rule, the cold hold) for exactly wait.
+func acquireWaits(t *testing.T, p *pacer.Pacer, now time.Time, wait time.Duration) {
+	t.Helper()
+	_, err := p.Acquire(now, host, 0)
+	var re *pacer.RefusedError
+	switch {
+	case wait == 0 && err != nil:
+		t.Fatalf("refused: %v", err)
+	case wait != 0 && !errors.As(err, &re):
+		t.Fatalf("granted, want a refusal for %s", wait)
+	case wait != 0 && (re.Reason != pacer.ReasonInFlight || re.Wait != wait):
+		t.Fatalf("refused %s for %s, want %s for %s", re.Reason, re.Wait, pacer.ReasonInFlight, wait)
+	}
+}
+
 func mustRefuse(t *testing.T, p *pacer.Pacer, now time.Time, maxWait time.Duration) *pacer.RefusedError {
 	t.Helper()
 	pm, err := p.Acquire(now, host, maxWait)
