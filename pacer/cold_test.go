@@ -100,27 +100,6 @@ func TestTheColdHoldHoldsAcrossAGroup(t *testing.T) {
 	}
 }
 
-// TestTheColdBlastCrossesNoRefusal drains nginx-like buckets (429 with a
-// Retry-After) from a cold start, two in flight: no request reaches the
-// origin while a Retry-After is in force, not even one that left before the
-// first refusal came back. Without the cold hold, the request sent beside
-// the blast's refused one did in every cell (ADR 0029, the fifteenth look).
-// At 50 r/s a blast one round trip (20 ms) apart is the origin's rate and
-// the first refusal comes after the hold: those cells are not here.
-func TestTheColdBlastCrossesNoRefusal(t *testing.T) {
-	for _, ra := range []time.Duration{time.Second, 2 * time.Second} {
-		for _, burst := range []int64{0, 5, 10} {
-			for _, rate := range []float64{0.5, 2, 10, 20} {
-				t.Run(fmt.Sprintf("ra%s_burst%d_%gr/s", ra, burst, rate), func(t *testing.T) {
-					p := drainPacer(pacer.Limits{MaxInFlight: 2})
-					r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: burst}}, 100, ra, 20*time.Millisecond)
-					r.checkHeld(t, 0)
-				})
-			}
-		}
-	}
-}
-
 // A limiter whose rate is the cold hold's own (50 r/s, answers after 20 ms:
 // one request a round trip) refuses nothing during the hold; its burst goes
 // after it, at full speed, and its refusal is that blast's. Counted from

@@ -485,9 +485,14 @@ func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
 // and 10, refusing with 429 and a Retry-After of 1 s or 2 s, or with 503
 // and none (ADR 0029, the seventh look; ADR 0030), and logs each cell's
 // ratio and rejections. Every cell asserts that nothing leaves inside a
-// Retry-After once a refusal came back, that at most one request crosses
-// the first, and that no refusal is read as a failure (so no job is
-// dead-lettered): a limiter's 503 is throttling.
+// Retry-After once a refusal came back, that no request crosses the first
+// (the cold hold sends the blast one at a time; without it the request
+// beside the refused one crossed in every cell with a Retry-After), and
+// that no refusal is read as a failure (so no job is dead-lettered): a
+// limiter's 503 is throttling. At 50 r/s one request may cross: a blast
+// one round trip (20 ms) apart is the origin's own rate, nothing is
+// refused during the hold, and the first refusal is that of the blast at
+// full speed after it (ADR 0029, the fifteenth look).
 func TestConvergenceSweep(t *testing.T) {
 	const files = 300
 	for _, ra := range []time.Duration{time.Second, 2 * time.Second, 0} {
@@ -499,7 +504,11 @@ func TestConvergenceSweep(t *testing.T) {
 					bound := float64(files) / rate
 					ratio := r.drain.Seconds() / bound
 					t.Logf("SWEEP ra %s burst %d rate %g: ratio %.3f, %d rejections of %d, %d early (%d crossing), %d failed, %d dead", ra, burst, rate, ratio, r.rejections, r.requests, r.early, r.crossed, r.failed, r.dead)
-					r.checkHeld(t, 1)
+					crossed := 0
+					if rate >= 50 {
+						crossed = 1
+					}
+					r.checkHeld(t, crossed)
 				})
 			}
 		}
