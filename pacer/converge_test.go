@@ -439,14 +439,13 @@ func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
 		ra    = 2 * time.Second
 		spent = 4 // the depth (nginx's burst 5, plus one) less spendHeadroom
 	)
-	// At 30 ms the cold hold's blast counts 8 for a depth of 6 and its
-	// refusal steps 2 s / 8 (250 ms, not 333 ms). Without the spend after
-	// the blast's probe the ramp's levels fell on 31 ms, refused after
-	// five, and the reading's bounds (8.9 to 10.1 r/s) were not tight, so
-	// nothing was spent here (ADR 0029, the fifteenth look); with it the
-	// ramp is refused at 62 ms and the reading is tight (the sixteenth
-	// look).
-	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond} {
+	// Not at 30 ms: there the cold hold's blast counts 8 for a depth of
+	// 6 and its refusal steps 2 s / 8 (250 ms, not 333 ms); the ramp's
+	// levels fall on 31 ms, refused after five, and the reading's bounds
+	// (8.9 to 10.1 r/s at the depth corrected to 6) are not tight, so
+	// nothing is spent. The drain takes 1.118x, main's with its spend
+	// 1.127x (ADR 0029, the fifteenth look).
+	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond} {
 		t.Run(latency.String(), func(t *testing.T) {
 			p := drainPacer(pacer.Limits{MaxInFlight: 2})
 			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: 10, Burst: 5}}, files, ra, latency)
@@ -476,73 +475,6 @@ func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
 			r.checkHeld(t, 0)
 			if r.rejections > 3 {
 				t.Errorf("%d rejections (want at most 3: the blast's, and the ramp's)", r.rejections)
-			}
-		})
-	}
-}
-
-// TestTheColdBlastsDepthIsSpentFromTheProbe drains the 10 r/s rows of
-// TestConvergesToTheOriginsRate (burst 5, Retry-After 2 s, floor 0) and
-// checks what follows the probe after the cold blast's cooldown: the
-// blast's refusal stepped the interval to the cooldown over the depth it
-// read (the seventh look), which assumes an origin that drains that depth
-// within the cooldown, so the bucket is empty at the probe, and the depth
-// less spendHeadroom goes at once after it, each request as soon as the
-// one before is answered. Before, the ramp went on from the probe at the
-// step (333 ms at a depth of 6), then half of it, while the bucket sat
-// empty until the ramp's refusal: 1.117-1.118x at 1, 2 and 30 ms answers
-// (ADR 0029, the sixteenth look).
-func TestTheColdBlastsDepthIsSpentFromTheProbe(t *testing.T) {
-	const (
-		files = 300
-		ra    = 2 * time.Second
-		spent = 4 // the depth (nginx's burst 5, plus one) less spendHeadroom
-	)
-	tests := []struct {
-		latency  time.Duration
-		maxRatio float64
-	}{
-		{time.Millisecond, 1.09},
-		{2 * time.Millisecond, 1.09},
-		// At 20 ms the drain is slower with the spend (1.105x, 1.095x
-		// without): the ramp's refusal, after a bucket the spend
-		// filled, reads a lower bound of 9.72 r/s (9.80 without), and
-		// the pace a quarter of the spread above it is 102 ms, not 100.
-		{20 * time.Millisecond, 1.11},
-		{30 * time.Millisecond, 1.09},
-	}
-	for _, tt := range tests {
-		t.Run(tt.latency.String(), func(t *testing.T) {
-			p := drainPacer(pacer.Limits{MaxInFlight: 2})
-			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: 10, Burst: 5}}, files, ra, tt.latency)
-			ratio := r.drain.Seconds() / 30
-			t.Logf("ratio %.3f, %d rejections, refused at %v", ratio, r.rejections, r.refusedAt)
-			if len(r.refusedAt) == 0 {
-				t.Fatal("no refusal")
-			}
-			told := r.refusedAt[0] + ra
-			probe := -1
-			for i, s := range r.starts {
-				if s >= told {
-					probe = i
-					break
-				}
-			}
-			if probe < 0 || probe+spent >= len(r.starts) {
-				t.Fatalf("no probe and %d requests after %s", spent, told)
-			}
-			for i := probe + 1; i <= probe+spent; i++ {
-				if gap := r.starts[i] - r.starts[i-1]; gap > tt.latency+time.Millisecond {
-					t.Errorf("request %d after the blast's probe at %s left %s after the one before (want at most the answer's %s): starts %v",
-						i-probe, r.starts[probe], gap, tt.latency, r.starts[probe:probe+spent+1])
-				}
-			}
-			r.checkHeld(t, 0)
-			if r.rejections > 2 {
-				t.Errorf("%d rejections (want at most 2: the blast's, and the ramp's)", r.rejections)
-			}
-			if ratio > tt.maxRatio {
-				t.Errorf("drain ratio %.3f (want at most %.2f)", ratio, tt.maxRatio)
 			}
 		})
 	}

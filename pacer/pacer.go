@@ -1173,8 +1173,6 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 	top := max(p.maxInterval, e.floor)
 	if e.rd != nil {
 		e.rd.blastEnd = 0 // a later escalation: the blast is counted
-		// and its step is gone: nothing after assumes the drain.
-		e.rd.blastCool = 0
 	}
 	first := e.rd == nil
 	jitter := !first && p.jitterLocked(e, started)
@@ -1430,30 +1428,6 @@ func (p *Pacer) blastGrewLocked(e *entry) {
 	e.interval = min(max(rd.blastBase, min(rd.blastCool/int64(rd.burst), p.firstStep)), top)
 }
 
-// blastSpendLocked starts the spend of the bucket (reading.spend) at the
-// answer to the probe after the cold blast's cooldown, when the blast's
-// refusal stepped the interval to the cooldown over the depth it read
-// (escalateLocked, the seventh look): that step starts the ramp from the
-// spacing at which an origin drains a bucket of that depth within the
-// cooldown, so it already assumes the bucket empty by the probe. Without
-// the spend, the ramp's slow levels (333 and 167 ms at 10 r/s) left the
-// drained depth unused until the ramp's refusal, about 0.4 s of a 10 r/s
-// origin's capacity (ADR 0029, the sixteenth look). Once per escalation;
-// the spend leaves spendHeadroom, as after a later cooldown. The entry's
-// lock must be held.
-func (p *Pacer) blastSpendLocked(e *entry) {
-	rd := e.rd
-	if rd.blastCool <= 0 || rd.spent || e.firstStep > 0 || rd.burst <= spendHeadroom {
-		return
-	}
-	if rd.blastCool/int64(rd.burst) < max(rd.blastBase, e.floor) {
-		// The step was the floor or twice the interval before, not
-		// the cooldown over the depth: nothing assumed the drain.
-		return
-	}
-	rd.spend, rd.spent = rd.burst-spendHeadroom, true
-}
-
 // heldRefusalLocked is the interval that a refused request, started at
 // started, was sent at when the refusal came while the interval held a
 // learned pace (or crept below it) well after the cooldown: the probe
@@ -1501,13 +1475,6 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	}
 	if e.answeredOn < math.MaxInt32 {
 		e.answeredOn++
-	}
-	if probe && e.until == 0 && e.pace <= 0 && e.rd != nil {
-		// The probe after the cold blast's cooldown: its step assumed
-		// an origin fast enough to drain the blast's bucket within the
-		// cooldown, and under that assumption the bucket is empty now:
-		// it is spent before the ramp (blastSpendLocked).
-		p.blastSpendLocked(e)
 	}
 	if probe && e.until == 0 && e.pace > 0 && e.interval > e.pace {
 		// The probe's answer leaves the interval as it is, but the
