@@ -1173,6 +1173,8 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 	top := max(p.maxInterval, e.floor)
 	if e.rd != nil {
 		e.rd.blastEnd = 0 // a later escalation: the blast is counted
+		// and its step is gone: nothing after assumes the drain.
+		e.rd.blastCool = 0
 	}
 	first := e.rd == nil
 	jitter := !first && p.jitterLocked(e, started)
@@ -1428,6 +1430,45 @@ func (p *Pacer) blastGrewLocked(e *entry) {
 	e.interval = min(max(rd.blastBase, min(rd.blastCool/int64(rd.burst), p.firstStep)), top)
 }
 
+// blastSpendLocked starts a spend of the bucket (reading.spend) at the
+// answer to the probe after the cold blast's cooldown, when the blast's
+// refusal stepped the interval to the cooldown over the depth it read
+// (escalateLocked, the seventh look): that step starts the ramp from the
+// spacing at which an origin drains a bucket of that depth within the
+// cooldown, so it already assumes the bucket empty by the probe. Without
+// a spend, the ramp's slow levels (333 and 167 ms at 10 r/s) left the
+// drained depth unused until the ramp's refusal, about 0.4 s of a 10 r/s
+// origin's capacity. It spends half of what a later cooldown's spend does
+// (blastSpend): the ramp's refusal reads the rate that the pace holds for
+// the rest of the run, from the bucket's last empty instant on, and the
+// whole spend (depth - spendHeadroom) filled the bucket at the probe and
+// moved that refusal to a phase of the ramp's last level where the lower
+// bound was 4% short in every quiet pods run (a pace of 104 ms for 100);
+// half of it is drained by the ramp's next level, and the reading is read
+// as without it (ADR 0029, the sixteenth look). Once per escalation. The
+// entry's lock must be held.
+func (p *Pacer) blastSpendLocked(e *entry) {
+	rd := e.rd
+	if rd.blastCool <= 0 || rd.spent || e.firstStep > 0 {
+		return
+	}
+	if rd.blastCool/int64(max(rd.burst, 1)) < max(rd.blastBase, e.floor) {
+		// The step was the floor or twice the interval before, not
+		// the cooldown over the depth: nothing assumed the drain.
+		return
+	}
+	if n := blastSpend(rd.burst); n > 0 {
+		rd.spend, rd.spent = n, true
+	}
+}
+
+// blastSpend is how many answers the spend after the cold blast's probe
+// lets go at the floor for a blast that read a depth of depth: half of
+// those a later cooldown's spend does (spendFor), so 2 of a depth of 6.
+func blastSpend(depth int32) int32 {
+	return (depth - spendHeadroom) / 2
+}
+
 // heldRefusalLocked is the interval that a refused request, started at
 // started, was sent at when the refusal came while the interval held a
 // learned pace (or crept below it) well after the cooldown: the probe
@@ -1475,6 +1516,13 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 	}
 	if e.answeredOn < math.MaxInt32 {
 		e.answeredOn++
+	}
+	if probe && e.until == 0 && e.pace <= 0 && e.rd != nil {
+		// The probe after the cold blast's cooldown: its step assumed
+		// an origin fast enough to drain the blast's bucket within the
+		// cooldown, and under that assumption the bucket is empty now:
+		// it is spent before the ramp (blastSpendLocked).
+		p.blastSpendLocked(e)
 	}
 	if probe && e.until == 0 && e.pace > 0 && e.interval > e.pace {
 		// The probe's answer leaves the interval as it is, but the

@@ -96,8 +96,9 @@ type reading struct {
 	lo, up float32
 	// spend is how many answers more the interval gives way to the
 	// floor while a bucket that a cooldown drained fills back
-	// (spendFor); 0 when it does not. spent is whether a spend was
-	// started since the last escalation.
+	// (spendFor, and half of it after the cold blast's cooldown:
+	// Pacer.blastSpendLocked); 0 when it does not. spent is whether a
+	// spend was started since the last escalation.
 	spend int32
 	spent bool
 	// total counts the admissions started since the last escalation
@@ -115,9 +116,11 @@ type reading struct {
 	// blastCool is the cooldown of the cold blast's refusal when its
 	// step was the cooldown over the depth (escalateLocked), and
 	// blastBase what else bounded that step from below (twice the
-	// interval before, the floor); 0 otherwise. An admission of the
-	// blast counted after the refusal deepens the bucket, and the step
-	// with it (blastGrewLocked).
+	// interval before, the floor); 0 otherwise, and blastCool 0 again
+	// at the next escalation. An admission of the blast counted after
+	// the refusal deepens the bucket, and the step with it
+	// (blastGrewLocked); the probe's answer spends half the bucket that
+	// step assumed drained (blastSpendLocked).
 	blastCool, blastBase int64
 	// margin is what a depth-1 pace holds above the lower bound's
 	// spacing (0: limiterTick, the limiter's clock), widened by each
