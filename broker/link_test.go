@@ -61,38 +61,3 @@ func waitLink(t *testing.T, l *broker.Link, nc *nats.Conn, want bool, what strin
 		t.Fatalf("%s: Up is %v, IsConnected %v", what, want, nc.IsConnected())
 	}
 }
-
-// BenchmarkLinkBesidePublishes: goroutines that publish and ask whether the
-// link is up, as the worker's slots ack and ask Owns, through IsConnected
-// and through Link.
-func BenchmarkLinkBesidePublishes(b *testing.B) {
-	e, err := broker.StartEmbedded(broker.EmbeddedOptions{StoreDir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer e.Shutdown()
-	nc, err := e.Connect("bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
-	l := broker.NewLink(nc)
-	for _, c := range []struct {
-		name string
-		up   func() bool
-	}{{"IsConnected", nc.IsConnected}, {"Link", l.Up}} {
-		b.Run(c.name, func(b *testing.B) {
-			b.SetParallelism(16)
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					if !c.up() || !c.up() {
-						b.Error("down")
-					}
-					if err := nc.Publish("bench.link", nil); err != nil {
-						b.Error(err)
-					}
-				}
-			})
-		})
-	}
-}
