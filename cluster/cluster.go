@@ -143,7 +143,8 @@ type Options struct {
 	// works again. Zero means DefaultExpiredHold(TTL); negative, no hold.
 	ExpiredHold time.Duration
 	// Link reports whether this pod's connection to the store is up
-	// (nats.Conn.IsConnected); nil means always. While it reports false,
+	// (nats.Conn.IsConnected, or broker.Link, which reads it without the
+	// connection's lock); nil means always. While it reports false,
 	// Owns is false for every partition: a pod whose NATS connection is
 	// known to be down starts no request, whatever validity its leases
 	// have left, because what it learns can reach no other pod.

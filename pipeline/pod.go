@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/cluster"
 	"github.com/mirrorworker/mirrorworker/facts"
 	"github.com/mirrorworker/mirrorworker/grant"
@@ -271,8 +272,8 @@ func (pod *Pod) newManager(ctx context.Context, o *PodOptions) (*cluster.Manager
 	hooks := &podHooks{pod: pod, consOpts: o.Consumer}
 	return cluster.New(cluster.KV{KeyValue: leases}, cluster.KV{KeyValue: pods}, hooks, cluster.Options{
 		PodID: o.PodID, Partitions: pod.Partitions, TTL: o.LeaseTTL, Logger: o.Logger,
-		Link:  js.Conn().IsConnected, // Owns is false while the connection is down
-		Clock: pod.parts.Clock,       // its take-over instants fence the worker's pacer, read on the same clock
+		Link:  broker.NewLink(js.Conn()).Up, // Owns is false while the connection is down
+		Clock: pod.parts.Clock,              // its take-over instants fence the worker's pacer, read on the same clock
 	})
 }
 

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mirrorworker/mirrorworker/authority"
@@ -124,7 +125,11 @@ type scheduler struct {
 	timers wakeHeap
 	bySeq  map[uint64]*heldJob
 	counts [3]int // held jobs per state
-	busy   int    // fetch slots in use
+	// nheld is the sum of counts, changed under mu with it, so that
+	// held() reads it without mu: the intakes and every wake-up of them
+	// (Worker.wakeIntake, several a job) ask it.
+	nheld atomic.Int64
+	busy  int // fetch slots in use
 	// busyPart counts fetch slots in use per partition (and redirect hops
 	// to its authorities from jobs of others, hopBegin).
 	busyPart map[int]int
@@ -333,11 +338,7 @@ func (s *scheduler) notifyLocked() {
 }
 
 // held returns how many jobs are held in memory.
-func (s *scheduler) held() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.counts[0] + s.counts[1] + s.counts[2]
-}
+func (s *scheduler) held() int { return int(s.nheld.Load()) }
 
 // redelivered handles a delivery of a job that is already held (its ack
 // wait ran out somewhere): the newer message replaces the old one so that
@@ -367,6 +368,7 @@ func (s *scheduler) admit(now time.Time, j *heldJob) (deferral, bool) {
 	j.queuedAt, j.touched = now, now
 	j.state = stateQueued
 	s.counts[stateQueued]++
+	s.nheld.Add(1)
 	s.bySeq[j.seq] = j
 	s.enqueueLocked(a, j, false)
 	s.wakeLocked(a, now)
@@ -723,6 +725,7 @@ func (s *scheduler) armLocked(a *authQ, at time.Time) {
 // dropLocked forgets a job that leaves memory.
 func (s *scheduler) dropLocked(j *heldJob) {
 	s.counts[j.state]--
+	s.nheld.Add(-1)
 	delete(s.bySeq, j.seq)
 }
 

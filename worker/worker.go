@@ -80,9 +80,13 @@ type Worker struct {
 	// pulling is the room reserved by pulls in progress, so that several
 	// partitions' intakes together stay within MaxHeld.
 	pulling atomic.Int64
-	parking *parking
-	lanes   *laneSet
-	settler *settler
+	// lowWater is the least room an intake pulls into (it waits in
+	// awaitRoom below it); it only ever falls, as partitions are added.
+	// wakeIntake reads it to wake no intake that would wait again.
+	lowWater atomic.Int64
+	parking  *parking
+	lanes    *laneSet
+	settler  *settler
 
 	deletes *deletes // delete jobs, and the order of a key's stores and deletes (delete.go)
 }
@@ -128,6 +132,9 @@ func New(d Deps, o *Options) (*Worker, error) {
 		space:   make(chan struct{}, 1),
 		started: make(chan struct{}),
 	}
+	// Pull in batches: when memory is full, an intake waits until a fair
+	// share of it is free rather than pulling one message per round trip.
+	w.lowWater.Store(int64(max(1, min(r.PullBatch, r.MaxHeld/8))))
 	w.sched = newScheduler(d.Pacer, schedOptions{
 		slots:   r.Concurrency,
 		holdMax: r.HoldMax,
@@ -228,7 +235,17 @@ func (w *Worker) poke() {
 // intake itself must call it (directly or through poke): the intake waits
 // for it when memory is full, and a deferral with no fetch in flight is
 // the only event that frees memory then.
+//
+// It wakes no intake while the room is below the low water mark: the
+// intake would look and wait again (in the throughput benchmark that was
+// 2.9 wake-ups, timers and scheduler reads a job, ADR 0036's tenth
+// pass). No wake-up is lost by it: the room is read after the change that
+// freed it, and a wake-up sent while an intake is between its look and
+// its wait stays in the channel.
 func (w *Worker) wakeIntake() {
+	if w.room() < int(w.lowWater.Load()) {
+		return
+	}
 	select {
 	case w.space <- struct{}{}:
 	default:
@@ -408,9 +425,6 @@ func (w *Worker) handBackQueued() {
 // partition's intake).
 func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int) {
 	failures := 0
-	// Pull in batches: when memory is full, wait until a fair share of it
-	// is free rather than pulling one message per round trip.
-	lowWater := max(1, min(w.o.PullBatch, w.o.MaxHeld/8))
 	for ctx.Err() == nil {
 		if !w.health.waitUp(ctx) { // targethealth.go: no pulling while the target fails
 			return
@@ -418,11 +432,11 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		batchMax := w.o.PullBatch
 		if w.o.Partitions > 0 {
 			batchMax = w.partitionBatch()
-			lowWater = max(1, min(lowWater, batchMax/2))
+			w.lowerLowWater(max(1, batchMax/2))
 		}
-		free := w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
+		free := w.room()
 		saturated := w.sched.saturated(w.clk.Now(), part)
-		if free < lowWater || saturated {
+		if free < int(w.lowWater.Load()) || saturated {
 			if !w.awaitRoom(ctx, saturated) {
 				return
 			}
@@ -444,6 +458,22 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 			w.pullOne.Do(func() { close(w.started) })
 		}
 		w.intakeBatch(ctx, batch, want)
+	}
+}
+
+// room is how many more jobs the intakes may pull now: MaxHeld less the
+// jobs held and the room reserved by pulls in progress.
+func (w *Worker) room() int {
+	return w.o.MaxHeld - w.sched.held() - int(w.pulling.Load())
+}
+
+// lowerLowWater lowers the intakes' low water mark to lw if it is higher.
+func (w *Worker) lowerLowWater(lw int) {
+	for {
+		cur := w.lowWater.Load()
+		if int64(lw) >= cur || w.lowWater.CompareAndSwap(cur, int64(lw)) {
+			return
+		}
 	}
 }
 
