@@ -562,3 +562,50 @@ func (rd *reading) unleak(t, held int64) float64 {
 	}
 	return r
 }
+
+// rampFineAfter is how many halvings the ramp after the cold blast's
+// cooldown makes from its step (the cooldown over the depth) before its
+// levels come down by rampFine instead: the step assumes an origin at least
+// depth/cooldown fast, so its first two levels (3 and 6 r/s for a depth of 6
+// at 2 s) may be slower than the origin and are left quickly, and the levels
+// after them are where the bucket fills.
+const rampFineAfter = 2
+
+// rampFineUntil is how far below the step, in halvings, the finer levels go
+// on: past it the ramp halves again, so that an origin much faster than
+// the step assumed (50 r/s for 3) is reached in as few slow levels as
+// before.
+const rampFineUntil = 3
+
+// rampFine is the factor between the ramp's levels after rampFineAfter
+// halvings. The pace for the rest of a run is the tight reading of the
+// ramp's refusal, whose lower bound falls short of the rate by the room left
+// in the bucket at the last admission over the window since it was last
+// empty: up to 1 - r·g of a request at a level g apart, decided by where on
+// that level's grid the bucket fills (0.58 at 42 ms for 10 r/s, over 0.8 s).
+// A level √2 faster instead of 2 ends the ramp at a spacing nearer the rate
+// (59 ms at 10 r/s: 0.41 of a request) over a window half as long again, and
+// across 8-12 r/s the cells' mean came 0.9-1.7% nearer the bound; 0.65,
+// 0.75 and 0.8, and the finer levels from one halving or three, did less
+// (ADR 0029, the seventeenth look). A level faster than the origin costs
+// nothing (the origin is busy at its rate), so the finer levels' extra time
+// is paid only where they are slower than it (a faster origin, by at most
+// rampHalving a level).
+const rampFine = 0.7071
+
+// rampNext is the ramp's next level below iv: half of it, or rampFine of it
+// on the ramp after the cold blast's cooldown (blastCool) once it has halved
+// rampFineAfter times from its step and until rampFineUntil. Only for a
+// depth above spendHeadroom: a depth of 1 or 2 (nginx without burst=, or a
+// blast at 50 r/s after the cold hold) paces from its lower bound and a
+// tick, not from a tight reading's place, and the extra level cost a 50 r/s
+// origin 0.6 s (1.807x to 1.912x).
+func (rd *reading) rampNext(iv int64) int64 {
+	if rd == nil || rd.blastCool <= 0 || rd.burst <= spendHeadroom {
+		return iv / 2
+	}
+	if step := rd.blastCool / int64(rd.burst); iv<<rampFineAfter > step || iv<<rampFineUntil <= step {
+		return iv / 2
+	}
+	return int64(float64(iv) * rampFine)
+}
