@@ -528,18 +528,8 @@ func TestTheColdBlastsDepthIsSpentFromTheProbe(t *testing.T) {
 			if r.rejections > 2 {
 				t.Errorf("%d rejections (want at most 2: the blast's, and the ramp's)", r.rejections)
 			}
-			// 1.1x, but 1.11x at 30 ms: the ramp's finer last
-			// levels (rampFine) moved this one rate's phase there
-			// from 1.090x to 1.104x, while the mean over 8-12 r/s at
-			// 30 ms came from 1.118x to 1.104x
-			// (TestThePaceAfterTheRampHoldsAtEveryPhase; ADR 0029,
-			// the seventeenth look).
-			bar := 1.1
-			if latency >= 30*time.Millisecond {
-				bar = 1.11
-			}
-			if ratio > bar {
-				t.Errorf("drain ratio %.3f (want at most %g)", ratio, bar)
+			if ratio > 1.1 {
+				t.Errorf("drain ratio %.3f (want at most 1.1)", ratio)
 			}
 		})
 	}
@@ -932,50 +922,6 @@ func TestALimitersRefusalStepsHalfADrain(t *testing.T) {
 			r.checkHeld(t, 1)
 			if r.rejections > files/50 {
 				t.Errorf("%d rejections (want at most %d, 2%%)", r.rejections, files/50)
-			}
-		})
-	}
-}
-
-// TestThePaceAfterTheRampHoldsAtEveryPhase drains 300 files from limiters
-// of 8 to 12 r/s in steps of 0.5 (burst 5, Retry-After 2 s) at answers
-// after 1, 2, 20 and 30 ms. The pace after the second cooldown is the tight
-// reading of the ramp's refusal, read from the window since the bucket was
-// last empty, and that reading's lower bound is short of the rate by the
-// room left in the bucket at the last admission, which depends on where on
-// the grid of the ramp's last level the bucket fills: one rate alone is one
-// phase (ADR 0029, the seventeenth look). It asserts each cell within
-// 1.14x (two refusals' silences put the arithmetic limit at 1.10x at
-// 12 r/s), each latency's mean within 1.105x, nothing early, and at most
-// one cell in four with a third refusal (a pace read fast). With the ramp
-// halving to its last level (rampFine) the worst cell was 1.171x and the
-// means 1.104-1.118x; the aim of 1.1x in every cell is not met (the
-// seventeenth look lists the cells over it).
-func TestThePaceAfterTheRampHoldsAtEveryPhase(t *testing.T) {
-	const files = 300
-	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond} {
-		t.Run(latency.String(), func(t *testing.T) {
-			var sum float64
-			var n, third int
-			for rate := 8.0; rate <= 12; rate += 0.5 {
-				p := drainPacer(pacer.Limits{MaxInFlight: 2})
-				r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: 5}}, files, 2*time.Second, latency)
-				ratio := r.drain.Seconds() / (files / rate)
-				t.Logf("PHASE %s %g r/s: ratio %.3f, %d rejections", latency, rate, ratio, r.rejections)
-				r.checkHeld(t, 0)
-				if ratio > 1.14 || r.rejections > 3 {
-					t.Errorf("%g r/s: ratio %.3f, %d rejections (want at most 1.14 and 3)", rate, ratio, r.rejections)
-				}
-				if r.rejections > 2 {
-					third++
-				}
-				sum += ratio
-				n++
-			}
-			mean := sum / float64(n)
-			t.Logf("PHASE %s mean %.4f", latency, mean)
-			if mean > 1.105 || 4*third > n {
-				t.Errorf("mean ratio %.4f, %d cells of %d with a third refusal (want at most 1.105 and a quarter)", mean, third, n)
 			}
 		})
 	}

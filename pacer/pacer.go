@@ -1546,7 +1546,7 @@ func (p *Pacer) answeredLocked(e *entry, auth string, n, started int64, probe bo
 		// per rampHalving (reading.go), so that the refusal it ends in
 		// reads the rate.
 		if n-e.halvedAt >= rampHalving {
-			iv, e.halvedAt = max(target, e.rd.rampNext(iv)), n
+			iv, e.halvedAt = max(target, iv/2), n
 		}
 	} else if e.rd != nil && e.rd.tight {
 		// A tight reading's pace is a quarter of its spread above its
