@@ -926,3 +926,43 @@ func TestALimitersRefusalStepsHalfADrain(t *testing.T) {
 		})
 	}
 }
+
+// TestThePaceAfterTheRampAtEveryPhase drains 300 files from limiters of
+// 8 to 12 r/s in steps of 0.5 (burst 5, Retry-After 2 s) at answers after
+// 1, 2, 20 and 30 ms. The pace after the second cooldown is the tight
+// reading of the ramp's refusal, read from the window since the bucket was
+// last empty, and its lower bound is short of the rate by the room left in
+// the bucket at the last admission, which depends on where on the grid of
+// the ramp's levels the bucket fills: one rate alone is one phase (ADR 0029,
+// the seventeenth look). It guards the spread across phases as it stands,
+// not the aim: each cell within 1.18x (1.171x the worst, at 20 ms and
+// 11.5 r/s) with at most 3 refusals, each latency's mean within 1.12x
+// (1.104-1.118x), nothing early. The aim of 1.1x in every cell is not met
+// (16 of the 36 cells are over it); without the spend after the cold
+// blast's probe (blastSpendLocked) the means are 1.128-1.133x.
+func TestThePaceAfterTheRampAtEveryPhase(t *testing.T) {
+	const files = 300
+	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond} {
+		t.Run(latency.String(), func(t *testing.T) {
+			var sum float64
+			var n int
+			for rate := 8.0; rate <= 12; rate += 0.5 {
+				p := drainPacer(pacer.Limits{MaxInFlight: 2})
+				r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: 5}}, files, 2*time.Second, latency)
+				ratio := r.drain.Seconds() / (files / rate)
+				t.Logf("PHASE %s %g r/s: ratio %.3f, %d rejections", latency, rate, ratio, r.rejections)
+				r.checkHeld(t, 0)
+				if ratio > 1.18 || r.rejections > 3 {
+					t.Errorf("%g r/s: ratio %.3f, %d rejections (want at most 1.18 and 3)", rate, ratio, r.rejections)
+				}
+				sum += ratio
+				n++
+			}
+			mean := sum / float64(n)
+			t.Logf("PHASE %s mean %.4f", latency, mean)
+			if mean > 1.12 {
+				t.Errorf("mean ratio %.4f (want at most 1.12)", mean)
+			}
+		})
+	}
+}
