@@ -939,7 +939,7 @@ func TestALimitersRefusalStepsHalfADrain(t *testing.T) {
 // 11.5 r/s) with at most 3 refusals, each latency's mean within 1.12x
 // (1.104-1.118x), nothing early. The aim of 1.1x in every cell is not met
 // (16 of the 36 cells are over it); without the spend after the cold
-// blast's probe (blastSpendLocked) the means are 1.128-1.133x.
+// blast's probe (blastSpendLocked) the means are 1.128-1.134x.
 func TestThePaceAfterTheRampAtEveryPhase(t *testing.T) {
 	const files = 300
 	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond} {
