@@ -128,6 +128,31 @@ func (r bucketDrain) checkHeld(t *testing.T, maxCrossed int) {
 	}
 }
 
+// checkSpentAfter fails t unless the first request at or after told (the
+// probe after a cooldown) is followed by spent requests that each left as
+// soon as the one before was answered (latency, and a millisecond of the
+// virtual clock's slack): a spend waits for the crossing rule and for
+// nothing else.
+func (r bucketDrain) checkSpentAfter(t *testing.T, told time.Duration, spent int, latency time.Duration) {
+	t.Helper()
+	probe := -1
+	for i, s := range r.starts {
+		if s >= told {
+			probe = i
+			break
+		}
+	}
+	if probe < 0 || probe+spent >= len(r.starts) {
+		t.Fatalf("no probe and %d requests after %s", spent, told)
+	}
+	for i := probe + 1; i <= probe+spent; i++ {
+		if gap := r.starts[i] - r.starts[i-1]; gap > latency+time.Millisecond {
+			t.Errorf("request %d after the probe at %s left %s after the one before (want at most the answer's %s): starts %v",
+				i-probe, r.starts[probe], gap, latency, r.starts[probe:probe+spent+1])
+		}
+	}
+}
+
 // drainBucket fetches files from one authority through p on a virtual clock, as the
 // worker does (two in flight, every answer latency after the request, a
 // refused job back when the pacer says), against nginx's limit_req
@@ -454,25 +479,7 @@ func TestTheDepthIsSpentFromTheProbe(t *testing.T) {
 			if len(r.refusedAt) == 0 || r.refusedAt[len(r.refusedAt)-1] < time.Second {
 				t.Fatalf("refused at %v: no refusal after the cold blast's", r.refusedAt)
 			}
-			told := r.refusedAt[len(r.refusedAt)-1] + ra
-			probe := -1
-			for i, s := range r.starts {
-				if s >= told {
-					probe = i
-					break
-				}
-			}
-			if probe < 0 || probe+spent >= len(r.starts) {
-				t.Fatalf("no probe and %d requests after %s", spent, told)
-			}
-			// Each spent request waits for the answer to the one before
-			// it (the crossing rule), and for nothing else.
-			for i := probe + 1; i <= probe+spent; i++ {
-				if gap := r.starts[i] - r.starts[i-1]; gap > latency+time.Millisecond {
-					t.Errorf("request %d after the probe at %s left %s after the one before (want at most the answer's %s): starts %v",
-						i-probe, r.starts[probe], gap, latency, r.starts[probe:probe+spent+1])
-				}
-			}
+			r.checkSpentAfter(t, r.refusedAt[len(r.refusedAt)-1]+ra, spent, latency)
 			r.checkHeld(t, 0)
 			if r.rejections > 3 {
 				t.Errorf("%d rejections (want at most 3: the blast's, and the ramp's)", r.rejections)
@@ -507,23 +514,7 @@ func TestTheColdBlastsDepthIsSpentFromTheProbe(t *testing.T) {
 			if len(r.refusedAt) == 0 {
 				t.Fatal("no refusal")
 			}
-			told := r.refusedAt[0] + ra
-			probe := -1
-			for i, s := range r.starts {
-				if s >= told {
-					probe = i
-					break
-				}
-			}
-			if probe < 0 || probe+spent >= len(r.starts) {
-				t.Fatalf("no probe and %d requests after %s", spent, told)
-			}
-			for i := probe + 1; i <= probe+spent; i++ {
-				if gap := r.starts[i] - r.starts[i-1]; gap > latency+time.Millisecond {
-					t.Errorf("request %d after the blast's probe at %s left %s after the one before (want at most the answer's %s): starts %v",
-						i-probe, r.starts[probe], gap, latency, r.starts[probe:probe+spent+1])
-				}
-			}
+			r.checkSpentAfter(t, r.refusedAt[0]+ra, spent, latency)
 			r.checkHeld(t, 0)
 			if r.rejections > 2 {
 				t.Errorf("%d rejections (want at most 2: the blast's, and the ramp's)", r.rejections)
@@ -532,36 +523,6 @@ func TestTheColdBlastsDepthIsSpentFromTheProbe(t *testing.T) {
 				t.Errorf("drain ratio %.3f (want at most 1.1)", ratio)
 			}
 		})
-	}
-}
-
-// TestTheColdBlastsSpendAcrossRates drains 300 files from limiters of 8 to
-// 12 r/s (burst 5, Retry-After 2 s, answers after 2 ms, as a pod's on
-// loopback) and asserts the mean ratio over them: where the ramp's refusal
-// falls on the grid of its last level (42 ms at 10 r/s) decides how short
-// of the rate the reading's lower bound is, by up to 0.58 of a request over
-// the window, so one rate alone says little about a change to the ramp
-// (ADR 0029, the sixteenth look: at 10 r/s the whole spend was 1.081x here
-// and 1.117-1.119x in three quiet pods runs). Without the spend after the
-// cold blast's probe the mean is 1.128, with 21 refusals.
-func TestTheColdBlastsSpendAcrossRates(t *testing.T) {
-	const files = 300
-	var sum float64
-	var n, refusals int
-	for rate := 8.0; rate <= 12; rate += 0.5 {
-		p := drainPacer(pacer.Limits{MaxInFlight: 2})
-		r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: 5}}, files, 2*time.Second, 2*time.Millisecond)
-		ratio := r.drain.Seconds() / (files / rate)
-		t.Logf("%g r/s: ratio %.3f, %d rejections", rate, ratio, r.rejections)
-		r.checkHeld(t, 0)
-		sum += ratio
-		refusals += r.rejections
-		n++
-	}
-	mean := sum / float64(n)
-	t.Logf("mean ratio %.4f, %d rejections in %d drains", mean, refusals, n)
-	if mean > 1.11 || refusals > 21 {
-		t.Errorf("mean ratio %.4f, %d rejections (want at most 1.11 and 21)", mean, refusals)
 	}
 }
 
@@ -937,15 +898,17 @@ func TestALimitersRefusalStepsHalfADrain(t *testing.T) {
 // the seventeenth look). It guards the spread across phases as it stands,
 // not the aim: each cell within 1.18x (1.171x the worst, at 20 ms and
 // 11.5 r/s) with at most 3 refusals, each latency's mean within 1.12x
-// (1.104-1.118x), nothing early. The aim of 1.1x in every cell is not met
-// (16 of the 36 cells are over it); without the spend after the cold
+// (1.104-1.118x), nothing early; at 2 ms, a pod's round trip on loopback,
+// the mean within 1.11x with at most 21 refusals over the nine rates (the
+// sixteenth look's bar for the spend). The aim of 1.1x in every cell is not
+// met (16 of the 36 cells are over it); without the spend after the cold
 // blast's probe (blastSpendLocked) the means are 1.128-1.134x.
 func TestThePaceAfterTheRampAtEveryPhase(t *testing.T) {
 	const files = 300
 	for _, latency := range []time.Duration{time.Millisecond, 2 * time.Millisecond, 20 * time.Millisecond, 30 * time.Millisecond} {
 		t.Run(latency.String(), func(t *testing.T) {
 			var sum float64
-			var n int
+			var n, refusals int
 			for rate := 8.0; rate <= 12; rate += 0.5 {
 				p := drainPacer(pacer.Limits{MaxInFlight: 2})
 				r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: 5}}, files, 2*time.Second, latency)
@@ -956,12 +919,18 @@ func TestThePaceAfterTheRampAtEveryPhase(t *testing.T) {
 					t.Errorf("%g r/s: ratio %.3f, %d rejections (want at most 1.18 and 3)", rate, ratio, r.rejections)
 				}
 				sum += ratio
+				refusals += r.rejections
 				n++
 			}
 			mean := sum / float64(n)
-			t.Logf("PHASE %s mean %.4f", latency, mean)
+			t.Logf("PHASE %s mean %.4f, %d rejections", latency, mean, refusals)
 			if mean > 1.12 {
 				t.Errorf("mean ratio %.4f (want at most 1.12)", mean)
+			}
+			// At a pod's round trip on loopback the spend's own bar
+			// (the sixteenth look): without it 1.1283 and 21.
+			if latency == 2*time.Millisecond && (mean > 1.11 || refusals > 21) {
+				t.Errorf("mean ratio %.4f, %d rejections (want at most 1.11 and 21)", mean, refusals)
 			}
 		})
 	}
