@@ -16,11 +16,52 @@ import "time"
 // of the answers so far, and with none yet, Options.ColdHold. It lasts
 // ColdAnswers answers, so an origin that never refuses pays it once.
 
+// The open request is held behind by one of two rules: the crossing rule
+// once the authority has refused something (its reading exists), the cold
+// hold before. The next three functions pick the rule; the entry's lock
+// must be held for each.
+
+// openUntilLocked is until when a request other than permit seq may not
+// start at n to e's authority; 0 when nothing holds it.
+func (p *Pacer) openUntilLocked(e *entry, seq uint64, n int64) int64 {
+	if e.rd != nil {
+		return e.rd.crossing(seq, n)
+	}
+	return p.coldLocked(e, seq, n)
+}
+
+// openedLocked records the actual start of permit seq at n.
+func (p *Pacer) openedLocked(e *entry, seq uint64, n int64) {
+	if e.rd != nil {
+		e.rd.started(seq, n)
+		return
+	}
+	p.coldStartedLocked(e, seq, n)
+}
+
+// closedLocked records the answer (or end) of pm's request at n; refused
+// says whether a throttled answer's round trip is timed for the crossing
+// rule (the cold hold times its own, learn's answers).
+func (p *Pacer) closedLocked(e *entry, pm Permit, n int64, learn, refused bool) {
+	if e.rd != nil {
+		e.rd.answered(pm.seq, startOr(pm, n), n, refused, p.probeWait)
+		return
+	}
+	p.coldDoneLocked(e, pm, n, learn)
+}
+
+// coldOnLocked is whether the cold hold is in force for e: the pacer holds
+// cold blasts, and e has neither refused anything nor answered
+// ColdAnswers requests yet.
+func (p *Pacer) coldOnLocked(e *entry) bool {
+	return p.coldHold > 0 && e.rd == nil && e.answered < ColdAnswers
+}
+
 // coldLocked is until when a request other than permit seq may not start
 // at n to e's authority under the cold hold; 0 when nothing holds it. The
 // entry's lock must be held.
 func (p *Pacer) coldLocked(e *entry, seq uint64, n int64) int64 {
-	if p.coldHold <= 0 || e.rd != nil || e.answered >= ColdAnswers {
+	if !p.coldOnLocked(e) {
 		return 0
 	}
 	return e.cold.until(seq, n, crossingRTTs, min(int64(MinColdHold), p.coldHold), p.coldHold)
@@ -69,7 +110,7 @@ func (p *Pacer) coldDoneLocked(e *entry, pm Permit, n int64, learn bool) {
 // but a request held in the meantime waits for the body.
 func (p *Pacer) Heard(now time.Time, pm Permit, status int) bool {
 	if pm.seq == 0 || status < 200 || status > 299 || p.coldHold <= 0 {
-		return false
+		return false // no lock taken for what cannot end a hold
 	}
 	n := now.UnixNano()
 	key := pm.paceKey()
@@ -77,7 +118,7 @@ func (p *Pacer) Heard(now time.Time, pm Permit, status int) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.m[key]
-	if e == nil || e.rd != nil || e.answered >= ColdAnswers {
+	if e == nil || !p.coldOnLocked(e) {
 		return false
 	}
 	ended := e.cold.open == pm.seq

@@ -642,11 +642,7 @@ func (p *Pacer) acquireLocked(s *shard, e *entry, auth, key string, now time.Tim
 		e.probeSeq = s.seq
 	}
 	if d.start == n {
-		if e.rd != nil {
-			e.rd.started(s.seq, n)
-		} else {
-			p.coldStartedLocked(e, s.seq, n)
-		}
+		p.openedLocked(e, s.seq, n)
 	}
 	return Permit{Authority: auth, Start: now.Add(time.Duration(d.start - n)), Probe: d.probe, Interval: time.Duration(d.spacing), seq: s.seq, key: key}, nil
 }
@@ -762,11 +758,7 @@ func (p *Pacer) decideLocked(e *entry, n int64, q ask) decision {
 		// (coldLocked) keeps the blast one at a time. A granted permit
 		// moves its start; a new request waits for the answer, which
 		// frees it as a place in the cap does.
-		if e.rd != nil {
-			cross = e.rd.crossing(q.seq, n)
-		} else {
-			cross = p.coldLocked(e, q.seq, n)
-		}
+		cross = p.openUntilLocked(e, q.seq, n)
 		if q.seq != 0 {
 			d.start = max(d.start, cross)
 		}
@@ -869,11 +861,7 @@ func (p *Pacer) Confirm(now time.Time, pm Permit) (Permit, error) {
 		return pm, nil
 	}
 	p.startedLocked(e, pm.seq, n)
-	if e.rd != nil {
-		e.rd.started(pm.seq, n)
-	} else {
-		p.coldStartedLocked(e, pm.seq, n)
-	}
+	p.openedLocked(e, pm.seq, n)
 	if p.awaitSends && d.spacing+p.guardFor(e) > 0 && !p.unspaced(pm) {
 		e.unsent = pm.seq
 	}
@@ -1002,14 +990,10 @@ func (p *Pacer) Done(now time.Time, pm Permit, r Response) Verdict {
 		e.answered++
 		e.answeredOn = min(e.answeredOn+1, math.MaxInt32)
 	}
-	if e.rd != nil {
-		if learn && oc == outcomeOK && e.rd.admitted(startOr(pm, n)) {
-			p.blastGrewLocked(e)
-		}
-		e.rd.answered(pm.seq, startOr(pm, n), n, false, p.probeWait)
-	} else {
-		p.coldDoneLocked(e, pm, n, learn)
+	if e.rd != nil && learn && oc == outcomeOK && e.rd.admitted(startOr(pm, n)) {
+		p.blastGrewLocked(e)
 	}
+	p.closedLocked(e, pm, n, learn, false)
 	p.unsentDoneLocked(e, pm.seq, n, learn)
 	p.budgetLocked(s, e, pm.seq, n, qs)
 	if oc == outcomeOK {
@@ -1067,13 +1051,9 @@ func (p *Pacer) doneSlow(now time.Time, pm Permit, learn bool, fb *Feedback, r R
 		}
 		p.learnLocked(e, key, n, started, pm.seq, s.seq, probe, *fb, &fx)
 	}
-	if e.rd != nil {
-		// After learnLocked, which makes the reading at the first
-		// refusal: that refusal's round trip is the first measured.
-		e.rd.answered(pm.seq, startOr(pm, n), n, learn && throttled, p.probeWait)
-	} else {
-		p.coldDoneLocked(e, pm, n, learn)
-	}
+	// After learnLocked, which makes the reading at the first refusal:
+	// that refusal's round trip is the first measured.
+	p.closedLocked(e, pm, n, learn, learn && throttled)
 	p.healthLocked(e, key, n, r, oc, &fx)
 	v := Verdict{Throttled: throttled, Reason: fb.Reason()}
 	if e.until > n {
