@@ -154,7 +154,8 @@ func (s *Sink) done(seq uint64) {
 }
 
 // logEvent writes the log lines of a pacer fact: a pause capped at
-// pacer.MaxPause, a cooldown entered or extended, a recovery.
+// pacer.MaxPause, a cooldown entered or extended, a limiter's refusal, a
+// recovery.
 func (s *Sink) logEvent(host, port string, ev pacer.Event) {
 	if ev.Asked > 0 {
 		s.log.Warn().Str("upstream_host", host).Str("upstream_port", port).
@@ -171,6 +172,19 @@ func (s *Sink) logEvent(host, port string, ev pacer.Event) {
 			Int("status", ev.Status).Str("reason", ev.Reason).Time("until", ev.Until).
 			Dur("pause", ev.Pause).Bool("fallback", ev.Fallback).Str("family", ev.Family).
 			Dur("interval", ev.Interval).Dur("fallback_ceiling", ev.Ceiling).Msg(msg)
+	case pacer.EventThrottle:
+		if ev.Reason != "limiter" {
+			return // a 429's or a 503's with Retry-After: its cooldown line says it
+		}
+		// A limiter's 503 starts no cooldown, so without this line the
+		// log said nothing of how the pod read it (ADR 0030).
+		msg := "pacer: 503 read as a limiter's refusal (throttling, no cooldown)"
+		if ev.AfterBlastStep {
+			msg = "pacer: 503 to the request after the cold blast's short step read as the limiter's (throttling, no cooldown)"
+		}
+		s.log.Info().Str("upstream_host", host).Str("upstream_port", port).
+			Int("status", ev.Status).Str("reason", ev.Reason).Dur("interval", ev.Interval).
+			Bool("after_blast_step", ev.AfterBlastStep).Msg(msg)
 	case pacer.EventRecovered:
 		s.log.Info().Str("upstream_host", host).Str("upstream_port", port).
 			Int("status", ev.Status).Dur("interval", ev.Interval).Msg("pacer: cooldown recovered")

@@ -137,6 +137,10 @@ type Event struct {
 	Fallback bool          `json:"-"` // the pause is the jittered fallback
 	Family   string        `json:"-"` // the rate-limit family whose reset gave the pause
 	Extended bool          `json:"-"` // the cooldown was already in force
+	// AfterBlastStep: a limiter's refusal (EventThrottle, reason
+	// "limiter") read as such only because it answered the request sent
+	// after the cold blast's short step (docs/adr/0030); for the log line.
+	AfterBlastStep bool `json:"-"`
 }
 
 // State is one tracked authority as /debug/pacer shows it.

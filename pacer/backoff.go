@@ -136,6 +136,35 @@ type answers struct {
 	// or in another pod's backoff fact).
 	originBad int64
 	limiter   int64 // the latest 503 read as a limiter's refusal
+	// quiet is the cold blast's refusal by a limiter's 503 when it stepped
+	// the interval below the contract's first step (escalateLocked: the
+	// first step over the blast's depth), 0 otherwise or once used; quietSeq
+	// is the permit of the first request started after it (0: none yet).
+	// That one request, refused at once with nothing failed since, is still
+	// the limiter's (limiterLocked): the short step is shorter than a slow
+	// origin's spacing, and its full bucket refuses the request after it.
+	quiet    int64
+	quietSeq uint64
+}
+
+// opened notes the start of permit seq at n: the first start after a quiet
+// step is the request whose refusal limiterLocked still reads as the
+// limiter's.
+func (a *answers) opened(seq uint64, n int64) {
+	if a.quiet != 0 && a.quietSeq == 0 && n > a.quiet {
+		a.quietSeq = seq
+	}
+}
+
+// afterQuiet says whether pm is the request sent after the cold blast's
+// short step (answers.quiet), and ends the exception: it is that request's
+// alone, whatever its answer.
+func (a *answers) afterQuiet(pm Permit) bool {
+	if a.quietSeq == 0 || pm.seq != a.quietSeq {
+		return false
+	}
+	a.quiet, a.quietSeq = 0, 0
+	return true
 }
 
 // succeeded records a success of URL u at n.
@@ -192,7 +221,13 @@ func (p *Pacer) urlKey(u string) uint64 {
 //     first is a limiter's while another request is in flight, and the
 //     rest of the blast crossed it. So an origin that answers every
 //     request 503 is read as a limiter for at most the requests in flight
-//     when it turned (or at the start), then as failing.
+//     when it turned (or at the start), then as failing. One exception:
+//     the request sent after the cold blast's short step (answers.quiet),
+//     refused with nothing failed since, is still the limiter's
+//     (fb.limiterAgain): a limiter slower than 1/step has not leaked a
+//     place by then (ADR 0030, "The request after the cold blast's short
+//     step"). An origin that admitted the blast and then answers every
+//     request 503 is read as failing one request later.
 //   - Any other 5xx of URL u is that URL's failure (outcomeURL: the job's
 //     failure, no backoff step) unless something else went wrong since
 //     another URL last succeeded: a 5xx of another URL, a failure counted
@@ -206,6 +241,8 @@ func (p *Pacer) urlKey(u string) uint64 {
 // The entry's lock must be held; u is urlKey(r.URL).
 func (p *Pacer) judgeLocked(e *entry, pm Permit, n int64, r Response, u uint64, fb *Feedback, oc outcome) outcome {
 	a := &e.ans
+	quiet := a.quiet
+	again := a.afterQuiet(pm)
 	switch {
 	case oc == outcomeOK:
 		if !fb.Throttled() {
@@ -219,6 +256,10 @@ func (p *Pacer) judgeLocked(e *entry, pm Permit, n int64, r Response, u uint64, 
 		return oc
 	case p.limiterLocked(a, pm, n, *fb, e.inFlight):
 		fb.Limiter = true
+		a.limiter = n
+		return outcomeNone
+	case again && p.limiterAgainLocked(a, pm, n, *fb, quiet):
+		fb.Limiter, fb.limiterAgain = true, true
 		a.limiter = n
 		return outcomeNone
 	}
@@ -257,4 +298,24 @@ func (p *Pacer) limiterLocked(a *answers, pm Permit, n int64, fb Feedback, inFli
 	// the rest of the blast crossed it. An origin that answers 503 to
 	// everything is read as failing from the first request sent after.
 	return a.ok == 0 && a.originBad == 0 && a.bad == 0 && (crossed || a.limiter == 0 && inFlight > 0)
+}
+
+// limiterAgainLocked says whether a 503 to the request sent after the cold
+// blast's short step (the refusal at quiet stepped it) that limiterLocked
+// reads as a failure is still the limiter's: it came back at once and
+// nothing failed since that refusal (a success between makes it the
+// limiter's by limiterLocked already). A limiter whose bucket the blast
+// filled refuses the request after the step unless a place leaked
+// meanwhile, that is unless it admits at least 1/step (3 r/s for 333 ms);
+// the contract's 2 s step covers every origin of 0.5 r/s and more, and the
+// step after this refusal is that 2 s again (ADR 0030, "The request after
+// the cold blast's short step").
+func (p *Pacer) limiterAgainLocked(a *answers, pm Permit, n int64, fb Feedback, quiet int64) bool {
+	if fb.Status != 503 || fb.Throttled() || fb.Exhausted() || pm.Start.IsZero() {
+		return false
+	}
+	if n-pm.Start.UnixNano() > int64(LimiterAnswerWithin) {
+		return false
+	}
+	return max(a.originBad, a.bad) < quiet
 }

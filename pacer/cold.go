@@ -32,6 +32,7 @@ func (p *Pacer) openUntilLocked(e *entry, seq uint64, n int64) int64 {
 
 // openedLocked records the actual start of permit seq at n.
 func (p *Pacer) openedLocked(e *entry, seq uint64, n int64) {
+	e.ans.opened(seq, n) // the request after a quiet step (backoff.go)
 	if e.rd != nil {
 		e.rd.started(seq, n)
 		return

@@ -96,6 +96,10 @@ type Feedback struct {
 	// throttling without a cooldown: the interval escalates as for a 429,
 	// no pause starts, no failure is counted.
 	Limiter bool
+	// limiterAgain: Limiter was read only because this was the request
+	// sent after the cold blast's short step (limiterAgainLocked), for the
+	// throttle fact's log line.
+	limiterAgain bool
 }
 
 // MaxQuotas is how many announced quotas the pacer keeps per authority.

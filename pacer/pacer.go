@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"math"
 	"math/rand/v2"
+	"net/http"
 	"sort"
 	"strings"
 	"sync"
@@ -1116,7 +1117,8 @@ func (p *Pacer) learnLocked(e *entry, auth string, n, started int64, seq, grante
 	}
 	if throttled {
 		fx.add(Event{Type: EventThrottle, Authority: auth, At: time.Unix(0, n), Status: fb.Status,
-			Reason: fb.Reason(), Interval: time.Duration(e.interval), Until: unixOrZero(e.until), Ceiling: time.Duration(e.ceiling)})
+			Reason: fb.Reason(), Interval: time.Duration(e.interval), Until: unixOrZero(e.until), Ceiling: time.Duration(e.ceiling),
+			AfterBlastStep: fb.limiterAgain})
 	}
 	if e.until != prev {
 		fx.add(Event{Type: EventCooldown, Authority: auth, At: time.Unix(0, n), Status: fb.Status, Reason: fb.Reason(),
@@ -1154,7 +1156,7 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 	if e.rd != nil {
 		e.rd.blastEnd = 0 // a later escalation: the blast is counted
 		// and its step is gone: nothing after assumes the drain.
-		e.rd.blastCool = 0
+		e.rd.blastCool, e.rd.blastQuiet = 0, false
 	}
 	first := e.rd == nil
 	jitter := !first && p.jitterLocked(e, started)
@@ -1270,7 +1272,26 @@ func (p *Pacer) escalateLocked(e *entry, auth string, n, started int64, seq, gra
 			e.rd.blastCool, e.rd.blastBase = cool, max(2*e.interval, e.floor)
 		}
 	}
+	if first && cool <= 0 && status == http.StatusServiceUnavailable && e.pace <= 0 && e.firstStep <= 0 && e.rd.burst > 1 {
+		// The cold blast's refusal by a limiter's 503 (no Retry-After,
+		// no cooldown): the step is the first step over the blast's
+		// depth (333 ms for 6), as if the contract's 2 s were the
+		// cooldown of the seventh look. The 2 s step left a 10 r/s
+		// origin idle for 2 s and the ramp halved down from there
+		// (about 2.9 s of the pods cell's 9%). An origin slower than
+		// 1/step refuses the request after it (its bucket is still
+		// full): that one refusal is still the limiter's
+		// (answers.quiet, limiterAgainLocked) and steps the 2 s as
+		// before. Nothing drained the bucket, so nothing is spent
+		// (blastQuiet). ADR 0030, "The request after the cold blast's
+		// short step".
+		step = min(p.firstStep/int64(e.rd.burst), step)
+		e.rd.blastCool, e.rd.blastBase, e.rd.blastQuiet = p.firstStep, max(2*e.interval, e.floor), true
+	}
 	iv := min(max(2*e.interval, step, e.floor), top)
+	if e.rd.blastQuiet && iv < p.firstStep {
+		e.ans.quiet, e.ans.quietSeq = n, 0
+	}
 	crept := !ramped && e.pace > 0 && e.interval < e.pace && !e.rd.tight && e.escAt != 0 &&
 		e.answered > 0 && e.answered < minPaceAnswers && e.firstStep <= 0
 	if crept {
@@ -1429,7 +1450,7 @@ func (p *Pacer) blastGrewLocked(e *entry) {
 // entry's lock must be held.
 func (p *Pacer) blastSpendLocked(e *entry) {
 	rd := e.rd
-	if rd.blastCool <= 0 || rd.spent || e.firstStep > 0 {
+	if rd.blastCool <= 0 || rd.blastQuiet || rd.spent || e.firstStep > 0 {
 		return
 	}
 	if rd.blastCool/int64(max(rd.burst, 1)) < max(rd.blastBase, e.floor) {

@@ -122,6 +122,11 @@ type reading struct {
 	// (blastGrewLocked); the probe's answer spends half the bucket that
 	// step assumed drained (blastSpendLocked).
 	blastCool, blastBase int64
+	// blastQuiet: the blast's refusal was a limiter's 503 and started no
+	// cooldown; blastCool is then the contract's first step, over which
+	// the depth gave the step, and nothing drained the bucket, so nothing
+	// is spent after it (blastSpendLocked).
+	blastQuiet bool
 	// margin is what a depth-1 pace holds above the lower bound's
 	// spacing (0: limiterTick, the limiter's clock), widened by each
 	// refusal at that pace (jitterLocked) and narrowed again after
