@@ -935,3 +935,45 @@ func TestThePaceAfterTheRampAtEveryPhase(t *testing.T) {
 		})
 	}
 }
+
+// TestALimitersColdBlastStepsShort drains 300 files at floor 0 from
+// nginx's default refusal (503 without Retry-After, burst 5) at 0.5 to 20
+// r/s. The cold blast's refusal starts no cooldown, and its step is the
+// first step over the blast's depth (333 ms for 6), not the contract's 2 s
+// that left a 10 r/s origin idle and the ramp halving down from it (1.107x,
+// 20 r/s 1.258x). At 0.5, 1 and 2 r/s the request after that step finds
+// the bucket still full and is refused: the limiter's, not a failure
+// (checkHeld), and the 2 s step follows (ADR 0030, "The request after the
+// cold blast's short step").
+func TestALimitersColdBlastStepsShort(t *testing.T) {
+	const (
+		files = 300
+		burst = 5
+	)
+	for _, rate := range []float64{0.5, 1, 2, 5, 10, 20} {
+		t.Run(fmt.Sprintf("%gr/s", rate), func(t *testing.T) {
+			p := drainPacer(pacer.Limits{MaxInFlight: 2})
+			r := drainBucket(t, p, &limitreq.Limiter{Limit: limitreq.Limit{Rate: rate, Burst: burst}}, files, 0, 20*time.Millisecond)
+			ratio := r.drain.Seconds() * rate / files
+			if len(r.refusedAt) == 0 {
+				t.Fatal("nothing refused")
+			}
+			next := time.Duration(-1)
+			for _, s := range r.starts {
+				if s > r.refusedAt[0] {
+					next = s - r.refusedAt[0]
+					break
+				}
+			}
+			t.Logf("ratio %.3f, %d rejections of %d, refused at %v, the next request %v after the blast's refusal",
+				ratio, r.rejections, r.requests, r.refusedAt, next)
+			if next < 0 || next > pacer.FirstStep/2 {
+				t.Errorf("the first request after the blast's refusal left %v after it (want at most %v: the first step over the depth)", next, pacer.FirstStep/2)
+			}
+			r.checkHeld(t, 0)
+			if ratio > 1.05 || r.rejections > files/50 {
+				t.Errorf("drain ratio %.3f, %d rejections (want at most 1.05 and %d)", ratio, r.rejections, files/50)
+			}
+		})
+	}
+}

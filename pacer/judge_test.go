@@ -374,3 +374,116 @@ func startAt(t *testing.T, p *pacer.Pacer, auth string, at time.Time) pacer.Perm
 	}
 	return pm
 }
+
+// TestLimiter503AfterTheBlastsShortStep: the cold blast's refusal by a
+// limiter's 503 (a blast of six admitted, the seventh refused) steps the
+// first step over the depth (333 ms), and the one request sent after that
+// step, refused at once with nothing failed since, is still the limiter's:
+// a limiter slower than 3 r/s has not leaked a place by then. The refusal
+// after it is ADR 0030's again: an origin that admitted the blast and then
+// answers everything 503 is read as failing from there, one request and
+// 333 ms later than with the 2 s step. A failure since the blast's refusal,
+// or a slow 503, ends the exception; an origin down at first contact reads
+// no depth, takes the 2 s step, and is failing from the first request after
+// the blast as before (TestLimiter503ColdBlast).
+func TestLimiter503AfterTheBlastsShortStep(t *testing.T) {
+	const a = "origin.example:443"
+	ms := time.Millisecond
+	no := pacer.Response{Status: 503, URL: "/no"}
+	// blast sends six admitted requests and a seventh refused, with x in
+	// flight beside it answered by sibling (zero: not answered), and
+	// returns the pacer, its events and the instant after the blast.
+	blast := func(t *testing.T, sibling pacer.Response) (*pacer.Pacer, *[]pacer.Event, time.Time) {
+		t.Helper()
+		var evs []pacer.Event
+		p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}},
+			StartGuard: -1, Rand: func() float64 { return 0 }, OnEvent: func(ev pacer.Event) { evs = append(evs, ev) }})
+		at := t0
+		for i := range 6 {
+			p.Done(at.Add(2*ms), startAt(t, p, a, at), pacer.Response{Status: 200, URL: fmt.Sprintf("/%d", i)})
+			at = at.Add(2 * ms)
+		}
+		x, y := startAt(t, p, a, at), startAt(t, p, a, at)
+		if v := p.Done(at.Add(ms), y, no); !v.Throttled || v.Reason != "limiter" || !v.Until.IsZero() {
+			t.Fatalf("the blast's refusal: %+v, want a limiter's, no cooldown", v)
+		}
+		if st := p.Snapshot(at)[0]; st.Interval != pacer.FirstStep/6 {
+			t.Fatalf("after the blast's refusal: interval %s, want the first step over the depth of 6, %s", st.Interval, pacer.FirstStep/6)
+		}
+		at = at.Add(2 * ms)
+		if sibling.Status != 0 || sibling.Err != nil {
+			p.Done(at, x, sibling)
+		}
+		return p, &evs, at
+	}
+	// next starts the next request when the pacer allows it and answers it
+	// with r after took.
+	next := func(t *testing.T, p *pacer.Pacer, at time.Time, r pacer.Response, took time.Duration) (pacer.Verdict, time.Time) {
+		t.Helper()
+		if wait, _, _ := p.ReadyIn(at, a); wait > 0 {
+			at = at.Add(wait)
+		}
+		return p.Done(at.Add(took), startAt(t, p, a, at), r), at.Add(took)
+	}
+
+	t.Run("refused after the step: the limiter's, then failing", func(t *testing.T) {
+		p, evs, at := blast(t, pacer.Response{Status: 200, URL: "/x"})
+		// The sibling's success came before: ADR 0030's reading already
+		// takes the next refusal for the limiter's, and does here too.
+		v, at := next(t, p, at, no, 5*ms)
+		if !v.Throttled || v.Reason != "limiter" {
+			t.Fatalf("the request after the step, a success since the refusal: %+v, want a limiter's", v)
+		}
+		v, _ = next(t, p, at, no, 5*ms)
+		if v.Throttled {
+			t.Fatalf("the next refusal, none between: %+v, want a failure", v)
+		}
+		if n := countEvents(*evs, pacer.EventBackoff); n != 1 {
+			t.Errorf("%d backoff facts, want 1", n)
+		}
+	})
+	t.Run("no success since the blast's refusal", func(t *testing.T) {
+		p, evs, at := blast(t, pacer.Response{})
+		v, after := next(t, p, at, no, 5*ms)
+		if gap := after.Add(-5 * ms).Sub(at); gap > pacer.FirstStep/6 {
+			t.Errorf("the request after the blast left %s after it, want at most the short step %s", gap, pacer.FirstStep/6)
+		}
+		if !v.Throttled || v.Reason != "limiter" || !v.Until.IsZero() {
+			t.Fatalf("the request after the short step refused: %+v, want a limiter's refusal, no cooldown", v)
+		}
+		st := p.Snapshot(after)[0]
+		if st.Interval != pacer.FirstStep || st.State == pacer.StateBackoff || st.Failures != 0 {
+			t.Fatalf("after it: %+v, want the interval at the first step %s, no failure, no backoff", st, pacer.FirstStep)
+		}
+		var again int
+		for _, ev := range *evs {
+			if ev.Type == pacer.EventThrottle && ev.AfterBlastStep {
+				again++
+			}
+		}
+		if n := countEvents(*evs, pacer.EventBackoff); n != 0 || again != 1 || countEvents(*evs, pacer.EventCooldown) != 0 {
+			t.Fatalf("%d backoff facts, %d throttle facts read after the blast's step, %d cooldowns: want 0, 1, 0",
+				n, again, countEvents(*evs, pacer.EventCooldown))
+		}
+		// Once: the origin that goes on refusing is failing.
+		v, after = next(t, p, after, no, 5*ms)
+		if v.Throttled {
+			t.Fatalf("the refusal after that one: %+v, want a failure", v)
+		}
+		if st := p.Snapshot(after)[0]; st.State != pacer.StateBackoff || countEvents(*evs, pacer.EventBackoff) != 1 {
+			t.Fatalf("state %+v, %d backoff facts: want backoff, one fact", st, countEvents(*evs, pacer.EventBackoff))
+		}
+	})
+	t.Run("a failure since the blast's refusal", func(t *testing.T) {
+		p, _, at := blast(t, pacer.Response{Err: syscall.ECONNRESET, URL: "/x"})
+		if v, _ := next(t, p, at, no, 5*ms); v.Throttled {
+			t.Fatalf("the request after the step, the origin failed since: %+v, want a failure", v)
+		}
+	})
+	t.Run("a slow 503 after the step", func(t *testing.T) {
+		p, _, at := blast(t, pacer.Response{})
+		if v, _ := next(t, p, at, no, pacer.LimiterAnswerWithin+ms); v.Throttled {
+			t.Fatalf("a slow 503: %+v, want a failure", v)
+		}
+	})
+}
