@@ -54,6 +54,51 @@ func TestSinkLogLines(t *testing.T) {
 	}
 }
 
+// TestSinkLogsTheLimitersReading: a limiter's 503 starts no cooldown, so
+// the sink says how the pod read it: the cold blast's refusal as a
+// limiter's, and the refusal of the request after the blast's short step
+// as the limiter's too, marked after_blast_step (ADR 0030).
+func TestSinkLogsTheLimitersReading(t *testing.T) {
+	var buf bytes.Buffer
+	sink := facts.NewSink(nil, zerolog.New(&buf), nil)
+	p := pacer.New(&pacer.Options{Policy: &pacer.Policy{Default: pacer.Limits{Floor: 0, MaxInFlight: 2}},
+		StartGuard: -1, Rand: func() float64 { return 0 }, OnEvent: sink.Handle})
+	const auth = "files.example.org:443"
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	start := func() pacer.Permit {
+		t.Helper()
+		if wait, _, _ := p.ReadyIn(at, auth); wait > 0 {
+			at = at.Add(wait)
+		}
+		pm, err := p.Acquire(at, auth, 0)
+		if err == nil {
+			pm, err = p.Confirm(at, pm)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pm
+	}
+	for range 6 { // the blast's admissions: a depth of 6
+		p.Done(at, start(), pacer.Response{Status: 200, URL: "/ok"})
+	}
+	start()            // in flight beside the refused one, never answered here
+	for i := range 2 { // the blast's refusal, then the request after its short step
+		if v := p.Done(at.Add(time.Millisecond), start(), pacer.Response{Status: 503, URL: "/no"}); !v.Throttled {
+			t.Fatalf("refusal %d: %+v, want a limiter's", i, v)
+		}
+	}
+	out := buf.String()
+	for _, want := range []string{
+		`"status":503,"reason":"limiter","interval":333.333333,"after_blast_step":false,"message":"pacer: 503 read as a limiter's refusal (throttling, no cooldown)"`,
+		`"status":503,"reason":"limiter","interval":2000,"after_blast_step":true,"message":"pacer: 503 to the request after the cold blast's short step read as the limiter's (throttling, no cooldown)"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %s:\n%s", want, out)
+		}
+	}
+}
+
 // TestSinkRetriesUntilStored: a fact handled while the sink's link to NATS
 // is cut, and one handled while it is a black hole (whose attempts time
 // out here and all land there when it lifts), are published once the link
