@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -145,6 +146,7 @@ type simOrigin struct {
 	// earlyAcross counts the starts while told to wait, or owing a
 	// probe, that waitExcused let pass.
 	earlyAcross int
+	trace       []string // every start: instant, authority, pod
 }
 
 type simAuth struct {
@@ -256,6 +258,7 @@ func (o *simOrigin) start(now time.Time, pod *simPod, auth string, part int, pm 
 	}
 	a.last = st
 	a.starts = append(a.starts, now)
+	o.trace = append(o.trace, fmt.Sprintf("%s %s %s", stamp, auth, pod.id))
 	a.byPod[pod.id]++
 	a.live = append(a.live, r)
 	if a.throttleEvery > 0 && a.n%a.throttleEvery == a.throttleEvery-1 && !r.probe {
@@ -461,6 +464,9 @@ func (p *simPod) Acquired(_ context.Context, part int, since time.Time) error {
 func (p *simPod) Release(_ context.Context, part int) {
 	// Called from the Manager's own goroutines: the simulation's lock
 	// orders it with the simulated world.
+	if p.sim.jitter {
+		time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+	}
 	p.sim.mu.Lock()
 	defer p.sim.mu.Unlock()
 	p.overs.Remove(part) // as the worker's drainPartition
@@ -527,6 +533,7 @@ type simulation struct {
 	cooldowns []simFact
 
 	linkFaults bool      // link faults are on (TestSimulatedClusterLinkFaults)
+	jitter     bool      // Releases delayed in real time (TestSimulationIsDeterministic)
 	fault      *simFault // the link fault in progress, if any
 	faults     int
 
@@ -859,9 +866,25 @@ func (s *simulation) step(t *testing.T, ctx context.Context) {
 		if !now.Before(p.nextStep) {
 			s.mu.Unlock()
 			p.m.Step(ctx)
+			waitReleases(p.m)
 			s.mu.Lock()
 			p.nextStep = now.Add(s.ttl / 4)
 		}
+	}
+}
+
+// waitReleases returns once every Release that m's Step began has
+// returned. The Manager runs each Release on a goroutine of its own (a
+// pod's renewals must not wait for a partition's drain), and the
+// simulation's Release is instant (it closes the partition's requests), so
+// it belongs at the simulated instant the Manager decided it. Unwaited, it
+// ran whenever the scheduler got to its goroutine, ticks later on a loaded
+// machine (or during another pod's step, or after the pod was stopped), and
+// the same seed ran a different simulation from run to run
+// (docs/adr/0007, "Measurements").
+func waitReleases(m *cluster.Manager) {
+	for m.Releasing() > 0 {
+		runtime.Gosched() // the Release needs s.mu, which the caller does not hold
 	}
 }
 
@@ -1081,7 +1104,7 @@ func TestSimulatedClusterKeepsOnePace(t *testing.T) {
 	across, excused, over, earlyAcross := 0, 0, 0, 0
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			r := runSimulation(t, seed, false)
+			r := runSimulation(t, seed, false, false)
 			if len(r.early) > 0 {
 				t.Errorf("%d starts while told to wait (first %v); events: %v", len(r.early), r.early[:min(5, len(r.early))], r.events)
 			}
@@ -1119,7 +1142,7 @@ func TestSimulatedClusterLinkFaults(t *testing.T) {
 	across, excused, over, earlyAcross := 0, 0, 0, 0
 	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
-			r := runSimulation(t, seed, true)
+			r := runSimulation(t, seed, true, false)
 			if len(r.unheld) > 0 {
 				t.Errorf("%d starts while told to wait with no fact of it held by a faulted link (first %v); events: %v", len(r.unheld), r.unheld[:min(5, len(r.unheld))], r.events)
 			}
@@ -1132,6 +1155,48 @@ func TestSimulatedClusterLinkFaults(t *testing.T) {
 	}
 	t.Logf("%d seeds, %d link faults: longest wait for another pod to serve a faulted pod's partition %s (TTL 2s); %d starts while told to wait; %d gaps judged across a group move, %d below the floor outside the promise (a pod more than MoveSettle behind); %d starts over the cap counting an old pace's requests in flight; %d starts while told to wait (or owing the probe) across a move with a pod more than MoveSettle behind",
 		seeds, faults, takeover, early, across, excused, over, earlyAcross)
+}
+
+// TestSimulationIsDeterministic runs seeds of the link-fault simulation
+// twice, the second time with each Release hook delayed by a random real
+// moment (as a loaded machine schedules a Manager's goroutines), and
+// requires the same starts, at the same instants, by the same pods: the
+// fake clock and the seeded RNG are the simulation's only sources of time
+// and chance. Real time or the order in which goroutines run, leaking in,
+// make a seed a different simulation from run to run, and a rare failure
+// of the politeness checks a flake nobody can replay (the Releases did,
+// until waitReleases).
+func TestSimulationIsDeterministic(t *testing.T) {
+	seeds := []int{4, 6, 16}
+	if raceEnabled {
+		seeds = seeds[:1]
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			a := runSimulation(t, seed, true, false).starts
+			b := runSimulation(t, seed, true, true).starts
+			if i := firstDiff(a, b); i >= 0 {
+				t.Errorf("seed %d ran differently with the Releases delayed: start %d of %d and %d: %q against %q", seed, i, len(a), len(b), at(a, i), at(b, i))
+			}
+		})
+	}
+}
+
+// firstDiff is the first index at which a and b differ, -1 if none.
+func firstDiff(a, b []string) int {
+	for i := range max(len(a), len(b)) {
+		if at(a, i) != at(b, i) {
+			return i
+		}
+	}
+	return -1
+}
+
+func at(s []string, i int) string {
+	if i < len(s) {
+		return s[i]
+	}
+	return "(none)"
 }
 
 type simResult struct {
@@ -1147,6 +1212,9 @@ type simResult struct {
 	acrossMove, excused    int
 	overAcross             int
 	earlyAcross            int
+	// starts is every start the origin saw, in order: authority, instant
+	// and pod (TestSimulationIsDeterministic).
+	starts []string
 }
 
 // simFault is a link fault in progress.
@@ -1159,7 +1227,10 @@ type simFault struct {
 	covered map[int]time.Time // when another pod first owned each
 }
 
-func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
+// runSimulation runs seed's simulation, with link faults or without. jitter
+// delays each Release hook by up to 300 µs of real time before it runs
+// (TestSimulationIsDeterministic): it must change nothing.
+func runSimulation(t *testing.T, seed int, linkFaults, jitter bool) simResult {
 	const (
 		ttl  = 2 * time.Second
 		run  = 90 * time.Second
@@ -1174,6 +1245,7 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 		cancelled: map[*simReq]bool{},
 	}
 	s.origin.sim = s
+	s.jitter = jitter
 	for i := range 12 {
 		a := fmt.Sprintf("origin%d.example:443", i)
 		sa := &simAuth{byPod: map[string]int{}}
@@ -1317,6 +1389,7 @@ func runSimulation(t *testing.T, seed int, linkFaults bool) simResult {
 	res.acrossMove, res.excused, res.overAcross = s.origin.acrossMove, s.origin.excused, s.origin.overAcross
 	res.earlyAcross = s.origin.earlyAcross
 	res.early, res.unheld, res.events = s.origin.early, s.origin.unheld, s.events
+	res.starts = s.origin.trace
 	return res
 }
 
