@@ -259,15 +259,15 @@ func (l *laneSet) startLocked(part int, f func(ctx context.Context) error) {
 	}()
 }
 
-// backlog returns partition part's consumer info and whether at least
-// atLeast jobs are ahead of it (pending and ack pending).
-func (l *laneSet) backlogAhead(ctx context.Context, part int, atLeast int) (*jetstream.ConsumerInfo, bool, error) {
+// backlogAhead returns partition part's consumer info and how many jobs
+// are ahead of it (pending and ack pending).
+func (l *laneSet) backlogAhead(ctx context.Context, part int) (*jetstream.ConsumerInfo, uint64, error) {
 	main, err := l.d.js.Consumer(ctx, jobs.JobsStream, jobs.PartitionConsumer(part))
 	if err != nil {
-		return nil, false, err
+		return nil, 0, err
 	}
 	mi := main.CachedInfo() // fetched by Consumer just now
-	return mi, mi.NumPending+uint64(mi.NumAckPending) >= uint64(atLeast), nil
+	return mi, mi.NumPending + uint64(mi.NumAckPending), nil
 }
 
 // laneConfig returns the configuration of a lane or catch-up consumer: the
@@ -284,8 +284,8 @@ func laneConfig(base jetstream.ConsumerConfig, name, desc string, start uint64, 
 // openLane creates the lane of auth in partition part (step 1), from the
 // partition consumer's ack floor on.
 func (l *laneSet) openLane(ctx context.Context, part int, auth, akey string) error {
-	mi, big, err := l.backlogAhead(ctx, part, l.d.backlog)
-	if err != nil || !big {
+	mi, ahead, err := l.backlogAhead(ctx, part)
+	if err != nil || ahead < uint64(l.d.backlog) {
 		return err // little ahead: parking one by one is cheap enough
 	}
 	floor := mi.AckFloor.Stream
@@ -304,7 +304,7 @@ func (l *laneSet) openLane(ctx context.Context, part int, auth, akey string) err
 	return nil
 }
 
-// skip runs steps 2 and 3 for partition part: a catch-up consumer for the
+// skipPast runs steps 2 and 3 for partition part: a catch-up consumer for the
 // jobs of its authorities without a lane up to the stream's last sequence,
 // then the partition consumer reset past it.
 func (l *laneSet) skipPast(ctx context.Context, part int) error {
@@ -322,14 +322,28 @@ func (l *laneSet) skipPast(ctx context.Context, part int) error {
 		}
 	}
 	l.mu.Unlock()
-	if len(laned) == 0 || active >= maxCatchups {
+	if len(laned) == 0 {
+		return nil // no lane (none opened, or closed since): nothing to skip
+	}
+	// Why a skip was not done, for an operator asking why a partition
+	// consumer still reads through a lane's backlog (debug: a partition
+	// with lanes may look every laneRetry).
+	notSkipped := func(reason string) *zerolog.Event {
+		return l.d.log.Debug().Int("partition", part).Str("reason", reason)
+	}
+	if active >= maxCatchups {
+		notSkipped("catch-up consumers at their bound").Int("catchups", active).Msg("partition consumer not skipped")
 		return nil
 	}
 	// Once a lane exists, skipping is cheap: skip again as soon as the
 	// consumer is a little behind (an eighth of the lane threshold).
-	mi, big, err := l.backlogAhead(ctx, part, max(l.d.backlog/8, 1))
-	if err != nil || !big {
+	mi, ahead, err := l.backlogAhead(ctx, part)
+	if err != nil {
 		return err
+	}
+	if threshold := max(l.d.backlog/8, 1); ahead < uint64(threshold) {
+		notSkipped("little ahead").Uint64("ahead", ahead).Int("threshold", threshold).Msg("partition consumer not skipped")
+		return nil
 	}
 	floor := mi.AckFloor.Stream
 	// The last sequence first, then the subjects: every message up to it
@@ -340,6 +354,7 @@ func (l *laneSet) skipPast(ctx context.Context, part int) error {
 	}
 	last := si.State.LastSeq
 	if last <= floor {
+		notSkipped("nothing past the ack floor").Uint64("ack_floor", floor).Uint64("last", last).Msg("partition consumer not skipped")
 		return nil
 	}
 	si, err = l.stream.Info(ctx, jetstream.WithSubjectFilter(jobs.PartitionFilter(part)))
@@ -371,11 +386,14 @@ func (l *laneSet) skipPast(ctx context.Context, part int) error {
 			return fmt.Errorf("create catch-up consumer: %w", err)
 		}
 		if !l.startCatchup(part, ccons, last) {
-			return nil // the partition was given up: its new owner serves it
+			// The partition was given up: its new owner serves it.
+			notSkipped("partition given up").Msg("partition consumer not skipped")
+			return nil
 		}
 	}
 	// 3. Skip: only while this pod still owns the partition.
 	if !l.d.parts.owns(part) {
+		notSkipped("partition given up").Msg("partition consumer not skipped")
 		return nil
 	}
 	l.d.fault.reached("lane-before-reset")
