@@ -51,7 +51,10 @@ type originAuth struct {
 	probes   int
 	inflight int
 	maxIn    int
-	srv      *httptest.Server
+	// hold, if set, keeps every request unanswered until it is closed (or
+	// the client goes).
+	hold <-chan struct{}
+	srv  *httptest.Server
 }
 
 func clusterBody(path string) []byte {
@@ -62,34 +65,54 @@ func newClusterOrigin(t *testing.T, partitions int, behaves ...string) *clusterO
 	o := &clusterOrigin{auths: map[string]*originAuth{}, start: time.Now()}
 	used := map[int]bool{}
 	for _, b := range behaves {
-		a := &originAuth{behave: b, every: 6, wait: 2 * time.Second}
 		// Put each authority in a partition of its own, so that the pods
 		// really share the work and a kill moves some of it.
-		for tries := 0; ; tries++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			p := jobs.Partition(authority.KeyOf(ln.Addr().String()), partitions)
-			if used[p] && tries < 200 {
-				ln.Close()
-				continue
-			}
-			used[p] = true
-			a.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { o.serve(a, w, r) }))
-			a.srv.Listener.Close()
-			a.srv.Listener = rxstamp.Serve(a.srv.Config, ln)
-			a.srv.Start()
-			a.name = ln.Addr().String()
-			break
-		}
-		o.auths[a.name] = a
-		t.Cleanup(a.srv.Close)
+		_, p := o.add(t, b, partitions, 200, func(p int) bool { return !used[p] })
+		used[p] = true
 	}
 	return o
 }
 
+// add starts an authority of behaviour b on a loopback port whose partition
+// (of partitions) fit accepts, or on any port after tries that it did not,
+// and returns it and its partition.
+func (o *clusterOrigin) add(t *testing.T, b string, partitions, tries int, fit func(p int) bool) (*originAuth, int) {
+	t.Helper()
+	a := &originAuth{behave: b, every: 6, wait: 2 * time.Second}
+	for try := 0; ; try++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := jobs.Partition(authority.KeyOf(ln.Addr().String()), partitions)
+		if !fit(p) && try < tries {
+			ln.Close()
+			continue
+		}
+		a.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { o.serve(a, w, r) }))
+		a.srv.Listener.Close()
+		a.srv.Listener = rxstamp.Serve(a.srv.Config, ln)
+		a.srv.Start()
+		a.name = ln.Addr().String()
+		o.mu.Lock()
+		o.auths[a.name] = a
+		o.mu.Unlock()
+		t.Cleanup(a.srv.Close)
+		return a, p
+	}
+}
+
 func (o *clusterOrigin) serve(a *originAuth, w http.ResponseWriter, r *http.Request) {
+	o.mu.Lock()
+	hold := a.hold
+	o.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+			return
+		}
+	}
 	// A request arrived when this host received it (rxstamp), however
 	// late the test process got to run this handler; what the origin
 	// answers and tells it is timed from now.
@@ -245,16 +268,23 @@ func (o *clusterOrigin) urls(perAuth int) (map[string]string, []string) {
 	defer o.mu.Unlock()
 	targets := map[string]string{}
 	var urls []string
-	for n, a := range o.auths {
-		for i := range perAuth {
-			path := fmt.Sprintf("/%s/%d", a.behave, i)
-			u := "http://" + n + path
-			targets[u] = a.behave + "/" + strconv.Itoa(i)
-			urls = append(urls, u)
-		}
+	for _, a := range o.auths {
+		urls = append(urls, a.urls(perAuth, targets)...)
 	}
 	sort.Strings(urls)
 	return targets, urls
+}
+
+// urls returns n URLs of a, each with its target key in targets.
+func (a *originAuth) urls(n int, targets map[string]string) []string {
+	var urls []string
+	for i := range n {
+		path := fmt.Sprintf("/%s/%d", a.behave, i)
+		u := "http://" + a.name + path
+		targets[u] = a.behave + "/" + strconv.Itoa(i)
+		urls = append(urls, u)
+	}
+	return urls
 }
 
 func publishURLs(t *testing.T, natsURL string, targets map[string]string, urls []string) {
@@ -613,16 +643,31 @@ func startKilledAt(t *testing.T, point string, args ...string) *workerProcess {
 }
 
 // TestProcessCrashBeforeLaneSkip: a process killed (SIGKILL) after it moved
-// a cooling authority's backlog to a lane, and before it reset the partition
+// a cooling authority's backlog to a lane and the other jobs of its
+// partition to a catch-up consumer, and before it reset the partition
 // consumer past that backlog, loses nothing: the next process finds the
-// lane, serves it when the cooldown is over, acks the backlog the partition
-// consumer still delivers unread, and deletes the lane once it is empty.
+// lane and the catch-up consumer, serves the lane when the cooldown is
+// over, acks the backlog the partition consumer still delivers unread, and
+// deletes both once they are done.
 func TestProcessCrashBeforeLaneSkip(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts worker processes")
 	}
 	t.Parallel()
-	const n = 400
+	const (
+		n = 400 // the cooling authority's backlog
+		// held: jobs of an authority in the cooling one's partition whose
+		// requests the origin holds until the first worker is dead. That
+		// worker can neither store nor park them (fewer than the queue
+		// bound, a quarter of --max-held's 1000: none overflows), so they
+		// stay ahead of the partition consumer however fast its intake
+		// parks the cooling backlog, and there are --lane-backlog of them:
+		// the lane opens and the skip goes on to the fault point in every
+		// interleaving. Without them the intake could park all n before
+		// the skip looked, which then had nothing to skip (stop 51's
+		// failure, "never reached lane-before-reset").
+		held = 60
+	)
 	natsURL := externalNATS(t)
 	origin := newClusterOrigin(t, jobs.DefaultPartitions, "429", "plain")
 	a := origin.auths[origin.named("429")]
@@ -632,6 +677,18 @@ func TestProcessCrashBeforeLaneSkip(t *testing.T) {
 	origin.mu.Unlock()
 	origin.auths[origin.named("plain")].every = 1 << 30
 	targets, urls := origin.urls(n)
+	coolPart := jobs.Partition(authority.KeyOf(a.name), jobs.DefaultPartitions)
+	mate, p := origin.add(t, "held", jobs.DefaultPartitions, 2000, func(p int) bool { return p == coolPart })
+	if p != coolPart {
+		t.Fatalf("no loopback port found in partition %d", coolPart)
+	}
+	hold := make(chan struct{})
+	release := sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(release)
+	origin.mu.Lock()
+	mate.every, mate.hold = 1<<30, hold
+	origin.mu.Unlock()
+	urls = append(urls, mate.urls(held, targets)...)
 	// The partitioned layout before the jobs, so that they are queued in
 	// their partitions, the cooling backlog ahead of the worker's first pull.
 	js, closeConn := connectJS(t, natsURL)
@@ -647,26 +704,40 @@ func TestProcessCrashBeforeLaneSkip(t *testing.T) {
 	// --time-scale: the 429's 2 s step is 20 ms, so the backlog drains in
 	// seconds once the 3 s Retry-After is over.
 	args := workerArgs(natsURL, t.TempDir(), "--target", root, "--park-after", "1s", "--ack-wait", "2s",
-		"--lease-ttl", "2s", "--lane-backlog", "50", "--time-scale", "0.01")
+		"--lease-ttl", "2s", "--lane-backlog", strconv.Itoa(held), "--time-scale", "0.01")
 	first := startKilledAt(t, "lane-before-reset", args...)
+	js, closeConn = connectJS(t, natsURL)
+	defer closeConn()
+	// laneConsumers counts the lane and catch-up consumers on MIRROR_JOBS.
+	laneConsumers := func() (lanes, catchups int, err error) {
+		s, err := js.Stream(context.Background(), jobs.JobsStream)
+		if err != nil {
+			return 0, 0, err
+		}
+		names := s.ConsumerNames(context.Background())
+		for name := range names.Name() {
+			switch {
+			case strings.HasPrefix(name, jobs.LaneConsumerPrefix):
+				lanes++
+			case strings.HasPrefix(name, jobs.CatchupConsumerPrefix):
+				catchups++
+			}
+		}
+		return lanes, catchups, names.Err()
+	}
+	// What the crash left is what this test is about: both consumers made
+	// (steps 1 and 2), the partition consumer not reset (step 3).
+	if l, c, err := laneConsumers(); err != nil || l != 1 || c != 1 {
+		t.Fatalf("after the kill: %d lanes and %d catch-up consumers (err %v), want 1 and 1", l, c, err)
+	}
+	release()
 	second := startWorkerProcess(t, args...)
 	logs := multiLog([]*workerProcess{first, second})
 	waitQueueEmpty(t, natsURL, root, len(urls), 120*time.Second, logs)
 	checkClusterMirror(t, root, targets)
-	js, closeConn = connectJS(t, natsURL)
-	defer closeConn()
-	waitFor(t, 30*time.Second, "the lane deleted once empty", func() bool {
-		s, err := js.Stream(context.Background(), jobs.JobsStream)
-		if err != nil {
-			return false
-		}
-		left := 0
-		for name := range s.ConsumerNames(context.Background()).Name() {
-			if strings.HasPrefix(name, jobs.LaneConsumerPrefix) || strings.HasPrefix(name, jobs.CatchupConsumerPrefix) {
-				left++
-			}
-		}
-		return left == 0
+	waitFor(t, 30*time.Second, "the lane and the catch-up consumer deleted once done", func() bool {
+		l, c, err := laneConsumers()
+		return err == nil && l == 0 && c == 0
 	})
 	// The line follows the lane's deletion.
 	waitFor(t, 10*time.Second, "the second worker's log of the lane it drained", func() bool {
