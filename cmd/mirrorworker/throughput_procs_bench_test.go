@@ -337,7 +337,7 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 		b.Fatalf("raw pipeline: %d NAKs; output:\n%s", naks, p.out)
 	}
 	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu(),
-		whole: watch.whole(), early: watch.earlyAcks()}
+		whole: watch.whole(), early: watch.earlyAcks(), curve: watch.curve()}
 	if !raw {
 		if s, err := js.Stream(ctx, jobs.ParkStream); err == nil {
 			if info, err := s.Info(ctx); err == nil {
