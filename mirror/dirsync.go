@@ -20,12 +20,20 @@ type dirSyncs struct {
 	// fsync makes a directory's entries durable: syncDir, or a test's
 	// stand-in. Set before first use.
 	fsync func(dir string) error
+	// whole, when set (Options.SyncFilesystem), makes every change to the
+	// target's file system durable (syncfs of the root, or a test's
+	// stand-in); then every sync, whatever its directory, joins the next
+	// call of it (all), and an object's bytes wait for it too (syncObject).
+	// Set before first use.
+	whole func() error
+	all   dirSync
 
 	mu   sync.Mutex
 	dirs map[string]*dirSync
 }
 
-// dirSync is one directory's fsync state.
+// dirSync is one directory's fsync state (or, with dirSyncs.whole, the
+// file system's). The zero value is ready.
 type dirSync struct {
 	refs int // guarded by dirSyncs.mu
 
@@ -33,6 +41,7 @@ type dirSync struct {
 	cond    sync.Cond // signalled when an fsync ends
 	running bool      // an fsync is under way
 	next    *syncBatch
+	waiters int // callers waiting on cond
 }
 
 // syncBatch is one fsync and the Puts that joined it.
@@ -44,6 +53,9 @@ type syncBatch struct {
 // sync makes the entries of dir durable: on return with nil, every change
 // to dir made before the call is on stable storage.
 func (s *dirSyncs) sync(dir string) error {
+	if s.whole != nil {
+		return s.all.sync(s.whole)
+	}
 	s.mu.Lock()
 	d := s.dirs[dir]
 	if d == nil {
@@ -51,7 +63,6 @@ func (s *dirSyncs) sync(dir string) error {
 			s.dirs = make(map[string]*dirSync)
 		}
 		d = &dirSync{}
-		d.cond.L = &d.mu
 		s.dirs[dir] = d
 	}
 	d.refs++
@@ -72,6 +83,9 @@ func (s *dirSyncs) sync(dir string) error {
 
 func (d *dirSync) sync(fsync func() error) error {
 	d.mu.Lock()
+	if d.cond.L == nil {
+		d.cond.L = &d.mu
+	}
 	if d.next == nil {
 		d.next = &syncBatch{}
 	}
@@ -84,7 +98,9 @@ func (d *dirSync) sync(fsync func() error) error {
 		if !d.running {
 			break
 		}
+		d.waiters++
 		d.cond.Wait()
+		d.waiters--
 	}
 	// b has not started, and nothing runs: this caller runs it for all
 	// who joined (and closes it to later ones).

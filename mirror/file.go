@@ -116,6 +116,14 @@ type Options struct {
 	// PartialMaxAge: kept starts older than this are removed at Open.
 	// DefaultPartialMaxAge.
 	PartialMaxAge time.Duration
+	// SyncFilesystem makes each object durable with syncfs(2) of the
+	// root's file system, shared by the Puts waiting at that moment
+	// (group commit), instead of an fsync of the object and one of its
+	// directory: one device flush for many objects. Every write to that
+	// file system, other programs' too, is flushed with it, so it suits a
+	// root on a file system of its own. Linux only: OpenWith fails where
+	// syncfs does.
+	SyncFilesystem bool
 }
 
 // The steps of a Put that Options.FaultHook is called at, in order. The
@@ -175,7 +183,27 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 		}
 	}
 	t.sidecars.Store(has)
+	if t.opt.SyncFilesystem {
+		// Once now: a file system (or system) without syncfs fails here,
+		// not at the first object.
+		if err := syncFilesystem(t.root); err != nil {
+			return nil, fmt.Errorf("open target: %w", err)
+		}
+		t.dirSyncs.whole = func() error { return syncFilesystem(t.root) }
+	}
 	return t, nil
+}
+
+// syncObject makes f's bytes and attribute durable: an fsync of f, or,
+// with Options.SyncFilesystem, the next syncfs of the file system.
+func (t *FileTarget) syncObject(f *tempFile) error {
+	if t.dirSyncs.whole != nil {
+		if err := t.dirSyncs.sync(""); err != nil {
+			return fmt.Errorf("sync %s: %w", f.name, err)
+		}
+		return nil
+	}
+	return f.sync()
 }
 
 // hasFile reports whether the tree under dir holds anything but
@@ -401,7 +429,7 @@ func (t *FileTarget) put(ctx context.Context, key string, f *tempFile, h hash.Ha
 		}
 	}
 	t.fault(FaultObjectWritten)
-	if err := f.sync(); err != nil {
+	if err := t.syncObject(f); err != nil {
 		return Meta{}, fmt.Errorf("put %q: %w", key, err)
 	}
 	// f stays open, and locked, until it is renamed: a sweep by another

@@ -227,7 +227,7 @@ func runWorkerOn(b testing.TB, dataDir string, bl benchBacklog, args []string, a
 		}
 	}
 	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu(),
-		whole: watch.whole(), early: watch.earlyAcks()}
+		whole: watch.whole(), early: watch.earlyAcks(), curve: watch.curve()}
 	wjs, err := jetstream.New(wnc)
 	if err != nil {
 		b.Fatal(err)

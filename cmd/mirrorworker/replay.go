@@ -183,7 +183,7 @@ func runReplay(ctx context.Context, c *replayConfig, plan replayPlan, log zerolo
 				return err
 			}
 		}
-		if target, err = c.s3.openTarget(ctx, spec, readTestHooks(c.getenv).fault, log); err != nil {
+		if target, err = c.targetOpts.openTarget(ctx, spec, readTestHooks(c.getenv).fault, log); err != nil {
 			return err
 		}
 		// The live worker's rule for --floor, --max-in-flight and --policy.

@@ -280,7 +280,7 @@ func openStore(ctx context.Context, c *runConfig, hooks testHooks, log zerolog.L
 			return "", nil, nil, err
 		}
 	}
-	if target, err = c.s3.openTarget(ctx, spec, hooks.fault, log); err != nil {
+	if target, err = c.targetOpts.openTarget(ctx, spec, hooks.fault, log); err != nil {
 		lock.Release()
 		return "", nil, nil, err
 	}
@@ -329,7 +329,7 @@ func openReplayTargets(ctx context.Context, c *runConfig, hooks testHooks, own s
 		log.Warn().Strs("replay_targets", c.replayTargets).Msg("--replay-target is deprecated: a replay of this version stores its jobs itself, each start granted by the pods, and needs no pod to reach its target (docs/adr/0031); the flag serves only replays of earlier versions, and goes in the next release")
 	}
 	for _, spec := range c.replayTargets {
-		t, err := c.s3.openTarget(ctx, spec, hooks.fault, log)
+		t, err := c.targetOpts.openTarget(ctx, spec, hooks.fault, log)
 		if err != nil {
 			return nil, fmt.Errorf("--replay-target %s: %w", spec, err)
 		}

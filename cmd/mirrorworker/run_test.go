@@ -384,3 +384,40 @@ func TestRunAdminServesWhileConnecting(t *testing.T) {
 		t.Fatalf("run did not return after cancel; log:\n%s", log)
 	}
 }
+
+// TestRunWithSyncFilesystem: with --target-sync filesystem the worker
+// stores every object (durable by shared syncfs calls, mirror's tests)
+// with its metadata, as with the default.
+func TestRunWithSyncFilesystem(t *testing.T) {
+	const n = 12
+	origin := newObjectOrigin(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	si, log, done := runInProcess(t, ctx,
+		"--data-dir", t.TempDir(),
+		"--embedded-listen", "127.0.0.1:0",
+		"--allow-private-networks",
+		"--floor", "0",
+		"--max-in-flight", "4",
+		"--target-sync", "filesystem",
+	)
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, `{"url":%q,"target":%q}`+"\n", fmt.Sprintf("%s/obj/%d", origin.URL, i), objectKey(i))
+	}
+	var out, errOut strings.Builder
+	if err := run(ctx, []string{"enqueue", "--nats-url", si.NATSURL}, noEnv, strings.NewReader(lines.String()), &out, &errOut); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
+	}
+	waitDrained(t, si.NATSURL, si.Mirror, n, 30*time.Second, log)
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run after cancel = %v, want nil; log:\n%s", err, log)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("run did not return after cancel; log:\n%s", log)
+	}
+	checkMeta(t, si.Mirror, origin, n)
+}

@@ -35,9 +35,14 @@ var (
 // targetHelp is the --target flag's help, for every command that has one.
 const targetHelp = "mirror target: file:///abs/dir, a directory, or s3://BUCKET[/PREFIX] (with --s3-endpoint and --s3-region; credentials from the AWS chain)"
 
-// s3Flags are the flags of a bucket target, for every command that opens
-// a target.
-type s3Flags struct {
+// targetFlags are the flags of the mirror target: a bucket's, for every
+// command that opens a target, and how a file target makes objects
+// durable, for the commands that store (registerSync).
+type targetFlags struct {
+	// sync is --target-sync: "file" or "filesystem"
+	// (mirror.Options.SyncFilesystem); "" where the command has no such
+	// flag.
+	sync          string
 	endpoint      string
 	region        string
 	partSize      byteSize
@@ -46,7 +51,7 @@ type s3Flags struct {
 	sweepAge      time.Duration
 }
 
-func (s *s3Flags) register(fs *flag.FlagSet) {
+func (s *targetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&s.endpoint, "s3-endpoint", "", "S3 API URL of an s3:// target (http://minio:9000, https://s3.example.net); empty: AWS S3 of --s3-region. Buckets are addressed path-style")
 	fs.StringVar(&s.region, "s3-region", "", "region of an s3:// target; empty: the AWS configuration's (AWS_REGION), else "+bucket.DefaultRegion)
 	s.partSize = bucket.DefaultPartSize
@@ -57,8 +62,22 @@ func (s *s3Flags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&s.sweepAge, "s3-sweep-older-than", 0, "at start-up, abort the multipart uploads under the target's prefix started more than this long ago (a killed pod's); 0: every one, which fails (and retries) uploads other pods have under way")
 }
 
+// Values of --target-sync.
+const (
+	syncFile       = "file"
+	syncFilesystem = "filesystem"
+)
+
+// registerSync registers --target-sync, for the commands that store.
+func (s *targetFlags) registerSync(fs *flag.FlagSet) {
+	fs.StringVar(&s.sync, "target-sync", syncFile, "how a file target makes each object durable: file (fsync the object, then its directory) or filesystem (one syncfs(2) of the target's file system, shared by the objects stored at that moment: far fewer device flushes, but it flushes every program's writes to that file system, so give the target a file system of its own; Linux only)")
+}
+
 // check reports flag values that cannot work.
-func (s *s3Flags) check(bad func(format string, a ...any)) {
+func (s *targetFlags) check(bad func(format string, a ...any)) {
+	if s.sync != "" && s.sync != syncFile && s.sync != syncFilesystem {
+		bad("--target-sync %q: want %s or %s", s.sync, syncFile, syncFilesystem)
+	}
 	if s.partSize < bucket.MinPartSize || s.partSize > bucket.MaxPartSize {
 		bad("--s3-part-size %d: want 5MiB to 64MiB", s.partSize)
 	}
@@ -81,8 +100,11 @@ func isBucketSpec(spec string) bool { return strings.HasPrefix(spec, bucket.Sche
 // anything starts rather than at the first job. hook, the test hooks'
 // fault (nil: none), may kill the process at a step of the target's Put
 // (crash tests).
-func (s *s3Flags) openTarget(ctx context.Context, spec string, hook func(string), log zerolog.Logger) (storeTarget, error) {
+func (s *targetFlags) openTarget(ctx context.Context, spec string, hook func(string), log zerolog.Logger) (storeTarget, error) {
 	if isBucketSpec(spec) {
+		if s.sync == syncFilesystem {
+			log.Warn().Str("target", spec).Msg("--target-sync filesystem is ignored: the target is a bucket, whose writes are durable when it answers")
+		}
 		octx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
 		t, err := bucket.Open(octx, spec, &bucket.Options{
@@ -103,7 +125,7 @@ func (s *s3Flags) openTarget(ctx context.Context, spec string, hook func(string)
 	if s.endpoint != "" {
 		log.Warn().Str("target", spec).Msg("--s3-endpoint is ignored: the target is not s3://")
 	}
-	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: hook})
+	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: hook, SyncFilesystem: s.sync == syncFilesystem})
 	if err != nil {
 		return nil, fmt.Errorf("%w (pass --target)", err)
 	}

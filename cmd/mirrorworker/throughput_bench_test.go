@@ -141,6 +141,7 @@ func BenchmarkThroughput(b *testing.B) {
 				b.Logf("round %d: raw %.0f jobs/s (%.0f µs CPU/job), worker %.0f jobs/s (%.0f µs CPU/job), ratio %.3f; first ack to last: raw %.0f, worker %.0f jobs/s, ratio %.3f; measured jobs acked before the warm-up's last: raw %d, worker %d",
 					r+1, raw.rate(), raw.cpuPerJob(), wk.rate(), wk.cpuPerJob(), ratios[r],
 					raw.wholeRate(bl.total()), wk.wholeRate(bl.total()), wk.wholeRate(bl.total())/raw.wholeRate(bl.total()), raw.early, wk.early)
+				b.Logf("round %d: all jobs acked by (from the first ack): raw %s; worker %s", r+1, raw.curveString(), wk.curveString())
 			}
 			raw, wk := medianResult(raws), medianResult(wks)
 			b.ReportMetric(raw.rate(), "raw_jobs/s")
@@ -201,9 +202,19 @@ type pipelineResult struct {
 	deliveries uint64 // sum of NumDelivered over the measured acks
 	naks       int
 	parked     uint64
-	cpu        time.Duration // this process's CPU time over the measured window
-	whole      time.Duration // first ack to last, warm-up included
-	early      uint64        // measured jobs acked before the last warm-up job
+	cpu        time.Duration   // this process's CPU time over the measured window
+	whole      time.Duration   // first ack to last, warm-up included
+	early      uint64          // measured jobs acked before the last warm-up job
+	curve      []time.Duration // when each tenth of all jobs was acked, from the first ack (ackWatch.curve)
+}
+
+// curveString is the ack curve as "10% 0.41s, 20% 0.83s, ...".
+func (r pipelineResult) curveString() string {
+	var parts []string
+	for i, d := range r.curve {
+		parts = append(parts, fmt.Sprintf("%d%% %.2fs", 10*(i+1), d.Seconds()))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (r pipelineResult) rate() float64 { return float64(r.measured) / r.elapsed.Seconds() }
@@ -249,6 +260,7 @@ type ackWatch struct {
 	early      uint64        // measured jobs acked before the warm-up ended
 	tFirst     time.Time     // the first ack of any job
 	tLast      time.Time     // the last ack of a warm-up or measured job
+	times      []time.Time   // every first ack of a job, in order
 	done       chan struct{}
 }
 
@@ -320,6 +332,7 @@ func (a *ackWatch) handle(m *nats.Msg) {
 		}
 	}
 	a.tLast = now
+	a.times = append(a.times, now)
 	if a.anyJob {
 		seq = uint64(len(a.acked)) // the order of arrival
 	}
@@ -367,6 +380,20 @@ func (a *ackWatch) wait(b testing.TB, timeout time.Duration) (elapsed time.Durat
 		b.Fatal("ackWatch: no warm-up")
 	}
 	return a.tEnd.Sub(start), a.deliveries, a.naks
+}
+
+// curve is the time from the first ack at which each tenth of the jobs
+// acked so far had been: where a pipeline's run is slow (its start, its
+// steady pace, its last jobs).
+func (a *ackWatch) curve() []time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := len(a.times)
+	var c []time.Duration
+	for i := 1; i <= 10 && n > 0; i++ {
+		c = append(c, a.times[i*n/10-1].Sub(a.times[0]))
+	}
+	return c
 }
 
 // whole is the time from the first ack to the last, warm-up included: the
@@ -632,7 +659,7 @@ func runRaw(b *testing.B, bl benchBacklog, g int, name string, newStore func(dir
 		b.Fatalf("%s: %d jobs failed", name, failed.Load())
 	}
 	return pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, cpu: watch.cpu(),
-		whole: watch.whole(), early: watch.earlyAcks()}
+		whole: watch.whole(), early: watch.earlyAcks(), curve: watch.curve()}
 }
 
 // runWorkerPipeline drains bl with `mirrorworker run` in-process: the

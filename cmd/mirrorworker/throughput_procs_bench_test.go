@@ -114,6 +114,35 @@ func (p *benchProc) stop(b testing.TB) {
 	}
 }
 
+// kernelThreadsCPU is the CPU time all kernel threads (kworkers, flushers:
+// write-back a syncfs hands them, which no process is charged for) have
+// used so far, from /proc/<pid>/stat (flags has PF_KTHREAD).
+func kernelThreadsCPU() time.Duration {
+	dirs, _ := os.ReadDir("/proc")
+	var ticks int64
+	for _, d := range dirs {
+		if d.Name()[0] < '0' || d.Name()[0] > '9' {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(data)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		if flags, _ := strconv.ParseUint(f[6], 10, 64); flags&0x00200000 == 0 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += ut + st
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
 // cpu is the process's user and system time so far (from /proc, in clock
 // ticks of 10 ms).
 func (p *benchProc) cpu() time.Duration {
@@ -282,6 +311,7 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 	if err != nil {
 		b.Fatal(err)
 	}
+	kthreads0 := kernelThreadsCPU()
 	p := startBenchProc(b, cmd)
 	pipe.Store(p)
 	if pdir := os.Getenv(benchNATSProfileEnv); pdir != "" {
@@ -330,14 +360,14 @@ func runProcRound(b *testing.B, bl benchBacklog, raw bool, g int, args []string)
 		pu, ps := p.cpuSplit()
 		nu, nsys := ns.cpuSplit()
 		per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(bl.total()) }
-		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run)",
-			side, per(pu), per(ps), per(nu), per(nsys))
+		b.Logf("  %s: pipeline user %.0f sys %.0f, nats-server user %.0f sys %.0f µs/job (whole run); the kernel's threads (write-back, machine-wide, anyone's) %.0f µs/job",
+			side, per(pu), per(ps), per(nu), per(nsys), per(kernelThreadsCPU()-kthreads0))
 	}
 	if raw && naks > 0 {
 		b.Fatalf("raw pipeline: %d NAKs; output:\n%s", naks, p.out)
 	}
 	res := pipelineResult{measured: bl.measured, elapsed: elapsed, origin: bl.origin.stats(b), deliveries: deliveries, naks: naks, cpu: watch.cpu(),
-		whole: watch.whole(), early: watch.earlyAcks()}
+		whole: watch.whole(), early: watch.earlyAcks(), curve: watch.curve()}
 	if !raw {
 		if s, err := js.Stream(ctx, jobs.ParkStream); err == nil {
 			if info, err := s.Info(ctx); err == nil {

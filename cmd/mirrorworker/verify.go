@@ -47,7 +47,7 @@ type verifyConfig struct {
 	// job was dead-lettered (as 'dlq requeue' does).
 	repairDead bool
 	progress   time.Duration // a progress line this often; 0: none
-	s3         s3Flags
+	targetOpts targetFlags
 	logFormat  string
 	logLevel   string
 }
@@ -59,7 +59,7 @@ func (c *verifyConfig) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.repair, "repair", false, "re-enqueue the jobs (from MIRROR_JOBS, by key) of missing and corrupt objects; a corrupt object is removed first, so that its fetch is not answered 304. Objects missing because their job was dead-lettered are left (see --repair-dead-letters)")
 	fs.BoolVar(&c.repairDead, "repair-dead-letters", false, "requeue the dead-lettered jobs of missing objects from "+jobs.DLQStream+" (as 'mirrorworker dlq requeue' does): once the cause their reason names is fixed, or they fail again")
 	fs.DurationVar(&c.progress, "progress-every", DefaultVerifyProgressEvery, "write a progress line (objects and bytes checked of the total, rate) to stderr this often; a bar redrawn in place on a terminal; 0: none")
-	c.s3.register(fs)
+	c.targetOpts.register(fs)
 	fs.StringVar(&c.logFormat, "log-format", "console", "log format: json or console")
 	fs.StringVar(&c.logLevel, "log-level", "warn", "log level: trace, debug, info, warn or error")
 }
@@ -118,7 +118,7 @@ func cmdVerify(ctx context.Context, args []string, getenv func(string) string, _
 			return err
 		}
 	}
-	st, err := c.s3.openTarget(ctx, spec, nil, log)
+	st, err := c.targetOpts.openTarget(ctx, spec, nil, log)
 	if err != nil {
 		return err
 	}
@@ -191,7 +191,7 @@ func (c *verifyConfig) parse(fs *flag.FlagSet, args []string, getenv func(string
 	if c.nats.timeout <= 0 {
 		bad("--nats-connect-timeout %s: want more than 0", c.nats.timeout)
 	}
-	c.s3.check(bad)
+	c.targetOpts.check(bad)
 	if len(errs) > 0 {
 		return usageError{"verify: " + strings.Join(errs, "; ")}
 	}

@@ -62,8 +62,8 @@ type workerFlags struct {
 
 	workerIDPrefix string // of the default worker id, <prefix><hostname>-<pid>
 
-	// s3 are the flags of an s3:// --target (target.go).
-	s3 s3Flags
+	// targetOpts are the flags of the --target (target.go).
+	targetOpts targetFlags
 
 	// timeScale is pacer.Options.Scale: run's --time-scale, for load tests
 	// only; 0 (replay, which has no such flag) is real time.
@@ -123,7 +123,8 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.IntVar(&w.authHolds, "auth-holds", worker.DefaultAuthHolds, "holds without a success before a 401/403 dead-letters its job auth_failed")
 	fs.StringVar(&w.proxy, "proxy", "", "egress proxy `URL` (http://host:port) for every origin, over HTTP_PROXY and HTTPS_PROXY (NO_PROXY still applies); without user information: see --proxy-credentials")
 	fs.StringVar(&w.proxyCreds, "proxy-credentials", "", "`file` holding user:password for the egress proxy (Proxy-Authorization: Basic)")
-	w.s3.register(fs)
+	w.targetOpts.register(fs)
+	w.targetOpts.registerSync(fs)
 }
 
 // proxyConfig is the egress proxy of the environment, with --proxy over
@@ -241,7 +242,7 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 			bad("--credentials: %s", err)
 		}
 	}
-	w.s3.check(bad)
+	w.targetOpts.check(bad)
 }
 
 // logger defaults the worker id to <prefix><hostname>-<pid> and builds the
