@@ -184,7 +184,7 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 	}
 	t.sidecars.Store(has)
 	if t.opt.SyncFilesystem {
-		// Once now: a file system (or system) without syncfs fails here,
+		// Once now: a system without syncfs (not Linux) fails here,
 		// not at the first object.
 		if err := syncFilesystem(t.root); err != nil {
 			return nil, fmt.Errorf("open target: %w", err)

@@ -75,16 +75,9 @@ func TestRunInProcess(t *testing.T) {
 
 	// Jobs arrive the way a newcomer sends them: the enqueue subcommand
 	// against the embedded server's address from the start line.
-	var lines strings.Builder
-	for i := range n {
-		fmt.Fprintf(&lines, `{"url":%q,"target":%q}`+"\n", fmt.Sprintf("%s/obj/%d", origin.URL, i), objectKey(i))
-	}
-	var out, errOut strings.Builder
-	if err := run(ctx, []string{"enqueue", "--nats-url", si.NATSURL}, noEnv, strings.NewReader(lines.String()), &out, &errOut); err != nil {
-		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
-	}
-	if !strings.Contains(out.String(), strconv.Itoa(n)) {
-		t.Errorf("enqueue output %q does not report %d jobs", out.String(), n)
+	out := enqueueObjects(t, ctx, si.NATSURL, origin.URL, n)
+	if !strings.Contains(out, strconv.Itoa(n)) {
+		t.Errorf("enqueue output %q does not report %d jobs", out, n)
 	}
 	waitDrained(t, si.NATSURL, si.Mirror, n, 30*time.Second, log)
 
@@ -149,6 +142,34 @@ func TestRunInProcess(t *testing.T) {
 		t.Errorf("/debug/pacer does not track %s:\n%s", originAuth, body)
 	}
 
+	stopInProcess(t, cancel, done, log)
+	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(si.AdminURL, "http://"), time.Second); err == nil {
+		c.Close()
+		t.Errorf("admin endpoint still listening after run returned")
+	}
+	checkMeta(t, si.Mirror, origin, n)
+}
+
+// enqueueObjects enqueues jobs for the objects 0..n-1 of the origin at
+// originURL, the way a newcomer sends them (the enqueue subcommand), and
+// returns what enqueue printed.
+func enqueueObjects(t *testing.T, ctx context.Context, natsURL, originURL string, n int) string {
+	t.Helper()
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, `{"url":%q,"target":%q}`+"\n", fmt.Sprintf("%s/obj/%d", originURL, i), objectKey(i))
+	}
+	var out, errOut strings.Builder
+	if err := run(ctx, []string{"enqueue", "--nats-url", natsURL}, noEnv, strings.NewReader(lines.String()), &out, &errOut); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
+	}
+	return out.String()
+}
+
+// stopInProcess cancels a runInProcess worker and waits for run to return
+// nil.
+func stopInProcess(t *testing.T, cancel context.CancelFunc, done <-chan error, log *logWatch) {
+	t.Helper()
 	cancel()
 	select {
 	case err := <-done:
@@ -158,11 +179,6 @@ func TestRunInProcess(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("run did not return after cancel; log:\n%s", log)
 	}
-	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(si.AdminURL, "http://"), time.Second); err == nil {
-		c.Close()
-		t.Errorf("admin endpoint still listening after run returned")
-	}
-	checkMeta(t, si.Mirror, origin, n)
 }
 
 func grepLines(s, substr string) string {
@@ -401,23 +417,8 @@ func TestRunWithSyncFilesystem(t *testing.T) {
 		"--max-in-flight", "4",
 		"--target-sync", "filesystem",
 	)
-	var lines strings.Builder
-	for i := range n {
-		fmt.Fprintf(&lines, `{"url":%q,"target":%q}`+"\n", fmt.Sprintf("%s/obj/%d", origin.URL, i), objectKey(i))
-	}
-	var out, errOut strings.Builder
-	if err := run(ctx, []string{"enqueue", "--nats-url", si.NATSURL}, noEnv, strings.NewReader(lines.String()), &out, &errOut); err != nil {
-		t.Fatalf("enqueue: %v\n%s", err, errOut.String())
-	}
+	enqueueObjects(t, ctx, si.NATSURL, origin.URL, n)
 	waitDrained(t, si.NATSURL, si.Mirror, n, 30*time.Second, log)
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run after cancel = %v, want nil; log:\n%s", err, log)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatalf("run did not return after cancel; log:\n%s", log)
-	}
+	stopInProcess(t, cancel, done, log)
 	checkMeta(t, si.Mirror, origin, n)
 }
