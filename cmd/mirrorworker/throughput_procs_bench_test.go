@@ -116,31 +116,39 @@ func (p *benchProc) stop(b testing.TB) {
 
 // kernelThreadsCPU is the CPU time all kernel threads (kworkers, flushers:
 // write-back a syncfs hands them, which no process is charged for) have
-// used so far, from /proc/<pid>/stat (flags has PF_KTHREAD).
+// used so far (procStat's flags has PF_KTHREAD).
 func kernelThreadsCPU() time.Duration {
 	dirs, _ := os.ReadDir("/proc")
-	var ticks int64
+	var all time.Duration
 	for _, d := range dirs {
 		if d.Name()[0] < '0' || d.Name()[0] > '9' {
 			continue
 		}
-		data, err := os.ReadFile("/proc/" + d.Name() + "/stat")
-		if err != nil {
-			continue
+		if flags, user, sys, ok := procStat("/proc/" + d.Name() + "/stat"); ok && flags&0x00200000 != 0 {
+			all += user + sys
 		}
-		s := string(data)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			continue
-		}
-		if flags, _ := strconv.ParseUint(f[6], 10, 64); flags&0x00200000 == 0 {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		ticks += ut + st
 	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return all
+}
+
+// procStat reads a /proc/<pid>/stat file: the process's flags, and its user
+// and system time so far (clock ticks of 10 ms).
+func procStat(path string) (flags uint64, user, sys time.Duration, ok bool) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, 0, false
+	}
+	// Fields after the command's name, which is in parentheses: the 7th
+	// is flags, the 12th and 13th utime and stime.
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, 0, 0, false
+	}
+	flags, _ = strconv.ParseUint(f[6], 10, 64)
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return flags, time.Duration(ut) * 10 * time.Millisecond, time.Duration(st) * 10 * time.Millisecond, true
 }
 
 // cpu is the process's user and system time so far (from /proc, in clock
@@ -152,20 +160,8 @@ func (p *benchProc) cpu() time.Duration {
 
 // cpuSplit is the process's user and system time so far.
 func (p *benchProc) cpuSplit() (user, sys time.Duration) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		return 0, 0
-	}
-	// Fields after the command's name, which is in parentheses: the
-	// 12th and 13th of those are utime and stime.
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, 0
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut) * 10 * time.Millisecond, time.Duration(st) * 10 * time.Millisecond
+	_, user, sys, _ = procStat(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	return user, sys
 }
 
 // startBenchNATS starts a fresh nats-server process with JetStream storing
