@@ -80,6 +80,8 @@ type Msg interface {
 	// Headers may be nil: a job published without headers.
 	Headers() nats.Header
 	Subject() string
+	// Reply is the subject its acks are sent to.
+	Reply() string
 	Ack() error
 	DoubleAck(ctx context.Context) error
 	Nak() error

@@ -78,7 +78,7 @@ func (h *handoffs) handOff(ctx context.Context, j *heldJob, ge *fetch.GateError,
 		h.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: reasonHandoff})
 		return
 	}
-	if err := h.settler.settle(j, h.settler.confirmedAck); err != nil {
+	if err := h.settler.settle(j, h.settler.doneAck); err != nil {
 		// The job comes back and is handed over again: a duplicate the
 		// stream drops.
 		h.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack a handed-over job")
@@ -115,7 +115,7 @@ func (h *handoffs) move(ctx context.Context, j *heldJob, m Msg, from int) {
 		h.settler.deferJob(deferral{job: j, delay: 2 * time.Second, reason: reasonHandoff})
 		return
 	}
-	if err := h.settler.settle(j, h.settler.confirmedAck); err != nil {
+	if err := h.settler.settle(j, h.settler.doneAck); err != nil {
 		h.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack a moved job (its copy is a duplicate the stream drops)")
 	}
 	h.log.Debug().Str("job", j.job.ID).Str("authority", j.auth).Int("from", from).Int("to", j.part).

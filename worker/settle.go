@@ -35,6 +35,7 @@ type settler struct {
 	onFinal func(Final) // test hook: every job's final outcome
 	stored  *storedLog  // the log of stored objects (stored.go)
 	copies  *copies     // the digests being fetched (copied.go)
+	acks    *acks       // how a done job's ack is kept from being lost (acks.go)
 	// handedBack counts the deliveries handed back (NAK without delay),
 	// for the stop's handed_back.
 	handedBack atomic.Int64
@@ -67,6 +68,16 @@ func (s *settler) settle(j *heldJob, op func(Msg) error) error {
 		defer s.copies.settled(j) // after the ack: its bytes are stored (copied.go)
 	}
 	return op(s.sched.msgOf(j))
+}
+
+// doneAck acks a job whose work is done (stored, unchanged, handed over,
+// moved): confirmed on a replicated jobs stream, else plain and sent again
+// if the connection drops (acks.go).
+func (s *settler) doneAck(m Msg) error {
+	if s.acks == nil {
+		return s.confirmedAck(m)
+	}
+	return s.acks.ack(m, s.confirmedAck)
 }
 
 // confirmedAck acks m and waits for the server to confirm it, retrying
@@ -140,7 +151,7 @@ func (s *settler) nakDeferred(d deferral) {
 
 // complete acks a job that is stored or unchanged.
 func (s *settler) complete(j *heldJob, outcome string) {
-	if err := s.settle(j, s.confirmedAck); err != nil {
+	if err := s.settle(j, s.doneAck); err != nil {
 		// The job will be redelivered and answered with a 304: no loss.
 		s.log.Warn().Err(err).Str("job", j.job.ID).Msg("ack")
 	}

@@ -158,7 +158,8 @@ func New(d Deps, o *Options) (*Worker, error) {
 	})
 	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
 		clk: w.clk, log: w.log,
-		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}, copies: &w.copies}
+		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}, copies: &w.copies,
+		acks: newAcks(d.JS, w.clk, w.log)}
 	w.parking = newParking(parkDeps{
 		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
 		readyIn: d.Pacer.ReadyIn, parts: w.parts, fault: r.FaultHook,
@@ -291,6 +292,7 @@ func (w *Worker) open(ctx context.Context) error {
 		return fmt.Errorf("worker: bucket %s: %w", jobs.AttemptsBucket, err)
 	}
 	w.settler.kv = kv
+	w.settler.acks.refresh(ctx)
 	if w.o.Partitions == 0 {
 		return nil
 	}
@@ -311,7 +313,7 @@ func (w *Worker) open(ctx context.Context) error {
 //	                                                                fetches up to ShutdownGrace (its end or StopNow
 //	                                                                cancels fctx); parks and lanes settled
 //	upkeep  heartbeats, target probe,            drain returned     nothing: in-progress acks go out until every held
-//	        stored-objects log                                      job is settled
+//	        stored-objects log, ack mode                            job is settled
 //
 // The drain stores in handedBefore how many jobs had been handed back
 // before it began, for Run's last log line.
@@ -335,6 +337,7 @@ func (w *Worker) actors(fctx context.Context, cancelFetch context.CancelFunc, ha
 	g.Add(stageUpkeep, "heartbeats", loop(w.heartbeatLoop))
 	g.Add(stageUpkeep, "target probe", loop(w.health.probeLoop))
 	g.Add(stageUpkeep, "stored log", loop(w.settler.stored.run))
+	g.Add(stageUpkeep, "ack mode", loop(w.settler.acks.refreshLoop))
 	return g
 }
 

@@ -1,0 +1,217 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/jobs"
+)
+
+// ackResendWindow is how far back from a lost connection the plain acks
+// of stored jobs are sent again once the connection is back: far more
+// than the acks a dead socket can swallow (those written in the last
+// round trip) and than a single server's consumer state lags behind
+// what it has applied (nats-server writes it at most every 100 ms).
+const ackResendWindow = 10 * time.Second
+
+// ackModeEvery is how often the worker looks again at the jobs stream's
+// replicas and place, which decide how a done job is acked (acks.ack).
+const ackModeEvery = time.Minute
+
+// acks sends the ack of a job whose work is done (stored, unchanged,
+// handed over, moved). What keeps it from being lost depends on where
+// the jobs stream lives (docs/adr/0036, twelfth pass):
+//
+//   - replicated (more than one replica): a confirmed ack, retried until a
+//     consumer leader answers (confirmedAck, docs/adr/0009). A plain ack
+//     sent while a leader is being elected is lost with no error, and its
+//     job is fetched again after AckWait.
+//   - one replica: a plain ack, remembered for ackResendWindow. There is no
+//     leader to lose; what can swallow an ack is a connection that drops
+//     with it in flight, or the server crashing before it writes the
+//     consumer's state (every 100 ms, so a confirmed ack is lost the same
+//     way). When the connection drops, the acks of the last
+//     ackResendWindow are sent again as soon as it is back (nats.go keeps
+//     those published meanwhile and sends them first). An ack of a message
+//     already acked changes nothing on the server.
+//
+// Safe for concurrent use.
+type acks struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream // where refresh reads the jobs stream
+	clk clock.Clock
+	log zerolog.Logger
+	// confirm: the jobs stream is replicated (refresh).
+	confirm atomic.Bool
+	read    atomic.Bool // refresh has read the stream once
+
+	mu   sync.Mutex
+	sent []sentAck // the plain acks of the last ackResendWindow, oldest first
+	lost []string  // reply subjects to ack again once the connection is back
+	// resent counts the acks sent again (tests, the log).
+	resent atomic.Int64
+}
+
+// ackBody is a plain ack's payload (nats.go's jetstream sends the same).
+var ackBody = []byte("+ACK")
+
+type sentAck struct {
+	at    time.Time
+	reply string
+}
+
+// handlersMu serializes newAcks' read and replacement of a connection's
+// handlers.
+var handlersMu sync.Mutex
+
+// newAcks returns the acks sent on js's connection (js nil: always
+// confirmed, for tests that settle nothing): it chains its own disconnect
+// and reconnect handlers after the connection's.
+func newAcks(js jetstream.JetStream, clk clock.Clock, log zerolog.Logger) *acks {
+	a := &acks{js: js, clk: clk, log: log}
+	if js != nil {
+		a.nc = js.Conn()
+	}
+	nc := a.nc
+	a.confirm.Store(true) // until refresh has read the stream
+	if nc == nil {
+		return a
+	}
+	handlersMu.Lock() // two workers on one connection each chain theirs
+	defer handlersMu.Unlock()
+	prevD, prevR := nc.DisconnectErrHandler(), nc.ReconnectHandler()
+	nc.SetDisconnectErrHandler(func(c *nats.Conn, err error) {
+		if prevD != nil {
+			prevD(c, err)
+		}
+		a.disconnected()
+	})
+	nc.SetReconnectHandler(func(c *nats.Conn) {
+		if prevR != nil {
+			prevR(c)
+		}
+		a.reconnected()
+	})
+	return a
+}
+
+// refresh reads the jobs stream's replicas and where it lives (plainAcks).
+// On an error the mode is left as it was.
+func (a *acks) refresh(ctx context.Context) {
+	if a.js == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := a.js.Stream(ctx, jobs.JobsStream)
+	if err != nil {
+		a.log.Debug().Err(err).Msg("jobs stream's replicas not read; acks sent as before")
+		return
+	}
+	info := s.CachedInfo()
+	leader := ""
+	if info.Cluster != nil {
+		leader = info.Cluster.Leader
+	}
+	connected := a.nc.ConnectedServerName()
+	confirm := !plainAcks(info.Config.Replicas, leader, connected)
+	if a.confirm.Swap(confirm) != confirm || !a.read.Swap(true) {
+		a.log.Debug().Int("replicas", info.Config.Replicas).Str("leader", leader).Str("connected_to", connected).
+			Bool("confirmed", confirm).Msg("acks of done jobs")
+	}
+}
+
+// plainAcks says whether a done job's ack may be plain: the jobs stream
+// has one replica, and it is on the server the worker is connected to. On
+// another server of a cluster, an ack sent while that server is down is
+// dropped with no error and no reconnect of the worker's own connection
+// to send it again: that ack is confirmed.
+func plainAcks(replicas int, leader, connected string) bool {
+	return replicas <= 1 && leader != "" && leader == connected
+}
+
+// refreshLoop refreshes the mode every ackModeEvery until ctx ends: a
+// stream's replicas can be raised while the worker runs.
+func (a *acks) refreshLoop(ctx context.Context) {
+	for {
+		t := a.clk.NewTimer(ackModeEvery)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+		a.refresh(ctx)
+	}
+}
+
+// ack sends m's ack, confirmed or remembered (see acks), through confirmed
+// for a replicated stream.
+func (a *acks) ack(m Msg, confirmed func(Msg) error) error {
+	if a.confirm.Load() || a.nc == nil {
+		return confirmed(m)
+	}
+	err := m.Ack()
+	now := a.clk.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, nats.ErrReconnectBufExceeded) || a.nc.IsReconnecting() {
+			a.lost = append(a.lost, m.Reply())
+			return nil // sent once the connection is back
+		}
+		return err
+	}
+	cut := 0
+	for cut < len(a.sent) && now.Sub(a.sent[cut].at) > ackResendWindow {
+		cut++
+	}
+	a.sent = append(a.sent[cut:], sentAck{at: now, reply: m.Reply()})
+	return nil
+}
+
+// disconnected keeps the acks of the last ackResendWindow to send again.
+func (a *acks) disconnected() {
+	now := a.clk.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range a.sent {
+		if now.Sub(s.at) <= ackResendWindow {
+			a.lost = append(a.lost, s.reply)
+		}
+	}
+	a.sent = nil
+}
+
+// reconnected sends again the acks kept when the connection dropped, and
+// then reads the mode again: the connection may now be to another server.
+func (a *acks) reconnected() {
+	go a.refresh(context.Background()) // not on nats.go's callback goroutine
+	a.mu.Lock()
+	lost := a.lost
+	a.lost = nil
+	a.mu.Unlock()
+	if len(lost) == 0 {
+		return
+	}
+	failed := 0
+	for _, reply := range lost {
+		if err := a.nc.Publish(reply, ackBody); err != nil {
+			failed++
+		}
+	}
+	a.resent.Add(int64(len(lost) - failed))
+	ev := a.log.Info()
+	if failed > 0 {
+		ev = a.log.Warn().Int("failed", failed)
+	}
+	ev.Int("acks", len(lost)).Msg("NATS reconnected: acks of the jobs done before the connection dropped sent again (they may have been lost with it)")
+}

@@ -1,0 +1,173 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/broker/brokertest"
+	"github.com/mirrorworker/mirrorworker/clock"
+	"github.com/mirrorworker/mirrorworker/faultproxy"
+	"github.com/mirrorworker/mirrorworker/jobs"
+)
+
+// TestPlainAcksLostWithTheConnectionAreSentAgain: on a stream of one
+// replica the acks of done jobs are plain. Ten are applied; ten more are
+// swallowed by a link that goes dark and then drops, as a dead socket
+// swallows what was written to it. Once nats.go is reconnected, acks sends
+// the last ackResendWindow's acks again and the consumer has nothing
+// pending: without the resend the ten would wait for AckWait (a minute
+// here) and be fetched again.
+func TestPlainAcksLostWithTheConnectionAreSentAgain(t *testing.T) {
+	srv := brokertest.Start(t, broker.EmbeddedOptions{Listen: "127.0.0.1:0"})
+	direct, _ := brokertest.JetStream(t, srv) // in-process: sees the server's state
+	u, err := url.Parse(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	px, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	nc, err := nats.Connect("nats://"+px.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := brokertest.Context(t)
+	if _, err := direct.CreateStream(ctx, jetstream.StreamConfig{Name: "ACKS", Subjects: []string{"acks.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := direct.CreateConsumer(ctx, "ACKS", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	for i := range n {
+		if _, err := direct.Publish(ctx, fmt.Sprintf("acks.%d", i), []byte("job")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remote, err := js.Consumer(ctx, "ACKS", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for len(msgs) < n {
+		b, err := remote.Fetch(n-len(msgs), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			msgs = append(msgs, m)
+		}
+	}
+	a := newAcks(js, clock.Real{}, zerolog.Nop())
+	a.confirm.Store(false) // one replica (refresh reads it from the jobs stream)
+	pending := func() int {
+		t.Helper()
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumAckPending
+	}
+	waitPending := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for pending() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d acks pending after 30s, want %d (%d sent again)", pending(), want, a.resent.Load())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+
+	noConfirm := func(Msg) error { return errors.New("confirmed ack on a stream of one replica") }
+	for _, m := range msgs[:n/2] {
+		if err := a.ack(m, noConfirm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitPending(n / 2)
+
+	px.BlackHole()
+	var bytes int64
+	for _, m := range msgs[n/2:] {
+		if err := a.ack(m, noConfirm); err != nil {
+			t.Fatal(err)
+		}
+		bytes += int64(len(fmt.Sprintf("PUB %s 4\r\n+ACK\r\n", m.Reply())))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for px.Held() < bytes { // every ack is written, into the dark link
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy holds %d bytes, want the acks' %d", px.Held(), bytes)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	px.Cut() // what it held is gone with the connection
+	if got := pending(); got != n/2 {
+		t.Fatalf("%d acks pending with the link cut, want %d: the test's acks were not swallowed", got, n/2)
+	}
+	px.Restore()
+	waitPending(0)
+	if got := a.resent.Load(); got != n {
+		t.Errorf("%d acks sent again, want the last window's %d", got, n)
+	}
+}
+
+// TestAcksFollowTheJobsStreamsReplicas: refresh reads MIRROR_JOBS; one
+// replica on the server the worker is connected to means plain acks, and
+// acks starts out confirming until it knows.
+func TestAcksFollowTheJobsStreamsReplicas(t *testing.T) {
+	js, _ := brokertest.Streams(t)
+	a := newAcks(js, clock.Real{}, zerolog.Nop())
+	if !a.confirm.Load() {
+		t.Fatal("acks plain before the stream was read")
+	}
+	a.refresh(context.Background())
+	if a.confirm.Load() {
+		t.Fatal("acks confirmed on a jobs stream of one replica")
+	}
+	s, err := js.Stream(brokertest.Context(t), jobs.JobsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.CachedInfo().Config.Replicas; r != 1 {
+		t.Fatalf("jobs stream has %d replicas, want 1", r)
+	}
+}
+
+// TestPlainAcksOnlyWhereNoAckCanBeDroppedSilently: plain acks need one
+// replica on the very server of the worker's connection.
+func TestPlainAcksOnlyWhereNoAckCanBeDroppedSilently(t *testing.T) {
+	for _, c := range []struct {
+		replicas          int
+		leader, connected string
+		plain             bool
+	}{
+		{1, "n1", "n1", true},
+		{0, "n1", "n1", true}, // 0: the server's default, one
+		{3, "n1", "n1", false},
+		{1, "n2", "n1", false}, // acks routed to another server
+		{1, "", "n1", false},   // no leader now
+	} {
+		if got := plainAcks(c.replicas, c.leader, c.connected); got != c.plain {
+			t.Errorf("plainAcks(%d, %q, %q) = %v, want %v", c.replicas, c.leader, c.connected, got, c.plain)
+		}
+	}
+}
