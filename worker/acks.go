@@ -16,7 +16,7 @@ import (
 )
 
 // ackResendWindow is how far back from a lost connection the plain acks
-// of stored jobs are sent again once the connection is back: far more
+// of done jobs are sent again once the connection is back: far more
 // than the acks a dead socket can swallow (those written in the last
 // round trip) and than a single server's consumer state lags behind
 // what it has applied (nats-server writes it at most every 100 ms).
@@ -28,14 +28,16 @@ const ackModeEvery = time.Minute
 
 // acks sends the ack of a job whose work is done (stored, unchanged,
 // handed over, moved). What keeps it from being lost depends on where
-// the jobs stream lives (docs/adr/0036, twelfth pass):
+// the jobs stream lives (plainAcks; docs/adr/0036, twelfth pass):
 //
-//   - replicated (more than one replica): a confirmed ack, retried until a
-//     consumer leader answers (confirmedAck, docs/adr/0009). A plain ack
-//     sent while a leader is being elected is lost with no error, and its
+//   - replicated, or on another server of a cluster: a confirmed ack,
+//     retried until a consumer leader answers (confirmedAck,
+//     docs/adr/0009). A plain ack sent while a leader is being elected, or
+//     while the stream's server is down, is dropped with no error, and its
 //     job is fetched again after AckWait.
-//   - one replica: a plain ack, remembered for ackResendWindow. There is no
-//     leader to lose; what can swallow an ack is a connection that drops
+//   - one replica on the server the worker is connected to: a plain ack,
+//     remembered for ackResendWindow. There is no leader to lose and no
+//     route to cross; what can swallow an ack is a connection that drops
 //     with it in flight, or the server crashing before it writes the
 //     consumer's state (every 100 ms, so a confirmed ack is lost the same
 //     way). When the connection drops, the acks of the last
@@ -49,7 +51,7 @@ type acks struct {
 	js  jetstream.JetStream // where refresh reads the jobs stream
 	clk clock.Clock
 	log zerolog.Logger
-	// confirm: the jobs stream is replicated (refresh).
+	// confirm: acks are confirmed (not plainAcks; refresh).
 	confirm atomic.Bool
 	read    atomic.Bool // refresh has read the stream once
 
