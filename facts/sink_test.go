@@ -4,19 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/facts"
-	"github.com/mirrorworker/mirrorworker/faultproxy"
 	"github.com/mirrorworker/mirrorworker/jobs"
 	"github.com/mirrorworker/mirrorworker/pacer"
 )
@@ -112,24 +108,7 @@ func TestSinkRetriesUntilStored(t *testing.T) {
 			if err := jobs.EnsureStreams(brokertest.Context(t), js, nil); err != nil {
 				t.Fatal(err)
 			}
-			u, err := url.Parse(e.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			px, err := faultproxy.New(u.Host)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { px.Close() })
-			nc, err := nats.Connect("nats://"+px.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
-			pjs, err := jetstream.New(nc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			px, pjs, _ := brokertest.ThroughProxy(t, e, 50*time.Millisecond)
 			sink := facts.NewSink(pjs, zerolog.New(zerolog.NewTestWriter(t)), nil)
 			sink.SetPod("pod-a")
 			ctx, stop := context.WithCancel(brokertest.Context(t))
@@ -151,7 +130,7 @@ func TestSinkRetriesUntilStored(t *testing.T) {
 			}
 			// Longer than an attempt's timeout: the first attempt has failed.
 			fctx, cancel := context.WithTimeout(ctx, facts.PublishTimeout+500*time.Millisecond)
-			err = sink.Flush(fctx)
+			err := sink.Flush(fctx)
 			cancel()
 			if err == nil {
 				t.Fatal("Flush returned nil with the link down")

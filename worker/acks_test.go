@@ -4,18 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/mirrorworker/mirrorworker/broker"
 	"github.com/mirrorworker/mirrorworker/broker/brokertest"
 	"github.com/mirrorworker/mirrorworker/clock"
-	"github.com/mirrorworker/mirrorworker/faultproxy"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -29,24 +26,7 @@ import (
 func TestPlainAcksLostWithTheConnectionAreSentAgain(t *testing.T) {
 	srv := brokertest.Start(t, broker.EmbeddedOptions{Listen: "127.0.0.1:0"})
 	direct, _ := brokertest.JetStream(t, srv) // in-process: sees the server's state
-	u, err := url.Parse(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	px, err := faultproxy.New(u.Host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { px.Close() })
-	nc, err := nats.Connect("nats://"+px.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	px, js, _ := brokertest.ThroughProxy(t, srv, 20*time.Millisecond)
 	ctx := brokertest.Context(t)
 	if _, err := direct.CreateStream(ctx, jetstream.StreamConfig{Name: "ACKS", Subjects: []string{"acks.>"}}); err != nil {
 		t.Fatal(err)

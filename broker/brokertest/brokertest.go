@@ -8,6 +8,7 @@ package brokertest
 
 import (
 	"context"
+	"net/url"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mirrorworker/mirrorworker/broker"
+	"github.com/mirrorworker/mirrorworker/faultproxy"
 	"github.com/mirrorworker/mirrorworker/jobs"
 )
 
@@ -94,4 +96,31 @@ func StartWithPassword(t testing.TB, user, password string) string {
 		srv.WaitForShutdown()
 	})
 	return srv.ClientURL()
+}
+
+// ThroughProxy connects to e (started with a Listen address) through a
+// fault proxy of the test's own, reconnecting every reconnectWait for as
+// long as it takes, and returns the proxy and a JetStream client on that
+// connection; everything is closed when the test ends.
+func ThroughProxy(t testing.TB, e *broker.Embedded, reconnectWait time.Duration) (*faultproxy.Proxy, jetstream.JetStream, *nats.Conn) {
+	t.Helper()
+	u, err := url.Parse(e.ClientURL())
+	if err != nil || u.Host == "" {
+		t.Fatalf("server's client URL %q: %v (started without Listen?)", e.ClientURL(), err)
+	}
+	px, err := faultproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { px.Close() })
+	nc, err := nats.Connect("nats://"+px.Addr(), nats.MaxReconnects(-1), nats.ReconnectWait(reconnectWait))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return px, js, nc
 }
