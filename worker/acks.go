@@ -194,7 +194,7 @@ func (a *acks) disconnected() {
 }
 
 // reconnected sends again the acks kept when the connection dropped, and
-// then reads the mode again: the connection may now be to another server.
+// reads the mode again: the connection may now be to another server.
 func (a *acks) reconnected() {
 	go a.refresh(context.Background()) // not on nats.go's callback goroutine
 	a.mu.Lock()
@@ -204,16 +204,21 @@ func (a *acks) reconnected() {
 	if len(lost) == 0 {
 		return
 	}
-	failed := 0
+	var failed []string
 	for _, reply := range lost {
 		if err := a.nc.Publish(reply, ackBody); err != nil {
-			failed++
+			failed = append(failed, reply)
 		}
 	}
-	a.resent.Add(int64(len(lost) - failed))
+	a.resent.Add(int64(len(lost) - len(failed)))
 	ev := a.log.Info()
-	if failed > 0 {
-		ev = a.log.Warn().Int("failed", failed)
+	if len(failed) > 0 {
+		// The connection dropped again (or its buffer is full): they go
+		// with the next reconnect.
+		a.mu.Lock()
+		a.lost = append(a.lost, failed...)
+		a.mu.Unlock()
+		ev = a.log.Warn().Int("kept_for_the_next_reconnect", len(failed))
 	}
 	ev.Int("acks", len(lost)).Msg("NATS reconnected: acks of the jobs done before the connection dropped sent again (they may have been lost with it)")
 }
