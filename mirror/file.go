@@ -198,7 +198,7 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 // with Options.SyncFilesystem, the next syncfs of the file system.
 func (t *FileTarget) syncObject(f *tempFile) error {
 	if t.dirSyncs.whole != nil {
-		if err := t.dirSyncs.sync(""); err != nil {
+		if err := t.dirSyncs.all.sync(t.dirSyncs.whole); err != nil {
 			return fmt.Errorf("sync %s: %w", f.name, err)
 		}
 		return nil

@@ -23,7 +23,7 @@ import (
 const ackResendWindow = 10 * time.Second
 
 // ackModeEvery is how often the worker looks again at the jobs stream's
-// replicas and place, which decide how a done job is acked (acks.ack).
+// replicas and place, which decide how a done job is acked (acks.confirmed).
 const ackModeEvery = time.Minute
 
 // acks sends the ack of a job whose work is done (stored, unchanged,
@@ -75,7 +75,7 @@ type sentAck struct {
 var handlersMu sync.Mutex
 
 // newAcks returns the acks sent on js's connection (js nil: always
-// confirmed, for tests that settle nothing): it chains its own disconnect
+// confirmed, for tests without a connection): it chains its own disconnect
 // and reconnect handlers after the connection's.
 func newAcks(js jetstream.JetStream, clk clock.Clock, log zerolog.Logger) *acks {
 	a := &acks{js: js, clk: clk, log: log}
@@ -155,12 +155,13 @@ func (a *acks) refreshLoop(ctx context.Context) {
 	}
 }
 
-// ack sends m's ack, confirmed or remembered (see acks), through confirmed
-// for a replicated stream.
-func (a *acks) ack(m Msg, confirmed func(Msg) error) error {
-	if a.confirm.Load() || a.nc == nil {
-		return confirmed(m)
-	}
+// confirmed says whether a done job's ack must be confirmed (see acks):
+// until refresh has read the stream, and wherever plainAcks says no.
+func (a *acks) confirmed() bool { return a.confirm.Load() }
+
+// plain sends m's ack plainly and remembers it for ackResendWindow, or,
+// while the connection is down, keeps it for the next reconnect.
+func (a *acks) plain(m Msg) error {
 	err := m.Ack()
 	now := a.clk.Now()
 	a.mu.Lock()

@@ -74,10 +74,10 @@ func (s *settler) settle(j *heldJob, op func(Msg) error) error {
 // moved): confirmed on a replicated jobs stream, else plain and sent again
 // if the connection drops (acks.go).
 func (s *settler) doneAck(m Msg) error {
-	if s.acks == nil {
+	if s.acks == nil || s.acks.confirmed() {
 		return s.confirmedAck(m)
 	}
-	return s.acks.ack(m, s.confirmedAck)
+	return s.acks.plain(m)
 }
 
 // confirmedAck acks m and waits for the server to confirm it, retrying
