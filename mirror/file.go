@@ -80,6 +80,8 @@ type FileTarget struct {
 
 	// dirSyncs coalesces concurrent fsyncs of one directory.
 	dirSyncs dirSyncs
+	// syncWhy says why Puts sync as they do (SyncMode).
+	syncWhy string
 
 	// keyMu serialises the commit (object rename, then metadata rename) of
 	// Puts to the same key that write or remove a sidecar, so a key's
@@ -124,6 +126,12 @@ type Options struct {
 	// root on a file system of its own. Linux only: OpenWith fails where
 	// syncfs does.
 	SyncFilesystem bool
+	// SyncAuto is SyncFilesystem where the root is a file system of its
+	// own: the whole of a local disk's file system (ext4, XFS, btrfs...)
+	// mounted exactly at the root and nowhere else, on Linux 5.8 or later
+	// (whose syncfs reports write-back errors). Anywhere else each object
+	// is fsynced. SyncMode says which was chosen, and why.
+	SyncAuto bool
 }
 
 // The steps of a Put that Options.FaultHook is called at, in order. The
@@ -183,15 +191,34 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 		}
 	}
 	t.sidecars.Store(has)
-	if t.opt.SyncFilesystem {
+	whole, why := t.opt.SyncFilesystem, ""
+	if !whole && t.opt.SyncAuto {
+		whole, why = ownFileSystem(t.root)
+	}
+	if whole {
 		// Once now: a system without syncfs (not Linux) fails here,
 		// not at the first object.
 		if err := syncFilesystem(t.root); err != nil {
-			return nil, fmt.Errorf("open target: %w", err)
+			if t.opt.SyncFilesystem {
+				return nil, fmt.Errorf("open target: %w", err)
+			}
+			whole, why = false, err.Error()
 		}
+	}
+	if whole {
 		t.dirSyncs.whole = func() error { return syncFilesystem(t.root) }
 	}
+	t.syncWhy = why
 	return t, nil
+}
+
+// SyncMode reports how Puts make objects durable: by shared syncfs calls
+// of the root's file system (filesystem true), or by an fsync of each
+// object and of its directory. why says what decided Options.SyncAuto:
+// what was found at the root, or why syncfs failed there ("" without
+// SyncAuto).
+func (t *FileTarget) SyncMode() (filesystem bool, why string) {
+	return t.dirSyncs.whole != nil, t.syncWhy
 }
 
 // syncObject makes f's bytes and attribute durable: an fsync of f, or,

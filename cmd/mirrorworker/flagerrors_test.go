@@ -24,7 +24,7 @@ func TestFlagMistakeIsOneLine(t *testing.T) {
 		{"number", []string{"run", "--concurrency", "many"}, `--concurrency "many": want a whole number`},
 		{"flag without value", []string{"pause", "--for"}, "--for needs a value"},
 		{"dlq since", []string{"dlq", "list", "--since", "a week"}, `--since "a week": want a duration, like 90m, 24h or 7d`},
-		{"target sync", []string{"run", "--target-sync", "fsync"}, `--target-sync "fsync": want file or filesystem`},
+		{"target sync", []string{"run", "--target-sync", "fsync"}, `--target-sync "fsync": want auto, file or filesystem`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

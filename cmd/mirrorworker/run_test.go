@@ -72,6 +72,11 @@ func TestRunInProcess(t *testing.T) {
 	if want := filepath.Join(dataDir, "mirror"); si.Mirror != want {
 		t.Errorf("mirror root %q, want %q", si.Mirror, want)
 	}
+	// --target-sync auto says what it found: a directory of a test's
+	// temporary directory is never a file system of its own.
+	if log.logLine(syncEachMsg, map[string]string{"target": si.Mirror, "found": " is a directory of the file system mounted at "}) == nil {
+		t.Errorf("no line says the target fsyncs each object, and why; log:\n%s", log)
+	}
 
 	// Jobs arrive the way a newcomer sends them: the enqueue subcommand
 	// against the embedded server's address from the start line.

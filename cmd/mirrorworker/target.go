@@ -39,9 +39,9 @@ const targetHelp = "mirror target: file:///abs/dir, a directory, or s3://BUCKET[
 // command that opens a target, and how a file target makes objects
 // durable, for the commands that store (registerSync).
 type targetFlags struct {
-	// sync is --target-sync: "file" or "filesystem"
-	// (mirror.Options.SyncFilesystem); "" where the command has no such
-	// flag.
+	// sync is --target-sync: "auto", "file" or "filesystem"
+	// (mirror.Options.SyncAuto, SyncFilesystem); "" where the command has
+	// no such flag.
 	sync          string
 	endpoint      string
 	region        string
@@ -64,19 +64,20 @@ func (s *targetFlags) register(fs *flag.FlagSet) {
 
 // Values of --target-sync.
 const (
+	syncAuto       = "auto"
 	syncFile       = "file"
 	syncFilesystem = "filesystem"
 )
 
 // registerSync registers --target-sync, for the commands that store.
 func (s *targetFlags) registerSync(fs *flag.FlagSet) {
-	fs.StringVar(&s.sync, "target-sync", syncFile, "how a file target makes each object durable: file (fsync the object, then its directory) or filesystem (one syncfs(2) of the target's file system, shared by the objects stored at that moment: far fewer device flushes, but it flushes every program's writes to that file system, so give the target a file system of its own; Linux only)")
+	fs.StringVar(&s.sync, "target-sync", syncAuto, "how a file target makes each object durable: file (fsync the object, then its directory), filesystem (one syncfs(2) of the target's file system, shared by the objects stored at that moment: far fewer device flushes, but it flushes every program's writes to that file system, so give the target a file system of its own; Linux only) or auto (filesystem where the target directory is a local disk's whole file system, mounted there and nowhere else, on Linux 5.8 or later; file anywhere else)")
 }
 
 // check reports flag values that cannot work.
 func (s *targetFlags) check(bad func(format string, a ...any)) {
-	if s.sync != "" && s.sync != syncFile && s.sync != syncFilesystem {
-		bad("--target-sync %q: want %s or %s", s.sync, syncFile, syncFilesystem)
+	if s.sync != "" && s.sync != syncAuto && s.sync != syncFile && s.sync != syncFilesystem {
+		bad("--target-sync %q: want %s, %s or %s", s.sync, syncAuto, syncFile, syncFilesystem)
 	}
 	if s.partSize < bucket.MinPartSize || s.partSize > bucket.MaxPartSize {
 		bad("--s3-part-size %d: want 5MiB to 64MiB", s.partSize)
@@ -125,9 +126,29 @@ func (s *targetFlags) openTarget(ctx context.Context, spec string, hook func(str
 	if s.endpoint != "" {
 		log.Warn().Str("target", spec).Msg("--s3-endpoint is ignored: the target is not s3://")
 	}
-	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: hook, SyncFilesystem: s.sync == syncFilesystem})
+	target, err := pipeline.OpenTargetWith(spec, &mirror.Options{FaultHook: hook, SyncFilesystem: s.sync == syncFilesystem, SyncAuto: s.sync == syncAuto})
 	if err != nil {
 		return nil, fmt.Errorf("%w (pass --target)", err)
 	}
+	if s.sync == syncAuto {
+		logSyncMode(log, target)
+	}
 	return target, nil
+}
+
+// The lines logSyncMode writes.
+const (
+	syncSharedMsg = "objects are made durable by syncfs calls of the target's file system, each shared by the objects stored at that moment (--target-sync auto; file to fsync each object instead)"
+	syncEachMsg   = "objects are made durable by an fsync each and one of their directory (--target-sync auto); a target that is a file system of its own would share one syncfs among many objects, and --target-sync filesystem does that anywhere"
+)
+
+// logSyncMode says, at start, how --target-sync auto makes the target's
+// objects durable and what it found that decided it.
+func logSyncMode(log zerolog.Logger, t *mirror.FileTarget) {
+	msg := syncEachMsg
+	whole, why := t.SyncMode()
+	if whole {
+		msg = syncSharedMsg
+	}
+	log.Info().Str("target", t.Root()).Str("found", why).Msg(msg)
 }
