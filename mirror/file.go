@@ -60,6 +60,9 @@ type FileTarget struct {
 	// xattrs: the metadata goes into an attribute of the object. Decided
 	// once at Open.
 	xattrs bool
+	// attrBlock: the metadata attribute takes a block of its own on this
+	// file system (probeXattr).
+	attrBlock bool
 	// sidecars: sidecar files may exist under metaDir (found at Open, or
 	// written since), so an object stored with an attribute must remove
 	// its key's sidecar first: a reader of an earlier version, which looks
@@ -181,7 +184,7 @@ func OpenWith(spec string, o *Options) (*FileTarget, error) {
 	if t.kept, err = sweepPartials(t.partDir, time.Now(), cmp.Or(t.opt.PartialMaxAge, DefaultPartialMaxAge)); err != nil {
 		return nil, fmt.Errorf("open target: remove old partial files: %w", err)
 	}
-	if t.xattrs, err = t.probeXattr(); err != nil {
+	if t.xattrs, t.attrBlock, err = t.probeXattr(); err != nil {
 		return nil, fmt.Errorf("open target: %w", err)
 	}
 	has := !t.xattrs
@@ -255,25 +258,58 @@ func hasFile(dir string) (bool, error) {
 }
 
 // probeXattr reports whether a file in the tmp directory takes the
-// metadata attribute (false with Options.Sidecar).
-func (t *FileTarget) probeXattr() (bool, error) {
+// metadata attribute (false with Options.Sidecar), and whether an
+// attribute as large as an object's usual metadata then takes a block of
+// its own (ext4 keeps it in the inode only while it fits the inode's spare
+// room: under about 100 bytes with 256-byte inodes, mkfs.ext4's default).
+// An empty file has no blocks but that one, so its block count tells.
+func (t *FileTarget) probeXattr() (supported, ownBlock bool, err error) {
 	if t.opt.Sidecar {
-		return false, nil
+		return false, false, nil
 	}
 	f, err := createTemp(t.tmpDir, "probe-")
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	defer f.abort()
 	switch err := setMetaXattr(f.fd, []byte("{}")); {
 	case err == nil:
-		return true, nil
 	case xattrUnsupported(err):
-		return false, nil
+		return false, false, nil
 	default:
-		return false, fmt.Errorf("set attribute %s on %s: %w", xattrName, f.name, err)
+		return false, false, fmt.Errorf("set attribute %s on %s: %w", xattrName, f.name, err)
 	}
+	if setMetaXattr(f.fd, typicalMeta) != nil {
+		return true, false, nil // larger ones go to sidecars: no block to warn of
+	}
+	var st syscall.Stat_t
+	if syscall.Fstat(f.fd, &st) != nil {
+		return true, false, nil
+	}
+	return true, st.Blocks > 0, nil
 }
+
+// typicalMeta is an object's metadata attribute as large as usual (about
+// 400 bytes: a key and URL of some 50 characters, validators, sha256,
+// times, job id), for probeXattr.
+var typicalMeta, _ = json.Marshal(Meta{
+	Key:          "releases/2026/12/mirrorworker-1.4.2-linux-amd64.tar.gz",
+	URL:          "https://downloads.example.org/releases/2026/12/mirrorworker-1.4.2-linux-amd64.tar.gz",
+	ETag:         `"5f3c1a9e-4b2d1c0"`,
+	LastModified: "Thu, 03 Dec 2026 10:15:42 GMT",
+	ContentType:  "application/gzip",
+	SHA256:       strings.Repeat("ab", 32),
+	Size:         4096,
+	FetchedAt:    time.Date(2026, 12, 3, 10, 16, 0, 123456789, time.UTC),
+	JobID:        "MIRROR_JOBS:123456789",
+	Enqueued:     time.Date(2026, 12, 3, 10, 15, 59, 987654321, time.UTC),
+})
+
+// MetadataTakesABlock reports whether, on this target's file system, an
+// object's metadata attribute takes a block of its own, to allocate, write
+// and flush with every object (found at Open). On ext4, 1024-byte inodes
+// (mkfs.ext4 -I 1024) keep it in the inode.
+func (t *FileTarget) MetadataTakesABlock() bool { return t.attrBlock }
 
 // MetadataInXattrs reports whether Put stores metadata as an extended
 // attribute of the object (true) or in sidecar files (false).

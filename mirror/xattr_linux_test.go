@@ -205,3 +205,35 @@ func TestEmptySidecarDirectoriesAreNoSidecars(t *testing.T) {
 		t.Errorf("steps %v: on a root with sidecars, the key's was not removed first", points)
 	}
 }
+
+// TestMetadataTakesABlockAsObjectsDo: what Open found about the
+// attribute's block is what a real object shows. A 4 KiB object with its
+// metadata has one data block of 4 KiB, and one more where the attribute
+// does not fit the inode; the probe's attribute is about as large as the
+// object's.
+func TestMetadataTakesABlockAsObjectsDo(t *testing.T) {
+	ft := xattrTarget(t)
+	key := "releases/2026/12/mirrorworker-1.4.2-linux-amd64.tar.gz"
+	m := mirror.Meta{
+		URL: "https://downloads.example.org/" + key, ETag: `"5f3c1a9e-4b2d1c0"`,
+		LastModified: "Thu, 03 Dec 2026 10:15:42 GMT", ContentType: "application/gzip", JobID: "MIRROR_JOBS:123456789",
+	}
+	if _, err := ft.Put(context.Background(), key, bytes.NewReader(make([]byte, 4096)), mirror.Expect{}, m); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(ft.Root(), filepath.FromSlash(key))
+	attr := metaXattr(t, path)
+	if n := len(attr); n < 300 || n > 500 {
+		t.Fatalf("the object's attribute is %d bytes; the probe assumes 300 to 500", n)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	data := int64(4096 / 512) // st_blocks counts 512-byte units
+	blocks := st.Blocks
+	if got := blocks > data; got != ft.MetadataTakesABlock() {
+		t.Fatalf("the object has %d blocks of 512 bytes (%d of them data): a block for its attribute is %v, Open found %v", blocks, data, got, ft.MetadataTakesABlock())
+	}
+	t.Logf("%d blocks of 512 bytes for 4096 bytes and a %d-byte attribute; MetadataTakesABlock %v", blocks, len(attr), ft.MetadataTakesABlock())
+}

@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mirrorworker/mirrorworker/mirror"
 )
 
 func noEnv(string) string { return "" }
@@ -76,6 +78,16 @@ func TestRunInProcess(t *testing.T) {
 	// temporary directory is never a file system of its own.
 	if log.logLine(syncEachMsg, map[string]string{"target": si.Mirror, "found": " is a directory of the file system mounted at "}) == nil {
 		t.Errorf("no line says the target fsyncs each object, and why; log:\n%s", log)
+	}
+	// Whether the metadata attribute takes a block of its own is said
+	// where it does (mirror's TestMetadataTakesABlockAsObjectsDo checks
+	// the finding against a real object's blocks).
+	ft, err := mirror.Open(si.Mirror)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if said := len(log.messages(attrBlockMsg)) > 0; said != ft.MetadataTakesABlock() {
+		t.Errorf("the attribute's block said %v, found %v; log:\n%s", said, ft.MetadataTakesABlock(), log)
 	}
 
 	// Jobs arrive the way a newcomer sends them: the enqueue subcommand

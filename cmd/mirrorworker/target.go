@@ -133,14 +133,21 @@ func (s *targetFlags) openTarget(ctx context.Context, spec string, hook func(str
 	if s.sync == syncAuto {
 		logSyncMode(log, target)
 	}
+	if s.sync != "" && target.MetadataTakesABlock() {
+		log.Info().Str("target", target.Root()).Msg(attrBlockMsg)
+	}
 	return target, nil
 }
 
 // The lines logSyncMode writes.
 const (
-	syncSharedMsg = "objects are made durable by syncfs calls of the target's file system, each shared by the objects stored at that moment (--target-sync auto; file to fsync each object instead)"
-	syncEachMsg   = "objects are made durable by an fsync each and one of their directory (--target-sync auto); a target that is a file system of its own would share one syncfs among many objects, and --target-sync filesystem does that anywhere"
+	syncSharedMsg = "objects are made durable together, by syncfs calls of the target's file system (--target-sync auto: the target is a file system of its own; --target-sync file fsyncs each object instead)"
+	syncEachMsg   = "each object is made durable by an fsync of its own and one of its directory (--target-sync auto: the target is not a file system of its own; mount one there, or pass --target-sync filesystem, to share one syncfs among many objects)"
 )
+
+// attrBlockMsg is said at start where the file system keeps an object's
+// metadata attribute in a block of its own (mirror.FileTarget.MetadataTakesABlock).
+const attrBlockMsg = "each object's metadata attribute takes a block of its own on the target's file system, one more to allocate, write and flush per object; on ext4, a file system made with 1024-byte inodes (mkfs.ext4 -I 1024) keeps it in the inode (README, sizing)"
 
 // logSyncMode says, at start, how --target-sync auto makes the target's
 // objects durable and what it found that decided it.
