@@ -43,6 +43,7 @@ type Config struct {
 	Concurrency   int           // worker.Options.Concurrency
 	FailureBudget int           // worker.Options.FailureBudget
 	AckWait       time.Duration // worker.Options.AckWait; must match the consumer's
+	AckBatch      time.Duration // worker.Options.AckBatch; 0: each ack at once
 	WorkerID      string        // worker.Options.WorkerID
 	Policy        *pacer.Policy // the HostPacer's limits (floors, caps, bandwidth, steps, groups)
 	TimeScale     float64       // pacer.Options.Scale: load tests only
@@ -182,6 +183,7 @@ func (p *Parts) NewWorker(cons jetstream.Consumer, target worker.Target, shutdow
 		Concurrency:   p.cfg.Concurrency,
 		FailureBudget: p.cfg.FailureBudget,
 		AckWait:       p.cfg.AckWait,
+		AckBatch:      p.cfg.AckBatch,
 		ShutdownGrace: shutdownGrace,
 		WorkerID:      p.cfg.WorkerID,
 		Clock:         p.Clock,

@@ -55,9 +55,14 @@ type acks struct {
 	confirm atomic.Bool
 	read    atomic.Bool // refresh has read the stream once
 
-	mu   sync.Mutex
-	sent []sentAck // the plain acks of the last ackResendWindow, oldest first
-	lost []string  // reply subjects to ack again once the connection is back
+	// batch is Options.AckBatch: how long a plain ack may wait in batched
+	// for the next flush; 0 sends each at once.
+	batch time.Duration
+
+	mu      sync.Mutex
+	batched []Msg     // plain acks waiting for the next flush (batch > 0)
+	sent    []sentAck // the plain acks of the last ackResendWindow, oldest first
+	lost    []string  // reply subjects to ack again once the connection is back
 	// resent counts the acks sent again (tests, the log).
 	resent atomic.Int64
 }
@@ -77,8 +82,8 @@ var handlersMu sync.Mutex
 // newAcks returns the acks sent on js's connection (js nil: always
 // confirmed, for tests without a connection): it chains its own disconnect
 // and reconnect handlers after the connection's.
-func newAcks(js jetstream.JetStream, clk clock.Clock, log zerolog.Logger) *acks {
-	a := &acks{js: js, clk: clk, log: log}
+func newAcks(js jetstream.JetStream, clk clock.Clock, log zerolog.Logger, batch time.Duration) *acks {
+	a := &acks{js: js, clk: clk, log: log, batch: batch}
 	if js != nil {
 		a.nc = js.Conn()
 	}
@@ -140,18 +145,32 @@ func plainAcks(replicas int, leader, connected string) bool {
 	return replicas <= 1 && leader != "" && leader == connected
 }
 
-// refreshLoop refreshes the mode every ackModeEvery until ctx ends: a
-// stream's replicas can be raised while the worker runs.
-func (a *acks) refreshLoop(ctx context.Context) {
+// upkeep refreshes the mode every ackModeEvery and, with a batch, sends
+// the batched acks every batch, until ctx ends; then it sends what is
+// batched. A stream's replicas can be raised while the worker runs.
+func (a *acks) upkeep(ctx context.Context) {
+	defer a.flush()
+	mode := a.clk.NewTimer(ackModeEvery)
+	defer func() { mode.Stop() }()
+	var flushT clock.Timer
+	var flushC <-chan time.Time // nil without a batch: never ready
+	if a.batch > 0 {
+		flushT = a.clk.NewTimer(a.batch)
+		flushC = flushT.C()
+		defer func() { flushT.Stop() }()
+	}
 	for {
-		t := a.clk.NewTimer(ackModeEvery)
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-t.C():
+		case <-mode.C():
+			a.refresh(ctx)
+			mode = a.clk.NewTimer(ackModeEvery)
+		case <-flushC:
+			a.flush()
+			flushT = a.clk.NewTimer(a.batch)
+			flushC = flushT.C()
 		}
-		a.refresh(ctx)
 	}
 }
 
@@ -162,6 +181,37 @@ func (a *acks) confirmed() bool { return a.confirm.Load() }
 // plain sends m's ack plainly and remembers it for ackResendWindow, or,
 // while the connection is down, keeps it for the next reconnect.
 func (a *acks) plain(m Msg) error {
+	if a.batch > 0 {
+		a.mu.Lock()
+		a.batched = append(a.batched, m)
+		a.mu.Unlock()
+		return nil
+	}
+	return a.send(m)
+}
+
+// flush sends the batched acks. One that fails for another reason than a
+// connection being re-established (whose acks wait for the reconnect)
+// leaves its job to come back after AckWait, and says so.
+func (a *acks) flush() {
+	a.mu.Lock()
+	b := a.batched
+	a.batched = nil
+	a.mu.Unlock()
+	var failed int
+	var last error
+	for _, m := range b {
+		if err := a.send(m); err != nil {
+			failed, last = failed+1, err
+		}
+	}
+	if failed > 0 {
+		a.log.Warn().Err(last).Int("acks", failed).Msg("acks of done jobs not sent: those jobs come back after their ack wait, and are found stored")
+	}
+}
+
+// send sends m's ack plainly and remembers it for ackResendWindow (plain).
+func (a *acks) send(m Msg) error {
 	err := m.Ack()
 	now := a.clk.Now()
 	a.mu.Lock()

@@ -54,7 +54,7 @@ func TestPlainAcksLostWithTheConnectionAreSentAgain(t *testing.T) {
 			msgs = append(msgs, m)
 		}
 	}
-	a := newAcks(js, clock.Real{}, zerolog.Nop())
+	a := newAcks(js, clock.Real{}, zerolog.Nop(), 0)
 	a.confirm.Store(false) // one replica (refresh reads it from the jobs stream)
 	pending := func() int {
 		t.Helper()
@@ -113,7 +113,7 @@ func TestPlainAcksLostWithTheConnectionAreSentAgain(t *testing.T) {
 // acks starts out confirming until it knows.
 func TestAcksFollowTheJobsStreamsReplicas(t *testing.T) {
 	js, _ := brokertest.Streams(t)
-	a := newAcks(js, clock.Real{}, zerolog.Nop())
+	a := newAcks(js, clock.Real{}, zerolog.Nop(), 0)
 	if !a.confirmed() {
 		t.Fatal("acks plain before the stream was read")
 	}
@@ -148,4 +148,92 @@ func TestPlainAcksOnlyWhereNoAckCanBeDroppedSilently(t *testing.T) {
 			t.Errorf("plainAcks(%d, %q, %q) = %v, want %v", c.replicas, c.leader, c.connected, got, c.plain)
 		}
 	}
+}
+
+// TestPlainAcksGoOutInBatches: with a batch, plain acks wait for the
+// upkeep's next flush, every batch, and the upkeep's end sends what is
+// left: a stop loses none.
+func TestPlainAcksGoOutInBatches(t *testing.T) {
+	srv := brokertest.Start(t, broker.EmbeddedOptions{})
+	js, _ := brokertest.JetStream(t, srv)
+	ctx := brokertest.Context(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ACKS", Subjects: []string{"acks.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := js.CreateConsumer(ctx, "ACKS", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 15
+	for i := range n {
+		if _, err := js.Publish(ctx, fmt.Sprintf("acks.%d", i), []byte("job")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var msgs []jetstream.Msg
+	for len(msgs) < n {
+		b, err := cons.Fetch(n-len(msgs), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			msgs = append(msgs, m)
+		}
+	}
+	pending := func() int {
+		t.Helper()
+		if err := js.Conn().Flush(); err != nil { // what was published has reached the server
+			t.Fatal(err)
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.NumAckPending
+	}
+	waitPending := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for pending() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d acks pending after 30s, want %d", pending(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	const batch = 500 * time.Millisecond
+	clk := clock.NewFake(time.Now())
+	a := newAcks(js, clk, zerolog.Nop(), batch)
+	a.confirm.Store(false)
+	uctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { a.upkeep(uctx); close(done) }()
+	for clk.Timers() < 2 { // the mode's and the batch's
+		time.Sleep(time.Millisecond)
+	}
+
+	for _, m := range msgs[:10] {
+		if err := a.plain(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := pending(); got != n {
+		t.Fatalf("%d acks pending before the batch's time, want all %d", got, n)
+	}
+	clk.Advance(batch - time.Millisecond)
+	if got := pending(); got != n {
+		t.Fatalf("%d acks pending a millisecond before the batch's time, want all %d", got, n)
+	}
+	clk.Advance(time.Millisecond)
+	waitPending(n - 10)
+
+	for _, m := range msgs[10:] {
+		if err := a.plain(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop() // a stop sends what is batched
+	<-done
+	waitPending(0)
 }

@@ -161,6 +161,9 @@ const (
 	// is short of Kubernetes' default terminationGracePeriodSeconds (30 s),
 	// which must also cover handing the held jobs back and flushing acks.
 	DefaultShutdownGrace = 20 * time.Second
+	// DefaultAckBatch is how long a done job's plain ack may wait for
+	// others (Options.AckBatch; the --ack-batch flag's default).
+	DefaultAckBatch = 500 * time.Millisecond
 	// DefaultDeferSpread is the horizon of the deferral calendar.
 	DefaultDeferSpread = 5 * time.Minute
 	// DefaultPullBatch and DefaultPullWait are one pull request's size and
@@ -197,6 +200,15 @@ type Options struct {
 	// AckWait must match the consumer's; held jobs get an in-progress ack
 	// well before it runs out. jobs.DefaultAckWait.
 	AckWait time.Duration
+	// AckBatch is how long a done job's plain ack (a jobs stream of one
+	// replica on the connected server, acks.go) may wait to go out with
+	// the others done meanwhile: each partition consumer's state, which
+	// nats-server rewrites at most every 100 ms while acks come in, then
+	// changes in bursts, and is rewritten less often. A crash of the worker
+	// loses at most this long's acks (those jobs come back after AckWait);
+	// a stop sends them. 0: each ack at once. The command's default is
+	// DefaultAckBatch.
+	AckBatch time.Duration
 	// ShutdownGrace is how long in-flight fetches may finish after Run's
 	// context is cancelled before they are cancelled and handed back.
 	// DefaultShutdownGrace.

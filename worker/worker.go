@@ -159,7 +159,7 @@ func New(d Deps, o *Options) (*Worker, error) {
 	w.settler = &settler{js: d.JS, sched: w.sched, lanes: w.lanes, m: m, o: &w.o,
 		clk: w.clk, log: w.log,
 		stored: &storedLog{log: w.log, clk: w.clk, every: storedSummaryEvery}, copies: &w.copies,
-		acks: newAcks(d.JS, w.clk, w.log)}
+		acks: newAcks(d.JS, w.clk, w.log, r.AckBatch)}
 	w.parking = newParking(parkDeps{
 		js: d.JS, clk: w.clk, log: w.log, m: m, sched: w.sched, lanes: w.lanes,
 		readyIn: d.Pacer.ReadyIn, parts: w.parts, fault: r.FaultHook,
@@ -313,7 +313,7 @@ func (w *Worker) open(ctx context.Context) error {
 //	                                                                fetches up to ShutdownGrace (its end or StopNow
 //	                                                                cancels fctx); parks and lanes settled
 //	upkeep  heartbeats, target probe,            drain returned     nothing: in-progress acks go out until every held
-//	        stored-objects log, ack mode                            job is settled
+//	        stored-objects log, acks (mode, batch)                  job is settled; batched acks sent
 //
 // The drain stores in handedBefore how many jobs had been handed back
 // before it began, for Run's last log line.
@@ -337,13 +337,14 @@ func (w *Worker) actors(fctx context.Context, cancelFetch context.CancelFunc, ha
 	g.Add(stageUpkeep, "heartbeats", loop(w.heartbeatLoop))
 	g.Add(stageUpkeep, "target probe", loop(w.health.probeLoop))
 	g.Add(stageUpkeep, "stored log", loop(w.settler.stored.run))
-	g.Add(stageUpkeep, "ack mode", loop(w.settler.acks.refreshLoop))
+	g.Add(stageUpkeep, "acks", loop(w.settler.acks.upkeep))
 	return g
 }
 
 // flushAcks waits (up to 5 s) until the acks and NAKs of the stop are on
 // the server: the connection may close right after Run returns.
 func (w *Worker) flushAcks() {
+	w.settler.acks.flush() // any batched since the upkeep's last (none, as a rule)
 	nc := w.d.JS.Conn()
 	if nc == nil {
 		return

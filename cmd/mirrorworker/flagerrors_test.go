@@ -25,6 +25,7 @@ func TestFlagMistakeIsOneLine(t *testing.T) {
 		{"flag without value", []string{"pause", "--for"}, "--for needs a value"},
 		{"dlq since", []string{"dlq", "list", "--since", "a week"}, `--since "a week": want a duration, like 90m, 24h or 7d`},
 		{"target sync", []string{"run", "--target-sync", "fsync"}, `--target-sync "fsync": want auto, file or filesystem`},
+		{"ack batch", []string{"run", "--ack-batch", "40s"}, `--ack-batch 40s: want 0 or more, and less than half of --ack-wait (1m0s)`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -43,6 +43,7 @@ type workerFlags struct {
 	maxBandwidth  rateFlag
 	failureBudget int
 	ackWait       time.Duration
+	ackBatch      time.Duration
 	maxAckPending int
 	workerID      string
 	logFormat     string
@@ -111,6 +112,7 @@ func (w *workerFlags) register(fs *flag.FlagSet, d workerDefaults) {
 	fs.Var(&w.maxBandwidth, "max-bandwidth", "cap of this process's body transfers from every origin together, a `rate` in bytes per second (1MiB/s, 500KB/s, or a plain number); each authority's own cap is its policy's bandwidth (README: Changing politeness on a running cluster); 0: none")
 	fs.IntVar(&w.failureBudget, "failure-budget", worker.DefaultFailureBudget, "attempts of a job with transient errors before it is dead-lettered")
 	fs.DurationVar(&w.ackWait, "ack-wait", jobs.DefaultAckWait, d.ackWaitHelp)
+	fs.DurationVar(&w.ackBatch, "ack-batch", worker.DefaultAckBatch, "how long a done job's ack may wait to be sent with the others done meanwhile, where acks are plain (a jobs stream of one replica on the connected server): nats-server then rewrites each consumer's state less often; a crash of the worker loses at most this long's acks, and those jobs come back after --ack-wait; 0: each at once")
 	fs.IntVar(&w.maxAckPending, "max-ack-pending", jobs.DefaultMaxAckPending, d.maxAckPendingHelp)
 	fs.StringVar(&w.workerID, "worker-id", "", d.workerIDHelp)
 	w.workerIDPrefix = d.workerIDPrefix
@@ -208,6 +210,9 @@ func (w *workerFlags) check(bad func(format string, a ...any), more ...durationF
 	}
 	if w.authHolds < 1 {
 		bad("--auth-holds %d: want at least 1", w.authHolds)
+	}
+	if w.ackBatch < 0 || w.ackWait > 0 && w.ackBatch >= w.ackWait/2 {
+		bad("--ack-batch %s: want 0 or more, and less than half of --ack-wait (%s)", w.ackBatch, w.ackWait)
 	}
 	durations := append([]durationFlag{{"origin-connect-timeout", w.connectTO}, {"header-timeout", w.headerTO}, {"idle-timeout", w.idleTO},
 		{"credentials-reload", w.credsReload}, {"auth-hold", w.authHold},
@@ -312,6 +317,7 @@ func (w *workerFlags) pipelineConfig(reg prometheus.Registerer, policy *pacer.Po
 		Concurrency:       w.concurrency,
 		FailureBudget:     w.failureBudget,
 		AckWait:           w.ackWait,
+		AckBatch:          w.ackBatch,
 		WorkerID:          w.workerID,
 		Policy:            policy,
 		TimeScale:         w.timeScale,
