@@ -55,8 +55,8 @@ type acks struct {
 	confirm atomic.Bool
 	read    atomic.Bool // refresh has read the stream once
 
-	// batch is Options.AckBatch: how long a plain ack may wait in batched
-	// for the next flush; 0 sends each at once.
+	// batch is Options.AckBatch: how long a plain ack may wait (in
+	// batched) for the next flush; 0 sends each at once.
 	batch time.Duration
 
 	mu      sync.Mutex
@@ -178,8 +178,9 @@ func (a *acks) upkeep(ctx context.Context) {
 // until refresh has read the stream, and wherever plainAcks says no.
 func (a *acks) confirmed() bool { return a.confirm.Load() }
 
-// plain sends m's ack plainly and remembers it for ackResendWindow, or,
-// while the connection is down, keeps it for the next reconnect.
+// plain sends m's ack plainly, with a batch at the next flush, and
+// remembers it for ackResendWindow, or, while the connection is down, keeps
+// it for the next reconnect.
 func (a *acks) plain(m Msg) error {
 	if a.batch > 0 {
 		a.mu.Lock()
