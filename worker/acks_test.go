@@ -26,56 +26,16 @@ func TestPlainAcksLostWithTheConnectionAreSentAgain(t *testing.T) {
 	srv := brokertest.Start(t, broker.EmbeddedOptions{Listen: "127.0.0.1:0"})
 	direct, _ := brokertest.JetStream(t, srv) // in-process: sees the server's state
 	px, js, _ := brokertest.ThroughProxy(t, srv, 20*time.Millisecond)
-	ctx := brokertest.Context(t)
-	if _, err := direct.CreateStream(ctx, jetstream.StreamConfig{Name: "ACKS", Subjects: []string{"acks.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := direct.CreateConsumer(ctx, "ACKS", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 20
-	for i := range n {
-		if _, err := direct.Publish(ctx, fmt.Sprintf("acks.%d", i), []byte("job")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	remote, err := js.Consumer(ctx, "ACKS", "c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var msgs []jetstream.Msg
-	for len(msgs) < n {
-		b, err := remote.Fetch(n-len(msgs), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range b.Messages() {
-			msgs = append(msgs, m)
-		}
-	}
+	q := newAckQueue(t, direct, js, n)
 	a := newAcks(js, clock.Real{}, zerolog.Nop(), 0)
 	a.confirm.Store(false) // one replica (refresh reads it from the jobs stream)
-	pending := func() int {
-		t.Helper()
-		info, err := cons.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.NumAckPending
-	}
 	waitPending := func(want int) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for pending() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d acks pending after 30s, want %d (%d sent again)", pending(), want, a.resent.Load())
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		q.waitPending(want, func() string { return fmt.Sprintf("%d sent again", a.resent.Load()) })
 	}
 
-	for _, m := range msgs[:n/2] {
+	for _, m := range q.msgs[:n/2] {
 		if err := a.plain(m); err != nil {
 			t.Fatal(err)
 		}
@@ -84,7 +44,7 @@ func TestPlainAcksLostWithTheConnectionAreSentAgain(t *testing.T) {
 
 	px.BlackHole()
 	var bytes int64
-	for _, m := range msgs[n/2:] {
+	for _, m := range q.msgs[n/2:] {
 		if err := a.plain(m); err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +58,7 @@ func TestPlainAcksLostWithTheConnectionAreSentAgain(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	px.Cut() // what it held is gone with the connection
-	if got := pending(); got != n/2 {
+	if got := q.pending(); got != n/2 {
 		t.Fatalf("%d acks pending with the link cut, want %d: the test's acks were not swallowed", got, n/2)
 	}
 	px.Restore()
@@ -157,50 +117,16 @@ func TestPlainAcksGoOutInBatches(t *testing.T) {
 	srv := brokertest.Start(t, broker.EmbeddedOptions{})
 	js, _ := brokertest.JetStream(t, srv)
 	ctx := brokertest.Context(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ACKS", Subjects: []string{"acks.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := js.CreateConsumer(ctx, "ACKS", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const n = 15
-	for i := range n {
-		if _, err := js.Publish(ctx, fmt.Sprintf("acks.%d", i), []byte("job")); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var msgs []jetstream.Msg
-	for len(msgs) < n {
-		b, err := cons.Fetch(n-len(msgs), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for m := range b.Messages() {
-			msgs = append(msgs, m)
-		}
-	}
+	q := newAckQueue(t, js, js, n)
 	pending := func() int {
 		t.Helper()
-		if err := js.Conn().Flush(); err != nil { // what was published has reached the server
+		if err := js.Conn().Flush(); err != nil { // the server has read what was sent
 			t.Fatal(err)
 		}
-		info, err := cons.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.NumAckPending
+		return q.pending()
 	}
-	waitPending := func(want int) {
-		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for pending() != want {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d acks pending after 30s, want %d", pending(), want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+	waitPending := func(want int) { t.Helper(); q.waitPending(want, nil) }
 
 	const batch = 500 * time.Millisecond
 	clk := clock.NewFake(time.Now())
@@ -209,11 +135,14 @@ func TestPlainAcksGoOutInBatches(t *testing.T) {
 	uctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { a.upkeep(uctx); close(done) }()
-	for clk.Timers() < 2 { // the mode's and the batch's
+	for deadline := time.Now().Add(10 * time.Second); clk.Timers() < 2; { // the mode's and the batch's
+		if time.Now().After(deadline) {
+			t.Fatalf("the upkeep set %d timers, want the mode's and the batch's", clk.Timers())
+		}
 		time.Sleep(time.Millisecond)
 	}
 
-	for _, m := range msgs[:10] {
+	for _, m := range q.msgs[:10] {
 		if err := a.plain(m); err != nil {
 			t.Fatal(err)
 		}
@@ -228,7 +157,7 @@ func TestPlainAcksGoOutInBatches(t *testing.T) {
 	clk.Advance(time.Millisecond)
 	waitPending(n - 10)
 
-	for _, m := range msgs[10:] {
+	for _, m := range q.msgs[10:] {
 		if err := a.plain(m); err != nil {
 			t.Fatal(err)
 		}
@@ -236,4 +165,73 @@ func TestPlainAcksGoOutInBatches(t *testing.T) {
 	stop() // a stop sends what is batched
 	<-done
 	waitPending(0)
+}
+
+// ackQueue is a stream ACKS with n jobs and a consumer c that delivered
+// them all (msgs), for tests of how their acks reach the server.
+type ackQueue struct {
+	t    *testing.T
+	cons jetstream.Consumer // read through admin: the server's own view
+	msgs []jetstream.Msg    // delivered through via
+}
+
+// newAckQueue makes the stream and consumer through admin and fetches the
+// n jobs through via (the same connection, or one behind a proxy).
+func newAckQueue(t *testing.T, admin, via jetstream.JetStream, n int) *ackQueue {
+	t.Helper()
+	ctx := brokertest.Context(t)
+	if _, err := admin.CreateStream(ctx, jetstream.StreamConfig{Name: "ACKS", Subjects: []string{"acks.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := admin.CreateConsumer(ctx, "ACKS", jetstream.ConsumerConfig{Durable: "c", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := admin.Publish(ctx, fmt.Sprintf("acks.%d", i), []byte("job")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remote, err := via.Consumer(ctx, "ACKS", "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := &ackQueue{t: t, cons: cons}
+	for len(q.msgs) < n {
+		b, err := remote.Fetch(n-len(q.msgs), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			q.msgs = append(q.msgs, m)
+		}
+	}
+	return q
+}
+
+// pending is how many of the jobs the server still waits an ack for.
+func (q *ackQueue) pending() int {
+	q.t.Helper()
+	info, err := q.cons.Info(brokertest.Context(q.t))
+	if err != nil {
+		q.t.Fatal(err)
+	}
+	return info.NumAckPending
+}
+
+// waitPending waits up to 30 s for want acks pending; detail, if set,
+// adds to the failure.
+func (q *ackQueue) waitPending(want int, detail func() string) {
+	q.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for q.pending() != want {
+		if time.Now().After(deadline) {
+			more := ""
+			if detail != nil {
+				more = " (" + detail() + ")"
+			}
+			q.t.Fatalf("%d acks pending after 30s, want %d%s", q.pending(), want, more)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
