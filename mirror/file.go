@@ -225,7 +225,8 @@ func (t *FileTarget) SyncMode() (filesystem bool, why string) {
 }
 
 // syncObject makes f's bytes and attribute durable: an fsync of f, or,
-// with Options.SyncFilesystem, the next syncfs of the file system.
+// with Options.SyncFilesystem (or SyncAuto's finding), the next syncfs of
+// the file system.
 func (t *FileTarget) syncObject(f *tempFile) error {
 	if t.dirSyncs.whole != nil {
 		if err := t.dirSyncs.all.sync(t.dirSyncs.whole); err != nil {
