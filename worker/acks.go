@@ -43,7 +43,9 @@ const ackModeEvery = time.Minute
 //     way). When the connection drops, the acks of the last
 //     ackResendWindow are sent again as soon as it is back (nats.go keeps
 //     those published meanwhile and sends them first). An ack of a message
-//     already acked changes nothing on the server.
+//     already acked changes nothing on the server. With a batch
+//     (Options.AckBatch) a plain ack first waits for the upkeep's next
+//     flush, so each partition consumer's state changes in bursts.
 //
 // Safe for concurrent use.
 type acks struct {

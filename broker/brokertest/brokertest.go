@@ -44,12 +44,18 @@ func JetStream(t testing.TB, e *broker.Embedded) (jetstream.JetStream, *nats.Con
 	if err != nil {
 		t.Fatal(err)
 	}
+	return client(t, nc), nc
+}
+
+// client is a JetStream client on nc, which is closed when the test ends.
+func client(t testing.TB, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js, nc
+	return js
 }
 
 // Streams starts an embedded server of the test's own with mirrorworker's
@@ -117,10 +123,5 @@ func ThroughProxy(t testing.TB, e *broker.Embedded, reconnectWait time.Duration)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return px, js, nc
+	return px, client(t, nc), nc
 }
