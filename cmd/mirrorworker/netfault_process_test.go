@@ -114,7 +114,9 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) time.Duration
 	origin.auths[rl].every, origin.auths[rl].wait = 5, 8*time.Second
 	origin.mu.Unlock()
 	targets, urls := origin.urls(perAuth)
-	publishURLs(t, natsURL, targets, urls)
+	if !tc.keeps {
+		publishURLs(t, natsURL, targets, urls)
+	}
 	root := t.TempDir()
 	var (
 		proxies    []*faultproxy.Proxy
@@ -135,6 +137,25 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) time.Duration
 			"--lease-ttl", ttl.String(), "--ack-wait", "10s", "--log-level", "info")...))
 	}
 	if tc.strike != nil {
+		if tc.keeps {
+			// What the struck pod keeps is judged against its share: it
+			// must hold it before the fault (the pods balance the
+			// partitions in their first lease rounds). The jobs come
+			// once it does: on a loaded machine the pods start seconds
+			// apart, and the first alone once stored every job before
+			// the others had their shares.
+			share := cluster.Share(partitions, len(pods))
+			waitFor(t, 60*time.Second, "every pod holding its share of the partitions", func() bool {
+				for _, p := range pods {
+					if netFaultHeld(t, natsURL, p) < share {
+						return false
+					}
+				}
+				return true
+			})
+			t0 = time.Now()
+			publishURLs(t, natsURL, targets, urls)
+		}
 		if tc.afterWait {
 			// Right after a wait-answer: the pod has just learned the wait,
 			// and its fact is on its way to NATS through the faulty link.
@@ -146,20 +167,6 @@ func runNetFault(t *testing.T, tc netFaultCase, ttl time.Duration) time.Duration
 		} else {
 			waitFor(t, 60*time.Second, "a fifth of the jobs stored", func() bool {
 				return len(mirrorFiles(t, root)) >= len(urls)/5
-			})
-		}
-		if tc.keeps {
-			// What the struck pod keeps is judged against its share: it
-			// must hold it before the fault (the pods balance the
-			// partitions in their first lease rounds).
-			share := cluster.Share(partitions, len(pods))
-			waitFor(t, 30*time.Second, "every pod holding its share of the partitions", func() bool {
-				for _, p := range pods {
-					if netFaultHeld(t, natsURL, p) < share {
-						return false
-					}
-				}
-				return true
 			})
 		}
 		auth := origin.named("429")
