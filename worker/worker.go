@@ -436,7 +436,14 @@ func (w *Worker) intakeLoop(ctx context.Context, c jetstream.Consumer, part int)
 		batchMax := w.o.PullBatch
 		if w.o.Partitions > 0 {
 			batchMax = w.partitionBatch()
-			w.lowerLowWater(max(1, batchMax/2))
+			// Only whole pulls: each pull's deliveries change the
+			// partition consumer's state, which nats-server rewrites
+			// (a file created, written and renamed) at most every
+			// 100 ms after a change: the largest cost the worker's
+			// server has beyond raw's. Pulls into the few places a
+			// finished job or two freed made half again as many
+			// rewrites a job (ADR 0036, fourteenth pass).
+			w.lowerLowWater(batchMax)
 		}
 		free := w.room()
 		saturated := w.sched.saturated(w.clk.Now(), part)
