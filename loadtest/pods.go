@@ -226,7 +226,7 @@ func startPods(ctx context.Context, o *Options, js jetstream.JetStream, name, na
 			default:
 			}
 		}
-		held = leaseHolders(ctx, leases)
+		held = leaseHolders(ctx, js, leases)
 		balanced, total := len(held) == o.Workers, 0
 		for _, n := range held {
 			balanced = balanced && n >= low && n <= high
@@ -251,11 +251,11 @@ func startPods(ctx context.Context, o *Options, js jetstream.JetStream, name, na
 }
 
 // leaseHolders counts the partition leases each pod holds.
-func leaseHolders(ctx context.Context, kv jetstream.KeyValue) map[string]int {
+func leaseHolders(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue) map[string]int {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	held := map[string]int{}
-	leases, _ := jobs.Entries[cluster.Lease](ctx, kv) // none on an error: no holder seen
+	leases, _ := jobs.Entries[cluster.Lease](ctx, js, kv) // none on an error: no holder seen
 	for _, l := range leases {
 		if l.Pod != "" {
 			held[l.Pod]++

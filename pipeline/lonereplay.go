@@ -137,7 +137,7 @@ func (pod *Pod) awaitLoneReplays(ctx context.Context, pods jetstream.KeyValue) {
 	lastPut := began
 	waited := false
 	for {
-		runs, err := jobs.Entries[jobs.ReplayRun](ctx, kv)
+		runs, err := jobs.Entries[jobs.ReplayRun](ctx, pod.parts.js, kv)
 		if err != nil {
 			if ctx.Err() != nil {
 				return

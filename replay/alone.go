@@ -136,8 +136,8 @@ const GoneAfter = time.Second
 type Lone struct{ a *alone }
 
 // Alone returns the replay run o.Run that found no live pod; kv is
-// jobs.ReplaysBucket.
-func Alone(kv jetstream.KeyValue, o AloneOptions) *Lone {
+// jobs.ReplaysBucket of js.
+func Alone(js jetstream.JetStream, kv jetstream.KeyValue, o AloneOptions) *Lone {
 	if o.Poll <= 0 {
 		o.Poll = DefaultPodPoll
 	}
@@ -147,7 +147,7 @@ func Alone(kv jetstream.KeyValue, o AloneOptions) *Lone {
 	if o.Starts == nil {
 		o.Starts = &Starts{Clock: o.Clock}
 	}
-	return &Lone{&alone{kv: kv, o: o, entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: o.Clock.Now().UTC(), Alone: true}}}
+	return &Lone{&alone{js: js, kv: kv, o: o, entry: jobs.ReplayRun{Run: o.Run, Target: o.Target, Started: o.Clock.Now().UTC(), Alone: true}}}
 }
 
 // Await writes the run's entry and returns once no replay whose entry
@@ -182,6 +182,7 @@ func (l *Lone) Work(ctx context.Context, c jetstream.Consumer) error {
 }
 
 type alone struct {
+	js      jetstream.JetStream
 	kv      jetstream.KeyValue
 	o       AloneOptions
 	entry   jobs.ReplayRun
@@ -403,7 +404,7 @@ func (a *alone) orphaned(ctx context.Context, gone time.Time) (map[string][]stri
 // others are the other replays' entries, each with its order
 // (jobs.ReplayRun.Order: an entry's first version is read by its revision).
 func (a *alone) others(ctx context.Context) ([]jobs.ReplayRun, error) {
-	es, err := jobs.Revisions[jobs.ReplayRun](ctx, a.kv)
+	es, err := jobs.Revisions[jobs.ReplayRun](ctx, a.js, a.kv)
 	if err != nil {
 		return nil, err
 	}

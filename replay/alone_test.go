@@ -111,7 +111,7 @@ func TestAloneHandsOverWhenAPodAppears(t *testing.T) {
 		}
 		return nil
 	}
-	work := replay.Alone(kv, replay.AloneOptions{
+	work := replay.Alone(js, kv, replay.AloneOptions{
 		Run: "r1", Target: "file:///new", Local: local, Starts: starts, Poll: poll, Clock: clk,
 		Done: func() int64 { return localAcked.Load() },
 		Pods: func(context.Context) (map[string][]string, error) {
@@ -195,7 +195,7 @@ func TestAloneEndsWithItsEntryLeftToExpire(t *testing.T) {
 		}
 		return nil
 	}
-	work := replay.Alone(kv, replay.AloneOptions{Run: "r2", Target: "file:///new", Local: local, Starts: starts,
+	work := replay.Alone(js, kv, replay.AloneOptions{Run: "r2", Target: "file:///new", Local: local, Starts: starts,
 		Pods: func(context.Context) (map[string][]string, error) { return nil, nil },
 		Handover: func(map[string][]string, jobs.ReplayRun) (replay.Work, error) {
 			t.Error("handed over without pods")
@@ -342,7 +342,7 @@ func TestLoneReplaysPaceOneAtATime(t *testing.T) {
 	none := func() map[string][]string { return nil }
 	noHandover := func(jobs.ReplayRun) { t.Error("handed over without pods") }
 	first, second := newLone("r1"), newLone("r2")
-	w1 := replay.Alone(kv, first.options(t, none, noHandover))
+	w1 := replay.Alone(js, kv, first.options(t, none, noHandover))
 	done1 := make(chan error, 1)
 	var ended1 atomic.Int64
 	go func() {
@@ -352,7 +352,7 @@ func TestLoneReplaysPaceOneAtATime(t *testing.T) {
 	}()
 	waitUntil(t, "the first replay's request", func() bool { return first.ran.Load() != 0 })
 
-	w2 := replay.Alone(kv, second.options(t, none, noHandover))
+	w2 := replay.Alone(js, kv, second.options(t, none, noHandover))
 	done2 := make(chan error, 1)
 	var res2 replay.Result
 	go func() {
@@ -428,7 +428,7 @@ func TestALoneReplayWaitingHandsOverToAPod(t *testing.T) {
 	var base atomic.Pointer[jobs.ReplayRun]
 	second := newLone("r2")
 	close(second.release)
-	w := replay.Alone(kv, second.options(t, pods, func(b jobs.ReplayRun) { base.Store(&b) }))
+	w := replay.Alone(js, kv, second.options(t, pods, func(b jobs.ReplayRun) { base.Store(&b) }))
 	done := make(chan error, 1)
 	go func() {
 		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})
@@ -548,7 +548,7 @@ func TestAloneBesidePodsThatGoPacesAloneAgain(t *testing.T) {
 		localAckedBefore.Store(grantedAcked.Load())
 		return local(ctx, c)
 	}
-	w := replay.Alone(kv, o)
+	w := replay.Alone(js, kv, o)
 	done := make(chan error, 1)
 	go func() {
 		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})
@@ -629,7 +629,7 @@ func TestAloneGoesBackToThePodsWhenOneReturns(t *testing.T) {
 	}
 	o.Running = func(context.Context) (bool, error) { return running.Load(), nil }
 	o.Unanswered = func(time.Time) bool { return true }
-	w := replay.Alone(kv, o)
+	w := replay.Alone(js, kv, o)
 	done := make(chan error, 1)
 	go func() {
 		_, err := replay.Run(ctx, js, w.Work, &replay.Options{Await: w.Await, Poll: 20 * time.Millisecond})

@@ -33,7 +33,7 @@ func LivePods(ctx context.Context, js jetstream.JetStream) (map[string][]string,
 		Pod           string   `json:"pod"`
 		ReplayTargets []string `json:"replay_targets"`
 	}
-	pods, err := jobs.Entries[podStatus](ctx, kv)
+	pods, err := jobs.Entries[podStatus](ctx, js, kv)
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}

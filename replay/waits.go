@@ -36,7 +36,7 @@ func PodWaits(js jetstream.JetStream) Waits {
 		type podStatus struct {
 			Authorities []pacer.State `json:"authorities"`
 		}
-		pods, err := jobs.Entries[podStatus](ctx, kv)
+		pods, err := jobs.Entries[podStatus](ctx, js, kv)
 		if err != nil {
 			return nil, fmt.Errorf("list pods: %w", err)
 		}

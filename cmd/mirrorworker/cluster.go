@@ -300,7 +300,7 @@ func readPods(ctx context.Context, js jetstream.JetStream) ([]worker.PodStatus, 
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w (no worker has run on this NATS)", jobs.PodsBucket, err)
 	}
-	out, err := jobs.Entries[worker.PodStatus](ctx, kv)
+	out, err := jobs.Entries[worker.PodStatus](ctx, js, kv)
 	if err != nil {
 		return nil, fmt.Errorf("list pods: %w", err)
 	}

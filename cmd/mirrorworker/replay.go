@@ -456,7 +456,7 @@ func (l *loneReplay) alone() *replay.Lone {
 		}
 		return w.Run(ctx)
 	}
-	return replay.Alone(l.kv, replay.AloneOptions{
+	return replay.Alone(l.js, l.kv, replay.AloneOptions{
 		Run: l.run, Target: l.spec, Local: local, Starts: starts, Flush: l.parts.Sink.Flush, Logger: l.log,
 		Clock: l.parts.Clock, // the workers' (pipeline.Parts.NewWorker), as Starts's
 		Sync:  l.parts.SyncFacts,

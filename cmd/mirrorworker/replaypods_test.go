@@ -44,7 +44,7 @@ func replayRuns(t *testing.T, js jetstream.JetStream) []jobs.ReplayRun {
 	if err != nil {
 		return nil
 	}
-	runs, err := readReplayRuns(ctx, kv)
+	runs, err := readReplayRuns(ctx, js, kv)
 	if err != nil {
 		t.Fatal(err)
 	}

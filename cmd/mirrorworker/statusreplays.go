@@ -25,7 +25,7 @@ func readReplays(ctx context.Context, js jetstream.JetStream) ([]jobs.ReplayRun,
 	} else if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", jobs.ReplaysBucket, err)
 	}
-	runs, err := readReplayRuns(ctx, kv)
+	runs, err := readReplayRuns(ctx, js, kv)
 	// A replay that paced alone and is over leaves its entry to expire
 	// (jobs.ReplayRun.Ended): it is no replay running.
 	out := runs[:0]
@@ -37,8 +37,8 @@ func readReplays(ctx context.Context, js jetstream.JetStream) ([]jobs.ReplayRun,
 	return out, err
 }
 
-func readReplayRuns(ctx context.Context, kv jetstream.KeyValue) ([]jobs.ReplayRun, error) {
-	out, err := jobs.Entries[jobs.ReplayRun](ctx, kv)
+func readReplayRuns(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue) ([]jobs.ReplayRun, error) {
+	out, err := jobs.Entries[jobs.ReplayRun](ctx, js, kv)
 	if err != nil {
 		return nil, fmt.Errorf("list replays: %w", err)
 	}
