@@ -1,6 +1,7 @@
 package jobs_test
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -13,15 +14,7 @@ import (
 // TestEntriesDecodesWhatIsThere: every value that is a T, none that was
 // deleted or is not one.
 func TestEntriesDecodesWhatIsThere(t *testing.T) {
-	js, _ := brokertest.Streams(t)
-	ctx := brokertest.Context(t)
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ENTRIES_TEST"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	type pod struct {
-		Pod string `json:"pod"`
-	}
+	js, ctx, kv := entriesBucket(t, "ENTRIES_TEST")
 	for k, v := range map[string]string{"a": `{"pod":"a"}`, "b": `{"pod":"b"}`, "gone": `{"pod":"gone"}`, "bad": `not json`} {
 		if _, err := kv.PutString(ctx, k, v); err != nil {
 			t.Fatal(err)
@@ -50,12 +43,7 @@ func TestEntriesDecodesWhatIsThere(t *testing.T) {
 // value came after the listing's last delivery: with it, 108 listings of
 // 400 missed one of the five keys.
 func TestEntriesMissNoKeyBeingUpdated(t *testing.T) {
-	js, _ := brokertest.Streams(t)
-	ctx := brokertest.Context(t)
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ENTRIES_RACE"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, ctx, kv := entriesBucket(t, "ENTRIES_RACE")
 	keys := []string{"a", "b", "c", "d", "e"}
 	for _, k := range keys {
 		if _, err := kv.PutString(ctx, k, `{"pod":"`+k+`"}`); err != nil {
@@ -79,9 +67,6 @@ func TestEntriesMissNoKeyBeingUpdated(t *testing.T) {
 			}
 		}
 	}()
-	type pod struct {
-		Pod string `json:"pod"`
-	}
 	missed := 0
 	const lists = 400
 	for range lists {
@@ -98,4 +83,22 @@ func TestEntriesMissNoKeyBeingUpdated(t *testing.T) {
 	if missed > 0 {
 		t.Errorf("%d of %d listings missed a key while keys were rewritten", missed, lists)
 	}
+}
+
+// pod is the value the tests' buckets hold.
+type pod struct {
+	Pod string `json:"pod"`
+}
+
+// entriesBucket is a key-value bucket named bucket on a server of the
+// test's own, with its JetStream and the test's context.
+func entriesBucket(t *testing.T, bucket string) (jetstream.JetStream, context.Context, jetstream.KeyValue) {
+	t.Helper()
+	js, _ := brokertest.Streams(t)
+	ctx := brokertest.Context(t)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, ctx, kv
 }

@@ -153,13 +153,13 @@ func plainAcks(replicas int, leader, connected string) bool {
 func (a *acks) upkeep(ctx context.Context) {
 	defer a.flush()
 	mode := a.clk.NewTimer(ackModeEvery)
-	defer func() { mode.Stop() }()
-	var flushT clock.Timer
-	var flushC <-chan time.Time // nil without a batch: never ready
+	defer mode.Stop()
+	var batch clock.Timer
+	var batchC <-chan time.Time // nil without a batch: never ready
 	if a.batch > 0 {
-		flushT = a.clk.NewTimer(a.batch)
-		flushC = flushT.C()
-		defer func() { flushT.Stop() }()
+		batch = a.clk.NewTimer(a.batch)
+		defer batch.Stop()
+		batchC = batch.C()
 	}
 	for {
 		select {
@@ -167,11 +167,10 @@ func (a *acks) upkeep(ctx context.Context) {
 			return
 		case <-mode.C():
 			a.refresh(ctx)
-			mode = a.clk.NewTimer(ackModeEvery)
-		case <-flushC:
+			mode.Reset(ackModeEvery)
+		case <-batchC:
 			a.flush()
-			flushT = a.clk.NewTimer(a.batch)
-			flushC = flushT.C()
+			batch.Reset(a.batch)
 		}
 	}
 }
